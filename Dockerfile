@@ -1,0 +1,26 @@
+# kvgate: multi-stage build.
+#
+# go-nvml needs cgo (it dlopens libnvidia-ml at run time), so the binary is
+# linked against glibc and the runtime image must have glibc: distroless
+# base, not static. No NVIDIA library is baked in: with the NVIDIA container
+# runtime (--gpus all, or the device plugin on Kubernetes) the driver's
+# libnvidia-ml.so.1 is mounted into the container and kvgate reads GPU memory
+# through it; without it kvgate starts normally and uses the configured sizes.
+
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=1 go build -trimpath -ldflags="-s -w" -o /out/kvgate ./cmd/kvgate
+
+FROM gcr.io/distroless/base-debian12:nonroot
+COPY --from=build /out/kvgate /usr/local/bin/kvgate
+COPY examples /etc/kvgate/examples
+# Ask the NVIDIA runtime for NVML only (utility), not CUDA: kvgate reads
+# memory figures and never runs kernels.
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=utility
+USER nonroot:nonroot
+ENTRYPOINT ["/usr/local/bin/kvgate"]
+CMD ["--help"]

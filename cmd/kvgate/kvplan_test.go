@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = run(context.Background(), args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+const llama3 = "../../examples/llama-3-8b.json"
+
+func TestKVJSON(t *testing.T) {
+	code, out, errOut := runCLI(t, "kv", "--model-config", llama3, "--tp", "2", "--json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var r map[string]any
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	want := map[string]float64{
+		"layers": 32, "kv_heads": 8, "kv_heads_per_gpu": 4, "head_dim": 128, "dtype_bytes": 2, "tp": 2, "block_size": 16,
+		"bytes_per_token": 65536, "bytes_per_block": 1048576, "params": 8030261248, "weight_bytes": 16060522496,
+		"weight_bytes_per_gpu": 8030261248,
+	}
+	for k, v := range want {
+		if got, ok := r[k].(float64); !ok || got != v {
+			t.Errorf("%s = %v, want %v", k, r[k], v)
+		}
+	}
+}
+
+func TestKVTextAndOverrides(t *testing.T) {
+	code, out, _ := runCLI(t, "kv", "--model-config", llama3, "--kv-dtype", "fp8", "--block-size", "32", "--weights-bytes", "10GiB")
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	for _, s := range []string{"64.0 KiB (65536 bytes)", "per block", "2.0 MiB (2097152 bytes)", "10.0 GiB", "fp8 (1 bytes)"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("output lacks %q:\n%s", s, out)
+		}
+	}
+}
+
+func TestPlanJSON(t *testing.T) {
+	code, out, errOut := runCLI(t, "plan", "--model-config", llama3, "--gpu-memory", "24GiB", "--context", "8192", "--json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var r planReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	// Worked in kvbudget's TestBudgetLlama3On24GiB.
+	if r.KVBudgetBytes != 2193088512 || r.Blocks != 1045 || r.Tokens != 16720 || r.MaxConcurrency != 2 || !r.Fits {
+		t.Errorf("plan = %+v", r)
+	}
+	if len(r.GPUs) != 6 {
+		t.Fatalf("gpus: %d rows", len(r.GPUs))
+	}
+	byName := map[string]planGPU{}
+	for _, g := range r.GPUs {
+		byName[g.Name] = g
+	}
+	// H100: 81559 MiB * 0.75 = 64,140,607,488 usable; minus weights and 1 GiB
+	// = 47,006,343,168 bytes; /2 MiB = 22,414 blocks; /512 = 43 sequences.
+	h := byName["H100 80GB"]
+	if !h.Fits || h.KVBudgetBytes != 47006343168 || h.Blocks != 22414 || h.MaxConcurrency != 43 {
+		t.Errorf("H100 row = %+v", h)
+	}
+}
+
+func TestPlanDoesNotFit(t *testing.T) {
+	code, out, _ := runCLI(t, "plan", "--model-config", "../../kvbudget/testdata/mixtral-8x7b.json", "--gpu-memory", "80GB")
+	if code != exitNo {
+		t.Errorf("exit %d, want %d", code, exitNo)
+	}
+	for _, s := range []string{`"80GB" read as GB (10^9)`, "DOES NOT FIT", "It fits with --tp 2"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("output lacks %q:\n%s", s, out)
+		}
+	}
+	code, out, _ = runCLI(t, "plan", "--model-config", "../../kvbudget/testdata/mixtral-8x7b.json", "--gpu-memory", "80GB", "--json")
+	if code != exitNo || !strings.Contains(out, `"fits": false`) || !strings.Contains(out, `"min_tp_that_fits": 2`) {
+		t.Errorf("json exit %d:\n%s", code, out)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	invalid := write("invalid.json", `{"model_type": "llama"`)
+	noLayers := write("nolayers.json", `{"model_type":"llama","hidden_size":4096,"num_attention_heads":32}`)
+	badHeads := write("badheads.json", `{"model_type":"llama","hidden_size":4096,"num_attention_heads":32,"num_key_value_heads":5,"num_hidden_layers":2}`)
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"kv"}, "--model-config is required"},
+		{[]string{"kv", "--model-config", filepath.Join(dir, "missing.json")}, "no such file"},
+		{[]string{"kv", "--model-config", invalid}, "invalid JSON"},
+		{[]string{"kv", "--model-config", noLayers}, `"num_hidden_layers"`},
+		{[]string{"kv", "--model-config", badHeads}, "not a multiple of 5 KV heads"},
+		{[]string{"kv", "--model-config", llama3, "--tp", "0"}, "--tp must be >= 1"},
+		{[]string{"kv", "--model-config", llama3, "--tp", "3"}, "not divisible by tensor parallel size 3"},
+		{[]string{"kv", "--model-config", llama3, "--block-size", "0"}, "--block-size must be >= 1"},
+		{[]string{"kv", "--model-config", llama3, "--kv-dtype", "int4"}, "unknown dtype"},
+		{[]string{"kv", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"kv", "--model-config", llama3, "extra"}, `unexpected argument "extra"`},
+		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "-24GiB"}, "negative"},
+		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "lots"}, "invalid memory size"},
+		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "0"}, "gpu memory must be > 0"},
+		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "24GiB", "--utilization", "1.5"}, "--utilization must be in (0, 1]"},
+		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "24GiB", "--context", "0"}, "--context must be >= 1"},
+		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "24GiB", "--reserve", "x"}, "invalid memory size"},
+		{[]string{"nope"}, `unknown command "nope"`},
+	}
+	for _, tt := range tests {
+		code, _, errOut := runCLI(t, tt.args...)
+		if code != exitUsage || !strings.Contains(errOut, tt.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d and %q", tt.args, code, errOut, exitUsage, tt.want)
+		}
+	}
+}
+
+func TestHelpListsOnlyBuiltCommands(t *testing.T) {
+	code, out, _ := runCLI(t, "--help")
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	for _, c := range commands() {
+		if !strings.Contains(out, "  "+c.name+" ") {
+			t.Errorf("--help lacks %s", c.name)
+		}
+		code, sub, _ := runCLI(t, c.name, "--help")
+		if code != exitOK || !strings.Contains(sub, "Usage: kvgate "+c.name) {
+			t.Errorf("%s --help: exit %d\n%s", c.name, code, sub)
+		}
+	}
+}

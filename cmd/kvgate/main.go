@@ -1,0 +1,111 @@
+// Command kvgate is an inference gateway that keeps LLM serving inside its
+// GPU memory budget, with the tools to size and test one.
+//
+// Exit codes, for scripts: 0 success; 1 the command ran but the answer is no
+// (the weights do not fit, no load level was safe) or it failed at run time;
+// 2 bad usage or bad input (a flag, a file, a value).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const (
+	exitOK    = 0
+	exitNo    = 1
+	exitUsage = 2
+)
+
+// command is one subcommand. run returns the process exit code.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}
+
+// commands lists the subcommands that exist; one that is not built is not
+// listed.
+func commands() []command {
+	return []command{
+		{"kv", "KV-cache bytes per token and per block for a model config", runKV},
+		{"plan", "capacity plan: KV budget, tokens and concurrency per GPU", runPlan},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		usage(stdout)
+		return exitOK
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(ctx, args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "kvgate: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, "kvgate keeps LLM serving inside its GPU memory budget.\n\nUsage: kvgate <command> [flags]\n\nCommands:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, "\nRun 'kvgate <command> --help' for a command's flags.\n"+
+		"Exit codes: 0 ok, 1 the answer is no or a run-time failure, 2 bad usage or input.\n")
+}
+
+// newFlags makes a subcommand's flag set; its usage text goes to stderr
+// when parsing fails and to stdout on --help.
+func newFlags(name, synopsis string, stdout, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("kvgate "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: kvgate %s %s\n\nFlags:\n", name, synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args; ok is false when the caller should return code.
+func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) (code int, ok bool) {
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return exitOK, false
+	case err != nil:
+		return exitUsage, false
+	case fs.NArg() > 0:
+		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return exitUsage, false
+	}
+	return 0, true
+}
+
+// fail prints a message naming the command and returns code.
+func fail(stderr io.Writer, cmd string, code int, format string, a ...any) int {
+	fmt.Fprintf(stderr, "kvgate %s: %s\n", cmd, fmt.Sprintf(format, a...))
+	return code
+}
