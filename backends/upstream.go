@@ -1,0 +1,247 @@
+package backends
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http/httputil"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Upstream sends requests to one backend over a pool of keep-alive
+// connections (a fasthttp.HostClient used as the pool) and owns each
+// connection for the whole exchange. Owning it is the point: cancelling the
+// request's context closes the connection at any moment — while writing,
+// while the backend has not answered yet, or mid-stream — and a closed
+// connection is how vLLM learns to abort a request and free its KV blocks.
+// fasthttp's own client cannot be cancelled while it waits for headers.
+type Upstream struct {
+	hc      *fasthttp.HostClient
+	maxBody int64
+}
+
+// UpstreamOptions tunes an Upstream; zero values take the documented
+// defaults.
+type UpstreamOptions struct {
+	MaxConns       int           // connections to the backend; 0 = 1024
+	DialTimeout    time.Duration // 0 = 3s
+	MaxIdleConn    time.Duration // idle pooled connections are closed after this; 0 = 60s
+	MaxBodyBytes   int64         // largest non-streamed response read into memory; 0 = 64 MiB
+	DialForTesting func(addr string) (net.Conn, error)
+}
+
+// NewUpstream makes an Upstream for the backend at addr ("host:port").
+func NewUpstream(addr string, o UpstreamOptions) *Upstream {
+	if o.MaxConns <= 0 {
+		o.MaxConns = 1024
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 3 * time.Second
+	}
+	if o.MaxIdleConn <= 0 {
+		o.MaxIdleConn = 60 * time.Second
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 64 << 20
+	}
+	dial := o.DialForTesting
+	if dial == nil {
+		d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}
+		dial = func(addr string) (net.Conn, error) { return d.Dial("tcp", addr) }
+	}
+	return &Upstream{
+		hc: &fasthttp.HostClient{
+			Addr:                addr,
+			MaxConns:            o.MaxConns,
+			MaxIdleConnDuration: o.MaxIdleConn,
+			Dial:                dial,
+			// Waiting for a connection slot is bounded by the caller's
+			// context, not by a second timeout here.
+			MaxConnWaitTimeout: 24 * time.Hour,
+		},
+		maxBody: o.MaxBodyBytes,
+	}
+}
+
+// ErrUpstream marks a transport failure talking to the backend (refused,
+// reset, malformed answer), as opposed to the backend's own error status.
+var ErrUpstream = errors.New("upstream transport error")
+
+// Response is a backend's answer whose body is read as it arrives. Exactly
+// one goroutine reads and closes it; cancel the context given to Do to
+// interrupt a blocked Read from elsewhere.
+type Response struct {
+	Header fasthttp.ResponseHeader
+
+	body    io.Reader
+	eof     bool
+	release func(reuse bool)
+	closed  bool
+}
+
+// Status is the HTTP status code.
+func (r *Response) Status() int { return r.Header.StatusCode() }
+
+// IsEventStream says whether the body is SSE.
+func (r *Response) IsEventStream() bool {
+	return bytes.HasPrefix(r.Header.ContentType(), []byte("text/event-stream"))
+}
+
+// Read reads the body.
+func (r *Response) Read(p []byte) (int, error) {
+	if r.closed {
+		return 0, io.ErrClosedPipe
+	}
+	n, err := r.body.Read(p)
+	if errors.Is(err, io.EOF) {
+		r.eof = true
+	} else if err != nil {
+		err = fmt.Errorf("%w: read body: %w", ErrUpstream, err)
+	}
+	return n, err
+}
+
+// Close gives the connection back to the pool if the body was read to its
+// end, and closes it otherwise (which aborts the request upstream).
+func (r *Response) Close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.release(r.eof && !r.Header.ConnectionClose())
+}
+
+// ReadAll reads the whole body, refusing more than the Upstream's limit, and
+// closes the response.
+func (r *Response) ReadAll(max int64) ([]byte, error) {
+	defer r.Close()
+	b, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err != nil {
+		return b, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%w: response body over %d bytes", ErrUpstream, max)
+	}
+	return b, nil
+}
+
+// MaxBody is the limit for ReadAll given at construction.
+func (u *Upstream) MaxBody() int64 { return u.maxBody }
+
+// Do sends req and returns once the response headers have arrived. The
+// caller must Close the response. A pooled connection the backend had
+// already closed is retried on a fresh one; nothing else is retried here.
+func (u *Upstream) Do(ctx context.Context, req *fasthttp.Request) (*Response, error) {
+	for attempt := 0; ; attempt++ {
+		r, reused, err := u.try(ctx, req)
+		if err == nil {
+			return r, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("upstream %s: %w", u.hc.Addr, context.Cause(ctx))
+		}
+		if reused && attempt < 3 {
+			continue // a stale keep-alive connection: the request never reached the backend
+		}
+		return nil, err
+	}
+}
+
+func (u *Upstream) try(ctx context.Context, req *fasthttp.Request) (resp *Response, reused bool, err error) {
+	cc, err := u.hc.AcquireConn(0, false)
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: connect %s: %w", ErrUpstream, u.hc.Addr, err)
+	}
+	conn := cc.Conn()
+	reused = !cc.LastUseTime().IsZero()
+	var interrupted atomic.Bool
+	stop := context.AfterFunc(ctx, func() {
+		interrupted.Store(true)
+		conn.Close()
+	})
+	release := func(reuse bool) {
+		if !stop() || interrupted.Load() {
+			reuse = false
+		}
+		if reuse {
+			u.hc.ReleaseConn(cc)
+		} else {
+			u.hc.CloseConn(cc)
+		}
+	}
+
+	bw := u.hc.AcquireWriter(conn)
+	err = req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	u.hc.ReleaseWriter(bw)
+	if err != nil {
+		release(false)
+		return nil, reused, fmt.Errorf("%w: write request to %s: %w", ErrUpstream, u.hc.Addr, err)
+	}
+
+	br := u.hc.AcquireReader(conn)
+	resp = &Response{}
+	if err := resp.Header.Read(br); err != nil {
+		u.hc.ReleaseReader(br)
+		release(false)
+		return nil, reused, fmt.Errorf("%w: read response from %s: %w", ErrUpstream, u.hc.Addr, err)
+	}
+	resp.body = bodyReader(&resp.Header, br)
+	resp.release = func(reuse bool) {
+		u.hc.ReleaseReader(br)
+		release(reuse)
+	}
+	return resp, false, nil
+}
+
+// bodyReader frames the body the way the headers say.
+func bodyReader(h *fasthttp.ResponseHeader, br *bufio.Reader) io.Reader {
+	if code := h.StatusCode(); code == fasthttp.StatusNoContent || code == fasthttp.StatusNotModified || code < 200 {
+		return eofReader{}
+	}
+	switch cl := h.ContentLength(); {
+	case cl >= 0:
+		return io.LimitReader(br, int64(cl))
+	case cl == -1: // chunked
+		return &chunkedBody{br: br, r: httputil.NewChunkedReader(br)}
+	default: // until the backend closes the connection
+		h.SetConnectionClose()
+		return br
+	}
+}
+
+type eofReader struct{}
+
+func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
+
+// chunkedBody reads a chunked body and, at its end, the trailer section, so
+// that the connection is positioned at the next response and can be reused.
+type chunkedBody struct {
+	br *bufio.Reader
+	r  io.Reader
+}
+
+func (c *chunkedBody) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if errors.Is(err, io.EOF) {
+		for {
+			line, lerr := c.br.ReadSlice('\n')
+			if lerr != nil {
+				return n, lerr
+			}
+			if len(bytes.TrimRight(line, "\r\n")) == 0 {
+				break
+			}
+		}
+	}
+	return n, err
+}

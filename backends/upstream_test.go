@@ -1,0 +1,222 @@
+package backends
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// serve runs a fasthttp server with h on a loopback port.
+func serve(t *testing.T, h fasthttp.RequestHandler) (addr string, srv *fasthttp.Server) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv = &fasthttp.Server{Handler: h, CloseOnShutdown: true}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown() })
+	return ln.Addr().String(), srv
+}
+
+func post(addr, path, body string) *fasthttp.Request {
+	req := &fasthttp.Request{}
+	req.Header.SetMethod("POST")
+	req.SetRequestURI("http://" + addr + path)
+	req.Header.SetContentType("application/json")
+	req.SetBodyString(body)
+	return req
+}
+
+func TestUpstreamContentLengthAndReuse(t *testing.T) {
+	var conns atomic.Int32
+	addr, _ := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		fmt.Fprintf(ctx, `{"echo":%q,"conn":%d}`, ctx.PostBody(), ctx.ConnID())
+	})
+	u := NewUpstream(addr, UpstreamOptions{DialForTesting: func(a string) (net.Conn, error) {
+		conns.Add(1)
+		return net.Dial("tcp", a)
+	}})
+	for i := range 5 {
+		r, err := u.Do(context.Background(), post(addr, "/x", fmt.Sprint(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := r.ReadAll(1 << 20)
+		if err != nil || !strings.Contains(string(b), fmt.Sprintf(`"echo":"%d"`, i)) || r.Status() != 200 {
+			t.Fatalf("round %d: %q %v", i, b, err)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("dialed %d connections for 5 sequential requests, want 1 (keep-alive)", n)
+	}
+}
+
+// SSE arrives chunk by chunk: the first event must be readable before the
+// server has written the second.
+func TestUpstreamStreamsChunked(t *testing.T) {
+	release := make(chan struct{})
+	addr, _ := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			fmt.Fprint(w, "data: one\n\n")
+			w.Flush()
+			<-release
+			fmt.Fprint(w, "data: two\n\n")
+			w.Flush()
+		})
+	})
+	u := NewUpstream(addr, UpstreamOptions{})
+	r, err := u.Do(context.Background(), post(addr, "/s", "{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.IsEventStream() {
+		t.Fatalf("content type %q", r.Header.ContentType())
+	}
+	br := bufio.NewReader(r)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "data: one\n" {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	close(release)
+	rest, err := io.ReadAll(br)
+	if err != nil || string(rest) != "\ndata: two\n\n" {
+		t.Fatalf("rest %q, %v", rest, err)
+	}
+	r.Close()
+	// The connection was read to its end, trailer included, so it is reused
+	// cleanly by the next request.
+	r2, err := u.Do(context.Background(), post(addr, "/s2", "{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := r2.ReadAll(1 << 20); err != nil || !strings.Contains(string(b), "two") {
+		t.Fatalf("second exchange: %q %v", b, err)
+	}
+}
+
+// Cancelling while the backend has not answered closes the connection: the
+// backend sees its client go, which is what makes vLLM abort the request.
+func TestUpstreamCancelBeforeHeaders(t *testing.T) {
+	gone := make(chan struct{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		// Read the request, never answer, and report when the peer closes.
+		buf := make([]byte, 4096)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				close(gone)
+				return
+			}
+		}
+	}()
+	u := NewUpstream(ln.Addr().String(), UpstreamOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := u.Do(ctx, post(ln.Addr().String(), "/slow", "{}"))
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // let the request reach the server
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Do after cancel: %v, want context.Canceled", err)
+	}
+	<-gone // fails by hanging if the connection stays open
+}
+
+func TestUpstreamCancelMidStream(t *testing.T) {
+	aborted := make(chan struct{})
+	addr, _ := serve(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			for {
+				fmt.Fprint(w, "data: tick\n\n")
+				if err := w.Flush(); err != nil {
+					close(aborted)
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	})
+	u := NewUpstream(addr, UpstreamOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	r, err := u.Do(ctx, post(addr, "/s", "{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if _, err := r.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	for {
+		if _, err := r.Read(buf); err != nil {
+			break
+		}
+	}
+	r.Close()
+	<-aborted
+}
+
+// A keep-alive connection the backend closed while idle is retried on a new
+// one instead of failing the request.
+func TestUpstreamRetriesStaleConnection(t *testing.T) {
+	addr, srv := serve(t, func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") })
+	srv.IdleTimeout = 30 * time.Millisecond
+	u := NewUpstream(addr, UpstreamOptions{})
+	for i := range 3 {
+		r, err := u.Do(context.Background(), post(addr, "/", "{}"))
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if b, err := r.ReadAll(100); err != nil || string(b) != "ok" {
+			t.Fatalf("round %d: %q %v", i, b, err)
+		}
+		time.Sleep(80 * time.Millisecond) // past the server's idle timeout
+	}
+}
+
+func TestUpstreamRefused(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	u := NewUpstream(addr, UpstreamOptions{})
+	_, err := u.Do(context.Background(), post(addr, "/", "{}"))
+	if !errors.Is(err, ErrUpstream) {
+		t.Fatalf("err = %v, want ErrUpstream", err)
+	}
+}
+
+func TestReadAllLimit(t *testing.T) {
+	addr, _ := serve(t, func(ctx *fasthttp.RequestCtx) { ctx.WriteString(strings.Repeat("x", 1000)) })
+	u := NewUpstream(addr, UpstreamOptions{})
+	r, err := u.Do(context.Background(), post(addr, "/", "{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.ReadAll(999); !errors.Is(err, ErrUpstream) {
+		t.Fatalf("over-limit body: %v", err)
+	}
+}
