@@ -1,7 +1,23 @@
-// Package backends knows the upstream servers: which models each serves, on
-// which GPU it sits, whether it is healthy, what its own metrics say of its
-// KV cache, and how to forward a request to it and stream the answer back.
+// Package backends knows the upstream servers: which models each serves,
+// whether it is healthy, what its own metrics say about its KV cache, how to
+// pick one for a request, and how to forward a request to it and stream the
+// answer back.
 //
-// Subpackages: gpuinfo reads local GPUs through NVML; sim is a vLLM-style
-// simulated backend for tests, demos and load tests.
+// Model. A Backend is one OpenAI-compatible server (vLLM, or kvgate sim)
+// reached through an Upstream, a keep-alive transport that owns each
+// connection so that cancelling a request closes it and the backend aborts.
+// Each Backend has a circuit (closed → open after FailThreshold consecutive
+// failures of health probes or transport errors → half-open after Cooldown,
+// closed again on the first success) and the latest KVReport scraped from its
+// /metrics with vLLM's metric names. A Pool routes a model's requests to the
+// available backend with the most free admission budget, ties broken
+// round-robin.
+//
+// This package does not decide admission: it reads a budget's free bytes
+// through the small Budget interface and reports KV usage through a callback;
+// the gateway owns the budgets. Background probing runs only under Pool.Run,
+// so tests drive probes and circuits by hand with an injected clock.
+//
+// Subpackages: connwatch notices client hang-ups; gpuinfo reads local GPUs
+// through NVML; sim is a vLLM-style simulated backend.
 package backends

@@ -1,0 +1,282 @@
+package backends
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+)
+
+// Spec is one backend as configured. Zero durations and counts take the
+// defaults given on each field.
+type Spec struct {
+	Name   string
+	URL    string   // http://host:port of the OpenAI-compatible server
+	Models []string // served model names
+	APIKey string   // sent upstream as a bearer token; "" = none
+
+	HealthPath     string        // "" = /health
+	HealthInterval time.Duration // 0 = 1s
+	HealthTimeout  time.Duration // 0 = 2s
+	FailThreshold  int           // consecutive failures that open the circuit; 0 = 3
+	Cooldown       time.Duration // open circuit waits this long before half-open; 0 = 5s
+	MetricsPath    string        // "" = /metrics; "-" = do not scrape
+	ScrapeInterval time.Duration // 0 = 1s
+
+	Upstream UpstreamOptions
+}
+
+func (s *Spec) fillDefaults() {
+	if s.HealthPath == "" {
+		s.HealthPath = "/health"
+	}
+	if s.HealthInterval <= 0 {
+		s.HealthInterval = time.Second
+	}
+	if s.HealthTimeout <= 0 {
+		s.HealthTimeout = 2 * time.Second
+	}
+	if s.FailThreshold <= 0 {
+		s.FailThreshold = 3
+	}
+	if s.Cooldown <= 0 {
+		s.Cooldown = 5 * time.Second
+	}
+	if s.MetricsPath == "" {
+		s.MetricsPath = "/metrics"
+	}
+	if s.ScrapeInterval <= 0 {
+		s.ScrapeInterval = time.Second
+	}
+}
+
+// Budget is what routing needs to know of a backend's admission budget.
+type Budget interface {
+	// Free is the capacity not held by admitted requests (may be negative
+	// while a shrunk budget drains).
+	Free() int64
+}
+
+// Backend is one upstream server.
+type Backend struct {
+	spec   Spec
+	host   string // host:port
+	scheme string
+	up     *Upstream
+	budget Budget
+	now    func() time.Time
+	circ   circuit
+
+	kv        atomic.Pointer[KVReport]
+	scrapeErr atomic.Pointer[string]
+}
+
+// NewBackend validates spec and makes a Backend whose admission budget is
+// budget. now is the clock of its circuit (nil = time.Now).
+func NewBackend(spec Spec, budget Budget, now func() time.Time) (*Backend, error) {
+	spec.fillDefaults()
+	if spec.Name == "" {
+		return nil, errors.New("backend: name is required")
+	}
+	u, err := url.Parse(spec.URL)
+	if err != nil || u.Host == "" || (u.Scheme != "http") {
+		return nil, fmt.Errorf("backend %s: url %q: want http://host:port", spec.Name, spec.URL)
+	}
+	if u.Path != "" && u.Path != "/" {
+		return nil, fmt.Errorf("backend %s: url %q: give the server root, without a path (the gateway forwards /v1/...)", spec.Name, spec.URL)
+	}
+	if len(spec.Models) == 0 {
+		return nil, fmt.Errorf("backend %s: models: at least one model is required", spec.Name)
+	}
+	if budget == nil {
+		return nil, fmt.Errorf("backend %s: no budget", spec.Name)
+	}
+	if now == nil {
+		now = time.Now
+	}
+	b := &Backend{spec: spec, host: u.Host, scheme: u.Scheme, up: NewUpstream(u.Host, spec.Upstream), budget: budget, now: now}
+	b.circ = circuit{threshold: spec.FailThreshold, cooldown: spec.Cooldown, now: now}
+	return b, nil
+}
+
+// Name is the configured name.
+func (b *Backend) Name() string { return b.spec.Name }
+
+// Spec is the configuration the backend was made from, defaults filled.
+func (b *Backend) Spec() Spec { return b.spec }
+
+// Serves says whether the backend serves model.
+func (b *Backend) Serves(model string) bool { return slices.Contains(b.spec.Models, model) }
+
+// Budget is the admission budget the backend draws from (shared by
+// backends on the same GPU).
+func (b *Backend) Budget() Budget { return b.budget }
+
+// State is the backend's circuit state.
+func (b *Backend) State() CircuitState { return b.circ.state() }
+
+// Available says whether requests may be routed to the backend: its circuit
+// is closed or half-open.
+func (b *Backend) Available() bool { return b.circ.state() != StateOpen }
+
+// LastError is the last failure recorded against the backend, "" when
+// healthy.
+func (b *Backend) LastError() string {
+	b.circ.mu.Lock()
+	defer b.circ.mu.Unlock()
+	return b.circ.lastErr
+}
+
+// KV is the latest KV report, if any has been scraped.
+func (b *Backend) KV() (KVReport, bool) {
+	if r := b.kv.Load(); r != nil {
+		return *r, true
+	}
+	return KVReport{}, false
+}
+
+// ReportSuccess and ReportFailure feed the circuit from outside (the
+// gateway's passive signal: a transport error talking to the backend).
+func (b *Backend) ReportSuccess() { b.circ.success() }
+
+// ReportFailure records a failure; it reports whether the circuit opened.
+func (b *Backend) ReportFailure(err error) bool { return b.circ.failure(err) }
+
+// NewRequest prepares a request to path on the backend, with the backend's
+// own credentials.
+func (b *Backend) NewRequest(req *fasthttp.Request, method, path string) {
+	req.Header.SetMethod(method)
+	req.SetRequestURI(b.scheme + "://" + b.host + path)
+	req.Header.SetHost(b.host)
+	if b.spec.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+b.spec.APIKey)
+	} else {
+		req.Header.Del("Authorization")
+	}
+}
+
+// Do forwards req (prepared with NewRequest) and returns the response once
+// its headers have arrived. Transport errors count against the circuit.
+func (b *Backend) Do(ctx context.Context, req *fasthttp.Request) (*Response, error) {
+	r, err := b.up.Do(ctx, req)
+	if err != nil {
+		if ctx.Err() == nil {
+			b.circ.failure(err)
+		}
+		return nil, fmt.Errorf("backend %s: %w", b.spec.Name, err)
+	}
+	return r, nil
+}
+
+// MaxBody is the largest non-streamed response the backend's transport reads.
+func (b *Backend) MaxBody() int64 { return b.up.MaxBody() }
+
+// Tokenize asks the backend's /tokenize (vLLM's API) how many tokens body
+// holds; body is a /tokenize request ({"model", "prompt"} or {"model",
+// "messages"}).
+func (b *Backend) Tokenize(ctx context.Context, body []byte) (int, error) {
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	b.NewRequest(req, fasthttp.MethodPost, "/tokenize")
+	req.Header.SetContentType("application/json")
+	req.SetBodyRaw(body)
+	r, err := b.Do(ctx, req)
+	if err != nil {
+		return 0, err
+	}
+	data, err := r.ReadAll(1 << 20)
+	if err != nil {
+		return 0, fmt.Errorf("backend %s: tokenize: %w", b.spec.Name, err)
+	}
+	if r.Status() != fasthttp.StatusOK {
+		return 0, &StatusError{Backend: b.spec.Name, Status: r.Status(), Body: data}
+	}
+	v, err := fastjson.ParseBytes(data)
+	if err != nil {
+		return 0, fmt.Errorf("backend %s: tokenize: %w", b.spec.Name, err)
+	}
+	n := v.GetInt("count")
+	if n <= 0 && v.Get("count") == nil {
+		return 0, fmt.Errorf("backend %s: tokenize: answer has no count", b.spec.Name)
+	}
+	return n, nil
+}
+
+// StatusError is a backend's non-2xx answer to a request the gateway made
+// for itself (not a proxied one, whose status is passed through).
+type StatusError struct {
+	Backend string
+	Status  int
+	Body    []byte
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("backend %s: status %d: %s", e.Backend, e.Status, bytes.TrimSpace(e.Body[:min(len(e.Body), 200)]))
+}
+
+// Probe runs one health check and, unless scraping is off, one metrics
+// scrape, updating the circuit and the KV report. It returns the report
+// when one was scraped.
+func (b *Backend) Probe(ctx context.Context) (KVReport, bool) {
+	if err := b.checkHealth(ctx); err != nil {
+		b.circ.failure(err)
+	} else {
+		b.circ.success()
+	}
+	if b.spec.MetricsPath == "-" {
+		return KVReport{}, false
+	}
+	return b.Scrape(ctx)
+}
+
+func (b *Backend) get(ctx context.Context, path string, timeout time.Duration) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	b.NewRequest(req, fasthttp.MethodGet, path)
+	r, err := b.up.Do(ctx, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	data, err := r.ReadAll(16 << 20)
+	return r.Status(), data, err
+}
+
+func (b *Backend) checkHealth(ctx context.Context) error {
+	status, _, err := b.get(ctx, b.spec.HealthPath, b.spec.HealthTimeout)
+	if err != nil {
+		return fmt.Errorf("health: %w", err)
+	}
+	if status != fasthttp.StatusOK {
+		return fmt.Errorf("health: status %d", status)
+	}
+	return nil
+}
+
+// Scrape reads the backend's /metrics once.
+func (b *Backend) Scrape(ctx context.Context) (KVReport, bool) {
+	status, data, err := b.get(ctx, b.spec.MetricsPath, b.spec.HealthTimeout)
+	if err == nil && status != fasthttp.StatusOK {
+		err = fmt.Errorf("status %d", status)
+	}
+	var r KVReport
+	if err == nil {
+		r, err = ParseMetrics(bytes.NewReader(data), b.now())
+	}
+	if err != nil {
+		msg := fmt.Sprintf("scrape %s: %v", b.spec.MetricsPath, err)
+		b.scrapeErr.Store(&msg)
+		return KVReport{}, false
+	}
+	b.scrapeErr.Store(nil)
+	b.kv.Store(&r)
+	return r, true
+}

@@ -1,0 +1,179 @@
+package backends
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+type fixedBudget struct{ free atomic.Int64 }
+
+func (f *fixedBudget) Free() int64 { return f.free.Load() }
+
+func budgetOf(free int64) *fixedBudget {
+	b := &fixedBudget{}
+	b.free.Store(free)
+	return b
+}
+
+// clock is a manual clock for circuits.
+type clock struct{ t atomic.Int64 }
+
+func (c *clock) now() time.Time          { return time.Unix(0, c.t.Load()) }
+func (c *clock) advance(d time.Duration) { c.t.Add(int64(d)) }
+
+func mustBackend(t *testing.T, name string, models []string, b Budget, now func() time.Time) *Backend {
+	t.Helper()
+	be, err := NewBackend(Spec{Name: name, URL: "http://127.0.0.1:1", Models: models, FailThreshold: 2, Cooldown: 5 * time.Second}, b, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return be
+}
+
+func TestPickMostFreeThenRoundRobin(t *testing.T) {
+	c := &clock{}
+	a := mustBackend(t, "a", []string{"m"}, budgetOf(100), c.now)
+	b := mustBackend(t, "b", []string{"m"}, budgetOf(300), c.now)
+	x := mustBackend(t, "x", []string{"other"}, budgetOf(1000), c.now)
+	p := NewPool([]*Backend{a, b, x})
+	for range 4 {
+		if got, _ := p.Pick("m", nil); got != b {
+			t.Fatalf("picked %s, want b (most free)", got.Name())
+		}
+	}
+	b.budget.(*fixedBudget).free.Store(100) // now equal: alternate
+	seen := map[string]int{}
+	for range 10 {
+		got, err := p.Pick("m", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[got.Name()]++
+	}
+	if seen["a"] != 5 || seen["b"] != 5 {
+		t.Errorf("ties not shared round-robin: %v", seen)
+	}
+	if got, _ := p.Pick("m", func(be *Backend) bool { return be == a }); got != b {
+		t.Errorf("skip ignored: %v", got.Name())
+	}
+	if _, err := p.Pick("nope", nil); !errors.Is(err, ErrNoBackend) {
+		t.Errorf("unknown model: %v", err)
+	}
+}
+
+// State stepping, as Caddy's tests do: mark a backend down, it is skipped;
+// after the cooldown it is tried again; a success brings it back.
+func TestCircuitSkipsOpenBackend(t *testing.T) {
+	c := &clock{}
+	a := mustBackend(t, "a", []string{"m"}, budgetOf(500), c.now)
+	b := mustBackend(t, "b", []string{"m"}, budgetOf(100), c.now)
+	p := NewPool([]*Backend{a, b})
+
+	if opened := a.ReportFailure(errors.New("boom")); opened {
+		t.Fatal("one failure opened the circuit (threshold 2)")
+	}
+	if got, _ := p.Pick("m", nil); got != a {
+		t.Fatal("a should still be picked after one failure")
+	}
+	if opened := a.ReportFailure(errors.New("boom")); !opened {
+		t.Fatal("second failure did not open the circuit")
+	}
+	if a.State() != StateOpen || a.LastError() != "boom" {
+		t.Fatalf("state %s, last error %q", a.State(), a.LastError())
+	}
+	if got, _ := p.Pick("m", nil); got != b {
+		t.Fatal("open backend was picked")
+	}
+	b.ReportFailure(nil)
+	b.ReportFailure(nil)
+	if _, err := p.Pick("m", nil); !errors.Is(err, ErrNoBackend) || p.Ready() {
+		t.Fatalf("all open: err %v, ready %v", err, p.Ready())
+	}
+	c.advance(5 * time.Second)
+	if a.State() != StateHalfOpen {
+		t.Fatalf("after cooldown: %s", a.State())
+	}
+	if got, _ := p.Pick("m", nil); got != a {
+		t.Fatal("half-open backend not tried")
+	}
+	a.ReportFailure(errors.New("still down")) // the trial fails: open for another cooldown
+	if a.State() != StateOpen {
+		t.Fatalf("failed trial: %s", a.State())
+	}
+	c.advance(5 * time.Second)
+	a.ReportSuccess()
+	if a.State() != StateClosed || a.LastError() != "" {
+		t.Fatalf("after success: %s %q", a.State(), a.LastError())
+	}
+}
+
+func TestProbeAgainstRealServer(t *testing.T) {
+	var healthy atomic.Bool
+	healthy.Store(true)
+	addr, _ := serve(t, func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case "/health":
+			if !healthy.Load() {
+				ctx.SetStatusCode(503)
+			}
+		case "/metrics":
+			fmt.Fprint(ctx, "vllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\",gpu_memory_utilization=\"0.9\"} 1\n")
+		case "/tokenize":
+			if !strings.Contains(string(ctx.PostBody()), `"prompt"`) {
+				ctx.SetStatusCode(400)
+				return
+			}
+			fmt.Fprint(ctx, `{"count":42,"max_model_len":8192,"tokens":[]}`)
+		}
+	})
+	c := &clock{}
+	be, err := NewBackend(Spec{Name: "s", URL: "http://" + addr, Models: []string{"m"}, FailThreshold: 1}, budgetOf(1), c.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, ok := be.Probe(context.Background())
+	if !ok || r.Usage != 0.5 || r.NumGPUBlocks != 100 || be.State() != StateClosed {
+		t.Fatalf("probe: %+v %v %s", r, ok, be.State())
+	}
+	if kv, ok := be.KV(); !ok || kv != r {
+		t.Fatalf("KV() = %+v", kv)
+	}
+	n, err := be.Tokenize(context.Background(), []byte(`{"model":"m","prompt":"hi"}`))
+	if err != nil || n != 42 {
+		t.Fatalf("tokenize: %d %v", n, err)
+	}
+	var se *StatusError
+	if _, err := be.Tokenize(context.Background(), []byte(`{}`)); !errors.As(err, &se) || se.Status != 400 {
+		t.Fatalf("tokenize error: %v", err)
+	}
+	healthy.Store(false)
+	be.Probe(context.Background())
+	if be.State() != StateOpen {
+		t.Fatalf("503 health did not open the circuit: %s", be.State())
+	}
+}
+
+func TestNewBackendValidation(t *testing.T) {
+	tests := []struct {
+		spec Spec
+		want string
+	}{
+		{Spec{URL: "http://a:1", Models: []string{"m"}}, "name is required"},
+		{Spec{Name: "a", URL: "a:1", Models: []string{"m"}}, "want http://host:port"},
+		{Spec{Name: "a", URL: "https://a:1", Models: []string{"m"}}, "want http://host:port"},
+		{Spec{Name: "a", URL: "http://a:1/v1", Models: []string{"m"}}, "without a path"},
+		{Spec{Name: "a", URL: "http://a:1"}, "at least one model"},
+	}
+	for _, tt := range tests {
+		if _, err := NewBackend(tt.spec, budgetOf(1), nil); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%+v: %v, want %q", tt.spec, err, tt.want)
+		}
+	}
+}
