@@ -1,0 +1,483 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Request is one request for weight.
+type Request struct {
+	Weight int64 // predicted KV bytes; must be > 0
+	// Class names a configured class; "" = Config.DefaultClass (see there).
+	// An unknown class is an error, not a refusal.
+	Class string
+	// Tenant is who pays; "" = the anonymous tenant, bounded by
+	// Config.DefaultTenantShare like any unlisted tenant.
+	Tenant string
+	// Deadline bounds the time in the queue; zero = the class's QueueTimeout
+	// only. The effective deadline is the earlier of the two.
+	Deadline time.Time
+}
+
+// Budget is a memory-weighted admission controller over one capacity (one
+// GPU's KV budget). See the package documentation for its model.
+//
+// Locking: mu guards every field below it. It is a leaf lock except for the
+// Clock: the budget calls Clock.AfterFunc and Timer.Stop with mu held, so a
+// Clock must never call back into the budget while holding a lock of its
+// own (timer functions run in their own goroutines and take mu themselves).
+// Methods named ...Locked expect mu held. Observer callbacks and the
+// waiters' own bookkeeping run after mu is released.
+type Budget struct {
+	clock    Clock    // fixed at New
+	observer Observer // fixed at New; nil = none
+	count    counters // atomics; no lock
+
+	mu          sync.Mutex
+	set         settings
+	nominal     int64 // configured capacity
+	effective   int64 // nominal after AIMD; held <= effective at every admission
+	held        int64
+	classes     []*classState // priority order
+	defClass    *classState
+	tenants     map[string]*tenantState // includes "" (anon)
+	anon        *tenantState
+	queued      int
+	queuedBytes int64
+	// hol is the class index of the head-of-line blocker left by the last
+	// dispatch (or set by an enqueue that became one), noBlocker if none: a
+	// new request of a class with a smaller or equal index must queue.
+	hol   int
+	pass  uint64 // dispatch pass counter, for tenantState.pass
+	drain drainEstimator
+	knobs testingKnobs
+}
+
+// testingKnobs are hooks for this package's tests; zero in production.
+type testingKnobs struct {
+	// check runs with mu held after every change of state, named by op.
+	check func(op string)
+}
+
+// Operation names passed to testingKnobs.check.
+const (
+	opAdmit       = "admit"
+	opRelease     = "release"
+	opShrink      = "shrink"
+	opUngrant     = "ungrant" // a grant given back because the context ended at the same time
+	opEnqueue     = "enqueue"
+	opRefuse      = "refuse"
+	opCancel      = "cancel"
+	opResize      = "resize"
+	opFeedback    = "feedback"
+	opReconfigure = "reconfigure"
+)
+
+func (b *Budget) checkLocked(op string) {
+	if b.knobs.check != nil {
+		b.knobs.check(op)
+	}
+}
+
+// New validates cfg and returns a budget with nothing held.
+func New(cfg Config) (*Budget, error) {
+	s, err := resolve(cfg)
+	if err != nil {
+		return nil, err
+	}
+	b := &Budget{clock: cfg.Clock, observer: cfg.Observer, hol: noBlocker,
+		nominal: s.capacity, effective: s.capacity, tenants: make(map[string]*tenantState)}
+	if b.clock == nil {
+		b.clock = SystemClock()
+	}
+	b.mu.Lock()
+	b.applyLocked(s, b.clock.Now())
+	b.mu.Unlock()
+	return b, nil
+}
+
+// Reconfigure applies a new configuration (Clock and Observer excepted) as
+// one step. Held tickets stay valid whatever changes. Waiters keep their
+// place and deadline; those of a removed class are refused with
+// ErrQueueFull, and those that can no longer ever fit (weight above the new
+// capacity or their tenant's new cap) with ErrTooLarge or ErrTenantQuota.
+// Lowered queue bounds evict nobody: they refuse new arrivals until the
+// queue is back under them. A changed DrainWindow restarts the drain-rate
+// measurement. If cfg is invalid nothing changes and the error names the
+// fields.
+func (b *Budget) Reconfigure(cfg Config) error {
+	s, err := resolve(cfg)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.applyLocked(s, b.clock.Now())
+	b.mu.Unlock()
+	return nil
+}
+
+func (b *Budget) applyLocked(s settings, now time.Time) {
+	oldWindow := b.set.drainWindow
+	b.set = s
+	if s.capacity != b.nominal {
+		b.resizeLocked(s.capacity)
+	}
+
+	// Classes keep their state (queue, held) across reloads by name.
+	byName := make(map[string]*classState, len(b.classes))
+	for _, c := range b.classes {
+		byName[c.spec.name] = c
+	}
+	classes := make([]*classState, len(s.classes))
+	for i, spec := range s.classes {
+		c := byName[spec.name]
+		if c == nil {
+			c = &classState{}
+		}
+		delete(byName, spec.name)
+		c.spec = spec
+		classes[i] = c
+	}
+	for _, c := range b.classes {
+		if _, removed := byName[c.spec.name]; !removed {
+			continue
+		}
+		for w := c.head; w != nil; {
+			next := w.next
+			retry := b.retryLocked(now, b.needLocked(b.queuedBytes-w.weight, w.t.tenant, 0, w.weight))
+			b.refuseLocked(w, now, ErrQueueFull, b.effective, retry)
+			w = next
+		}
+		c.index = -1
+	}
+	b.classes = classes
+	for i, c := range classes {
+		c.index = i
+	}
+	b.defClass = classes[s.defaultClass]
+
+	// Tenants: listed ones are permanent; the rest follow the default share.
+	if b.anon == nil {
+		b.anon = &tenantState{name: ""}
+		b.tenants[""] = b.anon
+	}
+	for name := range s.tenants {
+		if b.tenants[name] == nil {
+			b.tenants[name] = &tenantState{name: name}
+		}
+	}
+	for name, t := range b.tenants {
+		spec, listed := s.tenants[name]
+		if !listed {
+			spec = tenantSpec{share: s.defaultShare, queueShare: s.defaultShare}
+		}
+		t.share, t.queueShare, t.permanent = spec.share, spec.queueShare, listed || name == ""
+		t.setCapLocked(b.nominal)
+		t.queued, t.queuedBytes = make([]int, len(classes)), make([]int64, len(classes))
+	}
+	for i, c := range classes {
+		for w := c.head; w != nil; w = w.next {
+			w.t.tenant.queued[i]++
+			w.t.tenant.queuedBytes[i] += w.weight
+		}
+	}
+	for _, t := range b.tenants {
+		b.forgetIfIdleLocked(t)
+	}
+
+	if s.drainWindow != oldWindow {
+		b.drain = newDrainEstimator(now, s.drainWindow)
+	}
+	b.refuseImpossibleLocked(now)
+	b.checkLocked(opReconfigure)
+	b.dispatchLocked()
+}
+
+// Resize sets the nominal capacity (the backend reported a new pool size).
+// The effective capacity keeps its ratio to the nominal one. Held weight is
+// never revoked: after a shrink, admissions stop until held is under the new
+// capacity. Waiters that can no longer ever fit are refused (ErrTooLarge, or
+// ErrTenantQuota when their tenant's cap shrank below them).
+func (b *Budget) Resize(capacity int64) error {
+	if capacity <= 0 {
+		return fmt.Errorf("admission: resize: capacity %d must be > 0", capacity)
+	}
+	b.mu.Lock()
+	b.resizeLocked(capacity)
+	b.refuseImpossibleLocked(b.clock.Now())
+	b.checkLocked(opResize)
+	b.dispatchLocked()
+	b.mu.Unlock()
+	return nil
+}
+
+func (b *Budget) resizeLocked(capacity int64) {
+	old := b.nominal
+	b.nominal = capacity
+	if b.effective >= old {
+		b.effective = capacity
+	} else {
+		scaled := int64(float64(b.effective) * (float64(capacity) / float64(old)))
+		b.effective = min(capacity, max(scaled, b.minEffectiveLocked()))
+	}
+	for _, t := range b.tenants {
+		t.setCapLocked(capacity)
+	}
+}
+
+// Free is the effective capacity minus what is held: what a new request
+// could take at once if nobody waits. It is negative after a shrink below
+// what is held.
+func (b *Budget) Free() int64 {
+	b.mu.Lock()
+	free := b.effective - b.held
+	b.mu.Unlock()
+	return free
+}
+
+func (b *Budget) classLocked(name string) *classState {
+	if name == "" {
+		return b.defClass
+	}
+	for _, c := range b.classes {
+		if c.spec.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+func (b *Budget) classNamesLocked() string {
+	names := make([]string, len(b.classes))
+	for i, c := range b.classes {
+		names[i] = c.spec.name
+	}
+	return strings.Join(names, ", ")
+}
+
+// Acquire admits r at once if it fits and nobody it must not overtake is
+// waiting, else queues it until it is admitted, refused, or ctx is done.
+// A refusal is a *RejectError; a ctx that ends first gives an error wrapping
+// ctx.Err(). Either way nothing stays held. An invalid request (weight <= 0,
+// unknown class) is a plain error.
+func (b *Budget) Acquire(ctx context.Context, r Request) (*Ticket, error) {
+	w := r.Weight
+	if w <= 0 {
+		return nil, fmt.Errorf("admission: weight %d: must be > 0", w)
+	}
+	done := ctx.Done()
+	b.mu.Lock()
+	c := b.classLocked(r.Class)
+	if c == nil {
+		names := b.classNamesLocked()
+		b.mu.Unlock()
+		return nil, fmt.Errorf("admission: class %q: unknown (have %s)", r.Class, names)
+	}
+	if done != nil {
+		select {
+		case <-done:
+			// ctx ending has happened before the call: fail, as x/sync's
+			// semaphore does, even if the weight is free.
+			b.mu.Unlock()
+			return nil, b.canceledErr(ctx.Err(), c.spec.name, r.Tenant, w, 0)
+		default:
+		}
+	}
+	t := b.tenantLocked(r.Tenant)
+	if w > b.nominal {
+		return nil, b.rejectUnlock(ErrTooLarge, c, t, w, b.nominal, 0)
+	}
+	if w > t.cap {
+		return nil, b.rejectUnlock(ErrTenantQuota, c, t, w, t.cap, 0)
+	}
+	if c.spec.sheddable && float64(b.held) > b.set.pressure*float64(b.effective) {
+		need := b.held - int64(b.set.pressure*float64(b.effective))
+		return nil, b.rejectUnlock(ErrOverloaded, c, t, w, b.effective, b.retryLocked(b.clock.Now(), need))
+	}
+	ci := c.index
+	if b.held+w <= b.effective && t.held+w <= t.cap && b.hol > ci && !t.queuedUpToLocked(ci) {
+		b.holdLocked(c, t, w)
+		tk := &Ticket{b: b, class: c, tenant: t}
+		tk.weight.Store(w)
+		b.checkLocked(opAdmit)
+		b.mu.Unlock()
+		b.count.admitted.Add(1)
+		if b.observer != nil {
+			b.observer.Admitted(c.spec.name, t.name, w, 0)
+		}
+		return tk, nil
+	}
+	return b.enqueue(ctx, done, c, t, r)
+}
+
+// enqueue is Acquire's slow path. Called with mu held; returns with it
+// released.
+func (b *Budget) enqueue(ctx context.Context, done <-chan struct{}, c *classState, t *tenantState, r Request) (*Ticket, error) {
+	w, ci := r.Weight, c.index
+	now := b.clock.Now()
+	var deadline time.Time
+	if c.spec.timeout > 0 {
+		deadline = now.Add(c.spec.timeout)
+	}
+	if !r.Deadline.IsZero() && (deadline.IsZero() || r.Deadline.Before(deadline)) {
+		deadline = r.Deadline
+	}
+
+	var ahead, tAhead int64
+	for i := 0; i <= ci; i++ {
+		ahead += b.classes[i].queuedBytes
+		tAhead += t.queuedBytes[i]
+	}
+	need := b.needLocked(ahead, t, tAhead, w)
+	est, known := b.drain.wait(now, need)
+	retry := b.clampRetryLocked(est, known)
+
+	maxBytes := c.maxBytes(b.nominal)
+	tCount, tBytes := t.queueLimits(c.spec.maxQueued, maxBytes)
+	if c.spec.maxQueued < 0 || c.queued >= c.spec.maxQueued || (maxBytes >= 0 && c.queuedBytes+w > maxBytes) ||
+		t.queued[ci] >= tCount || (tBytes >= 0 && t.queuedBytes[ci]+w > tBytes) {
+		return nil, b.rejectUnlock(ErrQueueFull, c, t, w, b.effective, retry)
+	}
+	if !deadline.IsZero() {
+		if left := deadline.Sub(now); left <= 0 || (known && est > left) {
+			return nil, b.rejectUnlock(ErrQueueTimeout, c, t, w, b.effective, retry)
+		}
+	}
+
+	// It becomes the head-of-line blocker if dispatch would stop at it: no
+	// blocker at its priority or above, nothing of its tenant ahead, and
+	// within its tenant's cap (so it is the capacity it lacks).
+	blocker := b.hol > ci && !t.queuedUpToLocked(ci) && t.held+w <= t.cap
+	wt := &waiter{weight: w, enqueued: now, ready: make(chan struct{})}
+	wt.t.b, wt.t.class, wt.t.tenant = b, c, t
+	b.enqueueLocked(wt)
+	if blocker {
+		b.hol = ci
+	}
+	if !deadline.IsZero() {
+		wt.timer = b.clock.AfterFunc(deadline.Sub(now), func() { b.expire(wt) })
+	}
+	b.checkLocked(opEnqueue)
+	b.mu.Unlock()
+	return b.wait(ctx, done, wt)
+}
+
+// wait blocks until w is granted or refused, or ctx is done.
+func (b *Budget) wait(ctx context.Context, done <-chan struct{}, w *waiter) (*Ticket, error) {
+	select {
+	case <-w.ready:
+	case <-done:
+		b.mu.Lock()
+		switch w.state {
+		case waiting:
+			waited := b.clock.Now().Sub(w.enqueued)
+			b.dequeueLocked(w)
+			w.state = canceled
+			b.forgetIfIdleLocked(w.t.tenant)
+			b.checkLocked(opCancel)
+			b.dispatchLocked() // it may have been the head-of-line blocker
+			b.mu.Unlock()
+			return nil, b.canceledErr(ctx.Err(), w.t.class.spec.name, w.t.tenant.name, w.weight, waited)
+		case granted: // granted and canceled at the same moment: give it back
+			b.ungrantLocked(w)
+			b.mu.Unlock()
+			return nil, b.canceledErr(ctx.Err(), w.t.class.spec.name, w.t.tenant.name, w.weight, w.t.waited)
+		}
+		b.mu.Unlock() // refused at the same moment: report the refusal
+	}
+	if w.state == refused {
+		b.report(w.err)
+		return nil, w.err
+	}
+	if done != nil {
+		select {
+		case <-done:
+			// Granted, but ctx ended before we could hand the ticket over:
+			// the caller will see an error, so nothing may stay held.
+			b.mu.Lock()
+			b.ungrantLocked(w)
+			b.mu.Unlock()
+			return nil, b.canceledErr(ctx.Err(), w.t.class.spec.name, w.t.tenant.name, w.weight, w.t.waited)
+		default:
+		}
+	}
+	b.count.admitted.Add(1)
+	b.count.admittedAfterWait.Add(1)
+	if b.observer != nil {
+		b.observer.Admitted(w.t.class.spec.name, w.t.tenant.name, w.weight, w.t.waited)
+	}
+	return &w.t, nil
+}
+
+// ungrantLocked gives back the weight of a grant nobody received. It is not
+// a release: the drain rate does not count it.
+func (b *Budget) ungrantLocked(w *waiter) {
+	b.unholdLocked(w.t.class, w.t.tenant, w.t.weight.Load())
+	w.t.weight.Store(0)
+	b.forgetIfIdleLocked(w.t.tenant)
+	b.checkLocked(opUngrant)
+	b.dispatchLocked()
+}
+
+// expire is w's deadline timer.
+func (b *Budget) expire(w *waiter) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if w.state != waiting {
+		return // granted, canceled or refused first
+	}
+	now := b.clock.Now()
+	ahead, tAhead := b.aheadOfLocked(w)
+	retry := b.retryLocked(now, b.needLocked(ahead, w.t.tenant, tAhead, w.weight))
+	b.refuseLocked(w, now, ErrQueueTimeout, b.effective, retry)
+	b.checkLocked(opRefuse)
+	b.dispatchLocked()
+}
+
+// aheadOfLocked is the queued weight that would be admitted before w, in
+// all and of w's tenant.
+func (b *Budget) aheadOfLocked(w *waiter) (ahead, tAhead int64) {
+	c, t := w.t.class, w.t.tenant
+	for i := 0; i < c.index; i++ {
+		ahead += b.classes[i].queuedBytes
+		tAhead += t.queuedBytes[i]
+	}
+	for x := c.head; x != w; x = x.next {
+		ahead += x.weight
+		if x.t.tenant == t {
+			tAhead += x.weight
+		}
+	}
+	return ahead, tAhead
+}
+
+// rejectUnlock refuses a request that never queued, releases mu, and
+// reports the refusal.
+func (b *Budget) rejectUnlock(reason error, c *classState, t *tenantState, w, limit int64, retry time.Duration) error {
+	err := &RejectError{Reason: reason, RetryAfter: retry, Weight: w, Capacity: limit, Class: c.spec.name, Tenant: t.name}
+	b.forgetIfIdleLocked(t)
+	b.mu.Unlock()
+	b.report(err)
+	return err
+}
+
+// report counts a refusal and tells the observer. Called without mu.
+func (b *Budget) report(err *RejectError) {
+	b.count.rejected[reasonIndex(err.Reason)].Add(1)
+	if b.observer != nil {
+		b.observer.Rejected(err.Class, err.Tenant, reasonLabel(err.Reason), err.Weight, err.Waited)
+	}
+}
+
+// canceledErr counts a cancellation, tells the observer and wraps ctxErr.
+// Called without mu.
+func (b *Budget) canceledErr(ctxErr error, class, tenant string, w int64, waited time.Duration) error {
+	b.count.canceled.Add(1)
+	if b.observer != nil {
+		b.observer.Rejected(class, tenant, ReasonCanceled, w, waited)
+	}
+	return fmt.Errorf("admission: class %q, tenant %q, weight %d: gave up after waiting %v: %w", class, tenant, w, waited, ctxErr)
+}

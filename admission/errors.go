@@ -1,0 +1,101 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// The reasons for refusing a request. Every refusal is a *RejectError whose
+// Reason is exactly one of these, so errors.Is matches exactly one of them.
+var (
+	// ErrTooLarge: the weight exceeds the nominal capacity; it could never be
+	// admitted, so RetryAfter is 0.
+	ErrTooLarge = errors.New("request larger than the whole budget")
+	// ErrTenantQuota: the weight exceeds what the tenant may hold at once
+	// (its share of the nominal capacity); retrying never helps, RetryAfter is 0.
+	ErrTenantQuota = errors.New("request larger than the tenant's quota")
+	// ErrQueueFull: the class's queue, or the tenant's share of it, is full
+	// (in count or bytes), the class never queues, or the class was removed
+	// by Reconfigure while the request waited.
+	ErrQueueFull = errors.New("admission queue full")
+	// ErrQueueTimeout: the deadline passed while queued, or the expected wait
+	// (from the measured drain rate) exceeds the time left before it.
+	ErrQueueTimeout = errors.New("admission queue timeout")
+	// ErrOverloaded: a sheddable class was refused because utilization is
+	// above the pressure threshold.
+	ErrOverloaded = errors.New("overloaded: sheddable request refused")
+)
+
+// RejectError is a refusal. It carries what the gateway needs to answer:
+// the reason, when to retry, and the sizes involved.
+type RejectError struct {
+	Reason error // one of the sentinels above
+	// RetryAfter is when a retry is expected to succeed, from the drain-rate
+	// estimate (see doc.go); 0 when retrying cannot help.
+	RetryAfter time.Duration
+	Weight     int64 // the request's weight
+	// Capacity is the limit the request was measured against: the nominal
+	// capacity for ErrTooLarge, the tenant's cap for ErrTenantQuota, the
+	// effective capacity otherwise.
+	Capacity int64
+	Waited   time.Duration // time spent queued before the refusal (0 if refused at once)
+	Class    string
+	Tenant   string
+}
+
+func (e *RejectError) Error() string {
+	return fmt.Sprintf("admission: %v: class %q, tenant %q, weight %d, capacity %d, waited %v, retry after %v",
+		e.Reason, e.Class, e.Tenant, e.Weight, e.Capacity, e.Waited, e.RetryAfter)
+}
+
+// Unwrap makes errors.Is(err, ErrQueueFull) and friends work.
+func (e *RejectError) Unwrap() error { return e.Reason }
+
+// Reason labels, as ReasonOf returns them and Observer.Rejected receives them.
+const (
+	ReasonTooLarge     = "too_large"
+	ReasonQueueFull    = "queue_full"
+	ReasonQueueTimeout = "queue_timeout"
+	ReasonOverloaded   = "overloaded"
+	ReasonTenantQuota  = "tenant_quota"
+	ReasonCanceled     = "canceled"
+)
+
+// Reasons lists the refusal labels (without "canceled"), for exporters that
+// want every series to exist from the start.
+func Reasons() []string {
+	return []string{ReasonTooLarge, ReasonQueueFull, ReasonQueueTimeout, ReasonOverloaded, ReasonTenantQuota}
+}
+
+func reasonLabel(reason error) string {
+	switch reason {
+	case ErrTooLarge:
+		return ReasonTooLarge
+	case ErrQueueFull:
+		return ReasonQueueFull
+	case ErrQueueTimeout:
+		return ReasonQueueTimeout
+	case ErrOverloaded:
+		return ReasonOverloaded
+	case ErrTenantQuota:
+		return ReasonTenantQuota
+	}
+	return ""
+}
+
+// ReasonOf is the metric label for an error returned by Acquire:
+// "too_large", "queue_full", "queue_timeout", "overloaded", "tenant_quota",
+// "canceled" for a context cancellation or deadline, and "" otherwise (an
+// invalid request, or nil).
+func ReasonOf(err error) string {
+	var re *RejectError
+	if errors.As(err, &re) {
+		return reasonLabel(re.Reason)
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return ReasonCanceled
+	}
+	return ""
+}
