@@ -14,11 +14,10 @@ func (b *Budget) Feedback(overCeiling bool) {
 	} else {
 		b.effective = min(b.nominal, old+max(1, int64(b.set.aimd.increase*float64(b.nominal))))
 	}
-	if b.effective != old {
-		b.checkLocked(opFeedback)
-	}
 	if b.effective > old {
 		b.dispatchLocked()
+	} else {
+		b.checkLocked(opFeedback)
 	}
 	b.mu.Unlock()
 }

@@ -64,7 +64,9 @@ type testingKnobs struct {
 
 // Operation names passed to testingKnobs.check.
 const (
-	opAdmit       = "admit"
+	opAdmit       = "admit" // at once, on Acquire's fast path
+	opGrant       = "grant" // a waiter, from a dispatch pass
+	opDispatch    = "dispatch"
 	opRelease     = "release"
 	opShrink      = "shrink"
 	opUngrant     = "ungrant" // a grant given back because the context ended at the same time

@@ -129,7 +129,7 @@ func (b *Budget) grantLocked(w *waiter, now time.Time) {
 	w.t.waited = now.Sub(w.enqueued)
 	w.state = granted
 	close(w.ready)
-	b.checkLocked(opAdmit)
+	b.checkLocked(opGrant)
 }
 
 // holdLocked adds weight to held, for the budget, the class and the tenant.
@@ -159,9 +159,13 @@ const noBlocker = int(^uint(0) >> 1)
 // It costs O(waiters skipped) per pass: skipped waiters are those of tenants
 // at their cap, bounded by the queue bounds.
 func (b *Budget) dispatchLocked() {
-	b.hol = noBlocker
+	b.hol = b.dispatchPassLocked()
+	b.checkLocked(opDispatch)
+}
+
+func (b *Budget) dispatchPassLocked() (hol int) {
 	if b.queued == 0 {
-		return
+		return noBlocker
 	}
 	b.pass++
 	var now time.Time
@@ -175,8 +179,7 @@ func (b *Budget) dispatchLocked() {
 				continue
 			}
 			if b.held+w.weight > b.effective {
-				b.hol = ci
-				return
+				return ci
 			}
 			if now.IsZero() {
 				now = b.clock.Now()
@@ -185,6 +188,7 @@ func (b *Budget) dispatchLocked() {
 			w = next
 		}
 	}
+	return noBlocker
 }
 
 // refuseImpossibleLocked refuses the waiters that can never be admitted

@@ -1,0 +1,138 @@
+package admission_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/admission/admissiontest"
+)
+
+var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// fixture is a budget on a manual clock, with a transcript of its observer
+// and every invariant checked after every change of state.
+type fixture struct {
+	t     *testing.T
+	clock *admissiontest.Clock
+	rec   *admissiontest.Recorder
+	b     *admission.Budget
+}
+
+func newFixture(t *testing.T, cfg admission.Config) *fixture {
+	t.Helper()
+	f := &fixture{t: t, clock: admissiontest.NewClock(t0), rec: &admissiontest.Recorder{}}
+	cfg.Clock, cfg.Observer = f.clock, f.rec
+	b, err := admission.New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	admission.SetCheck(b, func(op string, err error) {
+		if err != nil {
+			t.Errorf("invariant broken: %v", err)
+		}
+	})
+	f.b = b
+	return f
+}
+
+type result struct {
+	tk  *admission.Ticket
+	err error
+}
+
+// acquire must be admitted at once.
+func (f *fixture) acquire(r admission.Request) *admission.Ticket {
+	f.t.Helper()
+	tk, err := f.b.Acquire(context.Background(), r)
+	if err != nil {
+		f.t.Fatalf("Acquire(%+v): %v", r, err)
+	}
+	if tk.Weight() != r.Weight || tk.Waited() != 0 {
+		f.t.Fatalf("Acquire(%+v): ticket weight %d waited %v", r, tk.Weight(), tk.Waited())
+	}
+	return tk
+}
+
+// reject must be refused at once with reason.
+func (f *fixture) reject(r admission.Request, reason error) *admission.RejectError {
+	f.t.Helper()
+	before := f.b.Stats().Queued
+	tk, err := f.b.Acquire(context.Background(), r)
+	var re *admission.RejectError
+	if !errors.As(err, &re) || !errors.Is(err, reason) {
+		f.t.Fatalf("Acquire(%+v) = %v, %v; want a refusal with %v", r, tk, err, reason)
+	}
+	if q := f.b.Stats().Queued; q != before {
+		f.t.Fatalf("a refusal changed the queue: %d -> %d", before, q)
+	}
+	return re
+}
+
+// enqueue starts an Acquire that must queue, and returns once it has.
+func (f *fixture) enqueue(ctx context.Context, r admission.Request) <-chan result {
+	f.t.Helper()
+	n := f.b.Stats().Queued
+	ch := make(chan result, 1)
+	go func() {
+		tk, err := f.b.Acquire(ctx, r)
+		ch <- result{tk, err}
+	}()
+	admissiontest.WaitQueued(f.b, n+1)
+	return ch
+}
+
+// admitted receives a queued Acquire's result, which must be a ticket.
+// It hangs (until the test timeout) if the waiter is never admitted.
+func (f *fixture) admitted(ch <-chan result) *admission.Ticket {
+	f.t.Helper()
+	res := <-ch
+	if res.err != nil {
+		f.t.Fatalf("queued Acquire failed: %v", res.err)
+	}
+	return res.tk
+}
+
+// refused receives a queued Acquire's result, which must be a refusal.
+func (f *fixture) refused(ch <-chan result, reason error) *admission.RejectError {
+	f.t.Helper()
+	res := <-ch
+	var re *admission.RejectError
+	if !errors.As(res.err, &re) || !errors.Is(res.err, reason) {
+		f.t.Fatalf("queued Acquire = %v, %v; want a refusal with %v", res.tk, res.err, reason)
+	}
+	return re
+}
+
+// state asserts the held weight and the queue length. Both are updated
+// under the budget's lock before any waiter is woken, so they are exact
+// right after the call that changed them.
+func (f *fixture) state(held int64, queued int) {
+	f.t.Helper()
+	s := f.b.Stats()
+	if s.Held != held || s.Queued != queued {
+		f.t.Fatalf("held %d queued %d, want held %d queued %d", s.Held, s.Queued, held, queued)
+	}
+}
+
+// stillQueued asserts that no result has arrived on chs. On its own it
+// could miss a wrong grant whose goroutine has not sent yet, so tests pair it
+// with state, which is exact.
+func (f *fixture) stillQueued(chs ...<-chan result) {
+	f.t.Helper()
+	for _, ch := range chs {
+		select {
+		case res := <-ch:
+			f.t.Fatalf("expected still queued, got %v, %v", res.tk, res.err)
+		default:
+		}
+	}
+}
+
+func std(w int64) admission.Request { return admission.Request{Weight: w} }
+
+func req(class, tenant string, w int64) admission.Request {
+	return admission.Request{Weight: w, Class: class, Tenant: tenant}
+}
