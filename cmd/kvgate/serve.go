@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kvgate/kvgate/backends/sim"
+	"github.com/kvgate/kvgate/gateway"
+)
+
+// demoWeights is Llama-3-8B's bf16 weight bytes (8,030,261,248 params × 2).
+const demoWeights = 16060522496
+
+// demoConfig is the embedded demo: the gateway in front of one simulated
+// Llama-3-8B on a 24 GiB GPU.
+func demoConfig(listen, simURL string) string {
+	return fmt.Sprintf(`listen: %s
+models:
+  - name: llama-3-8b
+    geometry: {layers: 32, kv_heads: 8, head_dim: 128, dtype: bfloat16}
+    weights_bytes: %d
+    max_model_len: 8192
+    tokenizer: backend
+backends:
+  - name: sim0
+    url: %s
+    models: [llama-3-8b]
+    gpu_memory: 24GiB
+`, listen, demoWeights, simURL)
+}
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("serve", "[--config kvgate.yaml] [--listen ADDR]", stdout, stderr)
+	cfgPath := fs.String("config", "", "gateway config file (YAML); without it, an embedded demo runs: the gateway in front of an in-process simulated vLLM")
+	listen := fs.String("listen", "", "address to serve on, overriding the config's listen (default 127.0.0.1:8080)")
+	simListen := fs.String("demo-sim-listen", "127.0.0.1:8000", "demo only: where the simulated backend listens")
+	logLevel := fs.String("log-level", "", "debug, info, warn or error (overrides the config's log.level)")
+	if code, ok := parseFlags(fs, args, stdout); !ok {
+		return code
+	}
+
+	var (
+		cfg    *gateway.Config
+		err    error
+		demo   *sim.Server
+		simURL string
+	)
+	if *cfgPath == "" {
+		demo, simURL, err = startDemoSim(*simListen)
+		if err != nil {
+			return fail(stderr, "serve", exitNo, "demo backend: %v", err)
+		}
+		defer demo.Shutdown(context.Background())
+		addr := *listen
+		if addr == "" {
+			addr = "127.0.0.1:8080"
+		}
+		cfg, err = gateway.Parse([]byte(demoConfig(addr, simURL)), ".")
+		if err != nil {
+			return fail(stderr, "serve", exitNo, "demo config: %v", err)
+		}
+	} else {
+		cfg, err = gateway.LoadFile(*cfgPath)
+		if err != nil {
+			return fail(stderr, "serve", exitUsage, "%v", err)
+		}
+		if *listen != "" {
+			cfg.Listen = *listen
+		}
+	}
+	if *logLevel != "" {
+		cfg.Log.Level = *logLevel
+	}
+	logger, err := newLogger(stderr, cfg.Log)
+	if err != nil {
+		return fail(stderr, "serve", exitUsage, "%v", err)
+	}
+	srv, err := gateway.New(cfg, gateway.Options{Logger: logger})
+	if err != nil {
+		return fail(stderr, "serve", exitUsage, "%v", err)
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fail(stderr, "serve", exitNo, "listen: %v", err)
+	}
+	if demo != nil {
+		fmt.Fprintf(stdout, `kvgate demo: gateway on http://%[1]s in front of a simulated vLLM (Llama-3-8B, 24 GiB GPU, %[2]d KV blocks) on %[3]s
+
+Try:
+  curl -s http://%[1]s/v1/chat/completions -H 'Content-Type: application/json' \
+    -d '{"model":"llama-3-8b","messages":[{"role":"user","content":"Hello!"}],"max_tokens":32}'
+
+Budgets and queues: curl -s http://%[1]s/status    Metrics: http://%[1]s/metrics
+The simulator fails every request with CUDA out of memory when over-admitted;
+send load to %[3]s directly to see it, or through the gateway to see it not happen.
+`, ln.Addr(), demo.Stats().NumGPUBlocks, simURL)
+	}
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	for {
+		select {
+		case err := <-errc:
+			if err != nil {
+				return fail(stderr, "serve", exitNo, "%v", err)
+			}
+			return exitOK
+		case <-hup:
+			if *cfgPath == "" {
+				logger.Warn("SIGHUP: the demo has no config file to reload")
+				continue
+			}
+			next, err := gateway.LoadFile(*cfgPath)
+			if err == nil {
+				if *listen != "" {
+					next.Listen = *listen
+				}
+				err = srv.Reload(next)
+			}
+			if err != nil {
+				logger.Error("reload refused; the running config stays", "err", err)
+			} else {
+				logger.Info("config reloaded", "file", *cfgPath)
+			}
+		case <-ctx.Done():
+			logger.Info("shutting down: finishing in-flight requests", "timeout", cfg.Server.ShutdownTimeout.D)
+			timeout := cfg.Server.ShutdownTimeout.D
+			if timeout == 0 {
+				timeout = 30 * time.Second
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), timeout)
+			err := srv.Shutdown(sctx)
+			cancel()
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				return fail(stderr, "serve", exitNo, "shutdown: %v", err)
+			}
+			return exitOK
+		}
+	}
+}
+
+// startDemoSim runs the demo's simulated backend in-process, in real time.
+func startDemoSim(addr string) (*sim.Server, string, error) {
+	cfg := sim.DefaultConfig()
+	cfg.OnOverflow = sim.OverflowOOM
+	cfg.Seed = 1
+	s, err := sim.New(cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("listen %s: %w (choose another with --demo-sim-listen)", addr, err)
+	}
+	go s.Serve(ln)
+	return s, "http://" + ln.Addr().String(), nil
+}
+
+func newLogger(w io.Writer, c gateway.LogConfig) (*slog.Logger, error) {
+	var level slog.Level
+	if c.Level != "" {
+		if err := level.UnmarshalText([]byte(c.Level)); err != nil {
+			return nil, fmt.Errorf("log level %q: %w", c.Level, err)
+		}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return slog.New(slog.NewTextHandler(w, opts)), nil
+}

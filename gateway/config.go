@@ -1,0 +1,640 @@
+package gateway
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvgate/kvgate/kvbudget"
+)
+
+// Config is the gateway's one YAML file. Every field documents its default
+// (what an absent or zero value means); Load fills the defaults and rejects
+// bad values with the field's path in the message. docs/CONFIG.md is the
+// reference for operators.
+type Config struct {
+	// Listen is the address to serve on. Default 127.0.0.1:8080. A reload
+	// cannot change it.
+	Listen    string          `yaml:"listen"`
+	Server    ServerConfig    `yaml:"server"`
+	Admission AdmissionConfig `yaml:"admission"`
+	// Tenants map API keys to tenants. With none configured every request is
+	// anonymous and no key is checked.
+	Tenants  []TenantConfig  `yaml:"tenants"`
+	Models   []ModelConfig   `yaml:"models"`
+	Backends []BackendConfig `yaml:"backends"`
+	Log      LogConfig       `yaml:"log"`
+
+	// dir is the directory of the file, against which relative paths resolve.
+	dir string
+}
+
+// ServerConfig holds the HTTP server's limits.
+type ServerConfig struct {
+	// MaxBodyBytes is the largest request body accepted (413 beyond). Default 8MiB.
+	MaxBodyBytes Size `yaml:"max_body_bytes"`
+	// ReadTimeout bounds reading one request, headers and body. Default 30s.
+	ReadTimeout Duration `yaml:"read_timeout"`
+	// WriteTimeout bounds writing one response, a whole stream included.
+	// Default: RequestTimeout plus a minute.
+	WriteTimeout Duration `yaml:"write_timeout"`
+	// IdleTimeout closes keep-alive connections idle this long. Default 2m.
+	IdleTimeout Duration `yaml:"idle_timeout"`
+	// MaxConnections caps concurrent client connections. Default 10000.
+	MaxConnections int `yaml:"max_connections"`
+	// RequestTimeout bounds a request from arrival to its last byte,
+	// queueing included; past it the client gets 504. Default 10m.
+	RequestTimeout Duration `yaml:"request_timeout"`
+	// ShutdownTimeout is how long SIGTERM waits for in-flight requests.
+	// Default 30s.
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+}
+
+// AdmissionConfig is the KV budget policy.
+type AdmissionConfig struct {
+	// Ceiling is the fraction of GPU memory that weights plus KV cache may
+	// reach, in (0,1]. Default 0.75.
+	Ceiling float64 `yaml:"ceiling"`
+	// Reserve is activation and runtime memory kept aside per GPU. Default 1GiB.
+	Reserve Size `yaml:"reserve"`
+	// Pressure is the utilization of a budget above which sheddable classes
+	// are refused (429 overloaded), in (0,1]. Default 0.9.
+	Pressure float64 `yaml:"pressure"`
+	// Queue holds the defaults of every class.
+	Queue QueueConfig `yaml:"queue"`
+	// Classes are priority classes, highest first. Default: critical,
+	// standard, sheddable (sheddable is shed under pressure).
+	Classes []ClassConfig `yaml:"classes"`
+	// DefaultClass is the class of requests that name none. Default standard.
+	DefaultClass string `yaml:"default_class"`
+	// PriorityHeader lets a request choose a class at or below its tenant's.
+	// Default X-Priority.
+	PriorityHeader string `yaml:"priority_header"`
+	// DefaultTenantShare caps each tenant without its own share (and
+	// anonymous requests), as a fraction of a budget, in (0,1]. Default 1.
+	DefaultTenantShare float64 `yaml:"default_tenant_share"`
+	// DrainWindow is how far back the release rate behind Retry-After is
+	// measured. Default 10s.
+	DrainWindow Duration `yaml:"drain_window"`
+	// MaxRetryAfter caps Retry-After. Default 60s.
+	MaxRetryAfter Duration `yaml:"max_retry_after"`
+	// Feedback shrinks a budget while its backend reports more KV in use
+	// than the gateway predicted, and grows it back slowly.
+	Feedback FeedbackConfig `yaml:"feedback"`
+}
+
+// QueueConfig bounds waiting requests.
+type QueueConfig struct {
+	// MaxRequests per class. Default 1024; negative: never queue.
+	MaxRequests int `yaml:"max_requests"`
+	// MaxBytes of predicted KV per class. Default 4 × the budget.
+	MaxBytes Size `yaml:"max_bytes"`
+	// Timeout is the longest wait in the queue. Default 30s.
+	Timeout Duration `yaml:"timeout"`
+}
+
+// ClassConfig is one priority class; absent limits take admission.queue's.
+type ClassConfig struct {
+	Name        string   `yaml:"name"`
+	MaxRequests int      `yaml:"max_requests"`
+	MaxBytes    Size     `yaml:"max_bytes"`
+	Timeout     Duration `yaml:"timeout"`
+	// Sheddable classes are refused while the budget is above pressure.
+	// Default: true for a class named sheddable, false otherwise.
+	Sheddable *bool `yaml:"sheddable"`
+}
+
+// FeedbackConfig is the closed loop on backend-reported KV usage.
+type FeedbackConfig struct {
+	// Enabled turns the loop on. Default true.
+	Enabled *bool `yaml:"enabled"`
+	// Decrease multiplies the budget on each report over the ceiling. Default 0.9.
+	Decrease float64 `yaml:"decrease"`
+	// Increase adds this fraction of the budget on each report under it. Default 0.01.
+	Increase float64 `yaml:"increase"`
+	// MinFraction is the floor of the shrunk budget. Default 0.25.
+	MinFraction float64 `yaml:"min_fraction"`
+}
+
+// TenantConfig is one tenant.
+type TenantConfig struct {
+	Name string `yaml:"name"`
+	// APIKeys authenticate the tenant (Authorization: Bearer KEY).
+	APIKeys []string `yaml:"api_keys"`
+	// Class is the tenant's priority class, the highest its requests may ask
+	// for. Default: admission.default_class.
+	Class string `yaml:"class"`
+	// Share caps what the tenant may hold of each budget, in (0,1].
+	// Default admission.default_tenant_share.
+	Share float64 `yaml:"share"`
+	// QueueShare caps its part of each class queue, in (0,1]. Default Share.
+	QueueShare float64 `yaml:"queue_share"`
+}
+
+// ModelConfig is one served model.
+type ModelConfig struct {
+	Name string `yaml:"name"`
+	// Config is a Hugging Face config.json (or a directory holding one),
+	// relative to this file. Either Config or Geometry is required.
+	Config   string          `yaml:"config"`
+	Geometry *GeometryConfig `yaml:"geometry"`
+	// WeightsBytes overrides the weight bytes estimated from the config.
+	WeightsBytes Size `yaml:"weights_bytes"`
+	// TP is the tensor-parallel size of each backend serving it. Default 1.
+	TP int `yaml:"tp"`
+	// KVDType is the backend's --kv-cache-dtype. Default auto (the model's).
+	KVDType string `yaml:"kv_dtype"`
+	// BlockSize is the backend's KV block size in tokens. Default 16.
+	BlockSize int `yaml:"block_size"`
+	// MaxModelLen caps prompt + output tokens (400 beyond). Default: the
+	// config's max_position_embeddings, else 8192.
+	MaxModelLen int `yaml:"max_model_len"`
+	// DefaultMaxTokens is the output a request without max_tokens is
+	// reserved for. Default: max_model_len − prompt.
+	DefaultMaxTokens int `yaml:"default_max_tokens"`
+	// Tokenizer is how prompt tokens are counted: backend (the backend's
+	// /tokenize, exact) or estimate (bytes × a calibrated ratio). Default
+	// backend.
+	Tokenizer string         `yaml:"tokenizer"`
+	Estimate  EstimateConfig `yaml:"estimate"`
+}
+
+// GeometryConfig gives a model's KV geometry inline instead of a config.json.
+type GeometryConfig struct {
+	Layers  int    `yaml:"layers"`
+	KVHeads int    `yaml:"kv_heads"`
+	HeadDim int    `yaml:"head_dim"`
+	DType   string `yaml:"dtype"` // default bfloat16
+	// MLA: one latent of HeadDim per layer and token, no K/V pair.
+	MLA bool `yaml:"mla"`
+}
+
+// EstimateConfig tunes the estimate tokenizer.
+type EstimateConfig struct {
+	// BytesPerToken is the starting ratio, before any calibration. Default 4.
+	BytesPerToken float64 `yaml:"bytes_per_token"`
+	// Margin is added on top of the estimate as a fraction. Default 0.1.
+	Margin float64 `yaml:"margin"`
+	// PerMessageTokens is the chat template's overhead per message. Default 4.
+	PerMessageTokens int `yaml:"per_message_tokens"`
+	// ImageTokens is charged for each non-text content part. Default 1024.
+	ImageTokens int `yaml:"image_tokens"`
+}
+
+// BackendConfig is one upstream server.
+type BackendConfig struct {
+	Name   string   `yaml:"name"`
+	URL    string   `yaml:"url"`
+	Models []string `yaml:"models"`
+	// GPU names the GPU (group) the backend runs on; backends with the same
+	// GPU share one budget. Default: the backend's name.
+	GPU string `yaml:"gpu"`
+	// GPUMemory is the memory of one GPU of the backend: a size (24GiB), or
+	// nvml / nvml:N to read local GPU N through NVML at load. Required
+	// unless KVBudget is given.
+	GPUMemory string `yaml:"gpu_memory"`
+	// KVBudget gives the budget in bytes directly, overriding the computation
+	// from gpu_memory.
+	KVBudget Size `yaml:"kv_budget"`
+	// OtherUsed is memory used on the GPU by other processes. Default 0.
+	OtherUsed Size `yaml:"other_used"`
+	// APIKey is sent to the backend as a bearer token. Default none.
+	APIKey string       `yaml:"api_key"`
+	Health HealthConfig `yaml:"health"`
+	Scrape ScrapeConfig `yaml:"metrics"`
+	// MaxConnections to the backend. Default 1024.
+	MaxConnections int `yaml:"max_connections"`
+}
+
+// HealthConfig is a backend's active health check and circuit.
+type HealthConfig struct {
+	Path     string   `yaml:"path"`     // default /health
+	Interval Duration `yaml:"interval"` // default 1s
+	Timeout  Duration `yaml:"timeout"`  // default 2s
+	Failures int      `yaml:"failures"` // consecutive failures that open the circuit; default 3
+	Cooldown Duration `yaml:"cooldown"` // before a half-open retry; default 5s
+}
+
+// ScrapeConfig is a backend's /metrics scrape.
+type ScrapeConfig struct {
+	Path     string   `yaml:"path"`     // default /metrics; "-" disables
+	Interval Duration `yaml:"interval"` // default 1s
+}
+
+// LogConfig sets the log output.
+type LogConfig struct {
+	Level  string `yaml:"level"`  // debug, info (default), warn, error
+	Format string `yaml:"format"` // text (default) or json
+}
+
+// Duration is a YAML duration ("30s"). A bad value is reported by Load with
+// the field's path.
+type Duration struct {
+	D   time.Duration
+	raw string
+	err error
+}
+
+// UnmarshalYAML keeps the text and any parse error for validation.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	d.raw = n.Value
+	d.D, d.err = time.ParseDuration(strings.TrimSpace(n.Value))
+	if d.err == nil && d.D < 0 {
+		d.err = errors.New("must not be negative")
+	}
+	if d.err != nil {
+		d.err = fmt.Errorf("invalid duration %q (want e.g. 30s, 500ms, 2m): %w", n.Value, d.err)
+	}
+	return nil
+}
+
+func (d Duration) or(def time.Duration) time.Duration {
+	if d.D == 0 {
+		return def
+	}
+	return d.D
+}
+
+// Size is a YAML memory size ("24GiB", "80GB", or bytes).
+type Size struct {
+	Bytes int64
+	err   error
+}
+
+// UnmarshalYAML keeps any parse error for validation.
+func (s *Size) UnmarshalYAML(n *yaml.Node) error {
+	sz, err := kvbudget.ParseSize(n.Value)
+	s.Bytes, s.err = sz.Bytes, err
+	return nil
+}
+
+// LoadFile reads and validates a config file.
+func LoadFile(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c, err := Parse(data, filepath.Dir(abs))
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse reads and validates a config; dir resolves relative paths.
+func Parse(data []byte, dir string) (*Config, error) {
+	c := &Config{dir: dir}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("yaml: %w", err)
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Path resolves p against the config file's directory.
+func (c *Config) Path(p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(c.dir, p)
+}
+
+// Defaults of fields whose zero value means "default".
+const (
+	defaultListen          = "127.0.0.1:8080"
+	defaultMaxBody         = 8 << 20
+	defaultReadTimeout     = 30 * time.Second
+	defaultIdleTimeout     = 2 * time.Minute
+	defaultMaxConns        = 10000
+	defaultRequestTimeout  = 10 * time.Minute
+	defaultShutdownTimeout = 30 * time.Second
+	defaultPriorityHeader  = "X-Priority"
+	defaultMaxModelLen     = 8192
+)
+
+// validate fills defaults and checks every field, reporting all problems.
+func (c *Config) validate() error {
+	var errs []error
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
+	}
+	dur := func(field string, d Duration) {
+		if d.err != nil {
+			bad(field, "%v", d.err)
+		}
+	}
+	size := func(field string, s Size) {
+		if s.err != nil {
+			bad(field, "%v", s.err)
+		}
+	}
+
+	if c.Listen == "" {
+		c.Listen = defaultListen
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("listen", "%q is not host:port", c.Listen)
+	}
+	s := &c.Server
+	size("server.max_body_bytes", s.MaxBodyBytes)
+	if s.MaxBodyBytes.Bytes == 0 {
+		s.MaxBodyBytes.Bytes = defaultMaxBody
+	}
+	for f, d := range map[string]Duration{"server.read_timeout": s.ReadTimeout, "server.write_timeout": s.WriteTimeout,
+		"server.idle_timeout": s.IdleTimeout, "server.request_timeout": s.RequestTimeout, "server.shutdown_timeout": s.ShutdownTimeout} {
+		dur(f, d)
+	}
+	if s.MaxConnections < 0 {
+		bad("server.max_connections", "must be >= 0 (0 = %d)", defaultMaxConns)
+	}
+
+	a := &c.Admission
+	if a.Ceiling == 0 {
+		a.Ceiling = kvbudget.DefaultCeiling
+	}
+	if a.Ceiling < 0 || a.Ceiling > 1 {
+		bad("admission.ceiling", "%v is not in (0, 1]", a.Ceiling)
+	}
+	size("admission.reserve", a.Reserve)
+	if a.Reserve.Bytes == 0 {
+		a.Reserve.Bytes = kvbudget.DefaultReserve
+	}
+	if a.Pressure < 0 || a.Pressure > 1 {
+		bad("admission.pressure", "%v is not in (0, 1]", a.Pressure)
+	}
+	if a.DefaultTenantShare < 0 || a.DefaultTenantShare > 1 {
+		bad("admission.default_tenant_share", "%v is not in (0, 1]", a.DefaultTenantShare)
+	}
+	size("admission.queue.max_bytes", a.Queue.MaxBytes)
+	dur("admission.queue.timeout", a.Queue.Timeout)
+	dur("admission.drain_window", a.DrainWindow)
+	dur("admission.max_retry_after", a.MaxRetryAfter)
+	if a.MaxRetryAfter.D != 0 && a.MaxRetryAfter.D < time.Second {
+		bad("admission.max_retry_after", "must be at least 1s")
+	}
+	if a.PriorityHeader == "" {
+		a.PriorityHeader = defaultPriorityHeader
+	}
+	if len(a.Classes) == 0 {
+		a.Classes = []ClassConfig{{Name: "critical"}, {Name: "standard"}, {Name: "sheddable"}}
+	}
+	classes := map[string]bool{}
+	for i := range a.Classes {
+		cl := &a.Classes[i]
+		f := fmt.Sprintf("admission.classes[%d]", i)
+		if cl.Name == "" {
+			bad(f+".name", "required")
+		} else if classes[cl.Name] {
+			bad(f+".name", "duplicate class %q", cl.Name)
+		}
+		classes[cl.Name] = true
+		size(f+".max_bytes", cl.MaxBytes)
+		dur(f+".timeout", cl.Timeout)
+		if cl.Sheddable == nil {
+			shed := cl.Name == "sheddable"
+			cl.Sheddable = &shed
+		}
+	}
+	if a.DefaultClass == "" {
+		a.DefaultClass = "standard"
+		if !classes["standard"] {
+			a.DefaultClass = a.Classes[len(a.Classes)/2].Name
+		}
+	}
+	if !classes[a.DefaultClass] {
+		bad("admission.default_class", "%q is not one of admission.classes", a.DefaultClass)
+	}
+	fb := &a.Feedback
+	if fb.Enabled == nil {
+		on := true
+		fb.Enabled = &on
+	}
+	if fb.Decrease < 0 || fb.Decrease >= 1 {
+		bad("admission.feedback.decrease", "%v is not in (0, 1)", fb.Decrease)
+	}
+	if fb.Increase < 0 || fb.Increase > 1 {
+		bad("admission.feedback.increase", "%v is not in (0, 1]", fb.Increase)
+	}
+	if fb.MinFraction < 0 || fb.MinFraction > 1 {
+		bad("admission.feedback.min_fraction", "%v is not in (0, 1]", fb.MinFraction)
+	}
+
+	keys := map[string]string{}
+	tenants := map[string]bool{}
+	for i := range c.Tenants {
+		t := &c.Tenants[i]
+		f := fmt.Sprintf("tenants[%d]", i)
+		if t.Name == "" {
+			bad(f+".name", "required")
+		} else if tenants[t.Name] {
+			bad(f+".name", "duplicate tenant %q", t.Name)
+		}
+		tenants[t.Name] = true
+		for j, k := range t.APIKeys {
+			if k == "" {
+				bad(fmt.Sprintf("%s.api_keys[%d]", f, j), "empty key")
+			} else if other, dup := keys[k]; dup {
+				bad(fmt.Sprintf("%s.api_keys[%d]", f, j), "key already belongs to tenant %q", other)
+			}
+			keys[k] = t.Name
+		}
+		if t.Class == "" {
+			t.Class = a.DefaultClass
+		} else if !classes[t.Class] {
+			bad(f+".class", "%q is not one of admission.classes", t.Class)
+		}
+		if t.Share < 0 || t.Share > 1 {
+			bad(f+".share", "%v is not in (0, 1]", t.Share)
+		}
+		if t.QueueShare < 0 || t.QueueShare > 1 {
+			bad(f+".queue_share", "%v is not in (0, 1]", t.QueueShare)
+		}
+	}
+
+	if len(c.Models) == 0 {
+		bad("models", "at least one model is required")
+	}
+	models := map[string]bool{}
+	for i := range c.Models {
+		m := &c.Models[i]
+		f := fmt.Sprintf("models[%d]", i)
+		if m.Name == "" {
+			bad(f+".name", "required")
+		} else if models[m.Name] {
+			bad(f+".name", "duplicate model %q", m.Name)
+		}
+		models[m.Name] = true
+		switch {
+		case m.Config == "" && m.Geometry == nil:
+			bad(f, "one of config (a config.json path) or geometry is required")
+		case m.Config != "" && m.Geometry != nil:
+			bad(f, "config and geometry are exclusive")
+		}
+		if g := m.Geometry; g != nil {
+			if g.Layers <= 0 {
+				bad(f+".geometry.layers", "must be > 0")
+			}
+			if g.KVHeads <= 0 && !g.MLA {
+				bad(f+".geometry.kv_heads", "must be > 0")
+			}
+			if g.HeadDim <= 0 {
+				bad(f+".geometry.head_dim", "must be > 0")
+			}
+			if g.DType != "" {
+				if _, err := kvbudget.ParseDType(g.DType); err != nil {
+					bad(f+".geometry.dtype", "%v", err)
+				}
+			}
+		}
+		size(f+".weights_bytes", m.WeightsBytes)
+		if m.TP == 0 {
+			m.TP = 1
+		}
+		if m.TP < 0 {
+			bad(f+".tp", "must be >= 1")
+		}
+		if m.BlockSize == 0 {
+			m.BlockSize = kvbudget.DefaultBlockSize
+		}
+		if m.BlockSize < 0 {
+			bad(f+".block_size", "must be >= 1")
+		}
+		if m.MaxModelLen < 0 {
+			bad(f+".max_model_len", "must be > 0")
+		}
+		if m.DefaultMaxTokens < 0 {
+			bad(f+".default_max_tokens", "must be >= 0")
+		}
+		switch m.Tokenizer {
+		case "":
+			m.Tokenizer = "backend"
+		case "backend", "estimate":
+		default:
+			bad(f+".tokenizer", "%q is not backend or estimate", m.Tokenizer)
+		}
+		e := &m.Estimate
+		if e.BytesPerToken == 0 {
+			e.BytesPerToken = 4
+		}
+		if e.BytesPerToken < 0 {
+			bad(f+".estimate.bytes_per_token", "must be > 0")
+		}
+		if e.Margin == 0 {
+			e.Margin = 0.1
+		}
+		if e.Margin < 0 || e.Margin > 10 {
+			bad(f+".estimate.margin", "%v is not in [0, 10]", e.Margin)
+		}
+		if e.PerMessageTokens == 0 {
+			e.PerMessageTokens = 4
+		}
+		if e.ImageTokens == 0 {
+			e.ImageTokens = 1024
+		}
+		if e.PerMessageTokens < 0 || e.ImageTokens < 0 {
+			bad(f+".estimate", "per_message_tokens and image_tokens must be >= 0")
+		}
+	}
+
+	if len(c.Backends) == 0 {
+		bad("backends", "at least one backend is required")
+	}
+	names := map[string]bool{}
+	for i := range c.Backends {
+		b := &c.Backends[i]
+		f := fmt.Sprintf("backends[%d]", i)
+		if b.Name == "" {
+			bad(f+".name", "required")
+		} else if names[b.Name] {
+			bad(f+".name", "duplicate backend %q", b.Name)
+		}
+		names[b.Name] = true
+		if b.URL == "" {
+			bad(f+".url", "required")
+		}
+		if len(b.Models) == 0 {
+			bad(f+".models", "at least one model is required")
+		}
+		for j, m := range b.Models {
+			if !models[m] {
+				bad(fmt.Sprintf("%s.models[%d]", f, j), "%q is not one of models", m)
+			}
+		}
+		if b.GPU == "" {
+			b.GPU = b.Name
+		}
+		size(f+".kv_budget", b.KVBudget)
+		size(f+".other_used", b.OtherUsed)
+		if b.GPUMemory == "" && b.KVBudget.Bytes == 0 {
+			bad(f+".gpu_memory", "required (a size such as 24GiB, or nvml[:index]) unless kv_budget is given")
+		} else if b.GPUMemory != "" && !strings.HasPrefix(b.GPUMemory, "nvml") {
+			if _, err := kvbudget.ParseSize(b.GPUMemory); err != nil {
+				bad(f+".gpu_memory", "%v", err)
+			}
+		}
+		dur(f+".health.interval", b.Health.Interval)
+		dur(f+".health.timeout", b.Health.Timeout)
+		dur(f+".health.cooldown", b.Health.Cooldown)
+		dur(f+".metrics.interval", b.Scrape.Interval)
+		if b.Health.Failures < 0 {
+			bad(f+".health.failures", "must be >= 1")
+		}
+		if b.MaxConnections < 0 {
+			bad(f+".max_connections", "must be >= 0")
+		}
+	}
+	for m := range models {
+		served := false
+		for _, b := range c.Backends {
+			for _, bm := range b.Models {
+				served = served || bm == m
+			}
+		}
+		if !served && m != "" {
+			bad("models", "model %q is served by no backend", m)
+		}
+	}
+	switch c.Log.Level {
+	case "", "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "%q is not debug, info, warn or error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "", "text", "json":
+	default:
+		bad("log.format", "%q is not text or json", c.Log.Format)
+	}
+	return errors.Join(errs...)
+}
+
+// maxBody, timeouts: the server's resolved limits.
+func (s ServerConfig) requestTimeout() time.Duration {
+	return s.RequestTimeout.or(defaultRequestTimeout)
+}
+
+func (s ServerConfig) writeTimeout() time.Duration {
+	return s.WriteTimeout.or(s.requestTimeout() + time.Minute)
+}
+
+func (s ServerConfig) maxConns() int {
+	if s.MaxConnections == 0 {
+		return defaultMaxConns
+	}
+	return s.MaxConnections
+}

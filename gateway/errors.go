@@ -1,0 +1,60 @@
+package gateway
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+)
+
+// apiError is an error in OpenAI's shape:
+// {"error":{"message","type","param","code"}}.
+type apiError struct {
+	status     int
+	typ        string
+	code       string // "" is null
+	param      string // "" is null
+	message    string
+	retryAfter time.Duration // > 0 sets Retry-After
+}
+
+// The OpenAI error types the gateway uses.
+const (
+	typeInvalidRequest = "invalid_request_error"
+	typeAuthentication = "authentication_error"
+	typeRateLimit      = "rate_limit_error"
+	typeServer         = "server_error"
+)
+
+func (e *apiError) write(ctx *fasthttp.RequestCtx) {
+	ctx.Response.Reset()
+	ctx.SetStatusCode(e.status)
+	ctx.SetContentType("application/json")
+	if e.retryAfter > 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(retryAfterSeconds(e.retryAfter)))
+	}
+	var a fastjson.Arena
+	inner := a.NewObject()
+	inner.Set("message", a.NewString(e.message))
+	inner.Set("type", a.NewString(e.typ))
+	inner.Set("param", nullOr(&a, e.param))
+	inner.Set("code", nullOr(&a, e.code))
+	outer := a.NewObject()
+	outer.Set("error", inner)
+	ctx.SetBody(outer.MarshalTo(nil))
+}
+
+func nullOr(a *fastjson.Arena, s string) *fastjson.Value {
+	if s == "" {
+		return a.NewNull()
+	}
+	return a.NewString(s)
+}
+
+// retryAfterSeconds rounds up to whole seconds, at least 1: a client told
+// "0" would retry at once, which is what shedding is there to prevent.
+func retryAfterSeconds(d time.Duration) int {
+	return max(1, int(math.Ceil(d.Seconds())))
+}

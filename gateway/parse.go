@@ -1,0 +1,274 @@
+package gateway
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/valyala/fastjson"
+)
+
+// endpoint is which OpenAI API a request is for.
+type endpoint uint8
+
+const (
+	chatCompletions endpoint = iota
+	completions
+)
+
+func (e endpoint) path() string {
+	if e == chatCompletions {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}
+
+// request is what the gateway reads of a body: only the fields that decide
+// admission. Everything else is forwarded untouched.
+type request struct {
+	kind         endpoint
+	model        string
+	stream       bool
+	includeUsage bool // the client itself asked for the usage chunk
+	maxTokens    int  // 0: absent
+	n            int
+
+	// The prompt, as the estimate tokenizer sees it. A batch completion
+	// request has one shape per prompt.
+	shapes []promptShape
+	// For the backend tokenizer: one /tokenize body per prompt (nil where
+	// the prompt is token ids, whose count is exact).
+	tokenize [][]byte
+}
+
+// parseError is a 400 with the offending parameter.
+type parseError struct {
+	param string
+	msg   string
+}
+
+func (e *parseError) Error() string { return e.msg }
+
+func badParam(param, format string, a ...any) *parseError {
+	return &parseError{param: param, msg: fmt.Sprintf(format, a...)}
+}
+
+// parseRequest reads body with p. The returned request does not refer to
+// p's memory (p can be reused at once).
+func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, error) {
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %v", err)}
+	}
+	if v.Type() != fastjson.TypeObject {
+		return nil, &parseError{msg: "The request body must be a JSON object."}
+	}
+	r := &request{kind: kind, n: 1}
+	mv := v.Get("model")
+	if mv == nil || mv.Type() != fastjson.TypeString || len(mv.GetStringBytes()) == 0 {
+		return nil, badParam("model", "you must provide a model parameter (a non-empty string)")
+	}
+	r.model = string(mv.GetStringBytes())
+
+	if sv := v.Get("stream"); sv != nil && sv.Type() != fastjson.TypeNull {
+		b, err := sv.Bool()
+		if err != nil {
+			return nil, badParam("stream", "stream must be a boolean")
+		}
+		r.stream = b
+	}
+	if so := v.Get("stream_options"); so != nil && so.Type() != fastjson.TypeNull {
+		if so.Type() != fastjson.TypeObject {
+			return nil, badParam("stream_options", "stream_options must be an object")
+		}
+		if iu := so.Get("include_usage"); iu != nil && iu.Type() != fastjson.TypeNull {
+			b, err := iu.Bool()
+			if err != nil {
+				return nil, badParam("stream_options.include_usage", "include_usage must be a boolean")
+			}
+			r.includeUsage = b
+		}
+	}
+	for _, key := range []string{"max_completion_tokens", "max_tokens"} {
+		mt := v.Get(key)
+		if mt == nil || mt.Type() == fastjson.TypeNull {
+			continue
+		}
+		n, err := mt.Int()
+		if err != nil || n <= 0 {
+			return nil, badParam(key, "%s must be a positive integer", key)
+		}
+		r.maxTokens = n
+		break
+	}
+	if nv := v.Get("n"); nv != nil && nv.Type() != fastjson.TypeNull {
+		n, err := nv.Int()
+		if err != nil || n < 1 || n > 128 {
+			return nil, badParam("n", "n must be an integer between 1 and 128")
+		}
+		r.n = n
+	}
+	if best := v.Get("best_of"); best != nil && best.Type() != fastjson.TypeNull {
+		b, err := best.Int()
+		if err != nil || b < 1 || b > 128 {
+			return nil, badParam("best_of", "best_of must be an integer between 1 and 128")
+		}
+		r.n = max(r.n, b) // vLLM runs best_of sequences and returns n
+	}
+
+	if kind == chatCompletions {
+		err = r.readMessages(v)
+	} else {
+		err = r.readPrompt(v)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *request) readMessages(v *fastjson.Value) error {
+	msgs := v.Get("messages")
+	if msgs == nil || msgs.Type() != fastjson.TypeArray {
+		return badParam("messages", "messages must be a non-empty array")
+	}
+	arr, _ := msgs.Array()
+	if len(arr) == 0 {
+		return badParam("messages", "messages must be a non-empty array")
+	}
+	var s promptShape
+	s.messages = len(arr)
+	for i, m := range arr {
+		if m.Type() != fastjson.TypeObject {
+			return badParam(fmt.Sprintf("messages[%d]", i), "each message must be an object")
+		}
+		if role := m.Get("role"); role == nil || role.Type() != fastjson.TypeString {
+			return badParam(fmt.Sprintf("messages[%d].role", i), "each message needs a role")
+		}
+		switch c := m.Get("content"); {
+		case c == nil || c.Type() == fastjson.TypeNull:
+			// an assistant message with tool calls only
+		case c.Type() == fastjson.TypeString:
+			s.textBytes += len(c.GetStringBytes())
+		case c.Type() == fastjson.TypeArray:
+			parts, _ := c.Array()
+			for _, part := range parts {
+				if t := part.GetStringBytes("text"); t != nil {
+					s.textBytes += len(t)
+				} else {
+					s.images++
+				}
+			}
+		default:
+			return badParam(fmt.Sprintf("messages[%d].content", i), "content must be a string or an array of parts")
+		}
+		// Tool calls and names are prompt text too.
+		if tc := m.Get("tool_calls"); tc != nil {
+			s.textBytes += len(tc.MarshalTo(nil))
+		}
+	}
+	if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
+		s.textBytes += len(tools.MarshalTo(nil))
+	}
+	r.shapes = []promptShape{s}
+
+	tb := make([]byte, 0, 256)
+	tb = append(tb, `{"model":`...)
+	tb = appendJSONString(tb, r.model)
+	tb = append(tb, `,"add_generation_prompt":true,"messages":`...)
+	tb = msgs.MarshalTo(tb)
+	if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
+		tb = append(tb, `,"tools":`...)
+		tb = tools.MarshalTo(tb)
+	}
+	tb = append(tb, '}')
+	r.tokenize = [][]byte{tb}
+	return nil
+}
+
+func (r *request) readPrompt(v *fastjson.Value) error {
+	p := v.Get("prompt")
+	if p == nil || p.Type() == fastjson.TypeNull {
+		return badParam("prompt", "you must provide a prompt")
+	}
+	switch p.Type() {
+	case fastjson.TypeString:
+		r.addTextPrompt(p)
+	case fastjson.TypeArray:
+		items, _ := p.Array()
+		if len(items) == 0 {
+			return badParam("prompt", "prompt must not be empty")
+		}
+		switch items[0].Type() {
+		case fastjson.TypeNumber: // one prompt of token ids
+			r.shapes = append(r.shapes, promptShape{tokenIDs: len(items)})
+			r.tokenize = append(r.tokenize, nil)
+		case fastjson.TypeString: // a batch of text prompts
+			for i, it := range items {
+				if it.Type() != fastjson.TypeString {
+					return badParam(fmt.Sprintf("prompt[%d]", i), "a batch of prompts must all be strings")
+				}
+				r.addTextPrompt(it)
+			}
+		case fastjson.TypeArray: // a batch of token-id prompts
+			for i, it := range items {
+				ids, err := it.Array()
+				if err != nil || len(ids) == 0 {
+					return badParam(fmt.Sprintf("prompt[%d]", i), "each prompt of token ids must be a non-empty array")
+				}
+				r.shapes = append(r.shapes, promptShape{tokenIDs: len(ids)})
+				r.tokenize = append(r.tokenize, nil)
+			}
+		default:
+			return badParam("prompt", "prompt must be a string, an array of strings, or token ids")
+		}
+	default:
+		return badParam("prompt", "prompt must be a string, an array of strings, or token ids")
+	}
+	if len(r.shapes) > 256 {
+		return badParam("prompt", "at most 256 prompts in one request")
+	}
+	return nil
+}
+
+func (r *request) addTextPrompt(p *fastjson.Value) {
+	text := p.GetStringBytes()
+	r.shapes = append(r.shapes, promptShape{textBytes: len(text)})
+	tb := make([]byte, 0, len(text)+len(r.model)+32)
+	tb = append(tb, `{"model":`...)
+	tb = appendJSONString(tb, r.model)
+	tb = append(tb, `,"prompt":`...)
+	tb = p.MarshalTo(tb)
+	tb = append(tb, '}')
+	r.tokenize = append(r.tokenize, tb)
+}
+
+func appendJSONString(dst []byte, s string) []byte {
+	var a fastjson.Arena
+	return a.NewString(s).MarshalTo(dst)
+}
+
+// withUsage returns body with stream_options.include_usage set, so the
+// gateway learns the real token counts of a stream. A body without
+// stream_options is spliced (every other byte stays as the client sent it);
+// one with stream_options is re-serialised.
+func withUsage(p *fastjson.Parser, body []byte) ([]byte, error) {
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return nil, err
+	}
+	so := v.Get("stream_options")
+	if so == nil {
+		i := bytes.IndexByte(body, '{')
+		out := make([]byte, 0, len(body)+40)
+		out = append(out, body[:i+1]...)
+		out = append(out, `"stream_options":{"include_usage":true},`...)
+		return append(out, body[i+1:]...), nil
+	}
+	var a fastjson.Arena
+	if so.Type() == fastjson.TypeNull {
+		so = a.NewObject()
+		v.Set("stream_options", so)
+	}
+	so.Set("include_usage", a.NewTrue())
+	return v.MarshalTo(nil), nil
+}

@@ -1,0 +1,586 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+
+	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/kvbudget"
+)
+
+// Causes of a request's context ending, told apart when it does.
+var (
+	errClientGone     = errors.New("client disconnected")
+	errRequestTimeout = errors.New("request timeout")
+	errShutdown       = errors.New("gateway shutting down")
+)
+
+// exchange is one proxied request from arrival to its last byte. It holds
+// everything that must be given back — the admission ticket, the client
+// watch, the request context — and finish gives it all back exactly once,
+// whichever way the request leaves.
+type exchange struct {
+	s     *Server
+	rt    *runtime
+	start time.Time
+	label string // model label for metrics ("" until the model is known)
+
+	req    *request
+	m      *model
+	class  string
+	tenant string
+
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	stopTimer context.CancelFunc
+	stopWatch func() bool
+
+	ticket  *admission.Ticket
+	res     reservation
+	backend *backends.Backend
+
+	predicted int // prompt tokens reserved, all prompts
+	firstTok  bool
+	usage     struct{ prompt, completion int }
+	hasUsage  bool
+
+	done bool
+}
+
+func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
+	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown"}
+	cctx, cancel := context.WithCancelCause(s.base)
+	x.ctx, x.stopTimer = context.WithTimeoutCause(cctx, rt.cfg.Server.requestTimeout(), errRequestTimeout)
+	x.cancel = cancel
+	if stop, err := s.watch.Watch(ctx.Conn(), func() { cancel(errClientGone) }); err == nil {
+		x.stopWatch = stop
+	}
+	s.m.inflight.Inc()
+	return x
+}
+
+// finish records the outcome and releases everything. Later calls do
+// nothing, so every exit path may call it.
+func (x *exchange) finish(outcome, reason string) {
+	if x.done {
+		return
+	}
+	x.done = true
+	if x.stopWatch != nil {
+		x.stopWatch()
+	}
+	if x.ticket != nil {
+		x.ticket.Release()
+	}
+	x.cancel(nil)
+	x.stopTimer()
+	m := x.s.m
+	m.inflight.Dec()
+	m.requests.WithLabelValues(x.label, outcome, reason).Inc()
+	m.duration.WithLabelValues(x.label, outcome).Observe(x.s.now().Sub(x.start).Seconds())
+	if x.hasUsage {
+		x.recordUsage()
+	}
+}
+
+// fail answers with e and finishes.
+func (x *exchange) fail(ctx *fasthttp.RequestCtx, e *apiError, outcome, reason string) {
+	e.write(ctx)
+	x.finish(outcome, reason)
+}
+
+// ended reports how the request's context ended, if it has.
+func (x *exchange) ended() (outcome, reason string, e *apiError) {
+	switch cause := context.Cause(x.ctx); {
+	case cause == nil:
+		return "", "", nil
+	case errors.Is(cause, errRequestTimeout):
+		return outcomeFailed, "request_timeout", &apiError{status: 504, typ: typeServer, code: "upstream_timeout",
+			message: fmt.Sprintf("The request did not complete within %s.", x.rt.cfg.Server.requestTimeout())}
+	case errors.Is(cause, errShutdown), errors.Is(cause, context.Canceled) && !errors.Is(cause, errClientGone):
+		return outcomeFailed, "shutdown", &apiError{status: 503, typ: typeServer, code: "shutting_down", message: "The gateway is shutting down."}
+	default:
+		return outcomeCanceled, "client_disconnect", nil
+	}
+}
+
+// failEnded finishes a request whose context ended, answering when there is
+// still a client to answer.
+func (x *exchange) failEnded(ctx *fasthttp.RequestCtx) bool {
+	outcome, reason, e := x.ended()
+	if outcome == "" {
+		return false
+	}
+	if e != nil {
+		e.write(ctx)
+	}
+	x.finish(outcome, reason)
+	return true
+}
+
+func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
+	rt := s.rt.Load()
+	x := s.newExchange(ctx, rt)
+	streaming := false
+	defer func() {
+		if !streaming {
+			x.finish(outcomeFailed, "internal") // no-op unless a path forgot to finish
+		}
+	}()
+
+	tn, ok := rt.authenticate(ctx)
+	if !ok {
+		x.fail(ctx, &apiError{status: 401, typ: typeAuthentication, code: "invalid_api_key",
+			message: "Incorrect or missing API key. Send it as: Authorization: Bearer <key>."}, outcomeRejected, "unauthorized")
+		return
+	}
+	if tn != nil {
+		x.tenant = tn.name
+	}
+	p := s.parsers.Get()
+	req, err := parseRequest(p, ctx.PostBody(), kind)
+	s.parsers.Put(p)
+	if err != nil {
+		var pe *parseError
+		errors.As(err, &pe)
+		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: pe.param, message: pe.msg}, outcomeRejected, "invalid_request")
+		return
+	}
+	x.req = req
+	m := rt.models[req.model]
+	if m == nil {
+		x.fail(ctx, &apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
+			message: fmt.Sprintf("The model `%s` does not exist.", req.model)}, outcomeRejected, "unknown_model")
+		return
+	}
+	x.m, x.label = m, m.name
+	if x.class, err = rt.classFor(tn, ctx.Request.Header.Peek(rt.cfg.Admission.PriorityHeader)); err != nil {
+		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: rt.cfg.Admission.PriorityHeader, message: err.Error()}, outcomeRejected, "invalid_request")
+		return
+	}
+
+	be, err := rt.pool.Pick(req.model, nil)
+	if err != nil {
+		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
+		return
+	}
+	prompts, err := x.countPrompts(be)
+	if err != nil {
+		if !x.failEnded(ctx) {
+			x.fail(ctx, &apiError{status: 500, typ: typeServer, message: err.Error()}, outcomeFailed, "internal")
+		}
+		return
+	}
+	if e := x.reserve(prompts); e != nil {
+		x.fail(ctx, e, outcomeRejected, e.code)
+		return
+	}
+
+	g := rt.groupOf[be]
+	x.ticket, err = g.budget.Acquire(x.ctx, admission.Request{Weight: x.res.weight(), Class: x.class, Tenant: x.tenant})
+	if err != nil {
+		x.admissionFailed(ctx, err, g)
+		return
+	}
+	if w := x.ticket.Waited(); w > 0 {
+		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
+	}
+
+	resp, err := x.forward(ctx, be, g)
+	if err != nil {
+		if !x.failEnded(ctx) {
+			x.fail(ctx, &apiError{status: 502, typ: typeServer, code: "upstream_error", message: err.Error()}, outcomeFailed, "upstream_error")
+		}
+		return
+	}
+	ctx.Response.Header.Set("X-Kvgate-Backend", x.backend.Name())
+	if resp.Status() == fasthttp.StatusOK && req.stream && resp.IsEventStream() {
+		streaming = true
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		ctx.SetContentType("text/event-stream")
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) { x.relay(w, resp) })
+		return
+	}
+	x.passBody(ctx, resp)
+}
+
+func noBackend(model string) *apiError {
+	return &apiError{status: 503, typ: typeServer, code: "no_healthy_backend",
+		message: fmt.Sprintf("No healthy backend serves the model `%s` right now.", model)}
+}
+
+// authenticate finds the tenant of a request. With no keys configured every
+// request is anonymous (nil tenant).
+func (rt *runtime) authenticate(ctx *fasthttp.RequestCtx) (*tenant, bool) {
+	if !rt.auth {
+		return nil, true
+	}
+	key, ok := bytes.CutPrefix(ctx.Request.Header.Peek("Authorization"), []byte("Bearer "))
+	if !ok {
+		return nil, false
+	}
+	t := rt.tenants[string(bytes.TrimSpace(key))]
+	return t, t != nil
+}
+
+// countPrompts counts each prompt's tokens by the model's strategy. The
+// backend strategy asks the backend that will serve the request; where it
+// cannot answer, the calibrated estimate stands in.
+func (x *exchange) countPrompts(be *backends.Backend) ([]int, error) {
+	out := make([]int, len(x.req.shapes))
+	for i, sh := range x.req.shapes {
+		if x.req.tokenize[i] == nil {
+			out[i] = sh.tokenIDs
+			continue
+		}
+		if x.m.tokenizer == "backend" {
+			n, err := be.Tokenize(x.ctx, x.req.tokenize[i])
+			if err == nil {
+				out[i] = n
+				continue
+			}
+			if x.ctx.Err() != nil {
+				return nil, err
+			}
+			x.s.m.upstreamErrors.WithLabelValues(be.Name(), "tokenize").Inc()
+			x.s.log.Warn("backend tokenize failed; estimating", "backend", be.Name(), "err", err)
+		}
+		out[i] = x.m.est.predict(sh)
+	}
+	return out, nil
+}
+
+// reserve turns token counts into the reservation, or the 400 that a
+// request over the model's context length gets.
+func (x *exchange) reserve(prompts []int) *apiError {
+	m, req := x.m, x.req
+	outs := make([]int, len(prompts))
+	for i, p := range prompts {
+		x.predicted += p
+		room := m.maxLen - p
+		switch {
+		case req.maxTokens > 0:
+			outs[i] = req.maxTokens
+		case m.defaultMax > 0:
+			outs[i] = min(m.defaultMax, room)
+		default:
+			outs[i] = room
+		}
+		if p+outs[i] > m.maxLen || room <= 0 {
+			return &apiError{status: 400, typ: typeInvalidRequest, code: "context_length_exceeded", param: "messages",
+				message: fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+					m.maxLen, p+outs[i], p, outs[i])}
+		}
+	}
+	x.res = newReservation(m.layout, prompts, outs, req.n)
+	return nil
+}
+
+func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error, g *group) {
+	reason := admission.ReasonOf(err)
+	var rej *admission.RejectError
+	errors.As(err, &rej)
+	switch reason {
+	case "canceled":
+		if !x.failEnded(ctx) {
+			x.finish(outcomeCanceled, "client_disconnect")
+		}
+	case "too_large":
+		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, code: "kv_budget_exceeded", param: "max_tokens",
+			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, n=%d), more than the whole budget of GPU %q (%s). Lower max_tokens or n, or shorten the prompt.",
+				kvbudget.FormatBytes(x.res.weight()), x.predicted, x.res.maxOut(), x.req.n, g.name, kvbudget.FormatBytes(rej.Capacity))},
+			outcomeRejected, "kv_budget_exceeded")
+	case "queue_full", "queue_timeout", "overloaded", "tenant_quota":
+		msg := map[string]string{
+			"queue_full":    "The admission queue is full.",
+			"queue_timeout": "The request could not be admitted within its queue deadline.",
+			"overloaded":    "The GPU is under memory pressure and this request's priority class is being shed.",
+			"tenant_quota":  "Your tenant holds its full share of the GPU's KV budget.",
+		}[reason]
+		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason, retryAfter: rej.RetryAfter,
+			message: fmt.Sprintf("%s It needs %s of KV cache; retry after %ds.", msg, kvbudget.FormatBytes(x.res.weight()), retryAfterSeconds(rej.RetryAfter))},
+			outcomeShed, reason)
+	default:
+		x.fail(ctx, &apiError{status: 500, typ: typeServer, message: err.Error()}, outcomeFailed, "internal")
+	}
+}
+
+// forward sends the request to be, or on a transport failure to another
+// backend on the same GPU (whose budget the ticket already holds). Nothing
+// has reached the client yet, so a retry is safe.
+func (x *exchange) forward(ctx *fasthttp.RequestCtx, be *backends.Backend, g *group) (*backends.Response, error) {
+	body := ctx.PostBody()
+	if x.req.stream && !x.req.includeUsage {
+		p := x.s.parsers.Get()
+		b, err := withUsage(p, body)
+		x.s.parsers.Put(p)
+		if err != nil {
+			return nil, fmt.Errorf("rewrite body: %w", err)
+		}
+		body = b
+	}
+	ureq := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(ureq)
+	tried := map[*backends.Backend]bool{}
+	for {
+		tried[be] = true
+		be.NewRequest(ureq, fasthttp.MethodPost, x.req.kind.path())
+		ureq.Header.SetContentType("application/json")
+		if acc := ctx.Request.Header.Peek("Accept"); len(acc) > 0 {
+			ureq.Header.SetBytesV("Accept", acc)
+		}
+		if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 {
+			ureq.Header.SetBytesV("X-Request-Id", id)
+		}
+		ureq.SetBodyRaw(body)
+		resp, err := be.Do(x.ctx, ureq)
+		if err == nil {
+			x.backend = be
+			return resp, nil
+		}
+		if x.ctx.Err() != nil {
+			return nil, err
+		}
+		x.s.m.upstreamErrors.WithLabelValues(be.Name(), "transport").Inc()
+		next := (*backends.Backend)(nil)
+		for _, other := range g.backends {
+			if !tried[other] && other.Serves(x.req.model) && other.Available() {
+				next = other
+				break
+			}
+		}
+		if next == nil {
+			return nil, err
+		}
+		x.s.log.Warn("backend failed before answering; retrying on another", "backend", be.Name(), "next", next.Name(), "err", err)
+		be = next
+	}
+}
+
+// passBody relays a whole (non-streamed) answer: the backend's status and
+// body as they are, its usage read on the way for calibration and metrics.
+func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
+	body, err := resp.ReadAll(x.backend.MaxBody())
+	if err != nil {
+		if !x.failEnded(ctx) {
+			x.fail(ctx, &apiError{status: 502, typ: typeServer, code: "upstream_error", message: err.Error()}, outcomeFailed, "upstream_error")
+		}
+		return
+	}
+	status := resp.Status()
+	ctx.SetStatusCode(status)
+	if ct := resp.Header.ContentType(); len(ct) > 0 {
+		ctx.Response.Header.SetContentTypeBytes(ct)
+	}
+	ctx.SetBody(body)
+	switch {
+	case status < 300:
+		p := x.s.parsers.Get()
+		if v, err := p.ParseBytes(body); err == nil {
+			x.readUsage(v.Get("usage"))
+		}
+		x.s.parsers.Put(p)
+		x.finish(outcomeOK, "")
+	case status >= 500:
+		x.s.m.upstreamErrors.WithLabelValues(x.backend.Name(), "status").Inc()
+		x.finish(outcomeFailed, "backend_"+strconv.Itoa(status))
+	default:
+		x.finish(outcomeRejected, "backend_"+strconv.Itoa(status))
+	}
+}
+
+func (x *exchange) readUsage(u *fastjson.Value) {
+	if u == nil || u.Type() != fastjson.TypeObject {
+		return
+	}
+	x.usage.prompt, x.usage.completion = u.GetInt("prompt_tokens"), u.GetInt("completion_tokens")
+	x.hasUsage = true
+}
+
+// recordUsage compares what was reserved with what the backend reports, and
+// calibrates the estimate tokenizer against it.
+func (x *exchange) recordUsage() {
+	m := x.s.m
+	m.tokensPredicted.WithLabelValues(x.label, "prompt").Add(float64(x.predicted))
+	m.tokensActual.WithLabelValues(x.label, "prompt").Add(float64(x.usage.prompt))
+	m.tokensPredicted.WithLabelValues(x.label, "output").Add(float64(x.res.reservedOutput()))
+	m.tokensActual.WithLabelValues(x.label, "output").Add(float64(x.usage.completion))
+	if x.predicted > 0 && x.usage.prompt > 0 {
+		m.promptRatio.WithLabelValues(x.label, x.m.tokenizer).Observe(float64(x.usage.prompt) / float64(x.predicted))
+	}
+	if len(x.req.shapes) == 1 && x.req.tokenize[0] != nil && x.usage.prompt > 0 {
+		x.m.est.observe(x.req.shapes[0], x.usage.prompt)
+	}
+}
+
+var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
+
+// relay streams SSE events from the backend to the client as they arrive:
+// each event is flushed as soon as no further bytes are already buffered
+// (so a burst goes out in one write, and a lone token at once). It counts
+// tokens and finished choices on the way, returns each finished choice's
+// KV at once, and drops the usage chunk the gateway asked for on the
+// client's behalf. It runs in fasthttp's stream-writer goroutine and must
+// not touch the RequestCtx.
+func (x *exchange) relay(w *bufio.Writer, resp *backends.Response) {
+	outcome, reason := outcomeOK, ""
+	defer func() {
+		if p := recover(); p != nil {
+			x.s.log.Error("panic relaying stream", "panic", p)
+			outcome, reason = outcomeFailed, "internal"
+		}
+		resp.Close()
+		x.finish(outcome, reason)
+	}()
+	br := readerPool.Get().(*bufio.Reader)
+	br.Reset(resp)
+	defer func() { br.Reset(nil); readerPool.Put(br) }()
+	p := x.s.parsers.Get()
+	defer x.s.parsers.Put(p)
+
+	var ev []byte
+	for {
+		line, err := br.ReadSlice('\n')
+		ev = append(ev, line...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue // a line longer than the buffer: keep collecting
+		}
+		complete := len(line) > 0 && (len(bytes.TrimRight(line, "\r\n")) == 0)
+		if complete || (err != nil && len(ev) > 0) {
+			keep, failed := x.inspect(p, ev)
+			if failed {
+				outcome, reason = outcomeFailed, "backend_stream_error"
+			}
+			if keep {
+				if _, werr := w.Write(ev); werr != nil {
+					x.clientGone()
+					outcome, reason = outcomeCanceled, "client_disconnect"
+					return
+				}
+			}
+			ev = ev[:0]
+			if br.Buffered() == 0 {
+				if ferr := w.Flush(); ferr != nil {
+					x.clientGone()
+					outcome, reason = outcomeCanceled, "client_disconnect"
+					return
+				}
+			}
+		}
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		// The upstream read failed mid-stream.
+		if o, r, e := x.ended(); o != "" {
+			outcome, reason = o, r
+			if e != nil {
+				writeStreamError(w, e)
+			}
+			return
+		}
+		x.s.m.upstreamErrors.WithLabelValues(x.backend.Name(), "transport").Inc()
+		writeStreamError(w, &apiError{typ: typeServer, code: "upstream_error", message: err.Error()})
+		outcome, reason = outcomeFailed, "upstream_error"
+		return
+	}
+}
+
+func (x *exchange) clientGone() { x.cancel(errClientGone) }
+
+// writeStreamError ends a stream that has already begun with an error event,
+// the way vLLM reports errors mid-stream.
+func writeStreamError(w *bufio.Writer, e *apiError) {
+	var a fastjson.Arena
+	inner := a.NewObject()
+	inner.Set("message", a.NewString(e.message))
+	inner.Set("type", a.NewString(e.typ))
+	inner.Set("code", nullOr(&a, e.code))
+	outer := a.NewObject()
+	outer.Set("error", inner)
+	w.WriteString("data: ")
+	w.Write(outer.MarshalTo(nil))
+	w.WriteString("\n\ndata: [DONE]\n\n")
+	w.Flush()
+}
+
+// inspect reads one SSE event: token counts, finished choices, usage,
+// errors. keep is false for the usage-only chunk the client did not ask for.
+func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
+	data := sseData(ev)
+	if data == nil || bytes.Equal(data, []byte("[DONE]")) {
+		return true, false
+	}
+	v, err := p.ParseBytes(data)
+	if err != nil {
+		return true, false
+	}
+	if v.Get("error") != nil {
+		return true, true
+	}
+	if u := v.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
+		x.readUsage(u)
+	}
+	choices := v.GetArray("choices")
+	for _, c := range choices {
+		idx := c.GetInt("index")
+		if !x.firstTok {
+			content := c.GetStringBytes("delta", "content")
+			if content == nil {
+				content = c.GetStringBytes("text")
+			}
+			if len(content) > 0 {
+				x.firstTok = true
+				x.s.m.ttft.WithLabelValues(x.label).Observe(x.s.now().Sub(x.start).Seconds())
+			}
+		}
+		if fr := c.Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
+			if w, changed := x.res.finish(idx); changed {
+				x.ticket.Shrink(w)
+			}
+		}
+	}
+	if len(choices) == 0 && x.hasUsage && !x.req.includeUsage {
+		return false, false
+	}
+	return true, false
+}
+
+// sseData is the payload of an event's data line(s); nil for comments and
+// events without data.
+func sseData(ev []byte) []byte {
+	var out []byte
+	for len(ev) > 0 {
+		line := ev
+		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
+			line, ev = ev[:i], ev[i+1:]
+		} else {
+			ev = nil
+		}
+		line = bytes.TrimRight(line, "\r")
+		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			d = bytes.TrimPrefix(d, []byte(" "))
+			if out != nil {
+				out = append(append(append([]byte(nil), out...), '\n'), d...)
+			} else {
+				out = d
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,67 @@
+package gateway
+
+import "github.com/kvgate/kvgate/kvbudget"
+
+// reservation is the KV a request holds, prompt by prompt and choice by
+// choice, so that a choice which finishes early gives its blocks back while
+// its siblings still run. Choice i of a batch request belongs to prompt
+// i / n (vLLM numbers them prompt-major).
+type reservation struct {
+	layout   kvbudget.KVLayout
+	prompts  []int
+	outs     []int
+	n        int
+	finished []bool
+	left     []int // unfinished choices per prompt
+}
+
+func newReservation(l kvbudget.KVLayout, prompts, outs []int, n int) reservation {
+	r := reservation{layout: l, prompts: prompts, outs: outs, n: n, finished: make([]bool, len(prompts)*n), left: make([]int, len(prompts))}
+	for i := range r.left {
+		r.left[i] = n
+	}
+	return r
+}
+
+// weight is the bytes still reserved: for each prompt with a running
+// choice, its shared full prompt blocks, plus each running choice's own.
+func (r *reservation) weight() int64 {
+	var blocks int64
+	for i, p := range r.prompts {
+		if r.left[i] == 0 {
+			continue
+		}
+		shared := int64(p / r.layout.BlockSize)
+		own := kvbudget.Blocks(p+r.outs[i], r.layout.BlockSize) - shared
+		blocks += shared + int64(r.left[i])*own
+	}
+	return blocks * r.layout.BytesPerBlock
+}
+
+// finish marks choice idx done; it returns the new weight and whether it
+// changed.
+func (r *reservation) finish(idx int) (int64, bool) {
+	if idx < 0 || idx >= len(r.finished) || r.finished[idx] {
+		return 0, false
+	}
+	r.finished[idx] = true
+	r.left[idx/r.n]--
+	return r.weight(), true
+}
+
+func (r *reservation) maxOut() int {
+	m := 0
+	for _, o := range r.outs {
+		m = max(m, o)
+	}
+	return m
+}
+
+// reservedOutput is the output tokens reserved across every choice.
+func (r *reservation) reservedOutput() int {
+	t := 0
+	for _, o := range r.outs {
+		t += o * r.n
+	}
+	return t
+}

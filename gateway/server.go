@@ -1,0 +1,323 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+	"github.com/valyala/fastjson"
+
+	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/backends/connwatch"
+	"github.com/kvgate/kvgate/backends/gpuinfo"
+)
+
+// Options are the Server's collaborators; zero values take the real ones.
+type Options struct {
+	Logger *slog.Logger
+	// Clock drives admission deadlines and Retry-After; nil = the system clock.
+	Clock admission.Clock
+	// Now drives circuits and latency measurements; nil = time.Now.
+	Now func() time.Time
+	// ProbeGPUs reads local GPUs for gpu_memory: nvml; nil = NVML.
+	ProbeGPUs func() ([]gpuinfo.Device, error)
+	// DisableProbes turns off the background health checks and scrapes,
+	// for tests that drive backends by hand. Backends then start healthy.
+	DisableProbes bool
+
+	metrics *metrics
+}
+
+func (o *Options) observerFor(gpu string) admission.Observer {
+	return observer{m: o.metrics, gpu: gpu}
+}
+
+func (o *Options) probeGPUs() ([]gpuinfo.Device, error) {
+	if o.ProbeGPUs != nil {
+		return o.ProbeGPUs()
+	}
+	return gpuinfo.Probe()
+}
+
+// Server is the gateway: an OpenAI-compatible reverse proxy that admits
+// requests by their predicted KV-cache bytes.
+type Server struct {
+	opt            Options
+	log            *slog.Logger
+	now            func() time.Time
+	m              *metrics
+	srv            *fasthttp.Server
+	watch          *connwatch.Watcher
+	parsers        fastjson.ParserPool
+	metricsHandler fasthttp.RequestHandler
+
+	rt atomic.Pointer[runtime]
+
+	reloadMu  sync.Mutex // serialises Reload; guards probeStop
+	probeStop context.CancelFunc
+	probes    sync.WaitGroup
+
+	base     context.Context // cancelled at the end of Shutdown
+	stopBase context.CancelFunc
+	reqIDs   atomic.Uint64
+}
+
+// New builds a Server from a validated config.
+func New(cfg *Config, opt Options) (*Server, error) {
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	s := &Server{opt: opt, log: opt.Logger, now: opt.Now}
+	s.m = newMetrics(s.rt.Load)
+	s.opt.metrics = s.m
+	rt, commits, err := buildRuntime(cfg, nil, &s.opt)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range commits {
+		c()
+	}
+	w, err := connwatch.New()
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	s.watch = w
+	s.base, s.stopBase = context.WithCancel(context.Background())
+	s.rt.Store(rt)
+	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
+	sc := cfg.Server
+	s.srv = &fasthttp.Server{
+		Handler:                       s.handle,
+		ErrorHandler:                  s.handleServerError,
+		Name:                          "kvgate",
+		MaxRequestBodySize:            int(sc.MaxBodyBytes.Bytes),
+		ReadTimeout:                   sc.ReadTimeout.or(defaultReadTimeout),
+		WriteTimeout:                  sc.writeTimeout(),
+		IdleTimeout:                   sc.IdleTimeout.or(defaultIdleTimeout),
+		Concurrency:                   sc.maxConns(),
+		CloseOnShutdown:               true,
+		NoDefaultContentType:          true,
+		DisableHeaderNamesNormalizing: false,
+		Logger:                        slogPrintf{s.log},
+	}
+	s.startProbes(rt)
+	return s, nil
+}
+
+// slogPrintf adapts fasthttp's logger to slog.
+type slogPrintf struct{ l *slog.Logger }
+
+func (p slogPrintf) Printf(format string, args ...any) {
+	p.l.Warn("fasthttp", "msg", fmt.Sprintf(format, args...))
+}
+
+// Serve serves on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	s.log.Info("kvgate listening", "addr", ln.Addr().String())
+	return s.srv.Serve(ln)
+}
+
+// Shutdown stops accepting connections, waits for in-flight requests
+// (streams included) until ctx ends, then stops the background probes.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.srv.ShutdownWithContext(ctx)
+	s.reloadMu.Lock()
+	if s.probeStop != nil {
+		s.probeStop()
+	}
+	s.reloadMu.Unlock()
+	s.probes.Wait()
+	s.stopBase()
+	s.watch.Close()
+	return err
+}
+
+// Reload swaps in a new configuration. In-flight requests finish under the
+// runtime they started with; budgets and backends that persist keep their
+// reservations, queues and connections. On error nothing changes.
+func (s *Server) Reload(cfg *Config) error {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	old := s.rt.Load()
+	if cfg.Listen != old.cfg.Listen {
+		s.log.Warn("listen address changes need a restart; keeping the old one", "old", old.cfg.Listen, "new", cfg.Listen)
+		cfg.Listen = old.cfg.Listen
+	}
+	rt, commits, err := buildRuntime(cfg, old, &s.opt)
+	if err != nil {
+		s.m.reloads.WithLabelValues("error").Inc()
+		return err
+	}
+	for _, c := range commits {
+		c()
+	}
+	s.rt.Store(rt)
+	s.m.reloads.WithLabelValues("ok").Inc()
+	s.startProbesLocked(rt)
+	return nil
+}
+
+func (s *Server) startProbes(rt *runtime) {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	s.startProbesLocked(rt)
+}
+
+func (s *Server) startProbesLocked(rt *runtime) {
+	if s.probeStop != nil {
+		s.probeStop()
+	}
+	if s.opt.DisableProbes {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.probeStop = cancel
+	s.probes.Add(1)
+	go func() {
+		defer s.probes.Done()
+		_ = rt.pool.Run(ctx, func(b *backends.Backend, r backends.KVReport) { s.onKVReport(rt, b, r) })
+	}()
+}
+
+// onKVReport closes the loop on a backend's own account of its KV cache:
+// the budget never exceeds the pool the backend really has, and shrinks
+// while the backends of a GPU report more in use than its budget.
+func (s *Server) onKVReport(rt *runtime, b *backends.Backend, _ backends.KVReport) {
+	g := rt.groupOf[b]
+	var pool, used int64
+	complete := true
+	for _, be := range g.backends {
+		kv, ok := be.KV()
+		if !ok || !kv.HasPool() || !kv.HasUsage {
+			complete = false
+			continue
+		}
+		bytes := kv.NumGPUBlocks * g.blockBytes[be]
+		pool += bytes
+		used += int64(kv.Usage * float64(bytes))
+	}
+	if !complete {
+		return
+	}
+	want := min(g.nominal, pool)
+	if st := g.budget.Stats(); st.Capacity != want {
+		if err := g.budget.Resize(want); err == nil {
+			s.log.Info("budget follows the backend's pool", "gpu", g.name, "configured", g.nominal, "pool", pool, "capacity", want)
+		}
+	}
+	if *rt.cfg.Admission.Feedback.Enabled {
+		g.budget.Feedback(used > want)
+	}
+}
+
+// handle routes a request; no panic reaches the client.
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("panic serving request", "path", string(ctx.Path()), "panic", p)
+			(&apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}).write(ctx)
+		}
+	}()
+	path := string(ctx.Path())
+	method := string(ctx.Method())
+	switch path {
+	case "/v1/chat/completions", "/v1/completions":
+		if method != fasthttp.MethodPost {
+			methodNotAllowed(ctx, "POST")
+			return
+		}
+		kind := chatCompletions
+		if path == "/v1/completions" {
+			kind = completions
+		}
+		s.serveCompletion(ctx, kind)
+		return
+	case "/v1/models":
+		s.serveModels(ctx)
+	case "/metrics":
+		s.metricsHandler(ctx)
+	case "/healthz":
+		writeJSON(ctx, 200, map[string]string{"status": "ok"})
+	case "/readyz":
+		if s.rt.Load().pool.Ready() {
+			writeJSON(ctx, 200, map[string]string{"status": "ready"})
+		} else {
+			(&apiError{status: 503, typ: typeServer, code: "no_healthy_backend", message: "no backend is healthy"}).write(ctx)
+		}
+	case "/status":
+		writeJSON(ctx, 200, s.status())
+	default:
+		(&apiError{status: 404, typ: typeInvalidRequest, code: "unknown_url",
+			message: fmt.Sprintf("Unknown request URL: %s %s.", method, path)}).write(ctx)
+	}
+}
+
+func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
+	(&apiError{status: 405, typ: typeInvalidRequest, code: "method_not_allowed",
+		message: fmt.Sprintf("%s is not allowed here; use %s.", ctx.Method(), allow)}).write(ctx)
+	ctx.Response.Header.Set("Allow", allow)
+}
+
+// handleServerError answers what fasthttp refuses before a handler runs.
+func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		(&apiError{status: 413, typ: typeInvalidRequest, code: "request_too_large",
+			message: fmt.Sprintf("The request body is larger than the %d bytes this gateway accepts.", s.rt.Load().cfg.Server.MaxBodyBytes.Bytes)}).write(ctx)
+		return
+	}
+	var te interface{ Timeout() bool }
+	if errors.As(err, &te) && te.Timeout() {
+		(&apiError{status: 408, typ: typeInvalidRequest, code: "request_timeout", message: "Timed out reading the request."}).write(ctx)
+		return
+	}
+	(&apiError{status: 400, typ: typeInvalidRequest, code: "bad_request", message: "Malformed HTTP request: " + err.Error()}).write(ctx)
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		(&apiError{status: 500, typ: typeServer, message: err.Error()}).write(ctx)
+		return
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// serveModels lists the configured models as OpenAI does, with vLLM's
+// max_model_len.
+func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsGet() {
+		methodNotAllowed(ctx, "GET")
+		return
+	}
+	rt := s.rt.Load()
+	type entry struct {
+		ID          string `json:"id"`
+		Object      string `json:"object"`
+		Created     int64  `json:"created"`
+		OwnedBy     string `json:"owned_by"`
+		MaxModelLen int    `json:"max_model_len"`
+	}
+	out := struct {
+		Object string  `json:"object"`
+		Data   []entry `json:"data"`
+	}{Object: "list", Data: []entry{}}
+	for _, name := range rt.modelOrder {
+		out.Data = append(out.Data, entry{ID: name, Object: "model", Created: 0, OwnedBy: "kvgate", MaxModelLen: rt.models[name].maxLen})
+	}
+	writeJSON(ctx, 200, out)
+}
