@@ -1,0 +1,266 @@
+package sim
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/kvgate/kvgate/kvbudget"
+)
+
+// Defaults. The timings model Llama-3-8B in bf16 on one 24 GiB card of the
+// RTX 4090 / L4 / A10 class; see doc.go for the arithmetic behind them.
+const (
+	DefaultModel                 = "llama-3-8b"
+	DefaultGPUMemory       int64 = 24 << 30
+	DefaultUtilization           = 0.9 // vLLM's --gpu-memory-utilization default
+	DefaultMaxModelLen           = 8192
+	DefaultMaxNumSeqs            = 256 // vLLM's --max-num-seqs default
+	DefaultOOMRestart            = 2 * time.Second
+	DefaultStepBase              = 15 * time.Millisecond
+	DefaultStepPerSeq            = 150 * time.Microsecond
+	DefaultPrefillPerToken       = 100 * time.Microsecond
+
+	OverflowPreempt = "preempt"
+	OverflowOOM     = "oom"
+)
+
+//go:embed llama-3-8b.json
+var llama3Config []byte
+
+// Config describes one simulated vLLM server. Every field's zero value means
+// its default, except TimeScale (zero means the engine is free) and Seed
+// (zero is a seed). Where a duration or size may also be switched off,
+// a negative value means none.
+//
+// Use DefaultConfig for a server that runs in real time.
+type Config struct {
+	// Model is the served model name (vLLM's --served-model-name); requests
+	// naming any other model get 404. "" means "llama-3-8b".
+	Model string
+	// Geometry is the model whose KV cache is simulated; nil means the
+	// built-in Llama-3-8B (examples/llama-3-8b.json).
+	Geometry *kvbudget.Model
+	// GPUMemory is the simulated card's memory in bytes; 0 means 24 GiB.
+	GPUMemory int64
+	// GPUMemoryUtilization is the fraction of GPUMemory the server may use,
+	// weights included, in (0, 1]; 0 means 0.9.
+	GPUMemoryUtilization float64
+	// WeightsBytes is the weight memory; 0 means Geometry's estimate at its
+	// served dtype. Negative is an error.
+	WeightsBytes int64
+	// Reserve is activation and runtime memory; 0 means
+	// kvbudget.DefaultReserve (1 GiB), negative means none.
+	Reserve int64
+	// BlockSize is tokens per KV block; 0 means 16.
+	BlockSize int
+	// MaxModelLen is the longest prompt+output in tokens; 0 means 8192, or
+	// the model's max_position_embeddings when that is smaller.
+	MaxModelLen int
+	// MaxNumSeqs caps the running sequences (preempt mode); 0 means 256.
+	MaxNumSeqs int
+	// OnOverflow is OverflowPreempt ("" too) or OverflowOOM.
+	OnOverflow string
+	// OOMRestart is how long, in simulated time, the server is unhealthy
+	// after an out-of-memory event; 0 means 2s, negative means none.
+	OOMRestart time.Duration
+	// StepBase + StepPerSeq × running sequences + PrefillPerToken × tokens
+	// prefilled is the simulated duration of one engine step. 0 means the
+	// default (15ms, 150µs, 100µs), negative means none.
+	StepBase, StepPerSeq, PrefillPerToken time.Duration
+	// TimeScale multiplies every simulated duration to get wall time: 1 is
+	// real time, 0.01 is 100× faster, 0 makes the engine free (steps take no
+	// time at all, for benchmarks of what is in front of it). Negative is an
+	// error. Note that 0 is the zero value: Config{} is a free engine.
+	TimeScale float64
+	// OutputLen is how many tokens a sequence generates before it stops on
+	// its own: "" means always max_tokens; otherwise "fixed:N",
+	// "uniform:A-B", "normal:MEAN,STDDEV" or "lognormal:MEDIAN,SIGMA",
+	// drawn per sequence and capped by max_tokens.
+	OutputLen string
+	// Seed makes generated text and lengths reproducible: the same seed and
+	// the same request give the same output, whatever else is running.
+	Seed int64
+	// Logger receives the server's log lines; nil discards them.
+	Logger *slog.Logger
+}
+
+// DefaultConfig is the zero Config in real time (TimeScale 1).
+func DefaultConfig() Config { return Config{TimeScale: 1} }
+
+// ConfigError is a Config field that cannot be used; Field is the Go field
+// name, so that callers (the CLI) can name their own spelling of it.
+type ConfigError struct {
+	Field string
+	Err   error
+}
+
+func (e *ConfigError) Error() string { return e.Field + ": " + e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+func fieldErr(field, format string, a ...any) error {
+	return &ConfigError{Field: field, Err: fmt.Errorf(format, a...)}
+}
+
+// settings is a Config with its defaults filled in and its derived values
+// computed once: what the engine and the server actually run with.
+type settings struct {
+	model        string
+	geometry     *kvbudget.Model
+	layout       kvbudget.KVLayout
+	gpuMemory    int64
+	utilization  float64
+	weights      int64
+	reserve      int64
+	kvBytes      int64
+	numBlocks    int64
+	watermark    int64 // blocks kept free at admission (vLLM's 1% watermark)
+	blockSize    int
+	maxModelLen  int
+	maxNumSeqs   int
+	oom          bool
+	oomRestart   time.Duration
+	stepBase     time.Duration
+	stepPerSeq   time.Duration
+	prefillPer   time.Duration
+	timeScale    float64
+	outputLen    lengthDist
+	seed         uint64
+	logger       *slog.Logger
+	maxPositions int
+}
+
+func orDuration(d, def time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
+	}
+	return d
+}
+
+// resolve fills in defaults, checks every field and computes the KV pool.
+func (c Config) resolve() (*settings, error) {
+	s := &settings{model: c.Model, geometry: c.Geometry, logger: c.Logger}
+	if s.model == "" {
+		s.model = DefaultModel
+	}
+	if s.geometry == nil {
+		m, err := kvbudget.ParseModelConfig(llama3Config)
+		if err != nil {
+			return nil, fmt.Errorf("built-in Llama-3-8B config: %w", err)
+		}
+		s.geometry = m
+	}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	s.gpuMemory = c.GPUMemory
+	switch {
+	case s.gpuMemory == 0:
+		s.gpuMemory = DefaultGPUMemory
+	case s.gpuMemory < 0:
+		return nil, fieldErr("GPUMemory", "must be > 0 bytes, got %d", c.GPUMemory)
+	}
+	s.utilization = c.GPUMemoryUtilization
+	if s.utilization == 0 {
+		s.utilization = DefaultUtilization
+	}
+	if !(s.utilization > 0 && s.utilization <= 1) {
+		return nil, fieldErr("GPUMemoryUtilization", "must be in (0, 1], got %g", c.GPUMemoryUtilization)
+	}
+	s.blockSize = c.BlockSize
+	switch {
+	case s.blockSize == 0:
+		s.blockSize = kvbudget.DefaultBlockSize
+	case s.blockSize < 0:
+		return nil, fieldErr("BlockSize", "must be >= 1 token, got %d", c.BlockSize)
+	}
+	l, err := s.geometry.KVLayout(kvbudget.KVSpec{BlockSize: s.blockSize})
+	if err != nil {
+		return nil, fieldErr("Geometry", "%w", err)
+	}
+	s.layout = l
+	s.weights = c.WeightsBytes
+	switch {
+	case s.weights == 0:
+		s.weights = s.geometry.WeightBytes(s.geometry.ServedDType())
+	case s.weights < 0:
+		return nil, fieldErr("WeightsBytes", "must be >= 0, got %d", c.WeightsBytes)
+	}
+	s.reserve = c.Reserve
+	switch {
+	case s.reserve == 0:
+		s.reserve = kvbudget.DefaultReserve
+	case s.reserve < 0:
+		s.reserve = 0
+	}
+	s.maxPositions = s.geometry.MaxPositions
+	s.maxModelLen = c.MaxModelLen
+	switch {
+	case s.maxModelLen == 0:
+		s.maxModelLen = DefaultMaxModelLen
+		if s.maxPositions > 0 && s.maxPositions < s.maxModelLen {
+			s.maxModelLen = s.maxPositions
+		}
+	case s.maxModelLen < 2:
+		return nil, fieldErr("MaxModelLen", "must be >= 2 tokens (one of prompt, one of output), got %d", c.MaxModelLen)
+	case s.maxPositions > 0 && s.maxModelLen > s.maxPositions:
+		// vLLM refuses a max_model_len beyond the model's positions too.
+		return nil, fieldErr("MaxModelLen", "%d is greater than the model's max_position_embeddings %d", c.MaxModelLen, s.maxPositions)
+	}
+	s.maxNumSeqs = c.MaxNumSeqs
+	switch {
+	case s.maxNumSeqs == 0:
+		s.maxNumSeqs = DefaultMaxNumSeqs
+	case s.maxNumSeqs < 0:
+		return nil, fieldErr("MaxNumSeqs", "must be >= 1, got %d", c.MaxNumSeqs)
+	}
+	switch c.OnOverflow {
+	case "", OverflowPreempt:
+	case OverflowOOM:
+		s.oom = true
+	default:
+		return nil, fieldErr("OnOverflow", "must be %q or %q, got %q", OverflowPreempt, OverflowOOM, c.OnOverflow)
+	}
+	s.oomRestart = orDuration(c.OOMRestart, DefaultOOMRestart)
+	s.stepBase = orDuration(c.StepBase, DefaultStepBase)
+	s.stepPerSeq = orDuration(c.StepPerSeq, DefaultStepPerSeq)
+	s.prefillPer = orDuration(c.PrefillPerToken, DefaultPrefillPerToken)
+	if !(c.TimeScale >= 0) || c.TimeScale > 1e6 {
+		return nil, fieldErr("TimeScale", "must be in [0, 1e6], got %g", c.TimeScale)
+	}
+	s.timeScale = c.TimeScale
+	if s.outputLen, err = parseLengthDist(c.OutputLen); err != nil {
+		return nil, &ConfigError{Field: "OutputLen", Err: err}
+	}
+	s.seed = uint64(c.Seed)
+
+	g := kvbudget.GPUBudget{Memory: s.gpuMemory, Ceiling: s.utilization, Weights: s.weights, Reserve: s.reserve}
+	kv, err := g.KVBytes()
+	if err != nil {
+		if errors.Is(err, kvbudget.ErrWeightsDoNotFit) {
+			return nil, &ConfigError{Field: "GPUMemory", Err: err}
+		}
+		return nil, fmt.Errorf("kv budget: %w", err)
+	}
+	s.kvBytes = kv
+	s.numBlocks = l.CapacityOf(kv).Blocks
+	s.watermark = int64(0.01 * float64(s.numBlocks))
+	// vLLM refuses to start when the cache cannot hold one sequence of
+	// max_model_len; the watermark is added so that such a sequence can
+	// always be admitted into an empty cache.
+	if need := kvbudget.Blocks(s.maxModelLen, s.blockSize); need > s.numBlocks-s.watermark {
+		return nil, fieldErr("MaxModelLen", "one sequence of max_model_len %d tokens needs %d KV blocks, but the cache holds %d (%s of KV memory, %d kept free as watermark); lower the max model length or give the KV cache more memory",
+			s.maxModelLen, need, s.numBlocks, kvbudget.FormatBytes(kv), s.watermark)
+	}
+	return s, nil
+}
+
+// scaled is d in wall time.
+func (s *settings) scaled(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * s.timeScale)
+}

@@ -1,0 +1,111 @@
+// Package sim is a simulated vLLM server: the backend behind `kvgate sim`,
+// the gateway's demo, and every end-to-end test and load test, since no GPU
+// is at hand. It is faithful to vLLM where memory is concerned, speaks vLLM's
+// OpenAI-compatible HTTP API, and is deterministic under a seed.
+//
+// # Memory
+//
+// A simulated GPU of Config.GPUMemory bytes gives the KV cache
+// memory × GPUMemoryUtilization − weights − reserve (weights estimated from
+// the model geometry by kvbudget unless given), cut into blocks of BlockSize
+// tokens: kvbudget.KVLayout's bytes per block, so the pool is exactly what
+// the gateway computes for the same card. With the defaults (Llama-3-8B in
+// bf16, 24 GiB, 0.9, 1 GiB reserve) that is 2888 blocks, 46208 tokens. As
+// vLLM does, the server refuses to start when one sequence of MaxModelLen
+// tokens would not fit.
+//
+// A sequence that has generated g tokens holds ceil((prompt+g)/BlockSize)
+// blocks; it takes a new block in the step whose token crosses a block
+// boundary, and gives its blocks back the moment it finishes. The n
+// sequences of one request share the prompt's full blocks (vLLM's prefix
+// sharing for parallel sampling), each keeping its own partial block and what
+// it generates, so a request's peak is exactly kvbudget's RequestBlocks.
+// (vLLM writes the KV of a sampled token one step later, so a real server
+// holds one token less than this; the simulator is at most one block
+// pessimistic at a boundary, and agrees with the gateway's prediction.)
+//
+// # Scheduling
+//
+// One engine goroutine runs vLLM's continuous batching (engine.go). Each step
+// first gives every running request, oldest first, the blocks its next token
+// needs; when none are left, the newest running request is preempted: its
+// blocks are freed and it goes back to the front of the waiting queue, to be
+// recomputed (its prompt and what it had generated are prefilled again, the
+// tokens already sent are not sent twice) when it is admitted again;
+// vllm:num_preemptions_total counts each. Then, unless the step preempted,
+// waiting requests are admitted in FIFO order while the one at the head fits:
+// at most MaxNumSeqs sequences running, and its blocks must leave 1% of the
+// pool free (vLLM's watermark, which keeps room for the running ones to
+// grow). Every running sequence then gains one token.
+//
+// # Timing
+//
+// A step lasts StepBase + StepPerSeq × running sequences + PrefillPerToken ×
+// tokens prefilled in it, in simulated time, and TimeScale turns that into
+// wall time (0.01: 100× faster; 0: the engine is free). The defaults model
+// Llama-3-8B on a 24 GiB card of the RTX 4090 / L4 / A10 class: a decode step
+// reads all 16 GB of weights once, about 15 ms at 1 TB/s; each sequence adds
+// its attention over the KV cache and its share of the matmuls, 150 µs; and
+// prefill is compute-bound at 2 × 8 GFLOP a token, 100 µs a token at
+// 160 TFLOP/s (the peak of the fastest such card, so prefill is on the quick
+// side). So a lone request streams a token every
+// ~15 ms, a batch of 64 every ~25 ms (2600 tokens/s), one of 256 every
+// ~53 ms (4800 tokens/s), and a 200-token prompt sees its first token after
+// ~35 ms. Sleeps are paced against a deadline, so a small TimeScale keeps its
+// average rate although each sleep overshoots. Latency histograms are wall
+// time, as vLLM's are.
+//
+// # Overflow
+//
+// OnOverflow "preempt" is vLLM's behaviour above. "oom" is a server with no
+// headroom (or a GPU shared with other work): it admits whatever it is sent,
+// with no waiting queue and no max_num_seqs, and the moment a block is needed
+// that the pool does not have, every request in flight fails with an error
+// whose message contains "CUDA out of memory" (HTTP 500, or, for a stream
+// that has begun, an SSE error event and [DONE]), kvsim:oom_events_total
+// counts it, and the server is unhealthy (/health 503, new requests 503) for
+// OOMRestart of simulated time.
+//
+// # Determinism
+//
+// Output text and output lengths are functions of Config.Seed and the
+// request's content (prompt or messages, max_tokens, n, its seed field), never
+// of arrival order or of what else runs: each sequence's key is a hash of
+// those, its length is drawn from OutputLen with that key (max_tokens when
+// OutputLen is empty or ignore_eos is set, at least min_tokens), and its
+// i-th token is a fixed list's entry picked by hashing the key and i. The
+// same request streamed or not gives the same text. Timing is not
+// deterministic: it is wall-clock sleeps on a shared machine. Tests that need
+// exact schedules step the engine by hand.
+//
+// # Tokens
+//
+// The tokenizer is the simulator's own (tokenizer.go), about four bytes a
+// token on English, with Llama-3's chat template; the gateway must not share
+// it. /tokenize exposes it. Each generated token is one token of it, so
+// completion_tokens is what /tokenize says of the output.
+//
+// # HTTP
+//
+// POST /v1/chat/completions and /v1/completions (streamed or not; n;
+// max_tokens, max_completion_tokens, min_tokens, ignore_eos;
+// stream_options.include_usage), GET /v1/models (with max_model_len),
+// POST /tokenize, GET /health and GET /metrics (vLLM's metric names and
+// labels, plus kvsim: ones). Errors have vLLM's body
+// {"error":{"message","type","param","code"}}: 400 BadRequestError for bad
+// JSON, types and values, and vLLM's context-length messages; 404
+// NotFoundError for an unknown model, and for a missing one (recent vLLM
+// serves its default model then; the simulator refuses, so that a client that
+// drops the field is caught). A rejected request allocates nothing. A client that disconnects from a stream has its request aborted
+// and its blocks freed at the first failed write, as vLLM aborts it.
+//
+// # Not modelled
+//
+// Sampling and stop strings (stop, temperature, logprobs and the like are
+// accepted and ignored); prompt caching across requests; chunked prefill
+// (a prompt is prefilled in one step); swapping to CPU; tensor parallelism;
+// CUDA graphs and activation memory beyond the fixed reserve; the
+// tokenizer-dependent details of real models; batched prompts in one
+// completions request; tool calls, images and other non-text content; and
+// fairness between tenants, which is the gateway's job.
+package sim

@@ -1,0 +1,189 @@
+package sim
+
+import "unicode/utf8"
+
+// The simulator's tokenizer is its own, on purpose: the gateway estimates
+// prompt lengths with its own strategy and must not be able to share this
+// code and predict the backend exactly. It behaves like a byte-level BPE on
+// English text (about four bytes a token): a word, with the space before it,
+// is cut into pieces of at most four bytes (never inside a UTF-8 rune), digits
+// go in threes, runs of spaces and of newlines are pieces of their own, and
+// any other byte is one token. A piece's id is a hash of its bytes; the
+// special tokens of the Llama-3 chat template have their real ids.
+const (
+	vocabSize   = 128256 // ids are in [0, vocabSize), as Llama-3's
+	plainVocab  = 128000 // ordinary pieces hash into [0, plainVocab)
+	tokBOS      = 128000 // <|begin_of_text|>
+	tokStartHdr = 128006 // <|start_header_id|>
+	tokEndHdr   = 128007 // <|end_header_id|>
+	tokEOT      = 128009 // <|eot_id|>
+	tokHdrSep   = 271    // "\n\n" after a header, as Llama-3's
+)
+
+func isWordByte(c byte) bool {
+	return c >= 0x80 || (c|0x20 >= 'a' && c|0x20 <= 'z') || c == '_'
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// nextPiece returns the length of the token that starts b (len(b) > 0).
+func nextPiece(b []byte) int {
+	c := b[0]
+	switch {
+	case c == ' ' && len(b) > 1 && isWordByte(b[1]):
+		n := 1 + wordPiece(b[1:], 3)
+		if n == 1 { // the first rune is 4 bytes: keep it with its space
+			_, size := utf8.DecodeRune(b[1:])
+			n += size
+		}
+		return n
+	case isWordByte(c):
+		if n := wordPiece(b, 4); n > 0 {
+			return n
+		}
+		_, size := utf8.DecodeRune(b)
+		return size
+	case isDigit(c):
+		n := 1
+		for n < len(b) && n < 3 && isDigit(b[n]) {
+			n++
+		}
+		return n
+	case c == ' ' || c == '\t':
+		n := 1
+		for n < len(b) && n < 4 && (b[n] == ' ' || b[n] == '\t') {
+			if b[n] == ' ' && n+1 < len(b) && isWordByte(b[n+1]) {
+				break // this space belongs to the next word
+			}
+			n++
+		}
+		return n
+	case c == '\n' || c == '\r':
+		if len(b) > 1 && (b[1] == '\n' || b[1] == '\r') {
+			return 2
+		}
+		return 1
+	}
+	return 1
+}
+
+// wordPiece is the length of the longest run of whole word runes at the
+// start of b that fits in limit bytes.
+func wordPiece(b []byte, limit int) int {
+	n := 0
+	for n < len(b) && isWordByte(b[n]) {
+		size := 1
+		if b[n] >= 0x80 {
+			_, size = utf8.DecodeRune(b[n:])
+		}
+		if n+size > limit {
+			break
+		}
+		n += size
+	}
+	return n
+}
+
+// pieceID is the token id of an ordinary piece: FNV-1a of its bytes.
+func pieceID(p []byte) int {
+	h := uint64(14695981039346656037)
+	for _, c := range p {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return int(h % plainVocab)
+}
+
+// countTokens is the number of tokens text takes.
+func countTokens(text []byte) int {
+	n := 0
+	for len(text) > 0 {
+		text = text[nextPiece(text):]
+		n++
+	}
+	return n
+}
+
+// prompt accumulates what a request's prompt comes to: its token count,
+// a hash of its content (for deterministic output), and, when ids is
+// non-nil, the token ids and pieces themselves (for /tokenize).
+type prompt struct {
+	tokens  int
+	hash    uint64
+	ids     []int
+	strs    []string
+	collect bool
+	strsToo bool
+}
+
+func newPrompt(collect, strs bool) prompt {
+	return prompt{hash: 14695981039346656037, collect: collect, strsToo: strs}
+}
+
+func (p *prompt) hashBytes(b []byte) {
+	h := p.hash
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	// A separator, so that ("ab","c") and ("a","bc") differ.
+	p.hash = mix(h ^ uint64(len(b)))
+}
+
+func (p *prompt) special(id int, text string) {
+	p.tokens++
+	p.hash = mix(p.hash ^ uint64(id))
+	if p.collect {
+		p.ids = append(p.ids, id)
+		if p.strsToo {
+			p.strs = append(p.strs, text)
+		}
+	}
+}
+
+func (p *prompt) text(b []byte) {
+	p.hashBytes(b)
+	if !p.collect {
+		p.tokens += countTokens(b)
+		return
+	}
+	for len(b) > 0 {
+		n := nextPiece(b)
+		p.ids = append(p.ids, pieceID(b[:n]))
+		if p.strsToo {
+			p.strs = append(p.strs, string(b[:n]))
+		}
+		p.tokens++
+		b = b[n:]
+	}
+}
+
+// tokenIDs is a prompt given as token ids.
+func (p *prompt) tokenID(id int) {
+	p.tokens++
+	p.hash = mix(p.hash ^ uint64(id))
+	if p.collect {
+		p.ids = append(p.ids, id)
+		if p.strsToo {
+			p.strs = append(p.strs, "")
+		}
+	}
+}
+
+// The chat template is Llama-3's: <|begin_of_text|>, then per message
+// <|start_header_id|>role<|end_header_id|>\n\n content <|eot_id|>, then the
+// assistant header when a generation prompt is asked for.
+func (p *prompt) chatBegin() { p.special(tokBOS, "<|begin_of_text|>") }
+
+func (p *prompt) chatHeader(role []byte) {
+	p.special(tokStartHdr, "<|start_header_id|>")
+	p.text(role)
+	p.special(tokEndHdr, "<|end_header_id|>")
+	p.special(tokHdrSep, "\n\n")
+}
+
+func (p *prompt) chatEnd() { p.special(tokEOT, "<|eot_id|>") }
+
+var assistantRole = []byte("assistant")
+
+func (p *prompt) chatGenerationPrompt() { p.chatHeader(assistantRole) }
