@@ -47,11 +47,11 @@ type Budget struct {
 	anon        *tenantState
 	queued      int
 	queuedBytes int64
-	// hol is the class index of the head-of-line blocker left by the last
-	// dispatch (or set by an enqueue that became one), noBlocker if none: a
-	// new request of a class with a smaller or equal index must queue.
-	hol   int
-	pass  uint64 // dispatch pass counter, for tenantState.pass
+	// blocker is the head-of-line blocker left by the last dispatch pass (or
+	// an enqueue that became one), nil if none: a new request of its class
+	// or a higher one must queue behind it.
+	blocker *waiter
+	pass    uint64 // dispatch pass counter, for tenantState.pass
 	drain drainEstimator
 	knobs testingKnobs
 }
@@ -90,7 +90,7 @@ func New(cfg Config) (*Budget, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Budget{clock: cfg.Clock, observer: cfg.Observer, hol: noBlocker,
+	b := &Budget{clock: cfg.Clock, observer: cfg.Observer,
 		nominal: s.capacity, effective: s.capacity, tenants: make(map[string]*tenantState)}
 	if b.clock == nil {
 		b.clock = SystemClock()
@@ -300,10 +300,16 @@ func (b *Budget) Acquire(ctx context.Context, r Request) (*Ticket, error) {
 		return nil, b.rejectUnlock(ErrOverloaded, c, t, w, b.effective, b.retryLocked(b.clock.Now(), need))
 	}
 	ci := c.index
-	if b.held+w <= b.effective && t.held+w <= t.cap && b.hol > ci && !t.queuedUpToLocked(ci) {
+	if b.held+w <= b.effective && t.held+w <= t.cap && (b.blocker == nil || b.blocker.t.class.index > ci) &&
+		!t.queuedUpToLocked(ci) {
 		b.holdLocked(c, t, w)
 		tk := &Ticket{b: b, class: c, tenant: t}
 		tk.weight.Store(w)
+		if b.blocker != nil && b.blocker.t.tenant == t {
+			// Its tenant's new weight may have put the blocker over its cap:
+			// it is then skipped, and those behind it may fit.
+			b.dispatchLocked()
+		}
 		b.checkLocked(opAdmit)
 		b.mu.Unlock()
 		b.count.admitted.Add(1)
@@ -352,12 +358,12 @@ func (b *Budget) enqueue(ctx context.Context, done <-chan struct{}, c *classStat
 	// It becomes the head-of-line blocker if dispatch would stop at it: no
 	// blocker at its priority or above, nothing of its tenant ahead, and
 	// within its tenant's cap (so it is the capacity it lacks).
-	blocker := b.hol > ci && !t.queuedUpToLocked(ci) && t.held+w <= t.cap
+	blocker := (b.blocker == nil || b.blocker.t.class.index > ci) && !t.queuedUpToLocked(ci) && t.held+w <= t.cap
 	wt := &waiter{weight: w, enqueued: now, ready: make(chan struct{})}
 	wt.t.b, wt.t.class, wt.t.tenant = b, c, t
 	b.enqueueLocked(wt)
 	if blocker {
-		b.hol = ci
+		b.blocker = wt
 	}
 	if !deadline.IsZero() {
 		wt.timer = b.clock.AfterFunc(deadline.Sub(now), func() { b.expire(wt) })

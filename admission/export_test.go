@@ -18,7 +18,7 @@ func SetCheck(b *Budget, f func(op string, err error)) {
 // bound at admissions, the bookkeeping sums, the queue's links, and — where
 // the state is settled (after a dispatch pass, an immediate admission, an
 // enqueue or a shrink of the capacity) — that no waiter could be admitted
-// and that hol is where a dispatch pass would stop.
+// and that b.blocker is where a dispatch pass would stop.
 func (b *Budget) invariantsLocked(op string) error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(op+": "+format, a...)) }
@@ -124,23 +124,23 @@ func (b *Budget) invariantsLocked(op string) error {
 
 	switch op {
 	case opDispatch, opAdmit, opEnqueue, opFeedback:
-		grantable, hol := b.simulatePassLocked()
+		grantable, blocker := b.simulatePassLocked()
 		if grantable != nil {
 			bad("waiter of weight %d (class %q, tenant %q) could be admitted but waits",
 				grantable.weight, grantable.t.class.spec.name, grantable.t.tenant.name)
 		}
-		if hol != b.hol {
-			bad("hol is %d, a dispatch pass would stop at %d", b.hol, hol)
+		if blocker != b.blocker {
+			bad("blocker is %p, a dispatch pass would stop at %p", b.blocker, blocker)
 		}
 	}
 	return errors.Join(errs...)
 }
 
 // simulatePassLocked is dispatchPassLocked without the grants: the first
-// waiter it would admit, or else where it would stop.
-func (b *Budget) simulatePassLocked() (grantable *waiter, hol int) {
+// waiter it would admit, or else the one it would stop at.
+func (b *Budget) simulatePassLocked() (grantable, blocker *waiter) {
 	skipped := map[*tenantState]bool{}
-	for ci, c := range b.classes {
+	for _, c := range b.classes {
 		for w := c.head; w != nil; w = w.next {
 			t := w.t.tenant
 			if skipped[t] || t.held+w.weight > t.cap {
@@ -148,10 +148,10 @@ func (b *Budget) simulatePassLocked() (grantable *waiter, hol int) {
 				continue
 			}
 			if b.held+w.weight > b.effective {
-				return nil, ci
+				return nil, w
 			}
-			return w, noBlocker
+			return w, nil
 		}
 	}
-	return nil, noBlocker
+	return nil, nil
 }

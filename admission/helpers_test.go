@@ -3,6 +3,7 @@ package admission_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 
@@ -60,15 +61,29 @@ func (f *fixture) acquire(r admission.Request) *admission.Ticket {
 func (f *fixture) reject(r admission.Request, reason error) *admission.RejectError {
 	f.t.Helper()
 	before := f.b.Stats().Queued
-	tk, err := f.b.Acquire(context.Background(), r)
-	var re *admission.RejectError
-	if !errors.As(err, &re) || !errors.Is(err, reason) {
-		f.t.Fatalf("Acquire(%+v) = %v, %v; want a refusal with %v", r, tk, err, reason)
+	ch := make(chan result, 1)
+	go func() {
+		tk, err := f.b.Acquire(context.Background(), r)
+		ch <- result{tk, err}
+	}()
+	for {
+		select {
+		case res := <-ch:
+			var re *admission.RejectError
+			if !errors.As(res.err, &re) || !errors.Is(res.err, reason) {
+				f.t.Fatalf("Acquire(%+v) = %v, %v; want a refusal with %v", r, res.tk, res.err, reason)
+			}
+			if q := f.b.Stats().Queued; q != before {
+				f.t.Fatalf("a refusal changed the queue: %d -> %d", before, q)
+			}
+			return re
+		default:
+			if q := f.b.Stats().Queued; q > before {
+				f.t.Fatalf("Acquire(%+v) queued; want a refusal with %v", r, reason)
+			}
+			runtime.Gosched()
+		}
 	}
-	if q := f.b.Stats().Queued; q != before {
-		f.t.Fatalf("a refusal changed the queue: %d -> %d", before, q)
-	}
-	return re
 }
 
 // enqueue starts an Acquire that must queue, and returns once it has.

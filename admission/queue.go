@@ -146,30 +146,26 @@ func (b *Budget) unholdLocked(c *classState, t *tenantState, weight int64) {
 	t.held -= weight
 }
 
-// noBlocker is Budget.hol when no waiter blocks the queue.
-const noBlocker = int(^uint(0) >> 1)
-
 // dispatchLocked admits every waiter that may go now, in policy order (see
 // doc.go): classes by priority, FIFO within a class; a waiter over its
 // tenant's cap is skipped, and so are its tenant's later waiters in this
-// pass; the first other waiter that does not fit stops the pass and becomes
-// the head-of-line blocker, whose class index is left in b.hol for Acquire's
-// fast check.
+// pass; the first other waiter that does not fit stops the pass and is left
+// in b.blocker for Acquire's fast check.
 //
 // It costs O(waiters skipped) per pass: skipped waiters are those of tenants
 // at their cap, bounded by the queue bounds.
 func (b *Budget) dispatchLocked() {
-	b.hol = b.dispatchPassLocked()
+	b.blocker = b.dispatchPassLocked()
 	b.checkLocked(opDispatch)
 }
 
-func (b *Budget) dispatchPassLocked() (hol int) {
+func (b *Budget) dispatchPassLocked() (blocker *waiter) {
 	if b.queued == 0 {
-		return noBlocker
+		return nil
 	}
 	b.pass++
 	var now time.Time
-	for ci, c := range b.classes {
+	for _, c := range b.classes {
 		for w := c.head; w != nil; {
 			next := w.next
 			t := w.t.tenant
@@ -179,7 +175,7 @@ func (b *Budget) dispatchPassLocked() (hol int) {
 				continue
 			}
 			if b.held+w.weight > b.effective {
-				return ci
+				return w
 			}
 			if now.IsZero() {
 				now = b.clock.Now()
@@ -188,7 +184,7 @@ func (b *Budget) dispatchPassLocked() (hol int) {
 			w = next
 		}
 	}
-	return noBlocker
+	return nil
 }
 
 // refuseImpossibleLocked refuses the waiters that can never be admitted

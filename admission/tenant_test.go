@@ -1,0 +1,135 @@
+package admission_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/kvgate/kvgate/admission"
+)
+
+func twoTenants(shareA, shareB float64) admission.Config {
+	return admission.Config{Capacity: 10, Tenants: []admission.TenantConfig{
+		{Name: "a", Share: shareA}, {Name: "b", Share: shareB}}}
+}
+
+// The liveness case of the fairness policy: tenant a floods the queue with
+// long requests it has no quota left for; tenant b's short ones must keep
+// flowing. Without the skip rule the loop below hangs.
+func TestTenantFloodingLongRequestsDoesNotStarveAnother(t *testing.T) {
+	f := newFixture(t, twoTenants(0.5, 0.5))
+	longA := f.acquire(req("", "a", 4))
+	var floods []<-chan result
+	for range 5 {
+		floods = append(floods, f.enqueue(context.Background(), req("", "a", 4)))
+	}
+	f.state(4, 5)
+	for range 1000 { // b's short requests go straight past a's queued ones
+		f.acquire(req("", "b", 1)).Release()
+	}
+	// b at its own cap queues too, and is served as soon as b frees room,
+	// still ahead of a's waiters that wait for a's quota.
+	var bs []*admission.Ticket
+	for range 5 {
+		bs = append(bs, f.acquire(req("", "b", 1)))
+	}
+	b6 := f.enqueue(context.Background(), req("", "b", 1))
+	f.state(9, 6)
+	bs[0].Release()
+	bs[0] = f.admitted(b6)
+	f.state(9, 5)
+	// a's waiters are served in a's order as a's quota frees.
+	longA.Release()
+	first := f.admitted(floods[0])
+	f.state(9, 4)
+	f.stillQueued(floods[1:]...)
+	first.Release()
+	f.admitted(floods[1]).Release()
+	for _, ch := range floods[2:] {
+		f.admitted(ch).Release()
+	}
+	for _, tk := range bs {
+		tk.Release()
+	}
+	f.state(0, 0)
+}
+
+// A tenant's requests stay in order among themselves: a small request of a
+// tenant does not overtake its own large one that waits for quota (else the
+// large one could starve behind its tenant's small ones).
+func TestTenantOwnRequestsStayFIFO(t *testing.T) {
+	f := newFixture(t, twoTenants(0.5, 0.5))
+	a3 := f.acquire(req("", "a", 3))
+	large := f.enqueue(context.Background(), req("", "a", 4))          // 3+4 > 5: over a's cap
+	small := f.enqueue(context.Background(), req("", "a", 2))          // would fit a's cap, must wait behind large
+	later := f.enqueue(context.Background(), req("sheddable", "a", 1)) // lower class of the same tenant waits too
+	f.state(3, 3)
+	f.acquire(req("", "b", 5)).Release() // other tenants are not held back
+	a3.Release()
+	tl := f.admitted(large)
+	f.state(4, 2) // small: 4+2 > 5
+	tl.Release()
+	ts := f.admitted(small)
+	f.admitted(later).Release()
+	ts.Release()
+	f.state(0, 0)
+}
+
+// A higher class of a tenant may pass that tenant's own waiter of a lower
+// class (priority applies within a tenant as well).
+func TestTenantHigherClassPassesItsOwnLowerClassWaiter(t *testing.T) {
+	f := newFixture(t, twoTenants(0.5, 0.5))
+	a4 := f.acquire(req("", "a", 4))
+	low := f.enqueue(context.Background(), req("standard", "a", 3))
+	f.acquire(req("critical", "a", 1)).Release()
+	a4.Release()
+	f.admitted(low).Release()
+	f.state(0, 0)
+}
+
+// The other half of the policy: a waiter within its tenant's cap that lacks
+// global capacity blocks everyone behind it, whatever their tenant.
+func TestWaiterShortOfGlobalCapacityBlocksOtherTenants(t *testing.T) {
+	f := newFixture(t, twoTenants(1, 1))
+	b8 := f.acquire(req("", "b", 8))
+	a5 := f.enqueue(context.Background(), req("", "a", 5))
+	b1 := f.enqueue(context.Background(), req("", "b", 1)) // fits, but must not overtake
+	f.state(8, 2)
+	b8.Release()
+	f.admitted(a5).Release()
+	f.admitted(b1).Release()
+	f.state(0, 0)
+}
+
+func TestTenantQueueShare(t *testing.T) {
+	cfg := admission.Config{Capacity: 10,
+		Classes: []admission.ClassConfig{{Name: "standard", MaxQueued: 10, MaxQueuedBytes: 100}},
+		Tenants: []admission.TenantConfig{{Name: "a", Share: 1, QueueShare: 0.25}, {Name: "b", Share: 0.5}}}
+	f := newFixture(t, cfg)
+	hold := f.acquire(req("", "b", 5))
+	hold2 := f.acquire(req("", "a", 5))
+	// a: ceil(0.25×10) = 3 waiters, ceil(0.25×100) = 25 bytes.
+	var chs []<-chan result
+	for range 3 {
+		chs = append(chs, f.enqueue(context.Background(), req("", "a", 1)))
+	}
+	f.reject(req("", "a", 1), admission.ErrQueueFull)
+	// b's QueueShare defaults to its Share, 0.5: 5 waiters, 50 bytes.
+	for range 5 {
+		chs = append(chs, f.enqueue(context.Background(), req("", "b", 1)))
+	}
+	f.reject(req("", "b", 1), admission.ErrQueueFull)
+	hold.Release()
+	hold2.Release()
+	for _, ch := range chs {
+		f.admitted(ch).Release()
+	}
+	f.state(0, 0)
+	f2 := newFixture(t, cfg)
+	h := f2.acquire(req("", "a", 10))
+	c1 := f2.enqueue(context.Background(), req("", "a", 10))
+	c2 := f2.enqueue(context.Background(), req("", "a", 10))
+	f2.reject(req("", "a", 6), admission.ErrQueueFull) // 26 > 25 bytes
+	h.Release()
+	f2.admitted(c1).Release()
+	f2.admitted(c2).Release()
+}
