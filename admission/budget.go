@@ -52,8 +52,8 @@ type Budget struct {
 	// or a higher one must queue behind it.
 	blocker *waiter
 	pass    uint64 // dispatch pass counter, for tenantState.pass
-	drain drainEstimator
-	knobs testingKnobs
+	drain   drainEstimator
+	knobs   testingKnobs
 }
 
 // testingKnobs are hooks for this package's tests; zero in production.
