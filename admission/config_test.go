@@ -1,0 +1,172 @@
+package admission_test
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/admission"
+)
+
+func TestConfigValidationNamesTheField(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  admission.Config
+		want string
+	}{
+		{"capacity", admission.Config{}, "capacity: 0 must be > 0"},
+		{"negative capacity", admission.Config{Capacity: -5}, "capacity: -5"},
+		{"empty class name", admission.Config{Capacity: 1, Classes: []admission.ClassConfig{{Name: "a"}, {}}}, "classes[1].name: must not be empty"},
+		{"duplicate class", admission.Config{Capacity: 1, Classes: []admission.ClassConfig{{Name: "a"}, {Name: "a"}}}, `classes[1].name: "a" already names classes[0]`},
+		{"default class", admission.Config{Capacity: 1, DefaultClass: "gold"}, `default_class: "gold" is not one of the classes`},
+		{"empty tenant", admission.Config{Capacity: 1, Tenants: []admission.TenantConfig{{}}}, "tenants[0].name: must not be empty"},
+		{"duplicate tenant", admission.Config{Capacity: 1, Tenants: []admission.TenantConfig{{Name: "x"}, {Name: "x"}}}, `tenants[1].name: tenant "x" is listed twice`},
+		{"share", admission.Config{Capacity: 1, Tenants: []admission.TenantConfig{{Name: "x", Share: 1.5}}}, "tenants[0].share: 1.5 is not in (0,1]"},
+		{"queue share", admission.Config{Capacity: 1, Tenants: []admission.TenantConfig{{Name: "x", QueueShare: -0.1}}}, "tenants[0].queue_share"},
+		{"nan share", admission.Config{Capacity: 1, Tenants: []admission.TenantConfig{{Name: "x", Share: math.NaN()}}}, "tenants[0].share: NaN"},
+		{"default share", admission.Config{Capacity: 1, DefaultTenantShare: 2}, "default_tenant_share: 2 is not in (0,1]"},
+		{"pressure", admission.Config{Capacity: 1, PressureThreshold: -1}, "pressure_threshold"},
+		{"drain window", admission.Config{Capacity: 1, DrainWindow: -time.Second}, "drain_window"},
+		{"tiny drain window", admission.Config{Capacity: 1, DrainWindow: time.Millisecond}, "drain_window: 1ms must be >= 10ms"},
+		{"max retry", admission.Config{Capacity: 1, MaxRetryAfter: time.Millisecond}, "max_retry_after: 1ms must be >= 1s"},
+		{"aimd decrease 1", admission.Config{Capacity: 1, AIMD: admission.AIMDConfig{Decrease: 1}}, "aimd.decrease: 1 is not in (0,1)"},
+		{"aimd increase", admission.Config{Capacity: 1, AIMD: admission.AIMDConfig{Increase: 2}}, "aimd.increase"},
+		{"aimd floor", admission.Config{Capacity: 1, AIMD: admission.AIMDConfig{MinFraction: -1}}, "aimd.min_fraction"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := admission.New(tc.cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New = %v, %v; want an error containing %q", b, err, tc.want)
+			}
+		})
+	}
+	// Every problem is reported at once.
+	_, err := admission.New(admission.Config{Classes: []admission.ClassConfig{{}}, PressureThreshold: 3})
+	for _, want := range []string{"capacity", "classes[0].name", "pressure_threshold"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("joined error %v lacks %q", err, want)
+		}
+	}
+}
+
+func TestDefaultClasses(t *testing.T) {
+	d := admission.DefaultClasses()
+	if len(d) != 3 || d[0].Name != "critical" || d[1].Name != "standard" || d[2].Name != "sheddable" ||
+		d[0].Sheddable || d[1].Sheddable || !d[2].Sheddable {
+		t.Fatalf("DefaultClasses = %+v", d)
+	}
+	f := newFixture(t, admission.Config{Capacity: 10})
+	s := f.b.Stats()
+	if len(s.Classes) != 3 || s.Classes[2].Name != "sheddable" {
+		t.Fatalf("empty Classes did not mean DefaultClasses: %+v", s.Classes)
+	}
+}
+
+func TestReconfigure(t *testing.T) {
+	f := newFixture(t, admission.Config{Capacity: 10, PressureThreshold: 1,
+		Tenants: []admission.TenantConfig{{Name: "a", Share: 1}}})
+	shedTk := f.acquire(req("sheddable", "", 2))
+	hold := f.acquire(req("standard", "", 8))
+	shedW := f.enqueue(context.Background(), req("sheddable", "", 1))
+	stdW := f.enqueue(context.Background(), req("standard", "", 1))
+	aW := f.enqueue(context.Background(), req("standard", "a", 6))
+	err := f.b.Reconfigure(admission.Config{Capacity: 20, PressureThreshold: 1,
+		Classes: []admission.ClassConfig{{Name: "standard"}, {Name: "batch"}},
+		Tenants: []admission.TenantConfig{{Name: "a", Share: 0.25}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The removed class's waiter is refused, not lost; a's waiter no longer
+	// fits a's cap (0.25 × 20 = 5); the standard one fits the new capacity.
+	if re := f.refused(shedW, admission.ErrQueueFull); re.Class != "sheddable" {
+		t.Fatalf("removed class waiter: %+v", re)
+	}
+	f.refused(aW, admission.ErrTenantQuota)
+	tw := f.admitted(stdW)
+	f.capacity(20, 20)
+	// Held tickets stay valid, including the one of the removed class.
+	f.state(11, 0)
+	shedTk.Release()
+	hold.Release()
+	tw.Release()
+	f.state(0, 0)
+	if _, err := f.b.Acquire(context.Background(), req("sheddable", "", 1)); err == nil {
+		t.Fatal("the removed class still admits")
+	}
+	f.acquire(req("batch", "", 20)).Release()
+	f.reject(req("batch", "a", 6), admission.ErrTenantQuota)
+	s := f.b.Stats()
+	if len(s.Classes) != 2 || s.Classes[1].Name != "batch" {
+		t.Fatalf("classes after reload: %+v", s.Classes)
+	}
+}
+
+func TestReconfigureInvalidKeepsTheOldConfig(t *testing.T) {
+	f := newFixture(t, admission.Config{Capacity: 10, Classes: []admission.ClassConfig{{Name: "only", MaxQueued: 1}}})
+	err := f.b.Reconfigure(admission.Config{Capacity: 0, Classes: []admission.ClassConfig{{Name: "x"}, {Name: "x"}}})
+	if err == nil || !strings.Contains(err.Error(), "capacity") || !strings.Contains(err.Error(), "classes[1].name") {
+		t.Fatalf("Reconfigure(bad) = %v", err)
+	}
+	f.capacity(10, 10)
+	hold := f.acquire(req("only", "", 10))
+	w := f.enqueue(context.Background(), req("only", "", 1))
+	f.reject(req("only", "", 1), admission.ErrQueueFull) // MaxQueued 1 still in force
+	hold.Release()
+	f.admitted(w).Release()
+}
+
+func TestReconfigureReordersPriorities(t *testing.T) {
+	classes := []admission.ClassConfig{{Name: "x"}, {Name: "y"}}
+	f := newFixture(t, admission.Config{Capacity: 10, Classes: classes})
+	hold := f.acquire(req("x", "", 10))
+	x := f.enqueue(context.Background(), req("x", "", 5))
+	y := f.enqueue(context.Background(), req("y", "", 5))
+	if err := f.b.Reconfigure(admission.Config{Capacity: 10, Classes: []admission.ClassConfig{{Name: "y"}, {Name: "x"}}}); err != nil {
+		t.Fatal(err)
+	}
+	hold.Shrink(5)
+	ty := f.admitted(y) // y is now the higher class
+	f.state(10, 1)
+	hold.Release()
+	f.admitted(x).Release()
+	ty.Release()
+}
+
+func TestReconfigureKeepsDeadlinesAndTheDrainMeasurement(t *testing.T) {
+	f := measured(t, admission.Config{})
+	ch := f.enqueue(context.Background(), admission.Request{Weight: 80, Deadline: t0.Add(5 * time.Second)})
+	if err := f.b.Reconfigure(admission.Config{Capacity: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.b.Stats().DrainRate; r != 25 {
+		t.Fatalf("drain rate after an unchanged window: %v", r)
+	}
+	f.clock.Advance(3 * time.Second)
+	f.refused(ch, admission.ErrQueueTimeout)
+	if err := f.b.Reconfigure(admission.Config{Capacity: 100, DrainWindow: 20 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.b.Stats().DrainRate; r != 0 {
+		t.Fatalf("a new drain window must start cold, rate %v", r)
+	}
+}
+
+func TestReconfigureDefaultShareAppliesToUnlistedTenants(t *testing.T) {
+	f := newFixture(t, admission.Config{Capacity: 10, Tenants: []admission.TenantConfig{{Name: "a", Share: 0.2}}})
+	tk := f.acquire(req("", "a", 2))
+	if err := f.b.Reconfigure(admission.Config{Capacity: 10, DefaultTenantShare: 0.3}); err != nil {
+		t.Fatal(err)
+	}
+	// a is no longer listed: it takes the default share, 3.
+	f.acquire(req("", "a", 1)).Release()
+	f.reject(req("", "a", 4), admission.ErrTenantQuota)
+	f.reject(req("", "b", 4), admission.ErrTenantQuota)
+	tk.Release()
+	for _, ts := range f.b.Stats().Tenants {
+		if ts.Name == "a" {
+			t.Fatalf("an unlisted idle tenant is still tracked: %+v", ts)
+		}
+	}
+}

@@ -1,0 +1,86 @@
+package admission_test
+
+import (
+	"context"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/admission/admissiontest"
+)
+
+// Every exit from Acquire reaches the observer exactly once, with its wait.
+func TestObserverTranscript(t *testing.T) {
+	f := newFixture(t, admission.Config{Capacity: 10, Tenants: []admission.TenantConfig{{Name: "a", Share: 0.5}},
+		Classes: []admission.ClassConfig{{Name: "standard", MaxQueued: 2, QueueTimeout: 4 * time.Second}}})
+	hold := f.acquire(req("", "a", 5))
+	f.reject(req("", "a", 6), admission.ErrTenantQuota)
+	f.reject(std(11), admission.ErrTooLarge)
+	other := f.acquire(std(5))
+	queued := f.enqueue(context.Background(), std(3))
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := f.enqueue(ctx, std(1))
+	f.reject(std(1), admission.ErrQueueFull)
+	f.clock.Advance(time.Second)
+	cancel()
+	<-gone
+	f.clock.Advance(time.Second)
+	other.Release()
+	f.admitted(queued).Release()
+	timeout := f.enqueue(context.Background(), std(9))
+	f.clock.Advance(4 * time.Second)
+	f.refused(timeout, admission.ErrQueueTimeout)
+	hold.Release()
+
+	want := []admissiontest.Event{
+		{Admitted: true, Class: "standard", Tenant: "a", Weight: 5},
+		{Class: "standard", Tenant: "a", Reason: "tenant_quota", Weight: 6},
+		{Class: "standard", Reason: "too_large", Weight: 11},
+		{Admitted: true, Class: "standard", Weight: 5},
+		{Class: "standard", Reason: "queue_full", Weight: 1},
+		{Class: "standard", Reason: "canceled", Weight: 1, Waited: time.Second},
+		{Admitted: true, Class: "standard", Weight: 3, Waited: 2 * time.Second},
+		{Class: "standard", Reason: "queue_timeout", Weight: 9, Waited: 4 * time.Second},
+	}
+	if got := f.rec.Events(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("transcript:\n got %v\nwant %v", got, want)
+	}
+	s := f.b.Stats()
+	wantRejected := map[string]int64{"too_large": 1, "queue_full": 1, "queue_timeout": 1, "overloaded": 0, "tenant_quota": 1}
+	if s.Admitted != 3 || s.AdmittedAfterWait != 1 || s.Canceled != 1 || !reflect.DeepEqual(s.Rejected, wantRejected) {
+		t.Fatalf("counters: %+v", s)
+	}
+}
+
+func TestStats(t *testing.T) {
+	f := newFixture(t, admission.Config{Capacity: 100, PressureThreshold: 1,
+		Tenants: []admission.TenantConfig{{Name: "a", Share: 0.5}, {Name: "idle", Share: 0.1}}})
+	a := f.acquire(req("critical", "a", 50))
+	b := f.acquire(req("standard", "zed", 40))
+	f.enqueue(context.Background(), req("standard", "a", 20))
+	f.enqueue(context.Background(), req("sheddable", "", 25)) // 80+25 > 100 after the shrink
+	f.clock.Advance(time.Second)
+	b.Shrink(30)
+	got := f.b.Stats()
+	want := admission.Stats{
+		Capacity: 100, Effective: 100, Held: 80, Queued: 2, QueuedBytes: 45, DrainRate: 10,
+		Admitted: 2, Rejected: map[string]int64{"too_large": 0, "queue_full": 0, "queue_timeout": 0, "overloaded": 0, "tenant_quota": 0},
+		Classes: []admission.ClassStats{
+			{Name: "critical", Held: 50},
+			{Name: "standard", Held: 30, Queued: 1, QueuedBytes: 20},
+			{Name: "sheddable", Queued: 1, QueuedBytes: 25},
+		},
+		Tenants: []admission.TenantStats{
+			{Name: "", Cap: 100, Queued: 1, QueuedBytes: 25},
+			{Name: "a", Cap: 50, Held: 50, Queued: 1, QueuedBytes: 20},
+			{Name: "idle", Cap: 10},
+			{Name: "zed", Cap: 100, Held: 30},
+		},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Stats:\n got %+v\nwant %+v", got, want)
+	}
+	a.Release()
+	b.Release()
+}
