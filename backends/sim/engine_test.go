@@ -22,7 +22,7 @@ func poolConfig(blocks int64) Config {
 	}
 }
 
-func testSettings(t *testing.T, c Config) *settings {
+func testSettings(t testing.TB, c Config) *settings {
 	t.Helper()
 	s, err := c.resolve()
 	if err != nil {
