@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -51,9 +52,14 @@ type Budget struct {
 	// an enqueue that became one), nil if none: a new request of its class
 	// or a higher one must queue behind it.
 	blocker *waiter
-	pass    uint64 // dispatch pass counter, for tenantState.pass
-	drain   drainEstimator
-	knobs   testingKnobs
+	pass    uint64   // dispatch pass counter, for tenantState.pass
+	sweepAt int      // tenant map size that triggers sweepIdleTenantsLocked
+	slab    []Ticket // fresh tickets for the fast path, see newTicketLocked
+	// admittedAtOnce counts the fast path's admissions; under mu, which it
+	// holds anyway, rather than in the atomic counters.
+	admittedAtOnce int64
+	drain          drainEstimator
+	knobs          testingKnobs
 }
 
 // testingKnobs are hooks for this package's tests; zero in production.
@@ -137,7 +143,7 @@ func (b *Budget) applyLocked(s settings, now time.Time) {
 	for i, spec := range s.classes {
 		c := byName[spec.name]
 		if c == nil {
-			c = &classState{}
+			c = &classState{budget: b}
 		}
 		delete(byName, spec.name)
 		c.spec = spec
@@ -186,9 +192,7 @@ func (b *Budget) applyLocked(s settings, now time.Time) {
 			w.t.tenant.queuedBytes[i] += w.weight
 		}
 	}
-	for _, t := range b.tenants {
-		b.forgetIfIdleLocked(t)
-	}
+	b.sweepIdleTenantsLocked()
 
 	if s.drainWindow != oldWindow {
 		b.drain = newDrainEstimator(now, s.drainWindow)
@@ -266,12 +270,39 @@ func (b *Budget) classNamesLocked() string {
 // ctx.Err(). Either way nothing stays held. An invalid request (weight <= 0,
 // unknown class) is a plain error.
 func (b *Budget) Acquire(ctx context.Context, r Request) (*Ticket, error) {
+	return b.acquire(ctx, r, nil)
+}
+
+// AcquireTicket is Acquire into a Ticket the caller owns (a field of its
+// per-request state, say), so that an admission that fits at once allocates
+// nothing. t must hold nothing: the zero Ticket, or one already released.
+// Reusing a released Ticket starts a new admission in it, so the caller must
+// make sure no stale Release of the old one can still run. On error t holds
+// nothing.
+func (b *Budget) AcquireTicket(ctx context.Context, r Request, t *Ticket) error {
+	if t == nil {
+		return errors.New("admission: AcquireTicket: nil ticket")
+	}
+	_, err := b.acquire(ctx, r, t)
+	return err
+}
+
+// acquire is Acquire and AcquireTicket; into is nil for Acquire.
+func (b *Budget) acquire(ctx context.Context, r Request, into *Ticket) (*Ticket, error) {
 	w := r.Weight
 	if w <= 0 {
 		return nil, fmt.Errorf("admission: weight %d: must be > 0", w)
 	}
 	done := ctx.Done()
 	b.mu.Lock()
+	if into != nil {
+		if into.weight != 0 {
+			held := into.weight
+			b.mu.Unlock()
+			return nil, fmt.Errorf("admission: AcquireTicket: the ticket still holds %d", held)
+		}
+		into.waited = 0
+	}
 	c := b.classLocked(r.Class)
 	if c == nil {
 		names := b.classNamesLocked()
@@ -303,8 +334,12 @@ func (b *Budget) Acquire(ctx context.Context, r Request) (*Ticket, error) {
 	if b.held+w <= b.effective && t.held+w <= t.cap && (b.blocker == nil || b.blocker.t.class.index > ci) &&
 		!t.queuedUpToLocked(ci) {
 		b.holdLocked(c, t, w)
-		tk := &Ticket{b: b, class: c, tenant: t}
-		tk.weight.Store(w)
+		tk := into
+		if tk == nil {
+			tk = b.newTicketLocked()
+		}
+		tk.class, tk.tenant, tk.weight = c, t, w
+		b.admittedAtOnce++
 		if b.blocker != nil && b.blocker.t.tenant == t {
 			// Its tenant's new weight may have put the blocker over its cap:
 			// it is then skipped, and those behind it may fit.
@@ -312,18 +347,17 @@ func (b *Budget) Acquire(ctx context.Context, r Request) (*Ticket, error) {
 		}
 		b.checkLocked(opAdmit)
 		b.mu.Unlock()
-		b.count.admitted.Add(1)
 		if b.observer != nil {
 			b.observer.Admitted(c.spec.name, t.name, w, 0)
 		}
 		return tk, nil
 	}
-	return b.enqueue(ctx, done, c, t, r)
+	return b.enqueue(ctx, done, c, t, r, into)
 }
 
 // enqueue is Acquire's slow path. Called with mu held; returns with it
 // released.
-func (b *Budget) enqueue(ctx context.Context, done <-chan struct{}, c *classState, t *tenantState, r Request) (*Ticket, error) {
+func (b *Budget) enqueue(ctx context.Context, done <-chan struct{}, c *classState, t *tenantState, r Request, into *Ticket) (*Ticket, error) {
 	w, ci := r.Weight, c.index
 	now := b.clock.Now()
 	var deadline time.Time
@@ -359,8 +393,11 @@ func (b *Budget) enqueue(ctx context.Context, done <-chan struct{}, c *classStat
 	// blocker at its priority or above, nothing of its tenant ahead, and
 	// within its tenant's cap (so it is the capacity it lacks).
 	blocker := (b.blocker == nil || b.blocker.t.class.index > ci) && !t.queuedUpToLocked(ci) && t.held+w <= t.cap
-	wt := &waiter{weight: w, enqueued: now, ready: make(chan struct{})}
-	wt.t.b, wt.t.class, wt.t.tenant = b, c, t
+	wt := &waiter{weight: w, enqueued: now, ready: make(chan struct{}), t: into}
+	if wt.t == nil {
+		wt.t = &wt.own
+	}
+	wt.t.class, wt.t.tenant = c, t
 	b.enqueueLocked(wt)
 	if blocker {
 		b.blocker = wt
@@ -384,7 +421,6 @@ func (b *Budget) wait(ctx context.Context, done <-chan struct{}, w *waiter) (*Ti
 			waited := b.clock.Now().Sub(w.enqueued)
 			b.dequeueLocked(w)
 			w.state = canceled
-			b.forgetIfIdleLocked(w.t.tenant)
 			b.checkLocked(opCancel)
 			b.dispatchLocked() // it may have been the head-of-line blocker
 			b.mu.Unlock()
@@ -412,20 +448,18 @@ func (b *Budget) wait(ctx context.Context, done <-chan struct{}, w *waiter) (*Ti
 		default:
 		}
 	}
-	b.count.admitted.Add(1)
 	b.count.admittedAfterWait.Add(1)
 	if b.observer != nil {
 		b.observer.Admitted(w.t.class.spec.name, w.t.tenant.name, w.weight, w.t.waited)
 	}
-	return &w.t, nil
+	return w.t, nil
 }
 
 // ungrantLocked gives back the weight of a grant nobody received. It is not
 // a release: the drain rate does not count it.
 func (b *Budget) ungrantLocked(w *waiter) {
-	b.unholdLocked(w.t.class, w.t.tenant, w.t.weight.Load())
-	w.t.weight.Store(0)
-	b.forgetIfIdleLocked(w.t.tenant)
+	b.unholdLocked(w.t.class, w.t.tenant, w.t.weight)
+	w.t.weight = 0
 	b.checkLocked(opUngrant)
 	b.dispatchLocked()
 }
@@ -466,7 +500,6 @@ func (b *Budget) aheadOfLocked(w *waiter) (ahead, tAhead int64) {
 // reports the refusal.
 func (b *Budget) rejectUnlock(reason error, c *classState, t *tenantState, w, limit int64, retry time.Duration) error {
 	err := &RejectError{Reason: reason, RetryAfter: retry, Weight: w, Capacity: limit, Class: c.spec.name, Tenant: t.name}
-	b.forgetIfIdleLocked(t)
 	b.mu.Unlock()
 	b.report(err)
 	return err

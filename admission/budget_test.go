@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/admission/admissiontest"
 )
 
 func TestAcquireReleaseAndFree(t *testing.T) {
@@ -402,5 +403,46 @@ func TestReasonOf(t *testing.T) {
 		if n != 1 {
 			t.Errorf("%v matches %d sentinels", s, n)
 		}
+	}
+}
+
+func TestAcquireTicketIntoCallerStorage(t *testing.T) {
+	f := newFixture(t, admission.Config{Capacity: 10})
+	var mine struct {
+		id int
+		tk admission.Ticket
+	}
+	if err := f.b.AcquireTicket(context.Background(), std(6), &mine.tk); err != nil {
+		t.Fatal(err)
+	}
+	if mine.tk.Weight() != 6 {
+		t.Fatalf("weight %d", mine.tk.Weight())
+	}
+	if err := f.b.AcquireTicket(context.Background(), std(1), &mine.tk); err == nil {
+		t.Fatal("a ticket that holds weight was reused")
+	}
+	// Queued into the caller's ticket.
+	var other admission.Ticket
+	done := make(chan error, 1)
+	go func() { done <- f.b.AcquireTicket(context.Background(), std(8), &other) }()
+	admissiontest.WaitQueued(f.b, 1)
+	f.clock.Advance(time.Second)
+	mine.tk.Release()
+	if err := <-done; err != nil || other.Weight() != 8 || other.Waited() != time.Second {
+		t.Fatalf("queued AcquireTicket: %v, weight %d, waited %v", err, other.Weight(), other.Waited())
+	}
+	// A released ticket can be used again; a refusal leaves it empty.
+	other.Release()
+	if err := f.b.AcquireTicket(context.Background(), std(11), &other); !errors.Is(err, admission.ErrTooLarge) || other.Weight() != 0 {
+		t.Fatalf("refused AcquireTicket: %v, weight %d", err, other.Weight())
+	}
+	if err := f.b.AcquireTicket(context.Background(), std(10), &mine.tk); err != nil || mine.tk.Waited() != 0 {
+		t.Fatalf("reuse: %v, waited %v", err, mine.tk.Waited())
+	}
+	mine.tk.Release()
+	mine.tk.Release()
+	f.state(0, 0)
+	if err := f.b.AcquireTicket(context.Background(), std(1), nil); err == nil {
+		t.Fatal("nil ticket accepted")
 	}
 }

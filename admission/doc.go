@@ -88,7 +88,7 @@
 //
 // One mutex, Budget.mu, guards all of a budget's state: capacities, held
 // weights, queues, tenants, the drain estimator, and every Ticket's weight
-// (an atomic only so Ticket.Weight can read it without the lock). Methods
+// (Ticket.Weight takes it too, so the fast path needs no atomics). Methods
 // named ...Locked run with it held. The only calls made under it to other
 // code are Clock.AfterFunc and Timer.Stop; timer functions run in their own
 // goroutines. Exit counters are atomics, updated by the goroutine that

@@ -13,11 +13,64 @@ const drainBuckets = 10
 // drainEstimator measures the rate at which held weight is given back
 // (Release and Shrink), over a sliding window of drainBuckets buckets. It
 // has no lock of its own: Budget.mu guards it.
+//
+// Releases are stamped lazily, to keep the clock off the Release path (a
+// clock reading costs more than the rest of an Acquire+Release): the first
+// release after the estimator was last read notes the time, later ones only
+// add to pending, and the next read spreads the pending weight evenly over
+// the time from that first release to the read. A read costs nothing extra
+// when releases were already read one by one.
 type drainEstimator struct {
 	base  time.Time     // bucket k covers [base+k·width, base+(k+1)·width)
 	width time.Duration // window / drainBuckets
 	epoch [drainBuckets]int64
 	bytes [drainBuckets]int64
+
+	pending      int64     // released since the last read, not yet in a bucket
+	pendingSince time.Time // when the first of them was released
+}
+
+// add notes a release of n; the clock is read only for the first release
+// of a run.
+func (d *drainEstimator) add(n int64, clock Clock) {
+	if d.pending == 0 {
+		d.pendingSince = clock.Now()
+	}
+	d.pending += n
+}
+
+// flush moves the pending run into the buckets, spread evenly over
+// [pendingSince, now]: bucket k gets the part of the run's weight that its
+// overlap with that interval is of the interval, by exact integer shares.
+func (d *drainEstimator) flush(now time.Time) {
+	if d.pending == 0 {
+		return
+	}
+	n := d.pending
+	d.pending = 0
+	from, to := d.pendingSince.Sub(d.base), now.Sub(d.base)
+	if from < 0 {
+		from = 0
+	}
+	if to <= from {
+		d.record(now, n)
+		return
+	}
+	length := to - from
+	upTo := func(t time.Duration) int64 { // floor(n × (t − from) / length)
+		hi, lo := bits.Mul64(uint64(n), uint64(t-from))
+		q, _ := bits.Div64(hi, lo, uint64(length))
+		return int64(q)
+	}
+	kFrom, kTo := int64(from/d.width), int64(to/d.width)
+	kFrom = max(kFrom, kTo-drainBuckets+1) // older parts have left the window
+	for k := kFrom; k <= kTo; k++ {
+		start := max(from, time.Duration(k)*d.width)
+		end := min(to, time.Duration(k+1)*d.width)
+		if share := upTo(end) - upTo(start); share > 0 {
+			d.addToBucket(k, share)
+		}
+	}
 }
 
 func newDrainEstimator(now time.Time, window time.Duration) drainEstimator {
@@ -36,8 +89,13 @@ func (d *drainEstimator) bucket(now time.Time) (k int64, elapsed time.Duration) 
 	return int64(elapsed / d.width), elapsed
 }
 
+// record puts n released at now into its bucket.
 func (d *drainEstimator) record(now time.Time, n int64) {
 	k, _ := d.bucket(now)
+	d.addToBucket(k, n)
+}
+
+func (d *drainEstimator) addToBucket(k, n int64) {
 	slot := k % drainBuckets
 	if d.epoch[slot] != k {
 		d.epoch[slot], d.bytes[slot] = k, 0
@@ -51,6 +109,7 @@ func (d *drainEstimator) record(now time.Time, n int64) {
 // bucket so that the first release does not read as an infinite rate.
 // total == 0 means there is no measurement.
 func (d *drainEstimator) sample(now time.Time) (total int64, span time.Duration) {
+	d.flush(now)
 	k, elapsed := d.bucket(now)
 	for i, e := range d.epoch {
 		if e > k-drainBuckets && e <= k {

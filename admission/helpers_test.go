@@ -151,3 +151,5 @@ func std(w int64) admission.Request { return admission.Request{Weight: w} }
 func req(class, tenant string, w int64) admission.Request {
 	return admission.Request{Weight: w, Class: class, Tenant: tenant}
 }
+
+func testingProcs() int { return runtime.GOMAXPROCS(0) }

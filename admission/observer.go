@@ -56,12 +56,13 @@ type TenantStats struct {
 	QueuedBytes int64
 }
 
-// counters are the exit-path counts. They are atomics rather than fields
-// under Budget.mu because the waiter goroutines count their own outcome
-// after the lock is gone.
+// counters are the exit-path counts of the slow paths. They are atomics
+// rather than fields under Budget.mu because the waiter goroutines count
+// their own outcome after the lock is gone. (Immediate admissions are
+// counted in Budget.admittedAtOnce, under the lock the fast path holds.)
 type counters struct {
-	admitted, admittedAfterWait, canceled atomic.Int64
-	rejected                              [5]atomic.Int64 // indexed by reasonIndex
+	admittedAfterWait, canceled atomic.Int64
+	rejected                    [5]atomic.Int64 // indexed by reasonIndex
 }
 
 func reasonIndex(reason error) int {
@@ -88,6 +89,7 @@ func (b *Budget) Stats() Stats {
 		Effective:   b.effective,
 		Held:        b.held,
 		Queued:      b.queued,
+		Admitted:    b.admittedAtOnce,
 		QueuedBytes: b.queuedBytes,
 		DrainRate:   b.drain.rate(now),
 		Classes:     make([]ClassStats, len(b.classes)),
@@ -97,13 +99,16 @@ func (b *Budget) Stats() Stats {
 		s.Classes[i] = ClassStats{Name: c.spec.name, Queued: c.queued, QueuedBytes: c.queuedBytes, Held: c.held}
 	}
 	for _, t := range b.tenants {
+		if t.idle() {
+			continue
+		}
 		s.Tenants = append(s.Tenants, TenantStats{Name: t.name, Cap: t.cap, Held: t.held,
 			Queued: t.queuedTotal, QueuedBytes: t.queuedBytesTotal})
 	}
 	b.mu.Unlock()
 	sort.Slice(s.Tenants, func(i, j int) bool { return s.Tenants[i].Name < s.Tenants[j].Name })
-	s.Admitted = b.count.admitted.Load()
 	s.AdmittedAfterWait = b.count.admittedAfterWait.Load()
+	s.Admitted += s.AdmittedAfterWait
 	s.Canceled = b.count.canceled.Load()
 	s.Rejected = make(map[string]int64, 5)
 	for _, r := range []error{ErrTooLarge, ErrQueueFull, ErrQueueTimeout, ErrOverloaded, ErrTenantQuota} {

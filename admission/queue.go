@@ -7,6 +7,7 @@ import "time"
 // it under the lock). A class keeps its identity across Reconfigure while its
 // name stays, so tickets and waiters can point at it.
 type classState struct {
+	budget      *Budget // fixed
 	spec        classSpec
 	index       int // position in Budget.classes; -1 once removed
 	head, tail  *waiter
@@ -42,7 +43,8 @@ const (
 // closed; from then on they are final (except that a canceled grant is given
 // back under the lock) and the waiting goroutine reads them freely.
 type waiter struct {
-	t          Ticket // handed out on grant; class and tenant live here
+	t          *Ticket // handed out on grant (&own, or the caller's); class and tenant live here
+	own        Ticket
 	weight     int64
 	enqueued   time.Time
 	ready      chan struct{} // closed once state leaves waiting because of someone else
@@ -118,14 +120,13 @@ func (b *Budget) refuseLocked(w *waiter, now time.Time, reason error, limit int6
 	w.err = &RejectError{Reason: reason, RetryAfter: retry, Weight: w.weight, Capacity: limit,
 		Waited: now.Sub(w.enqueued), Class: w.t.class.spec.name, Tenant: w.t.tenant.name}
 	close(w.ready)
-	b.forgetIfIdleLocked(w.t.tenant)
 }
 
 // grantLocked admits w: the weight moves from the queue to held.
 func (b *Budget) grantLocked(w *waiter, now time.Time) {
 	b.dequeueLocked(w)
 	b.holdLocked(w.t.class, w.t.tenant, w.weight)
-	w.t.weight.Store(w.weight)
+	w.t.weight = w.weight
 	w.t.waited = now.Sub(w.enqueued)
 	w.state = granted
 	close(w.ready)

@@ -4,9 +4,11 @@ import "math"
 
 // tenantState is one tenant's accounting. All fields are guarded by
 // Budget.mu. A tenant named in the config (and the anonymous tenant "")
-// lives as long as the config names it; any other tenant exists only while
-// it holds or queues weight, so arbitrary tenant names cannot grow the map
-// without bound.
+// lives as long as the config names it. Any other tenant's state is kept
+// while idle, so that a walk-in tenant does not pay for a new state on every
+// request, until the map reaches Budget.sweepAt; then every idle one is
+// dropped at once (amortized O(1)), so arbitrary tenant names cannot grow
+// the map without bound.
 type tenantState struct {
 	name       string
 	permanent  bool // listed in the config, or the anonymous tenant
@@ -72,6 +74,9 @@ func (b *Budget) tenantLocked(name string) *tenantState {
 	if t, ok := b.tenants[name]; ok {
 		return t
 	}
+	if len(b.tenants) >= b.sweepAt {
+		b.sweepIdleTenantsLocked()
+	}
 	t := &tenantState{name: name, share: b.set.defaultShare, queueShare: b.set.defaultShare,
 		queued: make([]int, len(b.classes)), queuedBytes: make([]int64, len(b.classes))}
 	t.setCapLocked(b.nominal)
@@ -79,11 +84,22 @@ func (b *Budget) tenantLocked(name string) *tenantState {
 	return t
 }
 
-// forgetIfIdleLocked drops an unlisted tenant that no longer holds or queues
-// anything. No ticket or waiter can still point at it: a ticket with weight
+// minSweepAt is the fewest idle walk-in tenants kept before a sweep.
+const minSweepAt = 1024
+
+// sweepIdleTenantsLocked drops every unlisted tenant that holds and queues
+// nothing. No ticket or waiter can still point at one: a ticket with weight
 // keeps held > 0, a waiter keeps queuedTotal > 0.
-func (b *Budget) forgetIfIdleLocked(t *tenantState) {
-	if !t.permanent && t.held == 0 && t.queuedTotal == 0 {
-		delete(b.tenants, t.name)
+func (b *Budget) sweepIdleTenantsLocked() {
+	for name, t := range b.tenants {
+		if t.idle() {
+			delete(b.tenants, name)
+		}
 	}
+	b.sweepAt = max(2*len(b.tenants), len(b.tenants)+minSweepAt)
+}
+
+// idle reports whether t is an unlisted tenant with nothing held or queued.
+func (t *tenantState) idle() bool {
+	return !t.permanent && t.held == 0 && t.queuedTotal == 0
 }

@@ -1,0 +1,159 @@
+package admission_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+
+	"github.com/kvgate/kvgate/admission"
+)
+
+// The same operations on a Budget and on a bare x/sync semaphore, in the
+// same run: uncontended (one goroutine, always fits), contended where
+// everything fits (64 goroutines, lock contention only), and contended with
+// queueing (64 goroutines on room for 8).
+
+func newBenchBudget(b *testing.B, capacity int64) *admission.Budget {
+	b.Helper()
+	bud, err := admission.New(admission.Config{Capacity: capacity, Classes: []admission.ClassConfig{
+		{Name: "critical"}, {Name: "standard", MaxQueued: 1 << 20, MaxQueuedBytes: -1, QueueTimeout: -1}},
+		Tenants: []admission.TenantConfig{{Name: "acme", Share: 1}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return bud
+}
+
+func BenchmarkAcquireRelease(b *testing.B) {
+	ctx := context.Background()
+	b.Run("uncontended/semaphore", func(b *testing.B) {
+		sem := semaphore.NewWeighted(1 << 40)
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := sem.Acquire(ctx, 1000); err != nil {
+				b.Fatal(err)
+			}
+			sem.Release(1000)
+		}
+	})
+	for _, r := range []struct {
+		name string
+		req  admission.Request
+	}{
+		{"admission", admission.Request{Weight: 1000}},
+		{"admission-tenant-class", admission.Request{Weight: 1000, Class: "standard", Tenant: "acme"}},
+		{"admission-unlisted-tenant", admission.Request{Weight: 1000, Tenant: "walk-in"}},
+	} {
+		b.Run("uncontended/"+r.name, func(b *testing.B) {
+			bud := newBenchBudget(b, 1<<40)
+			b.ReportAllocs()
+			for b.Loop() {
+				tk, err := bud.Acquire(ctx, r.req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				tk.Release()
+			}
+		})
+	}
+
+	b.Run("uncontended/admission-AcquireTicket", func(b *testing.B) {
+		bud := newBenchBudget(b, 1<<40)
+		var tk admission.Ticket
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := bud.AcquireTicket(ctx, admission.Request{Weight: 1000}, &tk); err != nil {
+				b.Fatal(err)
+			}
+			tk.Release()
+		}
+	})
+
+	for _, c := range []struct {
+		name     string
+		capacity int64
+	}{{"fits", 1 << 40}, {"queueing", 8 * 1000}} {
+		b.Run("contended-64-"+c.name+"/semaphore", func(b *testing.B) {
+			sem := semaphore.NewWeighted(c.capacity)
+			b.ReportAllocs()
+			parallel64(b, func() {
+				if err := sem.Acquire(ctx, 1000); err != nil {
+					b.Error(err)
+					return
+				}
+				sem.Release(1000)
+			})
+		})
+		b.Run("contended-64-"+c.name+"/admission", func(b *testing.B) {
+			bud := newBenchBudget(b, c.capacity)
+			b.ReportAllocs()
+			parallel64(b, func() {
+				tk, err := bud.Acquire(ctx, admission.Request{Weight: 1000})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				tk.Release()
+			})
+			if s := bud.Stats(); s.Held != 0 || s.Queued != 0 {
+				b.Fatalf("left behind: %+v", s)
+			}
+		})
+	}
+}
+
+// parallel64 runs op b.N times over 64 goroutines, whatever GOMAXPROCS is.
+func parallel64(b *testing.B, op func()) {
+	procs := testingProcs()
+	b.SetParallelism((64 + procs - 1) / procs)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			op()
+		}
+	})
+}
+
+// BenchmarkUncontendedRatio alternates batches of the same Acquire+Release
+// on a Budget and on a bare semaphore, so that a busy machine slows both
+// alike, and reports each one's cost and their ratio (the target is < 3).
+func BenchmarkUncontendedRatio(b *testing.B) {
+	const batch = 512
+	ctx := context.Background()
+	bud := newBenchBudget(b, 1<<40)
+	sem := semaphore.NewWeighted(1 << 40)
+	var own admission.Ticket
+	var tSem, tBud, tOwn time.Duration
+	for b.Loop() {
+		t1 := time.Now()
+		for range batch {
+			_ = sem.Acquire(ctx, 1000)
+			sem.Release(1000)
+		}
+		t2 := time.Now()
+		for range batch {
+			tk, err := bud.Acquire(ctx, admission.Request{Weight: 1000})
+			if err != nil {
+				b.Fatal(err)
+			}
+			tk.Release()
+		}
+		t3 := time.Now()
+		for range batch {
+			if err := bud.AcquireTicket(ctx, admission.Request{Weight: 1000}, &own); err != nil {
+				b.Fatal(err)
+			}
+			own.Release()
+		}
+		tOwn += time.Since(t3)
+		tBud += t3.Sub(t2)
+		tSem += t2.Sub(t1)
+	}
+	n := float64(b.N * batch)
+	b.ReportMetric(float64(tSem.Nanoseconds())/n, "semaphore-ns/op")
+	b.ReportMetric(float64(tBud.Nanoseconds())/n, "Acquire-ns/op")
+	b.ReportMetric(float64(tOwn.Nanoseconds())/n, "AcquireTicket-ns/op")
+	b.ReportMetric(float64(tBud)/float64(tSem), "Acquire-ratio")
+	b.ReportMetric(float64(tOwn)/float64(tSem), "AcquireTicket-ratio")
+}
