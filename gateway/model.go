@@ -100,6 +100,7 @@ type promptShape struct {
 	messages  int // chat messages (template overhead each)
 	images    int // non-text content parts
 	tokenIDs  int // tokens given as ids: exact
+	ids       bool
 }
 
 func (e *estimator) overhead(s promptShape) int {

@@ -36,7 +36,8 @@ type request struct {
 	// request has one shape per prompt.
 	shapes []promptShape
 	// For the backend tokenizer: one /tokenize body per prompt (nil where
-	// the prompt is token ids, whose count is exact).
+	// the prompt is token ids, whose count is exact). Built only when the
+	// model counts through its backend (see tokenizeBodies).
 	tokenize [][]byte
 }
 
@@ -170,18 +171,6 @@ func (r *request) readMessages(v *fastjson.Value) error {
 		s.textBytes += len(tools.MarshalTo(nil))
 	}
 	r.shapes = []promptShape{s}
-
-	tb := make([]byte, 0, 256)
-	tb = append(tb, `{"model":`...)
-	tb = appendJSONString(tb, r.model)
-	tb = append(tb, `,"add_generation_prompt":true,"messages":`...)
-	tb = msgs.MarshalTo(tb)
-	if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
-		tb = append(tb, `,"tools":`...)
-		tb = tools.MarshalTo(tb)
-	}
-	tb = append(tb, '}')
-	r.tokenize = [][]byte{tb}
 	return nil
 }
 
@@ -192,7 +181,7 @@ func (r *request) readPrompt(v *fastjson.Value) error {
 	}
 	switch p.Type() {
 	case fastjson.TypeString:
-		r.addTextPrompt(p)
+		r.shapes = append(r.shapes, promptShape{textBytes: len(p.GetStringBytes())})
 	case fastjson.TypeArray:
 		items, _ := p.Array()
 		if len(items) == 0 {
@@ -200,14 +189,13 @@ func (r *request) readPrompt(v *fastjson.Value) error {
 		}
 		switch items[0].Type() {
 		case fastjson.TypeNumber: // one prompt of token ids
-			r.shapes = append(r.shapes, promptShape{tokenIDs: len(items)})
-			r.tokenize = append(r.tokenize, nil)
+			r.shapes = append(r.shapes, promptShape{tokenIDs: len(items), ids: true})
 		case fastjson.TypeString: // a batch of text prompts
 			for i, it := range items {
 				if it.Type() != fastjson.TypeString {
 					return badParam(fmt.Sprintf("prompt[%d]", i), "a batch of prompts must all be strings")
 				}
-				r.addTextPrompt(it)
+				r.shapes = append(r.shapes, promptShape{textBytes: len(it.GetStringBytes())})
 			}
 		case fastjson.TypeArray: // a batch of token-id prompts
 			for i, it := range items {
@@ -215,8 +203,7 @@ func (r *request) readPrompt(v *fastjson.Value) error {
 				if err != nil || len(ids) == 0 {
 					return badParam(fmt.Sprintf("prompt[%d]", i), "each prompt of token ids must be a non-empty array")
 				}
-				r.shapes = append(r.shapes, promptShape{tokenIDs: len(ids)})
-				r.tokenize = append(r.tokenize, nil)
+				r.shapes = append(r.shapes, promptShape{tokenIDs: len(ids), ids: true})
 			}
 		default:
 			return badParam("prompt", "prompt must be a string, an array of strings, or token ids")
@@ -230,16 +217,39 @@ func (r *request) readPrompt(v *fastjson.Value) error {
 	return nil
 }
 
-func (r *request) addTextPrompt(p *fastjson.Value) {
-	text := p.GetStringBytes()
-	r.shapes = append(r.shapes, promptShape{textBytes: len(text)})
-	tb := make([]byte, 0, len(text)+len(r.model)+32)
-	tb = append(tb, `{"model":`...)
-	tb = appendJSONString(tb, r.model)
-	tb = append(tb, `,"prompt":`...)
-	tb = p.MarshalTo(tb)
-	tb = append(tb, '}')
-	r.tokenize = append(r.tokenize, tb)
+// tokenizeBodies builds r.tokenize from body (already parsed once into r):
+// a vLLM /tokenize request per prompt, carrying the prompt exactly as the
+// client sent it, so the backend counts what it will run.
+func tokenizeBodies(p *fastjson.Parser, body []byte, r *request) error {
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return err
+	}
+	head := appendJSONString(append(make([]byte, 0, 64), `{"model":`...), r.model)
+	if r.kind == chatCompletions {
+		tb := append(append([]byte(nil), head...), `,"add_generation_prompt":true,"messages":`...)
+		tb = v.Get("messages").MarshalTo(tb)
+		if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
+			tb = append(tb, `,"tools":`...)
+			tb = tools.MarshalTo(tb)
+		}
+		r.tokenize = [][]byte{append(tb, '}')}
+		return nil
+	}
+	prompt := v.Get("prompt")
+	items := []*fastjson.Value{prompt}
+	if prompt.Type() == fastjson.TypeArray {
+		items, _ = prompt.Array()
+	}
+	r.tokenize = make([][]byte, len(r.shapes))
+	for i, sh := range r.shapes {
+		if sh.ids {
+			continue
+		}
+		tb := append(append([]byte(nil), head...), `,"prompt":`...)
+		r.tokenize[i] = append(items[i].MarshalTo(tb), '}')
+	}
+	return nil
 }
 
 func appendJSONString(dst []byte, s string) []byte {

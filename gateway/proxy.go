@@ -165,6 +165,15 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 	x.m, x.label = m, m.name
+	if m.tokenizer == "backend" {
+		p := s.parsers.Get()
+		err := tokenizeBodies(p, ctx.PostBody(), req)
+		s.parsers.Put(p)
+		if err != nil {
+			x.fail(ctx, &apiError{status: 500, typ: typeServer, message: err.Error()}, outcomeFailed, "internal")
+			return
+		}
+	}
 	if x.class, err = rt.classFor(tn, ctx.Request.Header.Peek(rt.cfg.Admission.PriorityHeader)); err != nil {
 		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: rt.cfg.Admission.PriorityHeader, message: err.Error()}, outcomeRejected, "invalid_request")
 		return
@@ -242,11 +251,11 @@ func (rt *runtime) authenticate(ctx *fasthttp.RequestCtx) (*tenant, bool) {
 func (x *exchange) countPrompts(be *backends.Backend) ([]int, error) {
 	out := make([]int, len(x.req.shapes))
 	for i, sh := range x.req.shapes {
-		if x.req.tokenize[i] == nil {
+		if sh.ids {
 			out[i] = sh.tokenIDs
 			continue
 		}
-		if x.m.tokenizer == "backend" {
+		if x.req.tokenize != nil {
 			n, err := be.Tokenize(x.ctx, x.req.tokenize[i])
 			if err == nil {
 				out[i] = n
@@ -421,7 +430,7 @@ func (x *exchange) recordUsage() {
 	if x.predicted > 0 && x.usage.prompt > 0 {
 		m.promptRatio.WithLabelValues(x.label, x.m.tokenizer).Observe(float64(x.usage.prompt) / float64(x.predicted))
 	}
-	if len(x.req.shapes) == 1 && x.req.tokenize[0] != nil && x.usage.prompt > 0 {
+	if len(x.req.shapes) == 1 && !x.req.shapes[0].ids && x.usage.prompt > 0 {
 		x.m.est.observe(x.req.shapes[0], x.usage.prompt)
 	}
 }

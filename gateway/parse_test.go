@@ -1,0 +1,218 @@
+package gateway
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fastjson"
+)
+
+func TestParseRequest(t *testing.T) {
+	tests := []struct {
+		name  string
+		kind  endpoint
+		body  string
+		want  request // kind and tokenize are not compared
+		param string  // a 400 on this parameter
+	}{
+		{name: "chat minimal", kind: chatCompletions,
+			body: `{"model":"m","messages":[{"role":"user","content":"hello"}]}`,
+			want: request{model: "m", n: 1, shapes: []promptShape{{textBytes: 5, messages: 1}}}},
+		{name: "chat full", kind: chatCompletions,
+			body: `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":50,"n":3,
+				"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"x"}}]}]}`,
+			want: request{model: "m", stream: true, includeUsage: true, maxTokens: 50, n: 3, shapes: []promptShape{{textBytes: 12, messages: 2, images: 1}}}},
+		{name: "max_completion_tokens wins", kind: chatCompletions,
+			body: `{"model":"m","max_tokens":10,"max_completion_tokens":20,"messages":[{"role":"user","content":""}]}`,
+			want: request{model: "m", maxTokens: 20, n: 1, shapes: []promptShape{{messages: 1}}}},
+		{name: "nulls are absent", kind: chatCompletions,
+			body: `{"model":"m","max_tokens":null,"n":null,"stream":null,"stream_options":null,"messages":[{"role":"assistant","content":null}]}`,
+			want: request{model: "m", n: 1, shapes: []promptShape{{messages: 1}}}},
+		{name: "best_of runs more sequences", kind: completions,
+			body: `{"model":"m","prompt":"hi","n":2,"best_of":5}`,
+			want: request{kind: completions, model: "m", n: 5, shapes: []promptShape{{textBytes: 2}}}},
+		{name: "completion string", kind: completions,
+			body: `{"model":"m","prompt":"héllo","max_tokens":7}`,
+			want: request{kind: completions, model: "m", maxTokens: 7, n: 1, shapes: []promptShape{{textBytes: 6}}}},
+		{name: "completion batch", kind: completions,
+			body: `{"model":"m","prompt":["a","bcd"]}`,
+			want: request{kind: completions, model: "m", n: 1, shapes: []promptShape{{textBytes: 1}, {textBytes: 3}}}},
+		{name: "completion token ids", kind: completions,
+			body: `{"model":"m","prompt":[1,2,3,4]}`,
+			want: request{kind: completions, model: "m", n: 1, shapes: []promptShape{{tokenIDs: 4, ids: true}}}},
+		{name: "completion batch of token ids", kind: completions,
+			body: `{"model":"m","prompt":[[1,2],[3]]}`,
+			want: request{kind: completions, model: "m", n: 1, shapes: []promptShape{{tokenIDs: 2, ids: true}, {tokenIDs: 1, ids: true}}}},
+		{name: "unknown fields ignored", kind: chatCompletions,
+			body: `{"model":"m","temperature":2,"tools":[{"type":"function"}],"messages":[{"role":"user","content":"x"}]}`,
+			want: request{model: "m", n: 1, shapes: []promptShape{{textBytes: 1 + len(`[{"type":"function"}]`), messages: 1}}}},
+
+		{name: "not json", kind: chatCompletions, body: `{`, param: "-"},
+		{name: "array", kind: chatCompletions, body: `[]`, param: "-"},
+		{name: "model number", kind: chatCompletions, body: `{"model":1,"messages":[]}`, param: "model"},
+		{name: "model empty", kind: chatCompletions, body: `{"model":"","messages":[]}`, param: "model"},
+		{name: "messages object", kind: chatCompletions, body: `{"model":"m","messages":{}}`, param: "messages"},
+		{name: "message not object", kind: chatCompletions, body: `{"model":"m","messages":["hi"]}`, param: "messages[0]"},
+		{name: "content number", kind: chatCompletions, body: `{"model":"m","messages":[{"role":"user","content":5}]}`, param: "messages[0].content"},
+		{name: "max_tokens negative", kind: chatCompletions, body: `{"model":"m","max_tokens":-1,"messages":[{"role":"user","content":"x"}]}`, param: "max_tokens"},
+		{name: "max_tokens float", kind: completions, body: `{"model":"m","max_tokens":1.5,"prompt":"x"}`, param: "max_tokens"},
+		{name: "n too big", kind: completions, body: `{"model":"m","n":1000,"prompt":"x"}`, param: "n"},
+		{name: "stream_options string", kind: completions, body: `{"model":"m","stream_options":"x","prompt":"x"}`, param: "stream_options"},
+		{name: "include_usage string", kind: completions, body: `{"model":"m","stream_options":{"include_usage":"yes"},"prompt":"x"}`, param: "stream_options.include_usage"},
+		{name: "prompt empty array", kind: completions, body: `{"model":"m","prompt":[]}`, param: "prompt"},
+		{name: "prompt mixed batch", kind: completions, body: `{"model":"m","prompt":["a",1]}`, param: "prompt[1]"},
+		{name: "prompt object", kind: completions, body: `{"model":"m","prompt":{}}`, param: "prompt"},
+	}
+	var p fastjson.Parser
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseRequest(&p, []byte(tt.body), tt.kind)
+			if tt.param != "" {
+				pe, ok := err.(*parseError)
+				if !ok {
+					t.Fatalf("err = %v, want a parse error on %s", err, tt.param)
+				}
+				if tt.param != "-" && pe.param != tt.param {
+					t.Errorf("param %q, want %q (%s)", pe.param, tt.param, pe.msg)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tokenizeBodies(&p, []byte(tt.body), got); err != nil {
+				t.Fatal(err)
+			}
+			if len(got.tokenize) != len(got.shapes) {
+				t.Errorf("%d tokenize bodies for %d prompts", len(got.tokenize), len(got.shapes))
+			}
+			for i, tb := range got.tokenize {
+				if tb != nil && !json.Valid(tb) {
+					t.Errorf("tokenize body %d is not JSON: %s", i, tb)
+				}
+			}
+			got.kind, got.tokenize = tt.want.kind, nil
+			if !reflect.DeepEqual(*got, tt.want) {
+				t.Errorf("got  %+v\nwant %+v", *got, tt.want)
+			}
+		})
+	}
+}
+
+func TestTokenizeBodies(t *testing.T) {
+	var p fastjson.Parser
+	body := []byte(`{"model":"m\"x","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}`)
+	r, err := parseRequest(&p, body, chatCompletions)
+	if err == nil {
+		err = tokenizeBodies(&p, body, r)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chat map[string]any
+	if err := json.Unmarshal(r.tokenize[0], &chat); err != nil {
+		t.Fatal(err)
+	}
+	if chat["model"] != `m"x` || chat["add_generation_prompt"] != true || len(chat["messages"].([]any)) != 1 || chat["tools"] == nil {
+		t.Errorf("chat tokenize body: %s", r.tokenize[0])
+	}
+	body = []byte(`{"model":"m","prompt":["one","two"]}`)
+	r, err = parseRequest(&p, body, completions)
+	if err == nil {
+		err = tokenizeBodies(&p, body, r)
+	}
+	if err != nil || string(r.tokenize[1]) != `{"model":"m","prompt":"two"}` {
+		t.Errorf("batch tokenize body: %s %v", r.tokenize[1], err)
+	}
+}
+
+func TestWithUsage(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{`{"model":"m","stream":true}`, `{"stream_options":{"include_usage":true},"model":"m","stream":true}`},
+		{` {"model":"m"}`, ` {"stream_options":{"include_usage":true},"model":"m"}`},
+		{`{"model":"m","stream_options":{"include_usage":false}}`, `{"model":"m","stream_options":{"include_usage":true}}`},
+		{`{"model":"m","stream_options":{"continuous_usage_stats":true}}`, `{"model":"m","stream_options":{"continuous_usage_stats":true,"include_usage":true}}`},
+		{`{"model":"m","stream_options":null}`, `{"model":"m","stream_options":{"include_usage":true}}`},
+	}
+	var p fastjson.Parser
+	for _, tt := range tests {
+		got, err := withUsage(&p, []byte(tt.in))
+		if err != nil || string(got) != tt.want {
+			t.Errorf("withUsage(%s) = %s, %v; want %s", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func TestSSEData(t *testing.T) {
+	tests := []struct{ ev, want string }{
+		{"data: {\"a\":1}\n\n", `{"a":1}`},
+		{"data:{\"a\":1}\r\n\r\n", `{"a":1}`},
+		{": keep-alive\n\n", ""},
+		{"event: x\ndata: one\ndata: two\n\n", "one\ntwo"},
+	}
+	for _, tt := range tests {
+		if got := string(sseData([]byte(tt.ev))); got != tt.want {
+			t.Errorf("sseData(%q) = %q, want %q", tt.ev, got, tt.want)
+		}
+	}
+}
+
+// FuzzParseRequest: any body either parses into a request whose fields are
+// sane, or is a 400 naming what is wrong; it never panics.
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":5,"n":2,"stream":true}`,
+		`{"model":"m","prompt":["a","b"],"best_of":3}`,
+		`{"model":"m","prompt":[[1,2],[3]]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"image_url"}]}],"stream_options":{"include_usage":true}}`,
+		`{"model":"m","messages":null}`, `[]`, `{`, `""`,
+	} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	var p fastjson.Parser
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		kind := completions
+		if chat {
+			kind = chatCompletions
+		}
+		r, err := parseRequest(&p, body, kind)
+		if err != nil {
+			if _, ok := err.(*parseError); !ok || err.Error() == "" {
+				t.Fatalf("error of type %T: %v", err, err)
+			}
+			return
+		}
+		if err := tokenizeBodies(&p, body, r); err != nil {
+			t.Fatalf("tokenizeBodies after a good parse: %v", err)
+		}
+		if r.model == "" || r.n < 1 || r.n > 128 || r.maxTokens < 0 || len(r.shapes) == 0 || len(r.shapes) != len(r.tokenize) {
+			t.Fatalf("insane request %+v from %q", r, body)
+		}
+		for _, tb := range r.tokenize {
+			if tb != nil && !json.Valid(tb) {
+				t.Fatalf("tokenize body not JSON: %q from %q", tb, body)
+			}
+		}
+		if r.stream {
+			out, err := withUsage(&p, body)
+			if err != nil || !json.Valid(out) || !strings.Contains(string(out), `"include_usage":true`) {
+				t.Fatalf("withUsage(%q) = %q, %v", body, out, err)
+			}
+		}
+	})
+}
+
+func BenchmarkParseRequest(b *testing.B) {
+	body := []byte(`{"model":"llama-3-8b","stream":true,"max_tokens":256,"temperature":0.7,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"` + strings.Repeat("Tell me about KV caches. ", 40) + `"}]}`)
+	var p fastjson.Parser
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := parseRequest(&p, body, chatCompletions); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,82 @@
+package gateway
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/backends/sim"
+)
+
+func capacity(s *Server) int64 {
+	for _, g := range s.rt.Load().groups {
+		return g.budget.Stats().Capacity
+	}
+	return -1
+}
+
+// A reload changes the ceiling under a running gateway without dropping
+// the stream in flight; a broken file, or one whose numbers do not add up,
+// is refused and the running configuration stays.
+func TestReload(t *testing.T) {
+	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 0.1 })
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kvgate.yaml")
+	write := func(extra string) {
+		if err := os.WriteFile(path, []byte(baseConfig(url, extra)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("admission: {ceiling: 0.75}\n")
+	gw, gwURL := startGateway(t, baseConfig(url, "admission: {ceiling: 0.75}\n"), Options{})
+	// 24 GiB × 0.75 − 16,060,522,496 − 1 GiB
+	if c := capacity(gw); c != 2193088512 {
+		t.Fatalf("capacity %d", c)
+	}
+	budget := gw.rt.Load().groups["gpu0"].budget
+
+	// A stream in flight across the reloads.
+	done := make(chan result, 1)
+	go func() { done <- postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 300, true)) }()
+	eventually(t, "the stream to be admitted", func() bool { return held(gw) > 0 })
+
+	write("admission: {ceiling: 0.8}\n")
+	cfg, err := LoadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	// 24 GiB × 0.8 = 20,615,843,020 (truncated) − weights − 1 GiB
+	if c := capacity(gw); c != 3481578700 {
+		t.Errorf("capacity after reload %d, want 3481578700", c)
+	}
+	if gw.rt.Load().groups["gpu0"].budget != budget {
+		t.Error("the budget was replaced: reservations in flight would be lost")
+	}
+
+	write("admission: {ceiling: 2}\n")
+	if _, err := LoadFile(path); err == nil || !strings.Contains(err.Error(), "admission.ceiling") {
+		t.Errorf("a broken file loaded: %v", err)
+	}
+	// Valid YAML whose budget cannot exist: the weights do not fit at 0.5.
+	write("admission: {ceiling: 0.5}\n")
+	cfg, err = LoadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Reload(cfg); err == nil || !strings.Contains(err.Error(), "weights do not fit") {
+		t.Errorf("reload with no room: %v", err)
+	}
+	if c := capacity(gw); c != 3481578700 {
+		t.Errorf("a refused reload changed the capacity to %d", c)
+	}
+
+	r := <-done
+	if r.status != 200 || !strings.HasSuffix(r.body, "data: [DONE]\n\n") {
+		t.Errorf("stream across reloads: %d %.200s", r.status, r.body)
+	}
+	eventually(t, "the reservation to return", func() bool { return held(gw) == 0 })
+}
