@@ -43,30 +43,27 @@ func startServer(t testing.TB, c Config) (*Server, string) {
 
 func post(t testing.TB, url, body string) (int, []byte) {
 	t.Helper()
-	resp, err := http.Post(url, "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, b
+	return readResponse(t)(http.Post(url, "application/json", strings.NewReader(body)))
 }
 
 func get(t testing.TB, url string) (int, []byte) {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
+	return readResponse(t)(http.Get(url))
+}
+
+func readResponse(t testing.TB) func(*http.Response, error) (int, []byte) {
+	return func(resp *http.Response, err error) (int, []byte) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, b
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, b
 }
 
 // sseData is the data of every event of an SSE body, in order.
