@@ -137,20 +137,20 @@ func (b *Budget) applyLocked(s settings, now time.Time) {
 	// Classes keep their state (queue, held) across reloads by name.
 	byName := make(map[string]*classState, len(b.classes))
 	for _, c := range b.classes {
-		byName[c.spec.name] = c
+		byName[c.name] = c
 	}
 	classes := make([]*classState, len(s.classes))
 	for i, spec := range s.classes {
 		c := byName[spec.name]
 		if c == nil {
-			c = &classState{budget: b}
+			c = &classState{budget: b, name: spec.name}
 		}
 		delete(byName, spec.name)
 		c.spec = spec
 		classes[i] = c
 	}
 	for _, c := range b.classes {
-		if _, removed := byName[c.spec.name]; !removed {
+		if _, removed := byName[c.name]; !removed {
 			continue
 		}
 		for w := c.head; w != nil; {
@@ -249,7 +249,7 @@ func (b *Budget) classLocked(name string) *classState {
 		return b.defClass
 	}
 	for _, c := range b.classes {
-		if c.spec.name == name {
+		if c.name == name {
 			return c
 		}
 	}
@@ -259,7 +259,7 @@ func (b *Budget) classLocked(name string) *classState {
 func (b *Budget) classNamesLocked() string {
 	names := make([]string, len(b.classes))
 	for i, c := range b.classes {
-		names[i] = c.spec.name
+		names[i] = c.name
 	}
 	return strings.Join(names, ", ")
 }
@@ -315,7 +315,7 @@ func (b *Budget) acquire(ctx context.Context, r Request, into *Ticket) (*Ticket,
 			// ctx ending has happened before the call: fail, as x/sync's
 			// semaphore does, even if the weight is free.
 			b.mu.Unlock()
-			return nil, b.canceledErr(ctx.Err(), c.spec.name, r.Tenant, w, 0)
+			return nil, b.canceledErr(ctx.Err(), c.name, r.Tenant, w, 0)
 		default:
 		}
 	}
@@ -348,7 +348,7 @@ func (b *Budget) acquire(ctx context.Context, r Request, into *Ticket) (*Ticket,
 		b.checkLocked(opAdmit)
 		b.mu.Unlock()
 		if b.observer != nil {
-			b.observer.Admitted(c.spec.name, t.name, w, 0)
+			b.observer.Admitted(c.name, t.name, w, 0)
 		}
 		return tk, nil
 	}
@@ -399,8 +399,14 @@ func (b *Budget) enqueue(ctx context.Context, done <-chan struct{}, c *classStat
 	}
 	wt.t.class, wt.t.tenant = c, t
 	b.enqueueLocked(wt)
-	if blocker {
+	switch {
+	case blocker:
 		b.blocker = wt
+	case b.blocker != nil && b.blocker.t.tenant == t && b.blocker.t.class.index > ci:
+		// wt is skipped and comes before its own tenant's blocker in a pass,
+		// so the blocker is skipped from now on too: whoever it held back
+		// may go.
+		b.dispatchLocked()
 	}
 	if !deadline.IsZero() {
 		wt.timer = b.clock.AfterFunc(deadline.Sub(now), func() { b.expire(wt) })
@@ -424,11 +430,11 @@ func (b *Budget) wait(ctx context.Context, done <-chan struct{}, w *waiter) (*Ti
 			b.checkLocked(opCancel)
 			b.dispatchLocked() // it may have been the head-of-line blocker
 			b.mu.Unlock()
-			return nil, b.canceledErr(ctx.Err(), w.t.class.spec.name, w.t.tenant.name, w.weight, waited)
+			return nil, b.canceledErr(ctx.Err(), w.t.class.name, w.t.tenant.name, w.weight, waited)
 		case granted: // granted and canceled at the same moment: give it back
 			b.ungrantLocked(w)
 			b.mu.Unlock()
-			return nil, b.canceledErr(ctx.Err(), w.t.class.spec.name, w.t.tenant.name, w.weight, w.t.waited)
+			return nil, b.canceledErr(ctx.Err(), w.t.class.name, w.t.tenant.name, w.weight, w.t.waited)
 		}
 		b.mu.Unlock() // refused at the same moment: report the refusal
 	}
@@ -444,13 +450,13 @@ func (b *Budget) wait(ctx context.Context, done <-chan struct{}, w *waiter) (*Ti
 			b.mu.Lock()
 			b.ungrantLocked(w)
 			b.mu.Unlock()
-			return nil, b.canceledErr(ctx.Err(), w.t.class.spec.name, w.t.tenant.name, w.weight, w.t.waited)
+			return nil, b.canceledErr(ctx.Err(), w.t.class.name, w.t.tenant.name, w.weight, w.t.waited)
 		default:
 		}
 	}
 	b.count.admittedAfterWait.Add(1)
 	if b.observer != nil {
-		b.observer.Admitted(w.t.class.spec.name, w.t.tenant.name, w.weight, w.t.waited)
+		b.observer.Admitted(w.t.class.name, w.t.tenant.name, w.weight, w.t.waited)
 	}
 	return w.t, nil
 }
@@ -499,7 +505,7 @@ func (b *Budget) aheadOfLocked(w *waiter) (ahead, tAhead int64) {
 // rejectUnlock refuses a request that never queued, releases mu, and
 // reports the refusal.
 func (b *Budget) rejectUnlock(reason error, c *classState, t *tenantState, w, limit int64, retry time.Duration) error {
-	err := &RejectError{Reason: reason, RetryAfter: retry, Weight: w, Capacity: limit, Class: c.spec.name, Tenant: t.name}
+	err := &RejectError{Reason: reason, RetryAfter: retry, Weight: w, Capacity: limit, Class: c.name, Tenant: t.name}
 	b.mu.Unlock()
 	b.report(err)
 	return err

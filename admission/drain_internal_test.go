@@ -66,3 +66,44 @@ func TestWaitRoundsUp(t *testing.T) {
 		t.Fatalf("wait %d", w)
 	}
 }
+
+type fixedClock struct{ now time.Time }
+
+func (c *fixedClock) Now() time.Time                        { return c.now }
+func (c *fixedClock) AfterFunc(time.Duration, func()) Timer { panic("not used") }
+
+// A run of releases read later is spread evenly over the time from its
+// first release to the read.
+func TestDrainRunIsSpreadOverItsSpan(t *testing.T) {
+	base := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := &fixedClock{now: base.Add(500 * time.Millisecond)}
+	d := newDrainEstimator(base, 10*time.Second)
+	d.add(100, clock) // stamps the run at 0.5s
+	clock.now = base.Add(3 * time.Second)
+	d.add(200, clock) // joins the run, no reading
+	total, span := d.sample(base.Add(3500 * time.Millisecond))
+	if total != 300 || span != 3500*time.Millisecond {
+		t.Fatalf("%d over %v", total, span)
+	}
+	// 300 over [0.5s, 3.5s]: 50 in bucket 0, 100 in 1 and 2, 50 in 3; once
+	// bucket 0 leaves the window, 250 remain.
+	if total, _ := d.sample(base.Add(10200 * time.Millisecond)); total != 250 {
+		t.Fatalf("after bucket 0 left: %d, want 250", total)
+	}
+
+	// A run longer than the window keeps only the window's share: the
+	// uniform rate survives.
+	d = newDrainEstimator(base, 10*time.Second)
+	clock.now = base
+	d.add(3000, clock)
+	total, span = d.sample(base.Add(30 * time.Second))
+	if total != 900 || span != 9*time.Second {
+		t.Fatalf("long run: %d over %v, want 900 over 9s", total, span)
+	}
+	// A run read at the instant it began goes into that instant's bucket.
+	clock.now = base.Add(31 * time.Second)
+	d.add(7, clock)
+	if total, _ := d.sample(clock.now); total != 7+800 {
+		t.Fatalf("zero-length run: %d", total)
+	}
+}

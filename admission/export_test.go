@@ -61,7 +61,7 @@ func (b *Budget) invariantsLocked(op string) error {
 	var bytes int64
 	for ci, c := range b.classes {
 		if c.index != ci {
-			bad("class %q index %d at %d", c.spec.name, c.index, ci)
+			bad("class %q index %d at %d", c.name, c.index, ci)
 		}
 		var cn int
 		var cb int64
@@ -72,11 +72,11 @@ func (b *Budget) invariantsLocked(op string) error {
 			t := w.t.tenant
 			switch {
 			case w.prev != prev:
-				bad("broken prev link in class %q", c.spec.name)
+				bad("broken prev link in class %q", c.name)
 			case w.state != waiting:
 				bad("queued waiter in state %d", w.state)
 			case w.t.class != c:
-				bad("waiter of class %q queued in %q", w.t.class.spec.name, c.spec.name)
+				bad("waiter of class %q queued in %q", w.t.class.name, c.name)
 			case b.tenants[t.name] != t:
 				bad("waiter's tenant %q is not in the map", t.name)
 			case w.weight > b.nominal || w.weight > t.cap:
@@ -90,10 +90,10 @@ func (b *Budget) invariantsLocked(op string) error {
 			prev = w
 		}
 		if c.tail != prev {
-			bad("class %q tail is not its last waiter", c.spec.name)
+			bad("class %q tail is not its last waiter", c.name)
 		}
 		if cn != c.queued || cb != c.queuedBytes {
-			bad("class %q counts %d/%d, list has %d/%d", c.spec.name, c.queued, c.queuedBytes, cn, cb)
+			bad("class %q counts %d/%d, list has %d/%d", c.name, c.queued, c.queuedBytes, cn, cb)
 		}
 		n += cn
 		bytes += cb
@@ -127,7 +127,7 @@ func (b *Budget) invariantsLocked(op string) error {
 		grantable, blocker := b.simulatePassLocked()
 		if grantable != nil {
 			bad("waiter of weight %d (class %q, tenant %q) could be admitted but waits",
-				grantable.weight, grantable.t.class.spec.name, grantable.t.tenant.name)
+				grantable.weight, grantable.t.class.name, grantable.t.tenant.name)
 		}
 		if blocker != b.blocker {
 			bad("blocker is %p, a dispatch pass would stop at %p", b.blocker, blocker)

@@ -96,7 +96,7 @@ func (b *Budget) Stats() Stats {
 		Tenants:     make([]TenantStats, 0, len(b.tenants)),
 	}
 	for i, c := range b.classes {
-		s.Classes[i] = ClassStats{Name: c.spec.name, Queued: c.queued, QueuedBytes: c.queuedBytes, Held: c.held}
+		s.Classes[i] = ClassStats{Name: c.name, Queued: c.queued, QueuedBytes: c.queuedBytes, Held: c.held}
 	}
 	for _, t := range b.tenants {
 		if t.idle() {

@@ -2,12 +2,14 @@ package admission
 
 import "time"
 
-// classState is one priority class: its spec and its FIFO of waiters. All
-// fields but spec's are guarded by Budget.mu (spec too: Reconfigure replaces
-// it under the lock). A class keeps its identity across Reconfigure while its
-// name stays, so tickets and waiters can point at it.
+// classState is one priority class: its spec and its FIFO of waiters.
+// budget and name never change; every other field (spec included, which
+// Reconfigure replaces) is guarded by Budget.mu. A class keeps its identity
+// across Reconfigure while its name stays, so tickets and waiters can point
+// at it.
 type classState struct {
 	budget      *Budget // fixed
+	name        string  // fixed: a class's identity across reloads; read without the lock
 	spec        classSpec
 	index       int // position in Budget.classes; -1 once removed
 	head, tail  *waiter
@@ -118,7 +120,7 @@ func (b *Budget) refuseLocked(w *waiter, now time.Time, reason error, limit int6
 	b.dequeueLocked(w)
 	w.state = refused
 	w.err = &RejectError{Reason: reason, RetryAfter: retry, Weight: w.weight, Capacity: limit,
-		Waited: now.Sub(w.enqueued), Class: w.t.class.spec.name, Tenant: w.t.tenant.name}
+		Waited: now.Sub(w.enqueued), Class: w.t.class.name, Tenant: w.t.tenant.name}
 	close(w.ready)
 }
 

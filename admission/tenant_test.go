@@ -133,3 +133,24 @@ func TestTenantQueueShare(t *testing.T) {
 	f2.admitted(c1).Release()
 	f2.admitted(c2).Release()
 }
+
+// Found by TestStress: a waiter over its tenant's cap, queued in a higher
+// class than that tenant's head-of-line blocker, makes the blocker skipped
+// too (a tenant's waiters never pass its earlier ones), so the blocker must
+// stop holding back other tenants.
+func TestSkippedWaiterAheadOfItsTenantsBlockerUnblocksOthers(t *testing.T) {
+	f := newFixture(t, twoTenants(0.5, 1))
+	a2 := f.acquire(req("", "a", 2))
+	b7 := f.acquire(req("", "b", 7))
+	blocker := f.enqueue(context.Background(), req("standard", "a", 3)) // within a's cap, lacks capacity
+	over := f.enqueue(context.Background(), req("critical", "a", 4))    // over a's cap: skipped, and so now is the blocker
+	f.acquire(req("standard", "b", 1)).Release()                        // no longer held back
+	a2.Release()                                                        // a holds 0: the critical one (4) fits a's cap and the 1 free? no: 7+4 > 10
+	f.state(7, 2)
+	b7.Release()
+	to := f.admitted(over)
+	f.state(4, 1) // a: 4+3 > 5, the standard one waits for a's quota
+	to.Release()
+	f.admitted(blocker).Release()
+	f.state(0, 0)
+}
