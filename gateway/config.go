@@ -356,10 +356,11 @@ func (c *Config) validate() error {
 	if s.MaxBodyBytes.Bytes == 0 {
 		s.MaxBodyBytes.Bytes = defaultMaxBody
 	}
-	for f, d := range map[string]Duration{"server.read_timeout": s.ReadTimeout, "server.write_timeout": s.WriteTimeout,
-		"server.idle_timeout": s.IdleTimeout, "server.request_timeout": s.RequestTimeout, "server.shutdown_timeout": s.ShutdownTimeout} {
-		dur(f, d)
-	}
+	dur("server.read_timeout", s.ReadTimeout)
+	dur("server.write_timeout", s.WriteTimeout)
+	dur("server.idle_timeout", s.IdleTimeout)
+	dur("server.request_timeout", s.RequestTimeout)
+	dur("server.shutdown_timeout", s.ShutdownTimeout)
 	if s.MaxConnections < 0 {
 		bad("server.max_connections", "must be >= 0 (0 = %d)", defaultMaxConns)
 	}

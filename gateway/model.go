@@ -13,14 +13,13 @@ import (
 // model is a served model resolved from its config: what one request of it
 // costs in KV bytes, and how its prompts are counted.
 type model struct {
-	name        string
-	layout      kvbudget.KVLayout
-	weights     int64 // the whole model; each GPU of a TP group holds weights/TP
-	maxLen      int
-	defaultMax  int
-	tokenizer   string // "backend" or "estimate"
-	est         *estimator
-	configBytes int64 // bytes per block, for the status view
+	name       string
+	layout     kvbudget.KVLayout
+	weights    int64 // the whole model; each GPU of a TP group holds weights/TP
+	maxLen     int
+	defaultMax int
+	tokenizer  string // "backend" or "estimate"
+	est        *estimator
 }
 
 func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
@@ -51,7 +50,7 @@ func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &model{name: mc.Name, layout: l, tokenizer: mc.Tokenizer, defaultMax: mc.DefaultMaxTokens, configBytes: l.BytesPerBlock}
+	m := &model{name: mc.Name, layout: l, tokenizer: mc.Tokenizer, defaultMax: mc.DefaultMaxTokens}
 	m.weights = mc.WeightsBytes.Bytes
 	if m.weights == 0 {
 		m.weights = km.WeightBytes(km.ServedDType())

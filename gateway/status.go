@@ -2,9 +2,7 @@ package gateway
 
 import (
 	"sort"
-
-	"github.com/kvgate/kvgate/admission"
-	"github.com/kvgate/kvgate/backends"
+	"time"
 )
 
 // The operator's JSON view at GET /status: budgets with their queues per
@@ -30,22 +28,48 @@ type budgetView struct {
 	Utilization float64 `json:"utilization"`
 	DrainRate   float64 `json:"drain_rate_bytes_per_second"`
 
-	Admitted          int64                   `json:"admitted"`
-	AdmittedAfterWait int64                   `json:"admitted_after_wait"`
-	Rejected          map[string]int64        `json:"rejected"`
-	Canceled          int64                   `json:"canceled"`
-	Classes           []admission.ClassStats  `json:"classes"`
-	Tenants           []admission.TenantStats `json:"tenants"`
+	Admitted          int64            `json:"admitted"`
+	AdmittedAfterWait int64            `json:"admitted_after_wait"`
+	Rejected          map[string]int64 `json:"rejected"`
+	Canceled          int64            `json:"canceled"`
+	Classes           []classView      `json:"classes"`
+	Tenants           []tenantView     `json:"tenants"`
+}
+
+type classView struct {
+	Name        string `json:"name"`
+	Queued      int    `json:"queued"`
+	QueuedBytes int64  `json:"queued_bytes"`
+	Held        int64  `json:"held_bytes"`
+}
+
+type tenantView struct {
+	Name        string `json:"name"` // "" is anonymous
+	Cap         int64  `json:"cap_bytes"`
+	Held        int64  `json:"held_bytes"`
+	Queued      int    `json:"queued"`
+	QueuedBytes int64  `json:"queued_bytes"`
+}
+
+type kvView struct {
+	At                   string  `json:"at"`
+	Usage                float64 `json:"usage"`
+	Running              float64 `json:"running"`
+	Waiting              float64 `json:"waiting"`
+	Preemptions          float64 `json:"preemptions"`
+	NumGPUBlocks         int64   `json:"num_gpu_blocks"`
+	BlockSize            int     `json:"block_size"`
+	GPUMemoryUtilization float64 `json:"gpu_memory_utilization"`
 }
 
 type backendView struct {
-	Name      string             `json:"name"`
-	URL       string             `json:"url"`
-	GPU       string             `json:"gpu"`
-	Models    []string           `json:"models"`
-	State     string             `json:"state"`
-	LastError string             `json:"last_error,omitempty"`
-	KV        *backends.KVReport `json:"kv,omitempty"`
+	Name      string   `json:"name"`
+	URL       string   `json:"url"`
+	GPU       string   `json:"gpu"`
+	Models    []string `json:"models"`
+	State     string   `json:"state"`
+	LastError string   `json:"last_error,omitempty"`
+	KV        *kvView  `json:"kv,omitempty"`
 }
 
 type modelView struct {
@@ -69,7 +93,12 @@ func (s *Server) status() statusView {
 			GPU: name, Configured: g.nominal, Capacity: st.Capacity, Effective: st.Effective, Held: st.Held,
 			Queued: st.Queued, QueuedBytes: st.QueuedBytes, DrainRate: st.DrainRate,
 			Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Rejected: st.Rejected, Canceled: st.Canceled,
-			Classes: st.Classes, Tenants: st.Tenants,
+		}
+		for _, c := range st.Classes {
+			bv.Classes = append(bv.Classes, classView(c))
+		}
+		for _, t := range st.Tenants {
+			bv.Tenants = append(bv.Tenants, tenantView(t))
 		}
 		if st.Effective > 0 {
 			bv.Utilization = float64(st.Held) / float64(st.Effective)
@@ -84,7 +113,8 @@ func (s *Server) status() statusView {
 		sp := b.Spec()
 		bv := backendView{Name: b.Name(), URL: sp.URL, GPU: rt.groupOf[b].name, Models: sp.Models, State: string(b.State()), LastError: b.LastError()}
 		if kv, ok := b.KV(); ok {
-			bv.KV = &kv
+			bv.KV = &kvView{At: kv.At.UTC().Format(time.RFC3339Nano), Usage: kv.Usage, Running: kv.Running, Waiting: kv.Waiting,
+				Preemptions: kv.Preemptions, NumGPUBlocks: kv.NumGPUBlocks, BlockSize: kv.BlockSize, GPUMemoryUtilization: kv.GPUMemoryUtilization}
 		}
 		v.Backends = append(v.Backends, bv)
 	}
