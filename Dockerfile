@@ -16,11 +16,15 @@ RUN CGO_ENABLED=1 go build -trimpath -ldflags="-s -w" -o /out/kvgate ./cmd/kvgat
 
 FROM gcr.io/distroless/base-debian12:nonroot
 COPY --from=build /out/kvgate /usr/local/bin/kvgate
-COPY examples /etc/kvgate/examples
+# The examples become /etc/kvgate: kvgate.yaml next to the model configs it names.
+COPY examples /etc/kvgate
 # Ask the NVIDIA runtime for NVML only (utility), not CUDA: kvgate reads
 # memory figures and never runs kernels.
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility
 USER nonroot:nonroot
+EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/kvgate"]
-CMD ["--help"]
+# Mount your own config over /etc/kvgate/kvgate.yaml (its relative paths
+# resolve next to it). `serve --listen 0.0.0.0:8080` alone runs the demo.
+CMD ["serve", "--config", "/etc/kvgate/kvgate.yaml", "--listen", "0.0.0.0:8080"]

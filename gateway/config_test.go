@@ -171,3 +171,19 @@ func TestLoadFileResolvesRelativePaths(t *testing.T) {
 		t.Error("a missing file loaded")
 	}
 }
+
+// The example shipped for operators loads and builds.
+func TestExampleConfig(t *testing.T) {
+	c, err := LoadFile("../examples/kvgate.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(c, Options{DisableProbes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.watch.Close()
+	if !s.rt.Load().auth || s.rt.Load().groups["gpu0"].nominal != 2193088512 {
+		t.Errorf("example: auth %v, budget %d", s.rt.Load().auth, s.rt.Load().groups["gpu0"].nominal)
+	}
+}
