@@ -42,9 +42,9 @@
 // nobody else. One tenant flooding long prompts therefore fills its own
 // share and its own share of the queue, and another tenant's short requests
 // keep flowing through the rest. A new request goes straight in only if it
-// fits and nobody it must not overtake is waiting (a blocker in its class or
-// a higher one, or an earlier waiter of its own tenant). A higher class
-// overtakes a lower one without limit: priority is strict.
+// fits and nobody it must not overtake is waiting: a blocker in its class or
+// a higher one, or a waiter of its own tenant in its class or a higher one.
+// A higher class overtakes a lower one without limit: priority is strict.
 //
 // # Queue bounds and deadlines
 //
@@ -65,7 +65,10 @@
 // over the last DrainWindow, kept in 10 buckets of DrainWindow/10: r =
 // total / span, where span runs from the start of the oldest bucket in the
 // window (or from the budget's creation, if later) to now, and is at least
-// one bucket. A request of weight w, with A weight queued ahead of it (its
+// one bucket. To keep the clock off Release, releases are time-stamped
+// lazily: a run of releases between two readings of the rate is spread
+// evenly from its first release to the reading. A request of weight w, with
+// A weight queued ahead of it (its
 // class and the higher ones) and A_t of it its own tenant's, lacks
 //
 //	need = max(A + w − (E − held), held_t + A_t + w − cap_t)
@@ -94,11 +97,14 @@
 // goroutines. Exit counters are atomics, updated by the goroutine that
 // returns from Acquire, which also calls the Observer after unlocking.
 //
-// Costs: an admission that fits at once takes the lock once and allocates
-// one Ticket; Release takes it once. Every Release, Shrink, Resize, Feedback
-// or cancellation that may let a waiter in runs one dispatch pass, which
-// walks the queue up to the first blocker: O(skipped waiters), bounded by
-// the queue bounds.
+// Costs: an admission that fits at once takes the lock once, reads no clock
+// and allocates 1/32 of a slab of Tickets (AcquireTicket, into a Ticket the
+// caller owns, allocates nothing); Release takes the lock once and reads the
+// clock only for the first release after the rate was last read. Every
+// Release, Shrink, Resize, Feedback or cancellation that may let a waiter in
+// runs one dispatch pass, which walks the queue up to the first blocker:
+// O(skipped waiters), bounded by the queue bounds. Queueing allocates the
+// waiter, its channel and its deadline timer.
 //
 // What the package does not do: it does not predict weights, pick a
 // backend, measure KV usage itself, or share a budget across processes.
