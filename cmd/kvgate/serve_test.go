@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/backends/sim"
+)
+
+// syncBuffer is a bytes.Buffer safe for the server's log goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func budgetCapacity(t *testing.T, url string) int64 {
+	resp, err := http.Get(url + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Budgets []struct {
+			Capacity int64 `json:"capacity_bytes"`
+		} `json:"budgets"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || len(st.Budgets) != 1 {
+		t.Fatalf("status: %v %+v", err, st)
+	}
+	return st.Budgets[0].Capacity
+}
+
+// kvgate serve --config: SIGHUP reloads the file (a good one takes effect, a
+// broken one is refused and the old stays); SIGTERM finishes the stream in
+// flight before exiting 0.
+func TestServeReloadAndGracefulShutdown(t *testing.T) {
+	s, err := sim.New(sim.Config{TimeScale: 0.1, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go s.Serve(sln)
+	defer s.Shutdown(context.Background())
+
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "kvgate.yaml")
+	write := func(ceiling string) {
+		y := fmt.Sprintf(`admission: {ceiling: %s}
+models:
+  - {name: llama-3-8b, config: %s, max_model_len: 8192}
+backends:
+  - {name: gpu0, url: 'http://%s', models: [llama-3-8b], gpu_memory: 24GiB}
+`, ceiling, filepath.Join(mustAbs(t, "../../examples"), "llama-3-8b.json"), sln.Addr())
+		if err := os.WriteFile(cfgPath, []byte(y), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("0.75")
+	ctx, stop := context.WithCancel(context.Background())
+	var stdout, stderr syncBuffer
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, []string{"serve", "--config", cfgPath, "--listen", "127.0.0.1:0"}, &stdout, &stderr) }()
+	addrRe := regexp.MustCompile(`kvgate listening" addr=(\S+)`)
+	waitFor(t, "the gateway to listen", func() bool { return addrRe.MatchString(stderr.String()) })
+	url := "http://" + addrRe.FindStringSubmatch(stderr.String())[1]
+	if c := budgetCapacity(t, url); c != 2193088512 {
+		t.Fatalf("capacity %d", c)
+	}
+
+	write("0.8")
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	waitFor(t, "the reload", func() bool { return budgetCapacity(t, url) == 3481578700 })
+
+	write("1.7")
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	waitFor(t, "the refusal to be logged", func() bool { return strings.Contains(stderr.String(), "reload refused") })
+	if c := budgetCapacity(t, url); c != 3481578700 {
+		t.Fatalf("a refused reload changed the capacity to %d", c)
+	}
+	if !strings.Contains(stderr.String(), "admission.ceiling") {
+		t.Errorf("the refusal does not name the field:\n%s", stderr.String())
+	}
+
+	// A stream in flight when SIGTERM arrives is finished, not cut.
+	body := `{"model":"llama-3-8b","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop() // what SIGTERM does through signal.NotifyContext in main
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || !bytes.HasSuffix(got, []byte("data: [DONE]\n\n")) {
+		t.Fatalf("stream cut by shutdown: %v\n%s", err, got)
+	}
+	select {
+	case code := <-exited:
+		if code != exitOK {
+			t.Fatalf("exit %d\n%s", code, stderr.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not exit after shutdown")
+	}
+}
+
+func TestServeBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(p, []byte("admission: {ceiling: 3}\n"), 0o644)
+	code, _, errOut := runCLI(t, "serve", "--config", p)
+	if code != exitUsage || !strings.Contains(errOut, "admission.ceiling") || !strings.Contains(errOut, "models: at least one model") {
+		t.Errorf("exit %d: %s", code, errOut)
+	}
+	code, _, errOut = runCLI(t, "serve", "--config", filepath.Join(dir, "missing.yaml"))
+	if code != exitUsage || !strings.Contains(errOut, "no such file") {
+		t.Errorf("exit %d: %s", code, errOut)
+	}
+}
+
+func mustAbs(t *testing.T, p string) string {
+	a, err := filepath.Abs(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
