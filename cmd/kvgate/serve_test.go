@@ -95,7 +95,9 @@ backends:
 	ctx, stop := context.WithCancel(context.Background())
 	var stdout, stderr syncBuffer
 	exited := make(chan int, 1)
-	go func() { exited <- run(ctx, []string{"serve", "--config", cfgPath, "--listen", "127.0.0.1:0"}, &stdout, &stderr) }()
+	go func() {
+		exited <- run(ctx, []string{"serve", "--config", cfgPath, "--listen", "127.0.0.1:0"}, &stdout, &stderr)
+	}()
 	addrRe := regexp.MustCompile(`kvgate listening" addr=(\S+)`)
 	waitFor(t, "the gateway to listen", func() bool { return addrRe.MatchString(stderr.String()) })
 	url := "http://" + addrRe.FindStringSubmatch(stderr.String())[1]
