@@ -46,8 +46,11 @@ type exchange struct {
 	stopTimer context.CancelFunc
 	stopWatch func() bool
 
-	ticket  *admission.Ticket
+	ticket  *admission.Ticket // &ticketBuf once admitted
 	res     reservation
+	// ticketBuf is the admission held, in the exchange itself so that an
+	// admission that fits at once allocates nothing.
+	ticketBuf admission.Ticket
 	backend *backends.Backend
 
 	predicted int // prompt tokens reserved, all prompts
@@ -197,11 +200,15 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	}
 
 	g := rt.groupOf[be]
-	x.ticket, err = g.budget.Acquire(x.ctx, admission.Request{Weight: x.res.weight(), Class: x.class, Tenant: x.tenant})
-	if err != nil {
+	// The queue wait ends at the class's timeout or when the request as a
+	// whole would time out, whichever is first; the budget sheds at once a
+	// request whose expected wait already passes that.
+	deadline := x.start.Add(rt.cfg.Server.requestTimeout())
+	if err := g.budget.AcquireTicket(x.ctx, admission.Request{Weight: x.res.weight(), Class: x.class, Tenant: x.tenant, Deadline: deadline}, &x.ticketBuf); err != nil {
 		x.admissionFailed(ctx, err, g)
 		return
 	}
+	x.ticket = &x.ticketBuf
 	if w := x.ticket.Waited(); w > 0 {
 		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
 	}
@@ -312,12 +319,19 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error, g *group
 			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, n=%d), more than the whole budget of GPU %q (%s). Lower max_tokens or n, or shorten the prompt.",
 				kvbudget.FormatBytes(x.res.weight()), x.predicted, x.res.maxOut(), x.req.n, g.name, kvbudget.FormatBytes(rej.Capacity))},
 			outcomeRejected, "kv_budget_exceeded")
-	case "queue_full", "queue_timeout", "overloaded", "tenant_quota":
+	case "tenant_quota":
+		// Only a request larger than the tenant's whole share gets here (one
+		// that merely finds its tenant at its cap waits): retrying cannot
+		// help, so there is no Retry-After.
+		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason,
+			message: fmt.Sprintf("This request needs %s of KV cache, more than your tenant may hold at once on GPU %q (%s). Lower max_tokens or n, or shorten the prompt.",
+				kvbudget.FormatBytes(x.res.weight()), g.name, kvbudget.FormatBytes(rej.Capacity))},
+			outcomeShed, reason)
+	case "queue_full", "queue_timeout", "overloaded":
 		msg := map[string]string{
 			"queue_full":    "The admission queue is full.",
 			"queue_timeout": "The request could not be admitted within its queue deadline.",
 			"overloaded":    "The GPU is under memory pressure and this request's priority class is being shed.",
-			"tenant_quota":  "Your tenant holds its full share of the GPU's KV budget.",
 		}[reason]
 		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason, retryAfter: rej.RetryAfter,
 			message: fmt.Sprintf("%s It needs %s of KV cache; retry after %ds.", msg, kvbudget.FormatBytes(x.res.weight()), retryAfterSeconds(rej.RetryAfter))},
