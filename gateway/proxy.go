@@ -46,12 +46,12 @@ type exchange struct {
 	stopTimer context.CancelFunc
 	stopWatch func() bool
 
-	ticket  *admission.Ticket // &ticketBuf once admitted
-	res     reservation
+	ticket *admission.Ticket // &ticketBuf once admitted
+	res    reservation
 	// ticketBuf is the admission held, in the exchange itself so that an
 	// admission that fits at once allocates nothing.
 	ticketBuf admission.Ticket
-	backend *backends.Backend
+	backend   *backends.Backend
 
 	predicted int // prompt tokens reserved, all prompts
 	firstTok  bool
