@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -398,5 +399,25 @@ func TestModelsAndStatus(t *testing.T) {
 		if !strings.Contains(sb.String(), name) {
 			t.Errorf("/metrics lacks %s", name)
 		}
+	}
+}
+
+// A panic in a handler is recovered, logged, and answered with a 500 in
+// OpenAI's shape; the server keeps serving.
+func TestPanicIsRecovered(t *testing.T) {
+	_, url := startSim(t, nil)
+	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+	var once atomic.Bool
+	gw.testHookServe = func() {
+		if once.CompareAndSwap(false, true) {
+			panic("boom")
+		}
+	}
+	r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 2, false))
+	if r.status != 500 || decodeError(t, r.body).Error.Type != typeServer {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	if r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 2, false)); r.status != 200 {
+		t.Fatalf("after the panic: %d %s", r.status, r.body)
 	}
 }

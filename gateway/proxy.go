@@ -133,6 +133,9 @@ func (x *exchange) failEnded(ctx *fasthttp.RequestCtx) bool {
 }
 
 func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
+	if s.testHookServe != nil {
+		s.testHookServe()
+	}
 	rt := s.rt.Load()
 	x := s.newExchange(ctx, rt)
 	streaming := false

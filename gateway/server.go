@@ -69,7 +69,10 @@ type Server struct {
 
 	base     context.Context // cancelled at the end of Shutdown
 	stopBase context.CancelFunc
-	reqIDs   atomic.Uint64
+
+	// testHookServe, when set by a test, runs at the start of every
+	// completion request (to inject a panic, say).
+	testHookServe func()
 }
 
 // New builds a Server from a validated config.
