@@ -36,6 +36,7 @@ func commands() []command {
 	return []command{
 		{"kv", "KV-cache bytes per token and per block for a model config", runKV},
 		{"plan", "capacity plan: KV budget, tokens and concurrency per GPU", runPlan},
+		{"sim", "a simulated vLLM server with a fixed KV-block pool that overflows as a GPU does", runSim},
 		{"serve", "run the gateway (with no --config: an embedded demo with a simulated backend)", runServe},
 	}
 }

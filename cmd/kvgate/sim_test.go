@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSimFlagErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--gpu-memory-utilization", "1.5"}, "--gpu-memory-utilization must be in (0, 1]"},
+		{[]string{"--gpu-memory-utilization", "0"}, "--gpu-memory-utilization must be in (0, 1]"},
+		{[]string{"--block-size", "0"}, "--block-size must be >= 1"},
+		{[]string{"--max-num-seqs", "0"}, "--max-num-seqs must be >= 1"},
+		{[]string{"--max-model-len", "1"}, "--max-model-len: must be >= 2"},
+		{[]string{"--max-model-len", "100000"}, "--max-model-len: 100000 is greater than the model's max_position_embeddings 8192"},
+		{[]string{"--gpu-memory", "10GiB"}, "--gpu-memory: weights do not fit"},
+		{[]string{"--gpu-memory", "0"}, "--gpu-memory must be > 0"},
+		{[]string{"--gpu-memory", "lots"}, `invalid value "lots" for flag -gpu-memory`},
+		{[]string{"--weights-bytes", "0"}, "--weights-bytes must be > 0"},
+		{[]string{"--gpu-memory", "18GiB", "--max-model-len", "8192"}, "--max-model-len: one sequence of max_model_len 8192 tokens needs 512 KV blocks"},
+		{[]string{"--on-overflow", "explode"}, `--on-overflow: must be "preempt" or "oom", got "explode"`},
+		{[]string{"--oom-restart", "-1s"}, "--oom-restart must be >= 0"},
+		{[]string{"--step-base", "-5ms"}, "--step-base must be >= 0"},
+		{[]string{"--time-scale", "-1"}, "--time-scale: must be in [0, 1e6]"},
+		{[]string{"--output-len", "poisson:3"}, "--output-len: invalid length distribution"},
+		{[]string{"--listen", "nowhere"}, `--listen "nowhere"`},
+		{[]string{"--model", ""}, "--model must not be empty"},
+		{[]string{"--model-config", "/nonexistent/config.json"}, "--model-config /nonexistent/config.json"},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+	}
+	for _, tc := range tests {
+		code, _, errOut := runCLI(t, append([]string{"sim"}, tc.args...)...)
+		if code != exitUsage || !strings.Contains(errOut, tc.want) {
+			t.Errorf("sim %q: exit %d, stderr %q; want exit 2 and %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}
+
+func TestSimHelp(t *testing.T) {
+	code, out, _ := runCLI(t, "sim", "--help")
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	for _, f := range []string{"listen", "model", "model-config", "gpu-memory", "gpu-memory-utilization", "weights-bytes", "block-size",
+		"max-model-len", "max-num-seqs", "on-overflow", "oom-restart", "step-base", "step-per-seq", "prefill-per-token", "time-scale",
+		"output-len", "seed"} {
+		if !strings.Contains(out, "-"+f+" ") {
+			t.Errorf("--help lacks -%s", f)
+		}
+	}
+	if code, out, _ := runCLI(t, "--help"); code != exitOK || !strings.Contains(out, "sim ") {
+		t.Errorf("kvgate --help does not list sim")
+	}
+}
+
+var simLine = regexp.MustCompile(`^kvgate sim: serving (\S+) on (http://\S+), KV cache (\d+) blocks of (\d+) tokens = (\d+) tokens, on overflow (\w+)\n$`)
+
+// startSim runs kvgate sim with args until the returned stop is called.
+func startSim(t *testing.T, args ...string) (base string, line []string, stop func() (int, string)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, append([]string{"sim", "--listen", "127.0.0.1:0"}, args...), &out, &errOut) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if m := simLine.FindStringSubmatch(out.String()); m != nil {
+			line = m
+			break
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("kvgate sim exited %d before listening: %s%s", code, out.String(), errOut.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("no listening line; stdout %q", out.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stopped := false
+	stop = func() (int, string) {
+		stopped = true
+		cancel() // what SIGINT or SIGTERM does to run's context
+		select {
+		case code := <-done:
+			return code, errOut.String()
+		case <-time.After(15 * time.Second):
+			t.Fatal("kvgate sim did not shut down")
+			return 0, ""
+		}
+	}
+	t.Cleanup(func() {
+		if !stopped {
+			stop()
+		}
+	})
+	return line[2], line, stop
+}
+
+func TestSimServesAndShutsDown(t *testing.T) {
+	base, line, stop := startSim(t, "--gpu-memory", "24GiB", "--time-scale", "0.01", "--model", "sim-llama", "--seed", "3")
+	// Llama-3-8B on 24 GiB at 0.9: 2888 blocks, as kvbudget computes.
+	if line[1] != "sim-llama" || line[3] != "2888" || line[4] != "16" || line[5] != "46208" || line[6] != "preempt" {
+		t.Fatalf("listening line %q", line[0])
+	}
+	resp, err := http.Get(base + "/health")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("/health: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	resp, err = http.Post(base+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"sim-llama","prompt":"hi","max_tokens":5,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Fatalf("stream: %d %q", resp.StatusCode, body)
+	}
+	if code, errOut := stop(); code != exitOK {
+		t.Fatalf("exit %d after shutdown: %s", code, errOut)
+	}
+	if _, err := http.Get(base + "/health"); err == nil {
+		t.Error("still serving after shutdown")
+	}
+}
+
+func TestSimShutdownDuringAStream(t *testing.T) {
+	// Real time: this stream would take a minute; shutdown waits for it
+	// at most the grace period, but a cancelled client ends it sooner.
+	base, _, stop := startSim(t, "--model-config", llama3, "--on-overflow", "oom", "--max-model-len", "4096")
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/completions",
+		strings.NewReader(`{"model":"llama-3-8b","prompt":"hi","max_tokens":4000,"stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if _, err := resp.Body.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		cancel() // the client leaves; the server aborts the stream
+	}()
+	start := time.Now()
+	code, errOut := stop()
+	resp.Body.Close()
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if d := time.Since(start); d > simShutdownGrace {
+		t.Errorf("shutdown took %v", d)
+	}
+}
