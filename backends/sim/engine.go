@@ -29,8 +29,9 @@ const (
 )
 
 var (
-	errUnhealthy = errors.New("the engine is restarting after CUDA out of memory")
-	errShutdown  = errors.New("the server is shutting down")
+	errUnhealthy  = errors.New("the engine is restarting after CUDA out of memory")
+	errShutdown   = errors.New("the server is shutting down")
+	errClientGone = errors.New("the client closed the connection; request aborted")
 )
 
 // sequence is one of a request's n completions.
@@ -155,6 +156,10 @@ func (e *engine) submit(r *request) error {
 func (e *engine) abort(r *request) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.abortLocked(r)
+}
+
+func (e *engine) abortLocked(r *request) {
 	switch r.state {
 	case stateWaiting:
 		e.waiting = removeReq(e.waiting, r)
@@ -164,6 +169,22 @@ func (e *engine) abort(r *request) {
 		e.freeLocked(r)
 	}
 	r.state = stateDone
+}
+
+// cancel is abort for a request whose handler is waiting on it: the
+// request fails with err and its handler wakes. It is a no-op for a request
+// that has already ended, so a late cancel never turns a finished request
+// into a failed one.
+func (e *engine) cancel(r *request, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if r.state == stateDone {
+		return
+	}
+	e.abortLocked(r)
+	r.err = err
+	r.status.Store(statusFailed)
+	r.notify()
 }
 
 func removeReq(q []*request, r *request) []*request {

@@ -8,7 +8,8 @@ import (
 
 // generate serves /v1/chat/completions (chat) and /v1/completions.
 //
-// A non-streamed request waits for its end and answers with one body. A
+// A non-streamed request waits for its end and answers with one body; a
+// client that hangs up meanwhile has its request aborted (connwatch). A
 // streamed one waits for its first token (or its failure) before it commits
 // to a 200, so that a request failed before any output gets a plain HTTP
 // error; from then on every token is one SSE event, written as soon as the
@@ -28,10 +29,15 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, chat bool) {
 		return
 	}
 	enc := newEncoder(chat, g.stream, s.newID(chat), s.now().Unix(), s.modelJSON)
+	// Until the stream writer owns the connection, only a watch on it can
+	// tell that the client left; then the request is aborted as vLLM aborts
+	// it, its blocks freed at once.
+	unwatch := s.watchHangup(ctx, r)
 	if !g.stream {
 		for r.status.Load() == statusActive {
 			<-r.wake
 		}
+		unwatch()
 		if r.status.Load() == statusFailed {
 			s.writeError(ctx, errorFor(r.err))
 			return
@@ -46,6 +52,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, chat bool) {
 	for r.status.Load() == statusActive && !r.started() {
 		<-r.wake
 	}
+	unwatch()
 	if r.status.Load() == statusFailed && !r.started() {
 		s.writeError(ctx, errorFor(r.err))
 		return

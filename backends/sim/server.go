@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/backends/connwatch"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
@@ -29,6 +30,7 @@ type Server struct {
 	parsers fastjson.ParserPool
 	bufs    sync.Pool // *[]byte response buffers
 	now     func() time.Time
+	watch   *connwatch.Watcher // nil: hang-ups of waiting clients go unnoticed
 
 	modelJSON []byte
 	created   int64         // Unix time of New, for /v1/models
@@ -65,6 +67,10 @@ func New(cfg Config) (*Server, error) {
 		},
 	}
 	s.metrics = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.met.reg, promhttp.HandlerOpts{}))
+	if s.watch, err = connwatch.New(); err != nil {
+		set.logger.Warn("client hang-ups will go unnoticed until a write fails", "err", err)
+		s.watch = nil
+	}
 	s.http = &fasthttp.Server{
 		Handler:               s.route,
 		Name:                  "kvgate-sim",
@@ -131,6 +137,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	close(s.stop)
 	<-s.loopDone
 	s.eng.shutdown()
+	if s.watch != nil {
+		if cerr := s.watch.Close(); cerr != nil {
+			s.set.logger.Warn("closing the connection watcher", "err", cerr)
+		}
+	}
 	return err
 }
 
@@ -294,6 +305,21 @@ type fasthttpLogger struct{ l *slog.Logger }
 
 func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Warn(fmt.Sprintf(format, args...), "component", "fasthttp")
+}
+
+// watchHangup aborts r the moment the client of ctx hangs up, while the
+// handler waits on r without touching the connection. The returned stop must
+// be called before the handler returns. Where the connection cannot be
+// watched (an in-memory listener, no epoll) it does nothing.
+func (s *Server) watchHangup(ctx *fasthttp.RequestCtx, r *request) (stop func()) {
+	if s.watch == nil {
+		return func() {}
+	}
+	unwatch, err := s.watch.Watch(ctx.Conn(), func() { s.eng.cancel(r, errClientGone) })
+	if err != nil {
+		return func() {}
+	}
+	return func() { unwatch() }
 }
 
 // errorFor is the HTTP error a failed request gets.

@@ -695,37 +695,3 @@ func TestPreemptMode(t *testing.T) {
 		t.Fatalf("%+v; want peak <= 64, nothing left, 1600 tokens", st)
 	}
 }
-
-func TestStreamClientDisconnectAborts(t *testing.T) {
-	s, base := startServer(t, DefaultConfig()) // real time: 3000 tokens take a minute
-	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := `{"model":"llama-3-8b","prompt":"a long story","max_tokens":3000,"stream":true}`
-	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	br := bufio.NewReader(conn)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.Contains(line, "data: {") {
-			break
-		}
-	}
-	if st := s.Stats(); st.Running != 1 || st.UsedBlocks == 0 {
-		t.Fatalf("stream not running: %+v", st)
-	}
-	start := time.Now()
-	conn.Close()
-	for s.Stats().Running != 0 || s.Stats().UsedBlocks != 0 {
-		if time.Since(start) > 10*time.Second {
-			t.Fatalf("the request outlived its client: %+v", s.Stats())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if g := s.Stats().GenerationTokens; g > 1000 {
-		t.Errorf("%d tokens generated for a client that left after the first", g)
-	}
-}
