@@ -96,8 +96,13 @@
 // JSON, types and values, and vLLM's context-length messages; 404
 // NotFoundError for an unknown model, and for a missing one (recent vLLM
 // serves its default model then; the simulator refuses, so that a client that
-// drops the field is caught). A rejected request allocates nothing. A client that disconnects from a stream has its request aborted
-// and its blocks freed at the first failed write, as vLLM aborts it.
+// drops the field is caught). A rejected request allocates nothing.
+//
+// A client that disconnects has its request aborted and its blocks freed at
+// once, as vLLM aborts it: a stream at its first failed write; a request
+// still queued, or waiting for its answer or its first token, when
+// backends/connwatch sees the connection hang up (Linux TCP; not in-memory
+// listeners).
 //
 // # Not modelled
 //
