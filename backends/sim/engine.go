@@ -116,6 +116,7 @@ type engine struct {
 	genTokens      int64
 	unhealthyUntil time.Time
 	planned        bool // a step is planned and not yet committed
+	closed         bool // shut down: nothing is admitted any more
 }
 
 func newEngine(s *settings, now func() time.Time, hooks engineHooks) *engine {
@@ -134,9 +135,13 @@ func (e *engine) healthy() bool {
 }
 
 // submit queues r. It fails, leaving nothing behind, while the engine
-// restarts after an out-of-memory event.
+// restarts after an out-of-memory event and once it has shut down.
 func (e *engine) submit(r *request) error {
 	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return errShutdown
+	}
 	if !e.healthyLocked(e.now()) {
 		e.mu.Unlock()
 		return errUnhealthy
@@ -494,9 +499,10 @@ func (e *engine) stats() Stats {
 	}
 }
 
-// shutdown fails whatever is still in flight.
+// shutdown fails whatever is still in flight and refuses what comes after.
 func (e *engine) shutdown() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.closed = true
 	e.failAllLocked(errShutdown)
 }

@@ -124,7 +124,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	err := s.http.ShutdownWithContext(ctx)
 	if err != nil {
-		s.eng.shutdown()
+		s.eng.shutdown() // the engine loop still runs: nothing new is admitted
 		// The handlers end now; give them a moment to write their errors
 		// and let fasthttp close their connections.
 		c2, cancel := context.WithTimeout(context.Background(), time.Second)

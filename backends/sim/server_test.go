@@ -695,3 +695,44 @@ func TestPreemptMode(t *testing.T) {
 		t.Fatalf("%+v; want peak <= 64, nothing left, 1600 tokens", st)
 	}
 }
+
+func TestShutdownFailsWhatOutlivesTheGrace(t *testing.T) {
+	s, err := New(DefaultConfig()) // real time: this stream would take 45 s
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	resp, err := http.Post("http://"+ln.Addr().String()+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"llama-3-8b","prompt":"x","max_tokens":3000,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != context.DeadlineExceeded {
+		t.Fatalf("Shutdown = %v, want the context's deadline", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	st := readStream(t, body, false)
+	if !strings.Contains(st.errData, "shutting down") || !st.done {
+		t.Fatalf("the stream cut by shutdown did not end with an error event and [DONE]: %q", body)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve = %v after Shutdown", err)
+	}
+	if !idle(s) {
+		t.Fatalf("left after shutdown: %+v", s.Stats())
+	}
+	if err := s.eng.submit(req(1, 1, 1)); err != errShutdown {
+		t.Fatalf("submit after shutdown = %v", err)
+	}
+	if err := s.Shutdown(context.Background()); err != nil {
+		t.Fatalf("second Shutdown = %v", err)
+	}
+}
