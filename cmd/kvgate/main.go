@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -90,16 +89,24 @@ func newFlags(name, synopsis string, stdout, stderr io.Writer) *flag.FlagSet {
 }
 
 // parseFlags parses args; ok is false when the caller should return code.
+// --help goes to stdout and exits 0; a bad flag prints the usage to stderr.
 func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) (code int, ok bool) {
-	err := fs.Parse(args)
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		fs.SetOutput(stdout)
-		fs.Usage()
-		return exitOK, false
-	case err != nil:
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if a == "-h" || a == "-help" || a == "--help" || a == "--h" {
+			out := fs.Output()
+			fs.SetOutput(stdout)
+			fs.Usage()
+			fs.SetOutput(out)
+			return exitOK, false
+		}
+	}
+	if err := fs.Parse(args); err != nil {
 		return exitUsage, false
-	case fs.NArg() > 0:
+	}
+	if fs.NArg() > 0 {
 		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
 		return exitUsage, false
 	}
