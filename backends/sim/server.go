@@ -26,7 +26,7 @@ type Server struct {
 	eng     *engine
 	met     *metrics
 	http    *fasthttp.Server
-	metrics fasthttp.RequestHandler
+	scrape  fasthttp.RequestHandler // /metrics over met's registry
 	parsers fastjson.ParserPool
 	bufs    sync.Pool // *[]byte response buffers
 	now     func() time.Time
@@ -40,7 +40,7 @@ type Server struct {
 	stop     chan struct{}
 	loopDone chan struct{}
 
-	mu        sync.Mutex
+	mu        sync.Mutex // guards closed and listeners; a leaf lock
 	closed    bool
 	listeners []net.Listener
 }
@@ -66,7 +66,7 @@ func New(cfg Config) (*Server, error) {
 				"err", err, "restart", set.oomRestart, "time_scale", set.timeScale)
 		},
 	}
-	s.metrics = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.met.reg, promhttp.HandlerOpts{}))
+	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.met.reg, promhttp.HandlerOpts{}))
 	if s.watch, err = connwatch.New(); err != nil {
 		set.logger.Warn("client hang-ups will go unnoticed until a write fails", "err", err)
 		s.watch = nil
@@ -162,7 +162,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 	case "/health":
 		s.get(ctx, s.health)
 	case "/metrics":
-		s.get(ctx, s.metrics)
+		s.get(ctx, s.scrape)
 	default:
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
 		ctx.SetContentType("application/json")
