@@ -15,8 +15,9 @@ import (
 	"time"
 )
 
-// startServer runs a Server on a loopback port for the test's lifetime.
-func startServer(t testing.TB, c Config) (*Server, string) {
+// serveLoopback runs a Server on a loopback port; the caller shuts it down
+// and reads Serve's result from served.
+func serveLoopback(t testing.TB, c Config) (s *Server, base string, served <-chan error) {
 	t.Helper()
 	s, err := New(c)
 	if err != nil {
@@ -26,8 +27,15 @@ func startServer(t testing.TB, c Config) (*Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
+	ch := make(chan error, 1)
+	go func() { ch <- s.Serve(ln) }()
+	return s, "http://" + ln.Addr().String(), ch
+}
+
+// startServer runs a Server on a loopback port for the test's lifetime.
+func startServer(t testing.TB, c Config) (*Server, string) {
+	t.Helper()
+	s, base, served := serveLoopback(t, c)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -38,7 +46,7 @@ func startServer(t testing.TB, c Config) (*Server, string) {
 			t.Errorf("serve: %v", err)
 		}
 	})
-	return s, "http://" + ln.Addr().String()
+	return s, base
 }
 
 func post(t testing.TB, url, body string) (int, []byte) {
@@ -697,17 +705,8 @@ func TestPreemptMode(t *testing.T) {
 }
 
 func TestShutdownFailsWhatOutlivesTheGrace(t *testing.T) {
-	s, err := New(DefaultConfig()) // real time: this stream would take 45 s
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ln) }()
-	resp, err := http.Post("http://"+ln.Addr().String()+"/v1/completions", "application/json",
+	s, base, served := serveLoopback(t, DefaultConfig()) // real time: this stream would take 45 s
+	resp, err := http.Post(base+"/v1/completions", "application/json",
 		strings.NewReader(`{"model":"llama-3-8b","prompt":"x","max_tokens":3000,"stream":true}`))
 	if err != nil {
 		t.Fatal(err)
