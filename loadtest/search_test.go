@@ -106,7 +106,7 @@ func TestExecute(t *testing.T) {
 			judge: fakeJudge{capacity: 3.3},
 			calls: "1#0 2#0 4#0 3#0 3.5#0 3.25#0", safe: "3.25", firstFail: "3.5", stop: "bisected to within 0.325"},
 		{name: "interrupted mid-plan keeps what it had",
-			plan:  Plan{Levels: fixed}, judge: fakeJudge{capacity: 100, cancelAt: "8#0"},
+			plan: Plan{Levels: fixed}, judge: fakeJudge{capacity: 100, cancelAt: "8#0"},
 			calls: "1#0 2#0 4#0 8#0", safe: "4", stop: "interrupted"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -167,7 +167,7 @@ func TestPlanValidate(t *testing.T) {
 
 func TestMidpoint(t *testing.T) {
 	for _, tc := range []struct {
-		lo, hi float64
+		lo, hi  float64
 		integer bool
 		want    float64
 	}{{32, 64, true, 48}, {36, 38, true, 37}, {3, 4, false, 3.5}, {3.25, 3.5, false, 3.38}, {1, 1.001, false, 1.0005}} {

@@ -22,9 +22,9 @@ func TestPercentileHandComputed(t *testing.T) {
 		{"median of odd count", []float64{1, 3, 100}, 50, 3},
 		{"p0 is min", ten, 0, 1},
 		{"p100 is max", ten, 100, 10},
-		{"p90 of 1..10", ten, 90, 9.1},   // h=8.1: 9 + 0.1·1
-		{"p99 of 1..10", ten, 99, 9.91},  // h=8.91
-		{"p50 of 1..10", ten, 50, 5.5},   // h=4.5
+		{"p90 of 1..10", ten, 90, 9.1},         // h=8.1: 9 + 0.1·1
+		{"p99 of 1..10", ten, 99, 9.91},        // h=8.91
+		{"p50 of 1..10", ten, 50, 5.5},         // h=4.5
 		{"p25 of two", []float64{0, 8}, 25, 2}, // h=0.25
 		{"p above 100 clamps", ten, 150, 10},
 		{"negative p clamps", ten, -5, 1},
@@ -87,8 +87,8 @@ func TestWilson(t *testing.T) {
 		k, n   int
 		lo, hi float64
 	}{
-		{0, 10, 0, 0.27753},      // z²/(n+z²) = 3.8416/13.8416
-		{10, 10, 0.72247, 1},     // mirror of the above
+		{0, 10, 0, 0.27753},       // z²/(n+z²) = 3.8416/13.8416
+		{10, 10, 0.72247, 1},      // mirror of the above
 		{5, 10, 0.23659, 0.76341}, // centre 0.5, half 0.26341
 		{99, 100, 0.94552, 0.99823},
 		{100, 100, 0.96301, 1}, // n/(n+z²)
