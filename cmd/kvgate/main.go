@@ -37,6 +37,7 @@ func commands() []command {
 		{"plan", "capacity plan: KV budget, tokens and concurrency per GPU", runPlan},
 		{"sim", "a simulated vLLM server with a fixed KV-block pool that overflows as a GPU does", runSim},
 		{"serve", "run the gateway (with no --config: an embedded demo with a simulated backend)", runServe},
+		{"loadtest", "find the safe concurrency or rate of an OpenAI-compatible server", runLoadtest},
 	}
 }
 
