@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/valyala/fastjson"
@@ -121,6 +122,7 @@ type httpSender struct {
 	timeout   time.Duration
 	clock     Clock
 	parsers   fastjson.ParserPool
+	readers   sync.Pool // *bufio.Reader, one a stream in flight
 }
 
 var _ Sender = (*httpSender)(nil)
@@ -251,6 +253,7 @@ func (s *httpSender) Send(parent context.Context, spec RequestSpec) Result {
 		return res
 	}
 	if s.stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		res.ITL = make([]time.Duration, 0, min(max(spec.MaxTokens-1, 0), 8192))
 		s.readStream(ctx, parent, resp.Body, &res)
 	} else {
 		s.readWhole(ctx, parent, resp.Body, &res)
@@ -273,7 +276,16 @@ func (s *httpSender) fail(ctx, parent context.Context, res *Result, err error) {
 }
 
 func (s *httpSender) readStream(ctx, parent context.Context, body io.Reader, res *Result) {
-	br := bufio.NewReaderSize(body, 32<<10)
+	br, _ := s.readers.Get().(*bufio.Reader)
+	if br == nil {
+		br = bufio.NewReaderSize(body, 32<<10)
+	} else {
+		br.Reset(body)
+	}
+	defer func() {
+		br.Reset(nil) // drop the body
+		s.readers.Put(br)
+	}()
 	p := s.parsers.Get()
 	defer s.parsers.Put(p)
 	var (

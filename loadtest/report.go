@@ -3,6 +3,7 @@ package loadtest
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -118,8 +119,20 @@ func (t *TargetReport) setOutcome(o SearchResult, mode Mode) {
 	}
 }
 
-// finish links steps to targets and writes the answers.
+// finish orders the steps (by target, then level: a search runs them out of
+// order, and its trials keep that order), links them to their targets and
+// writes the answers.
 func (r *Report) finish(c Config) {
+	order := map[string]int{}
+	for i, t := range c.Targets {
+		order[t.Name] = i
+	}
+	slices.SortStableFunc(r.Steps, func(a, b StepReport) int {
+		if d := order[a.Target] - order[b.Target]; d != 0 {
+			return d
+		}
+		return cmpFloat(a.Level, b.Level)
+	})
 	for i := range r.Targets {
 		t := &r.Targets[i]
 		t.steps = nil

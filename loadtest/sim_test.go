@@ -189,6 +189,11 @@ func TestSearchAgainstOOMSim(t *testing.T) {
 	if st := stepAt(rep, "sim", 16); st == nil || st.Requests.Overflow == 0 {
 		t.Errorf("16 should overflow: %+v", st)
 	}
+	// The report lists the steps by level; the trials keep the search's order.
+	distinct := slices.Compact(slices.Sorted(slices.Values(levels)))
+	if !slices.IsSortedFunc(rep.Steps, func(a, b StepReport) int { return cmpFloat(a.Level, b.Level) }) || len(rep.Steps) != len(distinct) {
+		t.Errorf("steps not by level, or not one per level: %d steps for %d levels", len(rep.Steps), len(distinct))
+	}
 }
 
 func TestCompareAndRateAgainstSims(t *testing.T) {

@@ -6,8 +6,8 @@ import (
 	"text/tabwriter"
 )
 
-// WriteTable writes the results table: one row a step, in the order run
-// (per target), with the columns ops read first. A target column appears
+// WriteTable writes the results table: one row a step, by target and
+// level, with the columns ops read first. A target column appears
 // only when several targets were compared.
 func WriteTable(w io.Writer, r *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
