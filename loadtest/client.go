@@ -38,8 +38,10 @@ const (
 	// OutcomeServerError: 5xx, or an error event in the stream, that is not
 	// an out-of-memory error.
 	OutcomeServerError
-	// OutcomeOverflow: the GPU ran out of memory ("CUDA out of memory" in
-	// the status body or a stream error event), whatever the status.
+	// OutcomeOverflow: the GPU ran out of memory serving it ("CUDA out of
+	// memory" in an error body or a stream error event), whatever the
+	// status but 503: a 503 refuses the request, as a server restarting
+	// after an earlier out-of-memory error does, and is a server error.
 	OutcomeOverflow
 	// OutcomeConnError: no usable response (refused, reset, a stream cut
 	// short without [DONE]).
@@ -239,6 +241,10 @@ func (s *httpSender) Send(parent context.Context, spec RequestSpec) Result {
 		res.End = s.clock.Now()
 		res.Err = errorMessage(msg, resp.Status)
 		switch {
+		case resp.StatusCode == http.StatusServiceUnavailable:
+			// Refused, not overflowed: a server restarting after an
+			// earlier out-of-memory error says so in its 503s.
+			res.Outcome = OutcomeServerError
 		case isOOM(string(msg)):
 			res.Outcome = OutcomeOverflow
 		case resp.StatusCode == http.StatusTooManyRequests:

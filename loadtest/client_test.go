@@ -129,6 +129,8 @@ func TestSenderOutcomes(t *testing.T) {
 		{"500 out of memory is overflow", 500, "application/json", oom, OutcomeOverflow, "CUDA out of memory"},
 		{"500 other is a server error", 500, "application/json", `{"error":{"message":"engine dead"}}`, OutcomeServerError, "engine dead"},
 		{"503 plain text", 503, "text/plain", "Service Unavailable", OutcomeServerError, "Service Unavailable"},
+		{"503 while restarting after an OOM is refused, not overflowed", 503, "application/json",
+			`{"error":{"message":"the engine is restarting after CUDA out of memory"}}`, OutcomeServerError, "restarting"},
 		{"400 is a client error", 400, "application/json", `{"object":"error","message":"context length exceeded"}`, OutcomeClientError, "context length exceeded"},
 		{"404 unknown model", 404, "application/json", `{"error":{"message":"The model x does not exist."}}`, OutcomeClientError, "does not exist"},
 		{"stream error event: out of memory", 200, "text/event-stream",

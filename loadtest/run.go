@@ -241,23 +241,7 @@ func runTarget(ctx context.Context, c Config, ti int, p *prepared, metricsClient
 			return scrapeMetrics(ctx, metricsClient, p.metricsURL, 2*time.Second)
 		}
 	}
-	healthURL := p.target.URL + "/health"
-	ready := func(ctx context.Context) bool {
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, healthURL, nil)
-		if err != nil {
-			return true
-		}
-		resp, err := metricsClient.Do(req)
-		if err != nil {
-			return false
-		}
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		resp.Body.Close()
-		// No /health at all (404) is not a reason to wait.
-		return resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusNotFound
-	}
+	ready := func(ctx context.Context) bool { return targetReady(ctx, metricsClient, p.target.URL) }
 	judgeFn := func(ctx context.Context, level float64, attemptNo int) (Judgement, error) {
 		g := aggs[level]
 		if g == nil {
@@ -302,6 +286,32 @@ func runTarget(ctx context.Context, c Config, ti int, p *prepared, metricsClient
 	return Execute(ctx, c.plan(), judgeFn)
 }
 
+// targetReady asks the target whether it can serve: vLLM's and the sim's
+// /health, else a gateway's /readyz. A target with neither is taken as
+// ready; one that does not answer is not.
+func targetReady(ctx context.Context, c *http.Client, base string) bool {
+	for _, path := range []string{"/health", "/readyz"} {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+		if err != nil {
+			cancel()
+			return true
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			cancel()
+			return false
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		cancel()
+		if resp.StatusCode != http.StatusNotFound {
+			return resp.StatusCode == http.StatusOK
+		}
+	}
+	return true
+}
+
 // waitIdle waits, up to limit, for the target to be ready (its /health
 // answers, as it does not while a server restarts after an out-of-memory
 // error) and idle (its metrics show nothing running or waiting), so one
@@ -312,7 +322,8 @@ func waitIdle(ctx context.Context, clock Clock, scrape func(context.Context) (Me
 		idle := ready(ctx)
 		if idle && scrape != nil {
 			s, err := scrape(ctx)
-			idle = err != nil || !s.HasRunning || !s.HasWaiting || s.Running+s.Waiting == 0
+			idle = err != nil || ((!s.HasHealthy || s.Healthy) &&
+				(!s.HasRunning || !s.HasWaiting || s.Running+s.Waiting == 0))
 		}
 		if idle || !clock.Now().Before(deadline) {
 			return

@@ -39,11 +39,14 @@ type MetricsSample struct {
 	Preemptions    float64 `json:"preemptions_total"`
 	HasPreemptions bool    `json:"-"`
 
-	// kvgate sim extras: out-of-memory events and its own exact KV peak.
-	OOMEvents float64 `json:"-"`
-	HasOOM    bool    `json:"-"`
-	KVPeak    float64 `json:"-"`
-	HasKVPeak bool    `json:"-"`
+	// kvgate sim extras: out-of-memory events, its own exact KV peak, and
+	// whether it is serving (0 while it restarts after an OOM event).
+	OOMEvents  float64 `json:"-"`
+	HasOOM     bool    `json:"-"`
+	KVPeak     float64 `json:"-"`
+	HasKVPeak  bool    `json:"-"`
+	Healthy    bool    `json:"-"`
+	HasHealthy bool    `json:"-"`
 
 	// From vllm:cache_config_info's labels; 0 when absent.
 	NumGPUBlocks int `json:"-"`
@@ -60,6 +63,7 @@ const (
 	metricCacheConfig = "vllm:cache_config_info"
 	metricSimOOM      = "kvsim:oom_events_total"
 	metricSimKVPeak   = "kvsim:kv_usage_peak_perc"
+	metricSimHealthy  = "kvsim:healthy"
 )
 
 // ParseMetrics reads the Prometheus text exposition format, keeping only the
@@ -101,6 +105,9 @@ func ParseMetrics(body []byte) (MetricsSample, error) {
 			s.OOMEvents, s.HasOOM = s.OOMEvents+value, true
 		case metricSimKVPeak:
 			s.KVPeak, s.HasKVPeak = maxOr(s.KVPeak, value, s.HasKVPeak), true
+		case metricSimHealthy:
+			// Every engine must be up for the server to be.
+			s.Healthy, s.HasHealthy = (s.Healthy || !s.HasHealthy) && value > 0, true
 		case metricCacheConfig:
 			if n, err := strconv.Atoi(labelValue(labels, "num_gpu_blocks")); err == nil {
 				s.NumGPUBlocks += n

@@ -26,6 +26,8 @@ vllm:num_preemptions_total{engine="1",model_name="llama-3-8b"} 1.0
 vllm:cache_config_info{block_size="16",cache_dtype="auto",label_with_brace="a}b \"q\"",num_gpu_blocks="2048"} 1.0
 kvsim:oom_events_total 2
 kvsim:kv_usage_peak_perc 0.93
+kvsim:healthy{engine="0"} 1
+kvsim:healthy{engine="1"} 0
 vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="llama-3-8b"} 12
 python_gc_objects_collected_total{generation="0"} NaN
 a line that is not a sample
@@ -46,7 +48,7 @@ func TestParseMetrics(t *testing.T) {
 	if s.NumGPUBlocks != 2048 || s.BlockSize != 16 {
 		t.Errorf("cache config %d blocks of %d", s.NumGPUBlocks, s.BlockSize)
 	}
-	if !s.HasOOM || s.OOMEvents != 2 || !s.HasKVPeak || s.KVPeak != 0.93 {
+	if !s.HasOOM || s.OOMEvents != 2 || !s.HasKVPeak || s.KVPeak != 0.93 || !s.HasHealthy || s.Healthy {
 		t.Errorf("sim extras: %+v", s)
 	}
 
