@@ -9,17 +9,22 @@ import (
 // Counts are the requests of a step by outcome. Warm-up requests are only
 // counted in Warmup; every other field covers counted requests.
 type Counts struct {
-	Sent       int `json:"sent"`
-	Warmup     int `json:"warmup"`
-	OK         int `json:"ok"`
-	Shed       int `json:"shed_429"`
-	Client4xx  int `json:"client_4xx"`
-	Server5xx  int `json:"server_5xx"`
-	Overflow   int `json:"overflow"`
-	ConnError  int `json:"conn_error"`
-	Timeout    int `json:"timeout"`
-	Incomplete int `json:"incomplete"`
-	Dropped    int `json:"dropped"`
+	Sent   int `json:"sent"`
+	Warmup int `json:"warmup"`
+	// Warm-up requests are in no figure, but their failures count against
+	// the step: WarmupOverflow ran out of memory, WarmupFailed failed
+	// otherwise (5xx, 4xx, timeout, lost connection).
+	WarmupOverflow int `json:"warmup_overflow"`
+	WarmupFailed   int `json:"warmup_failed"`
+	OK             int `json:"ok"`
+	Shed           int `json:"shed_429"`
+	Client4xx      int `json:"client_4xx"`
+	Server5xx      int `json:"server_5xx"`
+	Overflow       int `json:"overflow"`
+	ConnError      int `json:"conn_error"`
+	Timeout        int `json:"timeout"`
+	Incomplete     int `json:"incomplete"`
+	Dropped        int `json:"dropped"`
 }
 
 // Failed is every counted request that reached the server and did not get a
@@ -139,6 +144,15 @@ func (g *levelAgg) add(a attempt, slo sloLimits, metricsURL string) {
 	}
 	g.attempts++
 	g.counts.Warmup += a.warmup
+	for i := range a.warmupFailed {
+		r := &a.warmupFailed[i]
+		if r.Outcome == OutcomeOverflow {
+			g.counts.WarmupOverflow++
+		} else {
+			g.counts.WarmupFailed++
+		}
+		g.noteError(r, "warm-up ")
+	}
 	g.wall += a.wallEnd.Sub(a.wallStart)
 	// The window closes with the last counted request that reached an
 	// answer; one cut with the step says nothing about the server.
@@ -156,9 +170,6 @@ func (g *levelAgg) add(a attempt, slo sloLimits, metricsURL string) {
 	}
 	if a.saturation != nil && g.saturation == nil {
 		g.saturation = a.saturation
-	}
-	if g.errs == nil {
-		g.errs = map[[2]string]int{}
 	}
 	for i := range a.results {
 		r := &a.results[i]
@@ -203,13 +214,7 @@ func (g *levelAgg) add(a attempt, slo sloLimits, metricsURL string) {
 				g.met++
 			}
 		}
-		if r.Outcome != OutcomeOK && r.Outcome != OutcomeIncomplete && r.Err != "" {
-			k := [2]string{r.Outcome.String(), r.Err}
-			if _, seen := g.errs[k]; !seen {
-				g.errOrder = append(g.errOrder, k)
-			}
-			g.errs[k]++
-		}
+		g.noteError(r, "")
 	}
 
 	// The memory curve.
@@ -270,6 +275,21 @@ func (g *levelAgg) add(a attempt, slo sloLimits, metricsURL string) {
 			g.kvPeak = max(g.kvPeak, a.after.KVPeak)
 		}
 	}
+}
+
+// noteError keeps a failed request's message for the report's samples.
+func (g *levelAgg) noteError(r *Result, prefix string) {
+	if r.Outcome == OutcomeOK || r.Outcome == OutcomeIncomplete || r.Err == "" {
+		return
+	}
+	if g.errs == nil {
+		g.errs = map[[2]string]int{}
+	}
+	k := [2]string{prefix + r.Outcome.String(), r.Err}
+	if _, seen := g.errs[k]; !seen {
+		g.errOrder = append(g.errOrder, k)
+	}
+	g.errs[k]++
 }
 
 // counterDelta is a counter's increase; a reset (server restart) counts from 0.

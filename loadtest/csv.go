@@ -9,7 +9,7 @@ import (
 // CSVHeader is the header row of WriteCSV; one row a step follows.
 var CSVHeader = []string{
 	"target", "mode", "level", "attempts", "verdict", "safe", "reasons",
-	"sent", "warmup", "ok", "shed_429", "client_4xx", "server_5xx", "overflow", "conn_error", "timeout", "incomplete", "dropped",
+	"sent", "warmup", "warmup_overflow", "warmup_failed", "ok", "shed_429", "client_4xx", "server_5xx", "overflow", "conn_error", "timeout", "incomplete", "dropped",
 	"window_s", "requests_per_s", "output_tokens_per_s", "mean_prompt_tokens", "mean_output_tokens",
 	"ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
 	"itl_p50_ms", "itl_p90_ms", "itl_p99_ms",
@@ -32,7 +32,7 @@ func WriteCSV(w io.Writer, r *Report) error {
 		n := s.Requests
 		row := []string{
 			s.Target, string(s.Mode), fnum(s.Level), strconv.Itoa(s.Attempts), s.Verdict, strconv.FormatBool(s.Safe), joinReasons(s.Reasons),
-			itoa(n.Sent), itoa(n.Warmup), itoa(n.OK), itoa(n.Shed), itoa(n.Client4xx), itoa(n.Server5xx), itoa(n.Overflow),
+			itoa(n.Sent), itoa(n.Warmup), itoa(n.WarmupOverflow), itoa(n.WarmupFailed), itoa(n.OK), itoa(n.Shed), itoa(n.Client4xx), itoa(n.Server5xx), itoa(n.Overflow),
 			itoa(n.ConnError), itoa(n.Timeout), itoa(n.Incomplete), itoa(n.Dropped),
 			fnum(s.WindowS), fnum(s.RequestsPerS), fnum(s.OutputTokensPerS), fnum(s.MeanPromptTokens), fnum(s.MeanOutputTokens),
 		}

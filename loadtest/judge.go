@@ -14,8 +14,8 @@ type criteria struct {
 	timeout     time.Duration
 }
 
-// judge fills s's verdict. A step is safe when none of its counted requests
-// overflowed, failed on the server, timed out, was refused by the client side
+// judge fills s's verdict. A step is safe when none of its requests (warm-up
+// included: it is not measured, but its failures count) overflowed, failed on the server, timed out, was refused by the client side
 // of the API (4xx) or lost its connection; when its peak KV usage stayed at or
 // under the ceiling; when it was not over-saturated or cut; and, with SLOs,
 // when the share of requests that met every SLO is proven at or above the
@@ -30,7 +30,13 @@ func judge(s *StepReport, c criteria) {
 	if n.Overflow > 0 {
 		fail = append(fail, fmt.Sprintf("overflow: %d requests failed with out of memory", n.Overflow))
 	}
-	if s.KV != nil && s.KV.OOMEvents > 0 && n.Overflow == 0 {
+	if n.WarmupOverflow > 0 {
+		fail = append(fail, fmt.Sprintf("overflow: %d warm-up requests failed with out of memory", n.WarmupOverflow))
+	}
+	if n.WarmupFailed > 0 {
+		fail = append(fail, fmt.Sprintf("%d warm-up requests failed", n.WarmupFailed))
+	}
+	if s.KV != nil && s.KV.OOMEvents > 0 && n.Overflow+n.WarmupOverflow == 0 {
 		fail = append(fail, fmt.Sprintf("overflow: the server reported %.0f out-of-memory events", s.KV.OOMEvents))
 	}
 	if n.Server5xx > 0 {

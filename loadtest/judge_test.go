@@ -33,6 +33,7 @@ func handAttempt() attempt {
 			{Outcome: OutcomeTimeout, Start: at(0.4), End: at(1.9), Err: "no complete response within 1.5s"},
 			{Outcome: OutcomeIncomplete, Start: at(1.0), End: at(2.5)},
 		},
+		warmupFailed: []Result{{Outcome: OutcomeOverflow, Err: "500: CUDA out of memory"}, {Outcome: OutcomeServerError, Err: "503: restarting"}},
 		before: MetricsSample{HasKV: true, KVUsage: 0.9, KVSource: metricKVUsage, HasPreemptions: true, Preemptions: 10,
 			HasOOM: true, HasKVPeak: true, KVPeak: 0.5, HasRunning: true, HasWaiting: true},
 		hasBefore: true,
@@ -53,7 +54,7 @@ func TestAggregateHandComputed(t *testing.T) {
 	g.add(handAttempt(), slo, "http://sim/metrics")
 	s := g.report(slo, 0.99, 0.95)
 
-	want := Counts{Sent: 8, Warmup: 3, OK: 4, Shed: 1, Overflow: 1, Timeout: 1, Incomplete: 1}
+	want := Counts{Sent: 8, Warmup: 3, WarmupOverflow: 1, WarmupFailed: 1, OK: 4, Shed: 1, Overflow: 1, Timeout: 1, Incomplete: 1}
 	if s.Requests != want {
 		t.Errorf("counts %+v, want %+v", s.Requests, want)
 	}
@@ -94,7 +95,7 @@ func TestAggregateHandComputed(t *testing.T) {
 	if s.KV.NumGPUBlock != 2048 || len(s.KV.Curve) != 4 || s.KV.Curve[0].KVUsage != 0.9 || s.KV.Curve[1].T != 1 {
 		t.Errorf("curve %+v blocks %d", s.KV.Curve, s.KV.NumGPUBlock)
 	}
-	if len(s.Errors) != 3 || s.Errors[0].Count != 1 {
+	if len(s.Errors) != 5 || s.Errors[0].Outcome != "warm-up overflow" {
 		t.Errorf("error samples %+v", s.Errors)
 	}
 
@@ -135,6 +136,8 @@ func TestJudge(t *testing.T) {
 		{"clean", func(*StepReport) {}, "safe", ""},
 		{"overflow", func(s *StepReport) { s.Requests.OK, s.Requests.Overflow = 97, 3 }, "unsafe", "overflow: 3 requests failed with out of memory"},
 		{"server OOM events without failed requests", func(s *StepReport) { s.KV.OOMEvents = 1 }, "unsafe", "reported 1 out-of-memory events"},
+		{"overflow in the warm-up", func(s *StepReport) { s.Requests.WarmupOverflow = 2 }, "unsafe", "overflow: 2 warm-up requests failed with out of memory"},
+		{"warm-up failures", func(s *StepReport) { s.Requests.WarmupFailed = 1 }, "unsafe", "1 warm-up requests failed"},
 		{"5xx", func(s *StepReport) { s.Requests.OK, s.Requests.Server5xx = 99, 1 }, "unsafe", "1 server errors (5xx)"},
 		{"timeout", func(s *StepReport) { s.Requests.OK, s.Requests.Timeout = 99, 1 }, "unsafe", "timed out (over 1m0s)"},
 		{"connection errors", func(s *StepReport) { s.Requests.OK, s.Requests.ConnError = 98, 2 }, "unsafe", "2 connection errors"},

@@ -68,7 +68,7 @@ func TestReportJSONShape(t *testing.T) {
 		t.Errorf("step 4: %v %v %v", s["level"], s["verdict"], s["safe"])
 	}
 	req := s["requests"].(map[string]any)
-	for _, k := range []string{"sent", "warmup", "ok", "shed_429", "client_4xx", "server_5xx", "overflow", "conn_error", "timeout", "incomplete", "dropped"} {
+	for _, k := range []string{"sent", "warmup", "warmup_overflow", "warmup_failed", "ok", "shed_429", "client_4xx", "server_5xx", "overflow", "conn_error", "timeout", "incomplete", "dropped"} {
 		if _, ok := req[k]; !ok {
 			t.Errorf("requests lacks %q", k)
 		}

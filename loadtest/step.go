@@ -68,6 +68,7 @@ type ProgressSnapshot struct {
 type attempt struct {
 	results      []Result // counted requests only, in completion order
 	warmup       int
+	warmupFailed []Result  // warm-up requests that failed, kept for the verdict
 	measureStart time.Time // first counted request sent
 	wallStart    time.Time
 	wallEnd      time.Time
@@ -285,6 +286,13 @@ func (r *runner) record(i int, res Result) {
 	if i < r.cfg.Warmup {
 		r.mu.Lock()
 		r.a.warmup++
+		// Not measured, but not forgiven: a warm-up request that overflows
+		// or fails says the level is unsafe as loudly as a counted one.
+		switch res.Outcome {
+		case OutcomeOK, OutcomeShed, OutcomeIncomplete, OutcomeDropped:
+		default:
+			r.a.warmupFailed = append(r.a.warmupFailed, res)
+		}
 		r.mu.Unlock()
 		return
 	}
