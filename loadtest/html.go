@@ -26,6 +26,7 @@ type htmlRow struct {
 	ITL50, ITL99   string
 	E2E50, E2E99   string
 	KV, Preempt    string
+	OOM            int // overflowed requests, warm-up included
 	SLO            string
 	Reasons        string
 }
@@ -150,7 +151,7 @@ func htmlView(r *Report) htmlData {
 
 	for i := range r.Steps {
 		s := &r.Steps[i]
-		row := htmlRow{Step: s, Class: s.Verdict, Level: fmtLevel(s.Level),
+		row := htmlRow{Step: s, Class: s.Verdict, Level: fmtLevel(s.Level), OOM: s.Requests.Overflow + s.Requests.WarmupOverflow,
 			TTFT50: fmtMsOrDash(s.TTFT), TTFT99: fmtP99OrDash(s.TTFT), ITL50: fmtMsOrDash(s.ITL), ITL99: fmtP99OrDash(s.ITL),
 			E2E50: fmtMsOrDash(s.E2E), E2E99: fmtP99OrDash(s.E2E), KV: "n/a", Preempt: "n/a", SLO: "-",
 			Reasons: joinReasons(append(append([]string(nil), s.Reasons...), s.Notes...))}
@@ -281,7 +282,7 @@ dd { margin: 0; }
 <table id="steps">
 <thead><tr>{{if .Multi}}<th>target</th>{{end}}<th>{{.LevelName}}</th><th>runs</th><th>req/s</th><th>out tok/s</th><th>TTFT p50</th><th>TTFT p99</th><th>ITL p50</th><th>ITL p99</th><th>e2e p50</th><th>e2e p99</th><th>ok</th><th>429</th><th>failed</th><th>oom</th><th>KV peak</th><th>preempt</th><th>SLO met</th><th>verdict</th><th>why</th></tr></thead>
 <tbody>
-{{range .Rows}}<tr class="{{.Class}}">{{if $.Multi}}<td class="text">{{.Step.Target}}</td>{{end}}<td>{{.Level}}</td><td>{{.Step.Attempts}}</td><td>{{printf "%.2f" .Step.RequestsPerS}}</td><td>{{printf "%.0f" .Step.OutputTokensPerS}}</td><td>{{.TTFT50}}</td><td>{{.TTFT99}}</td><td>{{.ITL50}}</td><td>{{.ITL99}}</td><td>{{.E2E50}}</td><td>{{.E2E99}}</td><td>{{.Step.Requests.OK}}</td><td>{{.Step.Requests.Shed}}</td><td>{{.Step.Requests.Failed}}</td><td>{{.Step.Requests.Overflow}}</td><td>{{.KV}}</td><td>{{.Preempt}}</td><td>{{.SLO}}</td><td class="verdict">{{.Step.Verdict}}</td><td class="text">{{.Reasons}}</td></tr>
+{{range .Rows}}<tr class="{{.Class}}">{{if $.Multi}}<td class="text">{{.Step.Target}}</td>{{end}}<td>{{.Level}}</td><td>{{.Step.Attempts}}</td><td>{{printf "%.2f" .Step.RequestsPerS}}</td><td>{{printf "%.0f" .Step.OutputTokensPerS}}</td><td>{{.TTFT50}}</td><td>{{.TTFT99}}</td><td>{{.ITL50}}</td><td>{{.ITL99}}</td><td>{{.E2E50}}</td><td>{{.E2E99}}</td><td>{{.Step.Requests.OK}}</td><td>{{.Step.Requests.Shed}}</td><td>{{.Step.Requests.Failed}}</td><td>{{.OOM}}</td><td>{{.KV}}</td><td>{{.Preempt}}</td><td>{{.SLO}}</td><td class="verdict">{{.Step.Verdict}}</td><td class="text">{{.Reasons}}</td></tr>
 {{end}}</tbody>
 </table>
 {{if .Errors}}<h2>Errors seen</h2>

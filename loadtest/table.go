@@ -41,7 +41,7 @@ func WriteTable(w io.Writer, r *Report) error {
 			fmtLevel(s.Level), s.RequestsPerS, s.OutputTokensPerS,
 			fmtMsOrDash(s.TTFT), fmtP99OrDash(s.TTFT), fmtMsOrDash(s.ITL), fmtP99OrDash(s.ITL),
 			fmtMsOrDash(s.E2E), fmtP99OrDash(s.E2E),
-			s.Requests.OK, s.Requests.Shed, s.Requests.Failed(), s.Requests.Overflow, kv, pre, slo, verdict)
+			s.Requests.OK, s.Requests.Shed, s.Requests.Failed(), s.Requests.Overflow+s.Requests.WarmupOverflow, kv, pre, slo, verdict)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
