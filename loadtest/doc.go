@@ -27,8 +27,10 @@
 // latencies are reported as p50, p90 and p99 by linear interpolation between
 // closest ranks (NumPy's default). Each request ends in exactly one outcome:
 // ok, shed (429), 4xx, 5xx, overflow (an out-of-memory error in the body or
-// the stream, whatever the status), connection error, timeout, or
-// incomplete (cut with its step; left out of every figure).
+// the stream, whatever the status but 503, which refuses rather than
+// overflows), connection error, timeout, or incomplete (cut with its step;
+// left out of every figure). Warm-up requests are in no figure, but their
+// failures count against the step.
 //
 // While a step runs, the target's /metrics (or --metrics-url) is scraped
 // every second for vLLM's KV usage (vllm:kv_cache_usage_perc, else
