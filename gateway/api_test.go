@@ -213,6 +213,10 @@ func TestNoHealthyBackend(t *testing.T) {
 	if err != nil || resp.StatusCode != 503 {
 		t.Fatalf("readyz: %v %v", resp, err)
 	}
+	resp, err = http.Get(gwURL + "/health")
+	if err != nil || resp.StatusCode != 503 {
+		t.Fatalf("health: %v %v", resp, err)
+	}
 	resp, err = http.Get(gwURL + "/healthz")
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("healthz: %v %v", resp, err)

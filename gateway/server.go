@@ -254,7 +254,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.metricsHandler(ctx)
 	case "/healthz":
 		writeJSON(ctx, 200, map[string]string{"status": "ok"})
-	case "/readyz":
+	case "/readyz", "/health": // /health as vLLM spells it, for tools that probe backends
 		if s.rt.Load().pool.Ready() {
 			writeJSON(ctx, 200, map[string]string{"status": "ready"})
 		} else {
