@@ -344,6 +344,15 @@ func (c *Config) validate() error {
 			bad(field, "%v", s.err)
 		}
 	}
+	// name checks that an entry of a list has a name no other entry has.
+	name := func(seen map[string]bool, field, what, n string) {
+		if n == "" {
+			bad(field, "required")
+		} else if seen[n] {
+			bad(field, "duplicate %s %q", what, n)
+		}
+		seen[n] = true
+	}
 
 	if c.Listen == "" {
 		c.Listen = defaultListen
@@ -399,12 +408,7 @@ func (c *Config) validate() error {
 	for i := range a.Classes {
 		cl := &a.Classes[i]
 		f := fmt.Sprintf("admission.classes[%d]", i)
-		if cl.Name == "" {
-			bad(f+".name", "required")
-		} else if classes[cl.Name] {
-			bad(f+".name", "duplicate class %q", cl.Name)
-		}
-		classes[cl.Name] = true
+		name(classes, f+".name", "class", cl.Name)
 		size(f+".max_bytes", cl.MaxBytes)
 		dur(f+".timeout", cl.Timeout)
 		if cl.Sheddable == nil {
@@ -441,12 +445,7 @@ func (c *Config) validate() error {
 	for i := range c.Tenants {
 		t := &c.Tenants[i]
 		f := fmt.Sprintf("tenants[%d]", i)
-		if t.Name == "" {
-			bad(f+".name", "required")
-		} else if tenants[t.Name] {
-			bad(f+".name", "duplicate tenant %q", t.Name)
-		}
-		tenants[t.Name] = true
+		name(tenants, f+".name", "tenant", t.Name)
 		for j, k := range t.APIKeys {
 			if k == "" {
 				bad(fmt.Sprintf("%s.api_keys[%d]", f, j), "empty key")
@@ -475,12 +474,7 @@ func (c *Config) validate() error {
 	for i := range c.Models {
 		m := &c.Models[i]
 		f := fmt.Sprintf("models[%d]", i)
-		if m.Name == "" {
-			bad(f+".name", "required")
-		} else if models[m.Name] {
-			bad(f+".name", "duplicate model %q", m.Name)
-		}
-		models[m.Name] = true
+		name(models, f+".name", "model", m.Name)
 		switch {
 		case m.Config == "" && m.Geometry == nil:
 			bad(f, "one of config (a config.json path) or geometry is required")
@@ -560,12 +554,7 @@ func (c *Config) validate() error {
 	for i := range c.Backends {
 		b := &c.Backends[i]
 		f := fmt.Sprintf("backends[%d]", i)
-		if b.Name == "" {
-			bad(f+".name", "required")
-		} else if names[b.Name] {
-			bad(f+".name", "duplicate backend %q", b.Name)
-		}
-		names[b.Name] = true
+		name(names, f+".name", "backend", b.Name)
 		if b.URL == "" {
 			bad(f+".url", "required")
 		}

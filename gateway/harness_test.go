@@ -31,17 +31,23 @@ func startSim(t testing.TB, mut func(*sim.Config)) (*sim.Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, serveLoopback(t, s.Serve, s.Shutdown)
+}
+
+// serveLoopback serves on a fresh loopback port until the test ends.
+func serveLoopback(t testing.TB, serve func(net.Listener) error, shutdown func(context.Context) error) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	go s.Serve(ln)
+	go serve(ln)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		s.Shutdown(ctx)
+		shutdown(ctx)
 	})
-	return s, "http://" + ln.Addr().String()
+	return "http://" + ln.Addr().String()
 }
 
 // baseConfig is a gateway config for one Llama-3-8B backend at url; extra
@@ -78,17 +84,7 @@ func startGateway(t testing.TB, cfgYAML string, opt Options) (*Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-	})
-	return s, "http://" + ln.Addr().String()
+	return s, serveLoopback(t, s.Serve, s.Shutdown)
 }
 
 // held is the bytes reserved on the gateway's only GPU.
