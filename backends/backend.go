@@ -33,6 +33,13 @@ type Spec struct {
 	Upstream UpstreamOptions
 }
 
+// WithDefaults is s with every zero field set to its default, as a Backend
+// made from s would use it.
+func (s Spec) WithDefaults() Spec {
+	s.fillDefaults()
+	return s
+}
+
 func (s *Spec) fillDefaults() {
 	if s.HealthPath == "" {
 		s.HealthPath = "/health"

@@ -111,7 +111,7 @@ func (x *exchange) ended() (outcome, reason string, e *apiError) {
 	case errors.Is(cause, errRequestTimeout):
 		return outcomeFailed, "request_timeout", &apiError{status: 504, typ: typeServer, code: "upstream_timeout",
 			message: fmt.Sprintf("The request did not complete within %s.", x.rt.cfg.Server.requestTimeout())}
-	case errors.Is(cause, errShutdown), errors.Is(cause, context.Canceled) && !errors.Is(cause, errClientGone):
+	case errors.Is(cause, errShutdown):
 		return outcomeFailed, "shutdown", &apiError{status: 503, typ: typeServer, code: "shutting_down", message: "The gateway is shutting down."}
 	default:
 		return outcomeCanceled, "client_disconnect", nil

@@ -194,19 +194,9 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 	return rt, commits, nil
 }
 
-// sameSpec compares two backend specs after defaults; a backend is reused
-// across a reload only if nothing about it changed.
-func sameSpec(a, b backends.Spec) bool {
-	nb, err := backends.NewBackend(b, nopBudget{}, nil)
-	if err != nil {
-		return false
-	}
-	return reflect.DeepEqual(a, nb.Spec())
-}
-
-type nopBudget struct{}
-
-func (nopBudget) Free() int64 { return 0 }
+// sameSpec says whether a backend made from b would be the backend a
+// already is; only then is it reused across a reload.
+func sameSpec(a, b backends.Spec) bool { return reflect.DeepEqual(a, b.WithDefaults()) }
 
 func backendSpec(bc BackendConfig) backends.Spec {
 	return backends.Spec{

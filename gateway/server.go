@@ -67,8 +67,8 @@ type Server struct {
 	probeStop context.CancelFunc
 	probes    sync.WaitGroup
 
-	base     context.Context // cancelled at the end of Shutdown
-	stopBase context.CancelFunc
+	base     context.Context // cancelled (errShutdown) at the end of Shutdown
+	stopBase context.CancelCauseFunc
 
 	// testHookServe, when set by a test, runs at the start of every
 	// completion request (to inject a panic, say).
@@ -98,7 +98,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	s.watch = w
-	s.base, s.stopBase = context.WithCancel(context.Background())
+	s.base, s.stopBase = context.WithCancelCause(context.Background())
 	s.rt.Store(rt)
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	sc := cfg.Server
@@ -143,7 +143,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.reloadMu.Unlock()
 	s.probes.Wait()
-	s.stopBase()
+	s.stopBase(errShutdown)
 	s.watch.Close()
 	return err
 }
