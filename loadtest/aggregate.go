@@ -103,12 +103,15 @@ type levelAgg struct {
 	tpot           []float64
 	outTokens      int
 	promptTokens   int
-	window, wall   time.Duration
-	met, judged    int
-	stopped        string
-	saturation     *SaturationVerdict
-	errs           map[[2]string]int
-	errOrder       [][2]string
+	// tputOK and tputTokens are what the server answered inside the measured
+	// windows, warm-up requests that finished there included.
+	tputOK, tputTokens int
+	window, wall       time.Duration
+	met, judged        int
+	stopped            string
+	saturation         *SaturationVerdict
+	errs               map[[2]string]int
+	errOrder           [][2]string
 
 	kvSource                 string
 	kvSeries                 string
@@ -164,6 +167,12 @@ func (g *levelAgg) add(a attempt, slo sloLimits, metricsURL string) {
 	}
 	if !a.measureStart.IsZero() && end.After(a.measureStart) {
 		g.window += end.Sub(a.measureStart)
+		for _, w := range a.warmupOK {
+			if w.end.After(a.measureStart) && !w.end.After(end) {
+				g.tputOK++
+				g.tputTokens += w.outputTokens
+			}
+		}
 	}
 	if a.stopped != "" && g.stopped == "" {
 		g.stopped = a.stopped
@@ -177,7 +186,9 @@ func (g *levelAgg) add(a attempt, slo sloLimits, metricsURL string) {
 		switch r.Outcome {
 		case OutcomeOK:
 			g.counts.OK++
+			g.tputOK++
 			g.outTokens += r.OutputTokens
+			g.tputTokens += r.OutputTokens
 			g.promptTokens += r.PromptTokens
 			if !r.FirstToken.IsZero() {
 				g.ttft = append(g.ttft, ms(r.TTFT()))
@@ -346,8 +357,8 @@ func (g *levelAgg) report(slo sloLimits, target, confidence float64) StepReport 
 	s := StepReport{
 		Target: g.target, Mode: g.mode, Level: g.level, Attempts: g.attempts, StartedAt: g.started,
 		WindowS: g.window.Seconds(), WallS: g.wall.Seconds(), Requests: g.counts,
-		RequestsPerS:     Rate(float64(g.counts.OK), g.window),
-		OutputTokensPerS: Rate(float64(g.outTokens), g.window),
+		RequestsPerS:     Rate(float64(g.tputOK), g.window),
+		OutputTokensPerS: Rate(float64(g.tputTokens), g.window),
 		TTFT:             Summarize(g.ttft), ITL: Summarize(g.itl), TPOT: Summarize(g.tpot), E2E: Summarize(g.e2e),
 		StoppedEarly: g.stopped, Saturation: g.saturation, Reasons: []string{},
 	}

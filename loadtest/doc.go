@@ -23,7 +23,9 @@
 // final usage chunk (stream_options.include_usage), else one a chunk. This
 // is how vLLM's benchmark_serving measures, so the figures compare. Per
 // step, throughput is completed requests (and their output tokens) over the
-// measured window — first counted request sent to last one finished — and
+// measured window — first counted request sent to last one finished —,
+// counting the warm-up requests that finish inside it too (the server's
+// work in that window; a closed loop's warm-up often drains there), and
 // latencies are reported as p50, p90 and p99 by linear interpolation between
 // closest ranks (NumPy's default). Each request ends in exactly one outcome:
 // ok, shed (429), 4xx, 5xx, overflow (an out-of-memory error in the body or

@@ -87,10 +87,10 @@ func TestSweepThroughGatewayNeverOverflows(t *testing.T) {
 	if ev := s.Stats().OOMEvents; ev != 0 {
 		t.Fatalf("the sim overflowed behind the gateway: %d events", ev)
 	}
-	// Past the budget most requests are shed, which may leave too few
-	// completions to judge a step, but never an overflow or a 5xx.
-	if !rep.HasSafe || rep.Safe < 16 {
-		t.Errorf("safe %v %g, want at least 16\n%s", rep.HasSafe, rep.Safe, rep.Answer)
+	// Past the budget (8 requests) most requests are shed, which may leave
+	// too few completions to judge a step, but never an overflow or a 5xx.
+	if !rep.HasSafe || rep.Safe < 8 {
+		t.Errorf("safe %v %g, want at least 8\n%s", rep.HasSafe, rep.Safe, rep.Answer)
 	}
 	if ff := rep.FirstFailure; ff != nil {
 		for _, r := range ff.Reasons {

@@ -192,3 +192,27 @@ func TestAttainmentVerdictNeedsEnoughEvidence(t *testing.T) {
 		}
 	}
 }
+
+// Warm-up requests that finish inside the measured window are the server's
+// work in that window: they count toward throughput (not latency), or a
+// closed loop whose warm-up is still draining would be under-reported.
+func TestThroughputCountsWarmupFinishedInWindow(t *testing.T) {
+	a := handAttempt()
+	a.measureStart = at(0.5)
+	a.warmupOK = []finished{
+		{end: at(0.4), outputTokens: 7},  // before the window: not counted
+		{end: at(1.0), outputTokens: 11}, // inside
+		{end: at(2.0), outputTokens: 13}, // at its end: inside
+		{end: at(2.4), outputTokens: 17}, // after: not counted
+	}
+	g := &levelAgg{mode: ModeConcurrency, level: 8}
+	g.add(a, sloLimits{}, "")
+	s := g.report(sloLimits{}, 0.99, 0.95)
+	// Window 0.5 s to 2.0 s; 4 counted ok (100 tokens) + 2 warm-ups (24).
+	if !near(s.WindowS, 1.5, 1e-9) || !near(s.RequestsPerS, 6/1.5, 1e-9) || !near(s.OutputTokensPerS, 124/1.5, 1e-9) {
+		t.Errorf("window %g, req/s %g, tok/s %g", s.WindowS, s.RequestsPerS, s.OutputTokensPerS)
+	}
+	if s.Requests.OK != 4 || s.MeanOutputTokens != 25 || s.TTFT.N != 4 {
+		t.Errorf("warm-ups leaked into the counted figures: %+v, mean out %g, ttft n %d", s.Requests, s.MeanOutputTokens, s.TTFT.N)
+	}
+}

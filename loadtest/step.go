@@ -64,11 +64,21 @@ type ProgressSnapshot struct {
 	HasKV    bool
 }
 
+// finished is when a request was answered and how many tokens it got.
+type finished struct {
+	end          time.Time
+	outputTokens int
+}
+
 // attempt is what one attempt at one level produced.
 type attempt struct {
 	results      []Result // counted requests only, in completion order
 	warmup       int
-	warmupFailed []Result  // warm-up requests that failed, kept for the verdict
+	warmupFailed []Result // warm-up requests that failed, kept for the verdict
+	// warmupOK are the warm-up requests answered in full: not measured, but
+	// the server's work all the same, and counted in the throughput when
+	// they finish inside the measured window.
+	warmupOK     []finished
 	measureStart time.Time // first counted request sent
 	wallStart    time.Time
 	wallEnd      time.Time
@@ -289,7 +299,9 @@ func (r *runner) record(i int, res Result) {
 		// Not measured, but not forgiven: a warm-up request that overflows
 		// or fails says the level is unsafe as loudly as a counted one.
 		switch res.Outcome {
-		case OutcomeOK, OutcomeShed, OutcomeIncomplete, OutcomeDropped:
+		case OutcomeOK:
+			r.a.warmupOK = append(r.a.warmupOK, finished{end: res.End, outputTokens: res.OutputTokens})
+		case OutcomeShed, OutcomeIncomplete, OutcomeDropped:
 		default:
 			r.a.warmupFailed = append(r.a.warmupFailed, res)
 		}
