@@ -18,8 +18,8 @@ import (
 
 // Config is the gateway's one YAML file. Every field documents its default
 // (what an absent or zero value means); Load fills the defaults and rejects
-// bad values with the field's path in the message. docs/CONFIG.md is the
-// reference for operators.
+// bad values with the field's path in the message. The README's
+// configuration reference is the operators' version of this.
 type Config struct {
 	// Listen is the address to serve on. Default 127.0.0.1:8080. A reload
 	// cannot change it.
