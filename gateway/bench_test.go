@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -84,12 +85,16 @@ func BenchmarkGatewayLatency(b *testing.B) {
 // engine at a tenth of real GPU time, the engine is the bottleneck, as it is
 // in production.
 func BenchmarkGatewayThroughput(b *testing.B) {
-	for _, scale := range []float64{0, 0.1} {
-		_, simURL := startSim(b, func(c *sim.Config) { c.TimeScale = scale })
-		_, gw := startGateway(b, baseConfig(simURL, ""), Options{})
+	for _, v := range []struct {
+		scale     float64
+		tokenizer string
+	}{{0, "backend"}, {0, "estimate"}, {0.1, "backend"}} {
+		_, simURL := startSim(b, func(c *sim.Config) { c.TimeScale = v.scale })
+		cfg := strings.Replace(baseConfig(simURL, ""), "tokenizer: backend", "tokenizer: "+v.tokenizer, 1)
+		_, gw := startGateway(b, cfg, Options{})
 		body := chatBody("What is a KV cache? Answer in one line.", 16, false)
 		for _, tgt := range []struct{ name, url string }{{"direct", simURL}, {"gateway", gw}} {
-			b.Run(fmt.Sprintf("timescale=%g/%s", scale, tgt.name), func(b *testing.B) {
+			b.Run(fmt.Sprintf("timescale=%g/tokenizer=%s/%s", v.scale, v.tokenizer, tgt.name), func(b *testing.B) {
 				b.SetParallelism(32) // × GOMAXPROCS goroutines
 				var n atomic.Int64
 				start := time.Now()
