@@ -77,6 +77,9 @@ type Backend struct {
 	host   string // host:port
 	scheme string
 	up     *Upstream
+	// probe carries health checks and scrapes on connections of their own,
+	// so a backend busy with traffic is not judged dead for want of a slot.
+	probe  *Upstream
 	budget Budget
 	now    func() time.Time
 	circ   circuit
@@ -108,7 +111,9 @@ func NewBackend(spec Spec, budget Budget, now func() time.Time) (*Backend, error
 	if now == nil {
 		now = time.Now
 	}
-	b := &Backend{spec: spec, host: u.Host, scheme: u.Scheme, up: NewUpstream(u.Host, spec.Upstream), budget: budget, now: now}
+	b := &Backend{spec: spec, host: u.Host, scheme: u.Scheme, up: NewUpstream(u.Host, spec.Upstream),
+		probe:  NewUpstream(u.Host, UpstreamOptions{MaxConns: 2, DialTimeout: spec.Upstream.DialTimeout, DialForTesting: spec.Upstream.DialForTesting}),
+		budget: budget, now: now}
 	b.circ = circuit{threshold: spec.FailThreshold, cooldown: spec.Cooldown, now: now}
 	return b, nil
 }
@@ -249,7 +254,7 @@ func (b *Backend) get(ctx context.Context, path string, timeout time.Duration) (
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	b.NewRequest(req, fasthttp.MethodGet, path)
-	r, err := b.up.Do(ctx, req)
+	r, err := b.probe.Do(ctx, req)
 	if err != nil {
 		return 0, nil, err
 	}

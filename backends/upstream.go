@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"golang.org/x/sync/semaphore"
 )
 
 // Upstream sends requests to one backend over a pool of keep-alive
@@ -23,17 +24,23 @@ import (
 // connection is how vLLM learns to abort a request and free its KV blocks.
 // fasthttp's own client cannot be cancelled while it waits for headers.
 type Upstream struct {
-	hc      *fasthttp.HostClient
+	hc *fasthttp.HostClient
+	// slots bounds the connections in use; waiting for one honours the
+	// request's context (HostClient's own wait cannot be cancelled).
+	slots   *semaphore.Weighted
 	maxBody int64
 }
 
 // UpstreamOptions tunes an Upstream; zero values take the documented
 // defaults.
 type UpstreamOptions struct {
-	MaxConns       int           // connections to the backend; 0 = 1024
-	DialTimeout    time.Duration // 0 = 3s
-	MaxIdleConn    time.Duration // idle pooled connections are closed after this; 0 = 60s
-	MaxBodyBytes   int64         // largest non-streamed response read into memory; 0 = 64 MiB
+	MaxConns    int           // connections to the backend; 0 = 1024
+	DialTimeout time.Duration // 0 = 3s
+	// MaxIdleConn closes pooled connections idle this long; 0 = 4s, under
+	// the 5 s keep-alive of uvicorn (vLLM's server), so the gateway rarely
+	// holds a connection the backend has already dropped.
+	MaxIdleConn    time.Duration
+	MaxBodyBytes   int64 // largest non-streamed response read into memory; 0 = 64 MiB
 	DialForTesting func(addr string) (net.Conn, error)
 }
 
@@ -46,7 +53,7 @@ func NewUpstream(addr string, o UpstreamOptions) *Upstream {
 		o.DialTimeout = 3 * time.Second
 	}
 	if o.MaxIdleConn <= 0 {
-		o.MaxIdleConn = 60 * time.Second
+		o.MaxIdleConn = 4 * time.Second
 	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 64 << 20
@@ -62,10 +69,11 @@ func NewUpstream(addr string, o UpstreamOptions) *Upstream {
 			MaxConns:            o.MaxConns,
 			MaxIdleConnDuration: o.MaxIdleConn,
 			Dial:                dial,
-			// Waiting for a connection slot is bounded by the caller's
-			// context, not by a second timeout here.
-			MaxConnWaitTimeout: 24 * time.Hour,
+			// slots admits at most MaxConns exchanges, so the HostClient
+			// always has room; this wait is only a safety net.
+			MaxConnWaitTimeout: time.Second,
 		},
+		slots:   semaphore.NewWeighted(int64(o.MaxConns)),
 		maxBody: o.MaxBodyBytes,
 	}
 }
@@ -136,31 +144,46 @@ func (r *Response) ReadAll(max int64) ([]byte, error) {
 func (u *Upstream) MaxBody() int64 { return u.maxBody }
 
 // Do sends req and returns once the response headers have arrived. The
-// caller must Close the response. A pooled connection the backend had
-// already closed is retried on a fresh one; nothing else is retried here.
+// caller must Close the response. A request is sent at most once: a pooled
+// connection is checked before anything is written to it, and one found
+// closed by the backend is replaced; a write that fails on a pooled
+// connection (the backend closed it between the check and the write, so it
+// processed nothing) is retried on a fresh one. Nothing is retried once the
+// request has been written.
 func (u *Upstream) Do(ctx context.Context, req *fasthttp.Request) (*Response, error) {
+	if err := u.slots.Acquire(ctx, 1); err != nil {
+		return nil, fmt.Errorf("upstream %s: waiting for a connection: %w", u.hc.Addr, context.Cause(ctx))
+	}
 	for attempt := 0; ; attempt++ {
-		r, reused, err := u.try(ctx, req)
+		r, retry, err := u.try(ctx, req)
 		if err == nil {
-			return r, nil
+			return r, nil // the slot is released with the response
 		}
 		if ctx.Err() != nil {
+			u.slots.Release(1)
 			return nil, fmt.Errorf("upstream %s: %w", u.hc.Addr, context.Cause(ctx))
 		}
-		if reused && attempt < 3 {
-			continue // a stale keep-alive connection: the request never reached the backend
+		if retry && attempt < 3 {
+			continue
 		}
+		u.slots.Release(1)
 		return nil, err
 	}
 }
 
-func (u *Upstream) try(ctx context.Context, req *fasthttp.Request) (resp *Response, reused bool, err error) {
+// try runs one exchange; retry says the request certainly did not reach
+// the backend.
+func (u *Upstream) try(ctx context.Context, req *fasthttp.Request) (resp *Response, retry bool, err error) {
 	cc, err := u.hc.AcquireConn(0, false)
 	if err != nil {
 		return nil, false, fmt.Errorf("%w: connect %s: %w", ErrUpstream, u.hc.Addr, err)
 	}
 	conn := cc.Conn()
-	reused = !cc.LastUseTime().IsZero()
+	reused := !cc.LastUseTime().IsZero()
+	if reused && connClosedByPeer(conn) {
+		u.hc.CloseConn(cc)
+		return nil, true, fmt.Errorf("%w: pooled connection to %s was closed", ErrUpstream, u.hc.Addr)
+	}
 	var interrupted atomic.Bool
 	stop := context.AfterFunc(ctx, func() {
 		interrupted.Store(true)
@@ -190,15 +213,24 @@ func (u *Upstream) try(ctx context.Context, req *fasthttp.Request) (resp *Respon
 
 	br := u.hc.AcquireReader(conn)
 	resp = &Response{}
-	if err := resp.Header.Read(br); err != nil {
-		u.hc.ReleaseReader(br)
-		release(false)
-		return nil, reused, fmt.Errorf("%w: read response from %s: %w", ErrUpstream, u.hc.Addr, err)
+	for {
+		if err := resp.Header.Read(br); err != nil {
+			u.hc.ReleaseReader(br)
+			release(false)
+			return nil, false, fmt.Errorf("%w: read response from %s: %w", ErrUpstream, u.hc.Addr, err)
+		}
+		// An interim answer (103 Early Hints, 100 Continue) precedes the
+		// real one on the same connection.
+		if c := resp.Header.StatusCode(); c < 100 || c >= 200 || c == fasthttp.StatusSwitchingProtocols {
+			break
+		}
+		resp.Header.Reset()
 	}
 	resp.body = bodyReader(&resp.Header, br)
 	resp.release = func(reuse bool) {
 		u.hc.ReleaseReader(br)
 		release(reuse)
+		u.slots.Release(1)
 	}
 	return resp, false, nil
 }
@@ -210,13 +242,35 @@ func bodyReader(h *fasthttp.ResponseHeader, br *bufio.Reader) io.Reader {
 	}
 	switch cl := h.ContentLength(); {
 	case cl >= 0:
-		return io.LimitReader(br, int64(cl))
+		return &sizedBody{r: br, left: int64(cl)}
 	case cl == -1: // chunked
 		return &chunkedBody{br: br, r: httputil.NewChunkedReader(br)}
 	default: // until the backend closes the connection
 		h.SetConnectionClose()
 		return br
 	}
+}
+
+// sizedBody reads exactly the Content-Length: a body that ends early is an
+// error (and its connection is not reused), not a short success.
+type sizedBody struct {
+	r    io.Reader
+	left int64
+}
+
+func (s *sizedBody) Read(p []byte) (int, error) {
+	if s.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > s.left {
+		p = p[:s.left]
+	}
+	n, err := s.r.Read(p)
+	s.left -= int64(n)
+	if errors.Is(err, io.EOF) && s.left > 0 {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
 }
 
 type eofReader struct{}
@@ -236,6 +290,9 @@ func (c *chunkedBody) Read(p []byte) (int, error) {
 		for {
 			line, lerr := c.br.ReadSlice('\n')
 			if lerr != nil {
+				if errors.Is(lerr, io.EOF) {
+					lerr = io.ErrUnexpectedEOF // the trailer never ended
+				}
 				return n, lerr
 			}
 			if len(bytes.TrimRight(line, "\r\n")) == 0 {

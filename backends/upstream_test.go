@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -218,5 +219,148 @@ func TestReadAllLimit(t *testing.T) {
 	}
 	if _, err := r.ReadAll(999); !errors.Is(err, ErrUpstream) {
 		t.Fatalf("over-limit body: %v", err)
+	}
+}
+
+// rawServer hands each accepted connection to handle, for answers fasthttp's
+// server would never give.
+func rawServer(t *testing.T, handle func(c net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); handle(c) }()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// A body cut short of its Content-Length is an error, not a short success,
+// and the connection is not pooled (review finding: truncated JSON got 200).
+func TestUpstreamShortContentLength(t *testing.T) {
+	addr := rawServer(t, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"choices\":[{\"te"))
+	})
+	u := NewUpstream(addr, UpstreamOptions{})
+	r, err := u.Do(context.Background(), post(addr, "/x", "{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := r.ReadAll(1 << 20); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("truncated body: %q, %v", b, err)
+	}
+	if n := u.hc.IdleConnsCount(); n != 0 {
+		t.Errorf("%d broken connections pooled", n)
+	}
+}
+
+// An interim 1xx answer is skipped; the real one follows on the same
+// connection (review finding: the next request got the previous answer).
+func TestUpstreamSkipsInterimResponses(t *testing.T) {
+	addr := rawServer(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for i := 0; ; i++ {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			if i == 0 {
+				c.Write([]byte("HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"))
+			}
+			body := "answer to " + req.URL.Path
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		}
+	})
+	u := NewUpstream(addr, UpstreamOptions{})
+	for _, p := range []string{"/first", "/second"} {
+		r, err := u.Do(context.Background(), post(addr, p, "{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, err := r.ReadAll(1 << 20); err != nil || r.Status() != 200 || string(b) != "answer to "+p {
+			t.Fatalf("%s: %d %q %v", p, r.Status(), b, err)
+		}
+	}
+}
+
+// A backend that received the request and dropped the connection without
+// answering is not sent it again (review finding: a POST arrived twice).
+func TestUpstreamNeverResendsAWrittenRequest(t *testing.T) {
+	var got atomic.Int32
+	addr := rawServer(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for i := 0; ; i++ {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			if req.URL.Path == "/gen" {
+				got.Add(1)
+				return // took the request, then died
+			}
+			c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+		}
+	})
+	u := NewUpstream(addr, UpstreamOptions{})
+	r, err := u.Do(context.Background(), post(addr, "/warm", "{}")) // pools a connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ReadAll(100)
+	if _, err := u.Do(context.Background(), post(addr, "/gen", "{}")); !errors.Is(err, ErrUpstream) {
+		t.Fatalf("err = %v", err)
+	}
+	if n := got.Load(); n != 1 {
+		t.Fatalf("the backend received the request %d times", n)
+	}
+}
+
+// Waiting for a connection slot honours the context: with every connection
+// busy, a request whose context ends gives up at once (review finding: it
+// waited, holding its reservation, past hang-up and timeout).
+func TestUpstreamSlotWaitHonoursContext(t *testing.T) {
+	release := make(chan struct{})
+	addr := rawServer(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			if _, err := http.ReadRequest(br); err != nil {
+				return
+			}
+			<-release
+			c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+		}
+	})
+	defer close(release)
+	u := NewUpstream(addr, UpstreamOptions{MaxConns: 1})
+	first := make(chan struct{})
+	go func() {
+		close(first)
+		if r, err := u.Do(context.Background(), post(addr, "/slow", "{}")); err == nil {
+			r.ReadAll(100)
+		}
+	}()
+	<-first
+	time.Sleep(50 * time.Millisecond) // the first holds the only connection
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := u.Do(ctx, post(addr, "/second", "{}")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("gave up after %s", d)
 	}
 }
