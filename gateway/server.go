@@ -181,7 +181,11 @@ func (s *Server) startProbes(rt *runtime) {
 
 func (s *Server) startProbesLocked(rt *runtime) {
 	if s.probeStop != nil {
+		// The old generation must be gone before the new one starts: a
+		// scrape finishing late would apply the old runtime's numbers to
+		// budgets the new one shares.
 		s.probeStop()
+		s.probes.Wait()
 	}
 	if s.opt.DisableProbes {
 		return
@@ -199,6 +203,9 @@ func (s *Server) startProbesLocked(rt *runtime) {
 // the budget never exceeds the pool the backend really has, and shrinks
 // while the backends of a GPU report more in use than its budget.
 func (s *Server) onKVReport(rt *runtime, b *backends.Backend, _ backends.KVReport) {
+	if s.rt.Load() != rt {
+		return // a report of a configuration already replaced
+	}
 	g := rt.groupOf[b]
 	var pool, used int64
 	complete := true

@@ -203,7 +203,9 @@ func TestCompareAndRateAgainstSims(t *testing.T) {
 	big := sim.Config{GPUMemory: 24 << 30, OnOverflow: sim.OverflowOOM, TimeScale: 0.01, Seed: 2}
 	large, _ := startSim(t, big)
 	cfg := fastConfig(t, Target{Name: "small", URL: small}, Target{Name: "large", URL: large + "/v1/"})
-	cfg.Rates, cfg.Warmup = []float64{100, 200}, 4
+	// Rates low enough that Poisson bursts stay under the ceiling on a busy
+	// machine: this tests compare and rate mode, not where the sim breaks.
+	cfg.Rates, cfg.Warmup = []float64{50, 100}, 4
 	rep, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -212,14 +214,14 @@ func TestCompareAndRateAgainstSims(t *testing.T) {
 		t.Fatalf("mode %s, %d targets, %d steps", rep.Mode, len(rep.Targets), len(rep.Steps))
 	}
 	for _, tr := range rep.Targets {
-		if !tr.HasSafe || tr.Safe != 200 {
+		if !tr.HasSafe || tr.Safe != 100 {
 			t.Errorf("%s: safe %v %g (%s)", tr.Name, tr.HasSafe, tr.Safe, tr.Answer)
 		}
 	}
-	if !rep.HasSafe || rep.Safe != 200 || strings.Count(rep.Answer, "\n") != 1 {
+	if !rep.HasSafe || rep.Safe != 100 || strings.Count(rep.Answer, "\n") != 1 {
 		t.Errorf("top level: %v %g\n%s", rep.HasSafe, rep.Safe, rep.Answer)
 	}
-	if st := stepAt(rep, "large", 200); st == nil || st.Rate != 200 || st.Requests.OK != 20 || st.Requests.Warmup != 4 {
-		t.Errorf("large at 200/s: %+v", st)
+	if st := stepAt(rep, "large", 100); st == nil || st.Rate != 100 || st.Requests.OK != 20 || st.Requests.Warmup != 4 {
+		t.Errorf("large at 100/s: %+v", st)
 	}
 }
