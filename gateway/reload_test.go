@@ -80,3 +80,72 @@ func TestReload(t *testing.T) {
 	}
 	eventually(t, "the reservation to return", func() bool { return held(gw) == 0 })
 }
+
+// clampConfig gives the gateway a budget (20 GiB) far larger than the
+// simulator's real pool (2888 blocks, 6.06 GB), so the budget must follow
+// the pool the backend reports.
+func clampConfig(url string) string {
+	return strings.Replace(baseConfig(url, "admission:\n  queue: {timeout: 60s}\n"), "gpu_memory: 24GiB", "kv_budget: 20GiB", 1)
+}
+
+// Review finding: a reload reset a pool-clamped budget to its configured
+// size and dispatched the queue at once, admitting past the pool.
+func TestReloadKeepsThePoolClamp(t *testing.T) {
+	backend, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 })
+	gw, gwURL := startGateway(t, clampConfig(url), Options{})
+	pool := backend.Stats().NumGPUBlocks * (2 << 20)
+	eventually(t, "the budget to follow the pool", func() bool { return capacity(gw) == pool })
+	// Fill the pool with 500-block requests, and queue two more.
+	fill := int(backend.Stats().NumGPUBlocks / 500)
+	for range fill + 2 {
+		c, _ := rawRequest(t, gwURL, "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":7990}`)
+		defer c.Close()
+	}
+	eventually(t, "the queue", func() bool { return queued(gw) == 2 })
+	cfg, err := Parse([]byte(clampConfig(url)), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if c := capacity(gw); c != pool {
+		t.Errorf("capacity after reload %d, want the pool %d", c, pool)
+	}
+	if h := held(gw); h > pool || queued(gw) != 2 {
+		t.Errorf("after a no-op reload: held %d (pool %d), queued %d", h, pool, queued(gw))
+	}
+}
+
+// Review finding: renaming a backend (whose GPU defaults to its name) made
+// a second, empty budget for the same GPU while the old one still held the
+// streams running there.
+func TestReloadRenamedBackendKeepsItsBudget(t *testing.T) {
+	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 })
+	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+	c, _ := rawRequest(t, gwURL, "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":7990}`)
+	defer c.Close()
+	eventually(t, "the request to be admitted", func() bool { return held(gw) > 0 })
+	old := gw.rt.Load().groups["gpu0"].budget
+	cfg, err := Parse([]byte(strings.Replace(baseConfig(url, ""), "name: gpu0", "name: vllm-0", 1)), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	g := gw.rt.Load().groups["vllm-0"]
+	if g == nil || g.budget != old || g.budget.Stats().Held == 0 {
+		t.Fatalf("the renamed backend's GPU has a new budget: %+v", gw.rt.Load().groups)
+	}
+}
+
+// Review finding: the pool was read in the gateway's block size, not the
+// one the backend reports.
+func TestPoolUsesTheBackendsBlockSize(t *testing.T) {
+	backend, url := startSim(t, func(c *sim.Config) { c.BlockSize = 32 })
+	gw, _ := startGateway(t, clampConfig(url), Options{})
+	st := backend.Stats()
+	pool := st.NumGPUBlocks * int64(st.BlockSize) * 131072
+	eventually(t, "the budget to follow the pool", func() bool { return capacity(gw) == pool })
+}

@@ -43,9 +43,35 @@ type group struct {
 	budget   *admission.Budget
 	nominal  int64 // from the config: gpu_memory × ceiling − weights − reserve − other
 	backends []*backends.Backend
-	// bytesPerBlock of the model each backend serves, to turn the backend's
-	// reported pool (in blocks) into bytes.
-	blockBytes map[*backends.Backend]int64
+	// bytesPerToken of the model each backend serves, on one GPU: with the
+	// block size the backend reports, it turns its pool (in blocks) into
+	// bytes.
+	bytesPerToken map[*backends.Backend]int64
+}
+
+// pool is what the backends of g report of their KV pools: their total
+// size and the part in use, in bytes of one GPU. ok is false until every
+// backend of the group has reported both.
+func (g *group) pool() (pool, used int64, ok bool) {
+	for _, be := range g.backends {
+		kv, have := be.KV()
+		if !have || !kv.HasPool() || !kv.HasUsage {
+			return 0, 0, false
+		}
+		bytes := kv.NumGPUBlocks * int64(kv.BlockSize) * g.bytesPerToken[be]
+		pool += bytes
+		used += int64(kv.Usage * float64(bytes))
+	}
+	return pool, used, len(g.backends) > 0
+}
+
+// capacity is the budget g admits against: its configured size, or less if
+// its backends' pools are smaller.
+func (g *group) capacity() int64 {
+	if pool, _, ok := g.pool(); ok && pool < g.nominal {
+		return pool
+	}
+	return g.nominal
 }
 
 // buildRuntime turns a validated config into a runtime, reusing what prev
@@ -90,6 +116,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 		memory, other, explicit int64
 		field                   string
 		weights                 map[string]int64
+		urls                    map[string]bool
 	}
 	specs := map[string]*groupSpec{}
 	var order []string
@@ -97,7 +124,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 		f := fmt.Sprintf("backends[%d]", i)
 		gs := specs[bc.GPU]
 		if gs == nil {
-			gs = &groupSpec{weights: map[string]int64{}, field: f}
+			gs = &groupSpec{weights: map[string]int64{}, urls: map[string]bool{}, field: f}
 			specs[bc.GPU] = gs
 			order = append(order, bc.GPU)
 		}
@@ -112,6 +139,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 		gs.memory = max(gs.memory, mem)
 		gs.other = max(gs.other, bc.OtherUsed.Bytes)
 		gs.explicit = max(gs.explicit, bc.KVBudget.Bytes)
+		gs.urls[bc.URL] = true
 		for _, name := range bc.Models {
 			gs.weights[name] = rt.models[name].weightsPerGPU()
 		}
@@ -120,7 +148,34 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 		return nil, nil, errors.Join(errs...)
 	}
 
-	var commits []func()
+	// The budget a group carries over: its own under the same name, or, for a
+	// renamed GPU (a backend renamed without an explicit gpu), the budget of
+	// a vanished group whose backends it keeps — a new empty budget there
+	// would admit a second full budget next to the streams still running.
+	carried := func(name string, urls map[string]bool) *admission.Budget {
+		if prev == nil {
+			return nil
+		}
+		if g := prev.groups[name]; g != nil {
+			return g.budget
+		}
+		for oldName, g := range prev.groups {
+			if specs[oldName] != nil {
+				continue
+			}
+			for _, be := range g.backends {
+				if urls[be.Spec().URL] {
+					return g.budget
+				}
+			}
+		}
+		return nil
+	}
+	type reconfig struct {
+		g    *group
+		acfg admission.Config
+	}
+	var reconfigs []reconfig
 	for _, name := range order {
 		gs := specs[name]
 		capacity := gs.explicit
@@ -137,16 +192,15 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 			capacity = kv
 		}
 		acfg := admissionConfig(cfg, capacity, opt)
-		g := &group{name: name, nominal: capacity, blockBytes: map[*backends.Backend]int64{}}
-		if prev != nil && prev.groups[name] != nil {
-			old := prev.groups[name].budget
+		g := &group{name: name, nominal: capacity, bytesPerToken: map[*backends.Backend]int64{}}
+		if old := carried(name, gs.urls); old != nil {
 			// Validate now; apply in commit, after every other part built.
 			if _, err := admission.New(acfg); err != nil {
 				errs = append(errs, fmt.Errorf("admission (gpu %q): %w", name, err))
 				continue
 			}
 			g.budget = old
-			commits = append(commits, func() { _ = old.Reconfigure(acfg) })
+			reconfigs = append(reconfigs, reconfig{g, acfg})
 		} else {
 			acfg.Observer = opt.observerFor(name)
 			b, err := admission.New(acfg)
@@ -169,7 +223,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 		var be *backends.Backend
 		if prev != nil {
 			for _, old := range prev.pool.Backends() {
-				if old.Name() == bc.Name && prev.groupOf[old].name == bc.GPU && sameSpec(old.Spec(), spec) {
+				if old.Name() == bc.Name && prev.groupOf[old].budget == g.budget && sameSpec(old.Spec(), spec) {
 					be = old
 				}
 			}
@@ -185,12 +239,19 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 		list = append(list, be)
 		rt.groupOf[be] = g
 		g.backends = append(g.backends, be)
-		g.blockBytes[be] = rt.models[bc.Models[0]].layout.BytesPerBlock
+		g.bytesPerToken[be] = rt.models[bc.Models[0]].layout.BytesPerToken
 	}
 	if len(errs) > 0 {
 		return nil, nil, errors.Join(errs...)
 	}
 	rt.pool = backends.NewPool(list)
+	var commits []func()
+	for _, r := range reconfigs {
+		// Keep the clamp to the pools the backends reported: reconfiguring
+		// to the configured size would admit past them until the next scrape.
+		r.acfg.Capacity = r.g.capacity()
+		commits = append(commits, func() { _ = r.g.budget.Reconfigure(r.acfg) })
+	}
 	return rt, commits, nil
 }
 

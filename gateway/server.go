@@ -70,6 +70,8 @@ type Server struct {
 	base     context.Context // cancelled (errShutdown) at the end of Shutdown
 	stopBase context.CancelCauseFunc
 
+	warnedBlocks sync.Map // *backends.Backend → true once its block size mismatch is logged
+
 	// testHookServe, when set by a test, runs at the start of every
 	// completion request (to inject a panic, say).
 	testHookServe func()
@@ -207,22 +209,17 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, _ backends.KVRepor
 		return // a report of a configuration already replaced
 	}
 	g := rt.groupOf[b]
-	var pool, used int64
-	complete := true
-	for _, be := range g.backends {
-		kv, ok := be.KV()
-		if !ok || !kv.HasPool() || !kv.HasUsage {
-			complete = false
-			continue
-		}
-		bytes := kv.NumGPUBlocks * g.blockBytes[be]
-		pool += bytes
-		used += int64(kv.Usage * float64(bytes))
-	}
-	if !complete {
+	pool, used, ok := g.pool()
+	if !ok {
 		return
 	}
-	want := min(g.nominal, pool)
+	if kv, _ := b.KV(); kv.BlockSize != rt.models[b.Spec().Models[0]].layout.BlockSize {
+		if _, seen := s.warnedBlocks.LoadOrStore(b, true); !seen {
+			s.log.Warn("backend's KV block size differs from the model's block_size: reservations are rounded wrongly",
+				"backend", b.Name(), "reported", kv.BlockSize, "configured", rt.models[b.Spec().Models[0]].layout.BlockSize)
+		}
+	}
+	want := g.capacity()
 	if st := g.budget.Stats(); st.Capacity != want {
 		if err := g.budget.Resize(want); err == nil {
 			s.log.Info("budget follows the backend's pool", "gpu", g.name, "configured", g.nominal, "pool", pool, "capacity", want)
