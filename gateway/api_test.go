@@ -149,7 +149,7 @@ tenants:
 		{"stream not bool", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","stream":"yes"}`, auth, 400, "", "stream"},
 		{"no prompt", "/v1/completions", `{"model":"llama-3-8b"}`, auth, 400, "", "prompt"},
 		{"unknown model", "/v1/chat/completions", strings.Replace(chatBody("hi", 5, false), "llama-3-8b", "gpt-9", 1), auth, 404, "model_not_found", "model"},
-		{"over max_model_len", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":9000}`, auth, 400, "context_length_exceeded", "messages"},
+		{"over max_model_len", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":9000}`, auth, 400, "context_length_exceeded", "prompt"},
 		{"bigger than the budget", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":8000,"n":16}`, auth, 400, "kv_budget_exceeded", "max_tokens"},
 		{"bad priority", "/v1/chat/completions", chatBody("hi", 5, false), append([]string{"X-Priority", "vip"}, auth...), 400, "", "X-Priority"},
 		{"body too large", "/v1/chat/completions", big, auth, 413, "request_too_large", ""},

@@ -71,3 +71,47 @@ func TestEstimateCalibratesTowardBackend(t *testing.T) {
 		t.Error("the ratio did not move")
 	}
 }
+
+// Review finding: an estimate (which errs high on purpose) turned requests
+// that fit into 400 context_length_exceeded. Only exact counts may refuse;
+// an estimate that says "too long" reserves the whole context instead.
+func TestEstimateNeverRefusesWhatFits(t *testing.T) {
+	_, url := startSim(t, nil)
+	cfg := strings.Replace(baseConfig(url, ""), "tokenizer: backend", "tokenizer: estimate\n    estimate: {bytes_per_token: 4, margin: 0.1}", 1)
+	gw, gwURL := startGateway(t, cfg, Options{})
+	// 7000 sim tokens (" abc" each); estimated 7000 × 1.1 + overhead > 8192 − 1000.
+	r := postJSON(gwURL, "/v1/chat/completions", chatBody(words(7000), 1000, false))
+	if r.status != 200 {
+		t.Fatalf("a request that fits got %d: %.300s", r.status, r.body)
+	}
+	eventually(t, "the reservation to return", func() bool { return held(gw) == 0 })
+	// With the backend's exact count, one that does not fit is still refused.
+	_, gwExact := startGateway(t, baseConfig(url, ""), Options{})
+	if r := postJSON(gwExact, "/v1/chat/completions", chatBody(words(7500), 1000, false)); r.status != 400 || !strings.Contains(r.body, "context_length_exceeded") {
+		t.Fatalf("exact count over the context: %d %.300s", r.status, r.body)
+	}
+}
+
+// Review finding: default_max_tokens was reserved but not sent, so the
+// backend generated to the end of the context. The gateway now sends it.
+func TestDefaultMaxTokensIsSent(t *testing.T) {
+	_, url := startSim(t, nil)
+	cfg := strings.Replace(baseConfig(url, ""), "max_model_len: 8192", "max_model_len: 8192\n    default_max_tokens: 16", 1)
+	gw, gwURL := startGateway(t, cfg, Options{})
+	body := `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}]}`
+	r := postJSON(gwURL, "/v1/chat/completions", body)
+	var resp struct {
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &resp); err != nil || r.status != 200 || resp.Usage.CompletionTokens != 16 {
+		t.Fatalf("%d %v: %.300s", r.status, err, r.body)
+	}
+	// Streamed too, where the body also gains include_usage.
+	r = postJSON(gwURL, "/v1/chat/completions", strings.Replace(body, `"model"`, `"stream":true,"model"`, 1))
+	if n := strings.Count(r.body, `"delta":{"content":`); r.status != 200 || n != 16 {
+		t.Fatalf("streamed: %d, %d tokens: %.300s", r.status, n, r.body)
+	}
+	eventually(t, "the reservation to return", func() bool { return held(gw) == 0 })
+}

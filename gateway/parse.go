@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"fmt"
+	"strconv"
 
 	"github.com/valyala/fastjson"
 )
@@ -30,7 +31,8 @@ type request struct {
 	stream       bool
 	includeUsage bool // the client itself asked for the usage chunk
 	maxTokens    int  // 0: absent
-	n            int
+	n            int  // choices returned per prompt
+	seqs         int  // sequences run per prompt: max(n, best_of)
 
 	// The prompt, as the estimate tokenizer sees it. A batch completion
 	// request has one shape per prompt.
@@ -63,7 +65,7 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	if v.Type() != fastjson.TypeObject {
 		return nil, &parseError{msg: "The request body must be a JSON object."}
 	}
-	r := &request{kind: kind, n: 1}
+	r := &request{kind: kind, n: 1, seqs: 1}
 	mv := v.Get("model")
 	if mv == nil || mv.Type() != fastjson.TypeString || len(mv.GetStringBytes()) == 0 {
 		return nil, badParam("model", "you must provide a model parameter (a non-empty string)")
@@ -108,12 +110,13 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 		}
 		r.n = n
 	}
+	r.seqs = r.n
 	if best := v.Get("best_of"); best != nil && best.Type() != fastjson.TypeNull {
 		b, err := best.Int()
 		if err != nil || b < 1 || b > 128 {
 			return nil, badParam("best_of", "best_of must be an integer between 1 and 128")
 		}
-		r.n = max(r.n, b) // vLLM runs best_of sequences and returns n
+		r.seqs = max(r.n, b) // vLLM runs best_of sequences and returns n
 	}
 
 	if kind == chatCompletions {
@@ -257,28 +260,43 @@ func appendJSONString(dst []byte, s string) []byte {
 	return a.NewString(s).MarshalTo(dst)
 }
 
-// withUsage returns body with stream_options.include_usage set, so the
-// gateway learns the real token counts of a stream. A body without
-// stream_options is spliced (every other byte stays as the client sent it);
-// one with stream_options is re-serialised.
-func withUsage(p *fastjson.Parser, body []byte) ([]byte, error) {
+// rewriteBody returns body with what the gateway must add: with usage,
+// stream_options.include_usage (so it learns the real token counts of a
+// stream); with maxTokens > 0, max_tokens (the model's default_max_tokens,
+// which the reservation assumed). Keys the body lacks are spliced in after
+// its opening brace, every other byte staying as the client sent it; a body
+// that already has one of them (as null, false, ...) is re-serialised.
+func rewriteBody(p *fastjson.Parser, body []byte, usage bool, maxTokens int) ([]byte, error) {
 	v, err := p.ParseBytes(body)
 	if err != nil {
 		return nil, err
 	}
 	so := v.Get("stream_options")
-	if so == nil {
+	present := (usage && so != nil) || (maxTokens > 0 && (v.Get("max_tokens") != nil || v.Get("max_completion_tokens") != nil))
+	if !present {
+		var add []byte
+		if usage {
+			add = append(add, `"stream_options":{"include_usage":true},`...)
+		}
+		if maxTokens > 0 {
+			add = append(strconv.AppendInt(append(add, `"max_tokens":`...), int64(maxTokens), 10), ',')
+		}
 		i := bytes.IndexByte(body, '{')
-		out := make([]byte, 0, len(body)+40)
-		out = append(out, body[:i+1]...)
-		out = append(out, `"stream_options":{"include_usage":true},`...)
-		return append(out, body[i+1:]...), nil
+		out := make([]byte, 0, len(body)+len(add))
+		out = append(append(append(out, body[:i+1]...), add...), body[i+1:]...)
+		return out, nil
 	}
 	var a fastjson.Arena
-	if so.Type() == fastjson.TypeNull {
-		so = a.NewObject()
-		v.Set("stream_options", so)
+	if usage {
+		if so == nil || so.Type() != fastjson.TypeObject {
+			so = a.NewObject()
+			v.Set("stream_options", so)
+		}
+		so.Set("include_usage", a.NewTrue())
 	}
-	so.Set("include_usage", a.NewTrue())
+	if maxTokens > 0 {
+		v.Del("max_completion_tokens")
+		v.Set("max_tokens", a.NewNumberInt(maxTokens))
+	}
 	return v.MarshalTo(nil), nil
 }

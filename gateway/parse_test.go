@@ -32,7 +32,7 @@ func TestParseRequest(t *testing.T) {
 			want: request{model: "m", n: 1, shapes: []promptShape{{messages: 1}}}},
 		{name: "best_of runs more sequences", kind: completions,
 			body: `{"model":"m","prompt":"hi","n":2,"best_of":5}`,
-			want: request{kind: completions, model: "m", n: 5, shapes: []promptShape{{textBytes: 2}}}},
+			want: request{kind: completions, model: "m", n: 2, seqs: 5, shapes: []promptShape{{textBytes: 2}}}},
 		{name: "completion string", kind: completions,
 			body: `{"model":"m","prompt":"héllo","max_tokens":7}`,
 			want: request{kind: completions, model: "m", maxTokens: 7, n: 1, shapes: []promptShape{{textBytes: 6}}}},
@@ -93,6 +93,9 @@ func TestParseRequest(t *testing.T) {
 					t.Errorf("tokenize body %d is not JSON: %s", i, tb)
 				}
 			}
+			if tt.want.seqs == 0 {
+				tt.want.seqs = tt.want.n
+			}
 			got.kind, got.tokenize = tt.want.kind, nil
 			if !reflect.DeepEqual(*got, tt.want) {
 				t.Errorf("got  %+v\nwant %+v", *got, tt.want)
@@ -128,19 +131,28 @@ func TestTokenizeBodies(t *testing.T) {
 	}
 }
 
-func TestWithUsage(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{`{"model":"m","stream":true}`, `{"stream_options":{"include_usage":true},"model":"m","stream":true}`},
-		{` {"model":"m"}`, ` {"stream_options":{"include_usage":true},"model":"m"}`},
-		{`{"model":"m","stream_options":{"include_usage":false}}`, `{"model":"m","stream_options":{"include_usage":true}}`},
-		{`{"model":"m","stream_options":{"continuous_usage_stats":true}}`, `{"model":"m","stream_options":{"continuous_usage_stats":true,"include_usage":true}}`},
-		{`{"model":"m","stream_options":null}`, `{"model":"m","stream_options":{"include_usage":true}}`},
+func TestRewriteBody(t *testing.T) {
+	tests := []struct {
+		in        string
+		usage     bool
+		maxTokens int
+		want      string
+	}{
+		{`{"model":"m","stream":true}`, true, 0, `{"stream_options":{"include_usage":true},"model":"m","stream":true}`},
+		{` {"model":"m"}`, true, 0, ` {"stream_options":{"include_usage":true},"model":"m"}`},
+		{`{"model":"m"}`, false, 16, `{"max_tokens":16,"model":"m"}`},
+		{`{"model":"m"}`, true, 16, `{"stream_options":{"include_usage":true},"max_tokens":16,"model":"m"}`},
+		{`{"model":"m","stream_options":{"include_usage":false}}`, true, 0, `{"model":"m","stream_options":{"include_usage":true}}`},
+		{`{"model":"m","stream_options":{"continuous_usage_stats":true}}`, true, 0, `{"model":"m","stream_options":{"continuous_usage_stats":true,"include_usage":true}}`},
+		{`{"model":"m","stream_options":null}`, true, 0, `{"model":"m","stream_options":{"include_usage":true}}`},
+		{`{"model":"m","max_tokens":null}`, false, 16, `{"model":"m","max_tokens":16}`},
+		{`{"model":"m","max_completion_tokens":null,"stream_options":null}`, true, 8, `{"model":"m","stream_options":{"include_usage":true},"max_tokens":8}`},
 	}
 	var p fastjson.Parser
 	for _, tt := range tests {
-		got, err := withUsage(&p, []byte(tt.in))
+		got, err := rewriteBody(&p, []byte(tt.in), tt.usage, tt.maxTokens)
 		if err != nil || string(got) != tt.want {
-			t.Errorf("withUsage(%s) = %s, %v; want %s", tt.in, got, err, tt.want)
+			t.Errorf("rewriteBody(%s, %v, %d) = %s, %v; want %s", tt.in, tt.usage, tt.maxTokens, got, err, tt.want)
 		}
 	}
 }
@@ -188,7 +200,7 @@ func FuzzParseRequest(f *testing.F) {
 		if err := tokenizeBodies(&p, body, r); err != nil {
 			t.Fatalf("tokenizeBodies after a good parse: %v", err)
 		}
-		if r.model == "" || r.n < 1 || r.n > 128 || r.maxTokens < 0 || len(r.shapes) == 0 || len(r.shapes) != len(r.tokenize) {
+		if r.model == "" || r.n < 1 || r.n > 128 || r.seqs < r.n || r.maxTokens < 0 || len(r.shapes) == 0 || len(r.shapes) != len(r.tokenize) {
 			t.Fatalf("insane request %+v from %q", r, body)
 		}
 		for _, tb := range r.tokenize {
@@ -197,9 +209,9 @@ func FuzzParseRequest(f *testing.F) {
 			}
 		}
 		if r.stream {
-			out, err := withUsage(&p, body)
-			if err != nil || !json.Valid(out) || !strings.Contains(string(out), `"include_usage":true`) {
-				t.Fatalf("withUsage(%q) = %q, %v", body, out, err)
+			out, err := rewriteBody(&p, body, true, 7)
+			if err != nil || !json.Valid(out) || !strings.Contains(string(out), `"include_usage":true`) || !strings.Contains(string(out), `"max_tokens":7`) {
+				t.Fatalf("rewriteBody(%q) = %q, %v", body, out, err)
 			}
 		}
 	})

@@ -54,6 +54,7 @@ type exchange struct {
 	backend   *backends.Backend
 
 	predicted int // prompt tokens reserved, all prompts
+	injectMax int // max_tokens the gateway adds to the body (the model's default); 0 = none
 	firstTok  bool
 	usage     struct{ prompt, completion int }
 	hasUsage  bool
@@ -190,14 +191,14 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
 		return
 	}
-	prompts, err := x.countPrompts(be)
+	prompts, exact, err := x.countPrompts(be)
 	if err != nil {
 		if !x.failEnded(ctx) {
 			x.fail(ctx, &apiError{status: 500, typ: typeServer, message: err.Error()}, outcomeFailed, "internal")
 		}
 		return
 	}
-	if e := x.reserve(prompts); e != nil {
+	if e := x.reserve(prompts, exact); e != nil {
 		x.fail(ctx, e, outcomeRejected, e.code)
 		return
 	}
@@ -247,45 +248,54 @@ func (rt *runtime) authenticate(ctx *fasthttp.RequestCtx) (*tenant, bool) {
 	if !rt.auth {
 		return nil, true
 	}
-	key, ok := bytes.CutPrefix(ctx.Request.Header.Peek("Authorization"), []byte("Bearer "))
-	if !ok {
+	auth := ctx.Request.Header.Peek("Authorization")
+	if len(auth) < 7 || !bytes.EqualFold(auth[:7], []byte("bearer ")) {
 		return nil, false
 	}
-	t := rt.tenants[string(bytes.TrimSpace(key))]
+	t := rt.tenants[string(bytes.TrimSpace(auth[7:]))]
 	return t, t != nil
 }
 
-// countPrompts counts each prompt's tokens by the model's strategy. The
-// backend strategy asks the backend that will serve the request; where it
-// cannot answer, the calibrated estimate stands in.
-func (x *exchange) countPrompts(be *backends.Backend) ([]int, error) {
-	out := make([]int, len(x.req.shapes))
+// countPrompts counts each prompt's tokens by the model's strategy; exact
+// says which counts are the backend's own (or token ids) rather than
+// estimates. The backend strategy asks the backend that will serve the
+// request; where it cannot answer, the calibrated estimate stands in.
+func (x *exchange) countPrompts(be *backends.Backend) (counts []int, exact []bool, err error) {
+	counts, exact = make([]int, len(x.req.shapes)), make([]bool, len(x.req.shapes))
 	for i, sh := range x.req.shapes {
 		if sh.ids {
-			out[i] = sh.tokenIDs
+			counts[i], exact[i] = sh.tokenIDs, true
 			continue
 		}
 		if x.req.tokenize != nil {
 			n, err := be.Tokenize(x.ctx, x.req.tokenize[i])
 			if err == nil {
-				out[i] = n
+				counts[i], exact[i] = n, true
 				continue
 			}
 			if x.ctx.Err() != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			x.s.m.upstreamErrors.WithLabelValues(be.Name(), "tokenize").Inc()
 			x.s.log.Warn("backend tokenize failed; estimating", "backend", be.Name(), "err", err)
 		}
-		out[i] = x.m.est.predict(sh)
+		counts[i] = x.m.est.predict(sh)
 	}
-	return out, nil
+	return counts, exact, nil
 }
 
-// reserve turns token counts into the reservation, or the 400 that a
-// request over the model's context length gets.
-func (x *exchange) reserve(prompts []int) *apiError {
+// reserve turns token counts into the reservation, or into the 400 that a
+// request over the model's context length gets. Only an exact count can
+// prove a request too long: an estimate errs high on purpose, so where it
+// says "too long" the whole context is reserved and the backend judges.
+// A model's default_max_tokens is sent to the backend (x.injectMax), or the
+// backend would generate past what was reserved.
+func (x *exchange) reserve(prompts []int, exact []bool) *apiError {
 	m, req := x.m, x.req
+	param := "messages"
+	if req.kind == completions {
+		param = "prompt"
+	}
 	outs := make([]int, len(prompts))
 	for i, p := range prompts {
 		x.predicted += p
@@ -293,18 +303,36 @@ func (x *exchange) reserve(prompts []int) *apiError {
 		switch {
 		case req.maxTokens > 0:
 			outs[i] = req.maxTokens
-		case m.defaultMax > 0:
-			outs[i] = min(m.defaultMax, room)
+		case m.defaultMax > 0 && m.defaultMax <= room:
+			outs[i] = m.defaultMax
+		case m.defaultMax > 0 && exact[i]:
+			outs[i] = max(room, 1) // vLLM caps its own default to the room left
 		default:
-			outs[i] = room
+			outs[i] = max(room, 0)
 		}
-		if p+outs[i] > m.maxLen || room <= 0 {
-			return &apiError{status: 400, typ: typeInvalidRequest, code: "context_length_exceeded", param: "messages",
+		if p+outs[i] <= m.maxLen && room > 0 {
+			continue
+		}
+		if exact[i] {
+			return &apiError{status: 400, typ: typeInvalidRequest, code: "context_length_exceeded", param: param,
 				message: fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
 					m.maxLen, p+outs[i], p, outs[i])}
 		}
+		prompts[i] = min(p, m.maxLen)
+		outs[i] = m.maxLen - prompts[i]
 	}
-	x.res = newReservation(m.layout, prompts, outs, req.n)
+	if req.maxTokens == 0 && m.defaultMax > 0 {
+		x.injectMax = m.defaultMax
+		for i, o := range outs {
+			if prompts[i]+m.defaultMax <= m.maxLen {
+				x.injectMax = min(x.injectMax, o)
+			} else if !exact[i] {
+				x.injectMax = 0 // an estimate too long for the default: leave the backend its own
+				break
+			}
+		}
+	}
+	x.res = newReservation(m.layout, prompts, outs, req.n, req.seqs)
 	return nil
 }
 
@@ -319,8 +347,8 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error, g *group
 		}
 	case "too_large":
 		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, code: "kv_budget_exceeded", param: "max_tokens",
-			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, n=%d), more than the whole budget of GPU %q (%s). Lower max_tokens or n, or shorten the prompt.",
-				kvbudget.FormatBytes(x.res.weight()), x.predicted, x.res.maxOut(), x.req.n, g.name, kvbudget.FormatBytes(rej.Capacity))},
+			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, %d sequences), more than the whole budget of GPU %q (%s). Lower max_tokens or n, or shorten the prompt.",
+				kvbudget.FormatBytes(x.res.weight()), x.predicted, x.res.maxOut(), x.req.seqs, g.name, kvbudget.FormatBytes(rej.Capacity))},
 			outcomeRejected, "kv_budget_exceeded")
 	case "tenant_quota":
 		// Only a request larger than the tenant's whole share gets here (one
@@ -349,9 +377,9 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error, g *group
 // has reached the client yet, so a retry is safe.
 func (x *exchange) forward(ctx *fasthttp.RequestCtx, be *backends.Backend, g *group) (*backends.Response, error) {
 	body := ctx.PostBody()
-	if x.req.stream && !x.req.includeUsage {
+	if usage := x.req.stream && !x.req.includeUsage; usage || x.injectMax > 0 {
 		p := x.s.parsers.Get()
-		b, err := withUsage(p, body)
+		b, err := rewriteBody(p, body, usage, x.injectMax)
 		x.s.parsers.Put(p)
 		if err != nil {
 			return nil, fmt.Errorf("rewrite body: %w", err)

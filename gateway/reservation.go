@@ -5,20 +5,23 @@ import "github.com/kvgate/kvgate/kvbudget"
 // reservation is the KV a request holds, prompt by prompt and choice by
 // choice, so that a choice which finishes early gives its blocks back while
 // its siblings still run. Choice i of a batch request belongs to prompt
-// i / n (vLLM numbers them prompt-major).
+// i / n (vLLM numbers them prompt-major). With best_of above n, vLLM runs
+// more sequences than it returns choices; those are released only when the
+// request ends, never early.
 type reservation struct {
 	layout   kvbudget.KVLayout
 	prompts  []int
 	outs     []int
-	n        int
+	n        int // choices returned per prompt
+	seqs     int // sequences run per prompt
 	finished []bool
-	left     []int // unfinished choices per prompt
+	left     []int // unfinished sequences per prompt
 }
 
-func newReservation(l kvbudget.KVLayout, prompts, outs []int, n int) reservation {
-	r := reservation{layout: l, prompts: prompts, outs: outs, n: n, finished: make([]bool, len(prompts)*n), left: make([]int, len(prompts))}
+func newReservation(l kvbudget.KVLayout, prompts, outs []int, n, seqs int) reservation {
+	r := reservation{layout: l, prompts: prompts, outs: outs, n: n, seqs: seqs, finished: make([]bool, len(prompts)*n), left: make([]int, len(prompts))}
 	for i := range r.left {
-		r.left[i] = n
+		r.left[i] = seqs
 	}
 	return r
 }
@@ -41,7 +44,7 @@ func (r *reservation) weight() int64 {
 // finish marks choice idx done; it returns the new weight and whether it
 // changed.
 func (r *reservation) finish(idx int) (int64, bool) {
-	if idx < 0 || idx >= len(r.finished) || r.finished[idx] {
+	if r.seqs != r.n || idx < 0 || idx >= len(r.finished) || r.finished[idx] {
 		return 0, false
 	}
 	r.finished[idx] = true
@@ -61,7 +64,7 @@ func (r *reservation) maxOut() int {
 func (r *reservation) reservedOutput() int {
 	t := 0
 	for _, o := range r.outs {
-		t += o * r.n
+		t += o * r.seqs
 	}
 	return t
 }
