@@ -373,6 +373,9 @@ func (c *Config) validate() error {
 	if s.MaxConnections < 0 {
 		bad("server.max_connections", "must be >= 0 (0 = %d)", defaultMaxConns)
 	}
+	if s.WriteTimeout.D != 0 && s.WriteTimeout.D < s.requestTimeout() {
+		bad("server.write_timeout", "%s is shorter than server.request_timeout (%s): streams would be cut before they may end", s.WriteTimeout.D, s.requestTimeout())
+	}
 
 	a := &c.Admission
 	if a.Ceiling == 0 {
@@ -578,6 +581,14 @@ func (c *Config) validate() error {
 				bad(f+".gpu_memory", "%v", err)
 			}
 		}
+		for _, pth := range []struct{ field, v string }{{f + ".health.path", b.Health.Path}, {f + ".metrics.path", b.Scrape.Path}} {
+			if pth.v != "" && pth.v != "-" && !strings.HasPrefix(pth.v, "/") {
+				bad(pth.field, "%q must start with /", pth.v)
+			}
+		}
+		if b.Health.Path == "-" {
+			bad(f+".health.path", "health checks cannot be disabled (only metrics.path takes -)")
+		}
 		dur(f+".health.interval", b.Health.Interval)
 		dur(f+".health.timeout", b.Health.Timeout)
 		dur(f+".health.cooldown", b.Health.Cooldown)
@@ -611,6 +622,13 @@ func (c *Config) validate() error {
 		bad("log.format", "%q is not text or json", c.Log.Format)
 	}
 	return errors.Join(errs...)
+}
+
+// sameAs compares the resolved limits of two server sections.
+func (s ServerConfig) sameAs(o ServerConfig) bool {
+	return s.MaxBodyBytes.Bytes == o.MaxBodyBytes.Bytes && s.ReadTimeout.D == o.ReadTimeout.D && s.WriteTimeout.D == o.WriteTimeout.D &&
+		s.IdleTimeout.D == o.IdleTimeout.D && s.MaxConnections == o.MaxConnections && s.RequestTimeout.D == o.RequestTimeout.D &&
+		s.ShutdownTimeout.D == o.ShutdownTimeout.D
 }
 
 // maxBody, timeouts: the server's resolved limits.

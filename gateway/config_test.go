@@ -76,6 +76,9 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"no gpu memory", strings.Replace(minimal, "    gpu_memory: 24GiB\n", "", 1), "backends[0].gpu_memory: required"},
 		{"health interval", strings.Replace(minimal, "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    health: {interval: 1}", 1), "backends[0].health.interval"},
 		{"log level", "log: {level: loud}\n" + minimal, "log.level"},
+		{"health path", strings.Replace(minimal, "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    health: {path: health}", 1), "backends[0].health.path: \"health\" must start with /"},
+		{"metrics path", strings.Replace(minimal, "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    metrics: {path: metrics}", 1), "backends[0].metrics.path"},
+		{"write before request timeout", "server: {write_timeout: 1m, request_timeout: 5m}\n" + minimal, "server.write_timeout: 1m0s is shorter than server.request_timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/kvgate/kvgate/backends/sim"
 )
 
@@ -94,4 +96,45 @@ func TestDisconnectWaitingForAnswer(t *testing.T) {
 	c.Close()
 	eventually(t, "the reservation to be released", func() bool { return held(gw) == 0 })
 	eventually(t, "the backend to abort", func() bool { return backend.Stats().Running == 0 })
+}
+
+// Review finding: a client that stops reading blocks the relay in its
+// writes, and the reservation stayed held until the write deadline, long
+// after the request timed out and the backend freed the blocks. It now goes
+// back the moment the request's context ends.
+func TestStalledReaderReleasesAtTimeout(t *testing.T) {
+	// A backend that streams 1 KiB events as fast as it can, forever.
+	chunk := []byte(`data: {"choices":[{"index":0,"delta":{"content":"` + strings.Repeat("x", 1024) + `"},"finish_reason":null}]}` + "\n\n")
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		switch string(ctx.Path()) {
+		case "/tokenize":
+			ctx.WriteString(`{"count":3,"max_model_len":8192,"tokens":[1,2,3]}`)
+		case "/health", "/metrics":
+		default:
+			ctx.SetContentType("text/event-stream")
+			ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+				for {
+					if _, err := w.Write(chunk); err != nil || w.Flush() != nil {
+						return
+					}
+				}
+			})
+		}
+	}}
+	url := serveLoopback(t, srv.Serve, srv.ShutdownWithContext)
+	gw, gwURL := startGateway(t, baseConfig(url, "server: {request_timeout: 500ms}\n"), Options{})
+	c, err := net.Dial("tcp", strings.TrimPrefix(gwURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(4096) // and never read
+	body := chatBody("hi", 1000, true)
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: kvgate\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	eventually(t, "the request to be admitted", func() bool { return held(gw) > 0 })
+	start := time.Now()
+	eventually(t, "the reservation to return after the timeout", func() bool { return held(gw) == 0 })
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("released %s after admission (request_timeout 500ms)", d)
+	}
 }

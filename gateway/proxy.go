@@ -71,6 +71,7 @@ func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
 		x.stopWatch = stop
 	}
 	s.m.inflight.Inc()
+	s.active.Add(1)
 	return x
 }
 
@@ -91,6 +92,7 @@ func (x *exchange) finish(outcome, reason string) {
 	x.stopTimer()
 	m := x.s.m
 	m.inflight.Dec()
+	x.s.active.Add(-1)
 	m.requests.WithLabelValues(x.label, outcome, reason).Inc()
 	m.duration.WithLabelValues(x.label, outcome).Observe(x.s.now().Sub(x.start).Seconds())
 	if x.hasUsage {
@@ -213,6 +215,11 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 	x.ticket = &x.ticketBuf
+	// The moment the request's context ends (hang-up, timeout, shutdown)
+	// its upstream exchange is closed and the backend frees its blocks, so
+	// the reservation goes back then too — not when a relay blocked on a
+	// slow client finally returns. Release is idempotent.
+	context.AfterFunc(x.ctx, x.ticketBuf.Release)
 	if w := x.ticket.Waited(); w > 0 {
 		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
 	}
@@ -225,16 +232,26 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 	ctx.Response.Header.Set("X-Kvgate-Backend", x.backend.Name())
+	copyBackendHeaders(ctx, resp)
 	if resp.Status() == fasthttp.StatusOK && req.stream && resp.IsEventStream() {
-		streaming = true
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		ctx.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		streaming = true // from here the relay owns finish
 		ctx.SetBodyStreamWriter(func(w *bufio.Writer) { x.relay(w, resp) })
 		return
 	}
 	x.passBody(ctx, resp)
+}
+
+// copyBackendHeaders passes on the backend's headers a client may act on.
+func copyBackendHeaders(ctx *fasthttp.RequestCtx, resp *backends.Response) {
+	for _, h := range []string{"Retry-After", "X-Request-Id"} {
+		if v := resp.Header.Peek(h); len(v) > 0 {
+			ctx.Response.Header.SetBytesV(h, v)
+		}
+	}
 }
 
 func noBackend(model string) *apiError {

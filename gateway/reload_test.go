@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/backends/sim"
 )
@@ -148,4 +149,22 @@ func TestPoolUsesTheBackendsBlockSize(t *testing.T) {
 	st := backend.Stats()
 	pool := st.NumGPUBlocks * int64(st.BlockSize) * 131072
 	eventually(t, "the budget to follow the pool", func() bool { return capacity(gw) == pool })
+}
+
+// The HTTP server's limits are fixed when it starts: a reload that changes
+// them keeps the running ones (and says so), so request_timeout never drifts
+// away from the write deadline fasthttp enforces.
+func TestReloadKeepsTheServerSection(t *testing.T) {
+	_, url := startSim(t, nil)
+	gw, _ := startGateway(t, baseConfig(url, "server: {request_timeout: 1m}\n"), Options{})
+	cfg, err := Parse([]byte(baseConfig(url, "server: {request_timeout: 20m}\n")), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := gw.rt.Load().cfg.Server.requestTimeout(); got != time.Minute {
+		t.Errorf("request_timeout after reload %s, want the running 1m", got)
+	}
 }

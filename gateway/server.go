@@ -63,14 +63,16 @@ type Server struct {
 
 	rt atomic.Pointer[runtime]
 
-	reloadMu  sync.Mutex // serialises Reload; guards probeStop
+	reloadMu  sync.Mutex // serialises Reload and Shutdown; guards probeStop and closed
 	probeStop context.CancelFunc
+	closed    bool
 	probes    sync.WaitGroup
 
 	base     context.Context // cancelled (errShutdown) at the end of Shutdown
 	stopBase context.CancelCauseFunc
 
-	warnedBlocks sync.Map // *backends.Backend → true once its block size mismatch is logged
+	active       atomic.Int64 // exchanges between arrival and finish
+	warnedBlocks sync.Map     // *backends.Backend → true once its block size mismatch is logged
 
 	// testHookServe, when set by a test, runs at the start of every
 	// completion request (to inject a panic, say).
@@ -140,12 +142,18 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.ShutdownWithContext(ctx)
 	s.reloadMu.Lock()
+	s.closed = true
 	if s.probeStop != nil {
 		s.probeStop()
 	}
-	s.reloadMu.Unlock()
 	s.probes.Wait()
+	s.reloadMu.Unlock()
 	s.stopBase(errShutdown)
+	// What was still running is cancelled now; give it a moment to answer
+	// its clients (503) and give its reservations back.
+	for deadline := time.Now().Add(2 * time.Second); s.active.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
 	s.watch.Close()
 	return err
 }
@@ -156,10 +164,19 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) Reload(cfg *Config) error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
+	if s.closed {
+		return errors.New("gateway: reload after shutdown")
+	}
 	old := s.rt.Load()
 	if cfg.Listen != old.cfg.Listen {
 		s.log.Warn("listen address changes need a restart; keeping the old one", "old", old.cfg.Listen, "new", cfg.Listen)
 		cfg.Listen = old.cfg.Listen
+	}
+	// The HTTP server's limits are fixed when it starts; keeping the old
+	// section keeps request_timeout and write_timeout in step with them.
+	if !cfg.Server.sameAs(old.cfg.Server) {
+		s.log.Warn("server.* changes need a restart; keeping the running server section")
+		cfg.Server = old.cfg.Server
 	}
 	rt, commits, err := buildRuntime(cfg, old, &s.opt)
 	if err != nil {
