@@ -236,7 +236,7 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, _ backends.KVRepor
 				"backend", b.Name(), "reported", kv.BlockSize, "configured", rt.models[b.Spec().Models[0]].layout.BlockSize)
 		}
 	}
-	want := g.capacity()
+	want := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
 	if st := g.budget.Stats(); st.Capacity != want {
 		if err := g.budget.Resize(want); err == nil {
 			s.log.Info("budget follows the backend's pool", "gpu", g.name, "configured", g.nominal, "pool", pool, "capacity", want)
