@@ -1,9 +1,3 @@
-// Command kvgate is an inference gateway that keeps LLM serving inside its
-// GPU memory budget, with the tools to size and test one.
-//
-// Exit codes, for scripts: 0 success; 1 the command ran but the answer is no
-// (the weights do not fit, no load level was safe) or it failed at run time;
-// 2 bad usage or bad input (a flag, a file, a value).
 package main
 
 import (
