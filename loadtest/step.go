@@ -115,14 +115,13 @@ type runner struct {
 
 	sent, done, ok, failed, shed, inflight atomic.Int64
 
-	mu           sync.Mutex
-	a            attempt
-	measuring    bool
-	detector     *SaturationDetector
-	kv           float64
-	hasKV        bool
-	stoppedWhy   string
-	lastProgress time.Time
+	mu         sync.Mutex
+	a          attempt
+	measuring  bool
+	detector   *SaturationDetector
+	kv         float64
+	hasKV      bool
+	stoppedWhy string
 }
 
 // runAttempt runs one attempt. It returns when every request it sent has

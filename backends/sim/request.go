@@ -174,8 +174,8 @@ func parseTokenize(p *fastjson.Parser, body []byte, s *settings) (tokenizeParams
 	t.prompt = newPrompt(true, strs)
 	t.prompt.ids = []int{}
 	if v.Get("messages") != nil {
-		gen, aerr := getBool(v, "add_generation_prompt", true)
-		if aerr != nil {
+		var gen bool
+		if gen, aerr = getBool(v, "add_generation_prompt", true); aerr != nil {
 			return t, aerr
 		}
 		aerr = chatPrompt(v, &t.prompt, gen)

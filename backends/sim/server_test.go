@@ -425,6 +425,9 @@ func TestBadInput(t *testing.T) {
 		{"n beyond the pool", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":60,"n":20}`, 400, "BadRequestError", "could never complete"},
 		{"tokenize wrong model", "/tokenize", `{"model":"x","prompt":"hi"}`, 404, "NotFoundError", "does not exist"},
 		{"tokenize malformed", "/tokenize", `{"prompt":`, 400, "BadRequestError", "JSON decode error"},
+		// A shadowed error once let /tokenize count invalid messages.
+		{"tokenize message without role", "/tokenize", `{"model":"llama-3-8b","messages":[{"content":"x"}]}`, 400, "BadRequestError", "role"},
+		{"tokenize messages not a list", "/tokenize", `{"model":"llama-3-8b","messages":"hi"}`, 400, "BadRequestError", "valid list"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
