@@ -1,11 +1,10 @@
 package gateway
 
 import (
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
 )
 
@@ -26,6 +25,9 @@ type metrics struct {
 	upstreamErrors  *prometheus.CounterVec
 	reloads         *prometheus.CounterVec
 	inflight        prometheus.Gauge
+	backfilled      *prometheus.CounterVec
+	outPredicted    *prometheus.CounterVec
+	outGenerated    *prometheus.CounterVec
 }
 
 // Request outcomes: every request leaves through exactly one.
@@ -46,12 +48,21 @@ func newMetrics(current func() *runtime) *metrics {
 			Name: "kvgate_requests_total", Help: "Requests by model, outcome (ok, shed, rejected, failed, canceled) and reason.",
 		}, []string{"model", "outcome", "reason"}),
 		admissions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_admissions_total", Help: "Requests admitted to a KV budget, by whether they queued first.",
+			Name: "kvgate_admissions_total", Help: "Requests admitted to a GPU's KV budget, by whether they queued first.",
 		}, []string{"gpu", "class", "queued"}),
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvgate_queue_wait_seconds", Help: "Time requests spent in the admission queue, admitted or not.",
+			Name: "kvgate_queue_wait_seconds", Help: "Time requests spent in their model's admission queue, admitted or not.",
 			Buckets: prometheus.ExponentialBucketsRange(0.001, 120, 18),
-		}, []string{"gpu", "class", "result"}),
+		}, []string{"model", "class", "result"}),
+		backfilled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_admission_backfilled_total", Help: "Requests admitted past an earlier request that did not fit, without delaying its expected start (EASY backfilling).",
+		}, []string{"model", "gpu"}),
+		outPredicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_output_tokens_predicted_total", Help: "Output tokens predicted at admission for requests that finished: the learned median length, capped by max_tokens (max_tokens itself while the model warms up or under worst_case).",
+		}, []string{"model"}),
+		outGenerated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_output_tokens_generated_total", Help: "Output tokens the same requests really generated.",
+		}, []string{"model"}),
 		tokensPredicted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_tokens_predicted_total", Help: "Tokens the gateway reserved KV for: prompt (predicted) and output (max_tokens), of answered requests.",
 		}, []string{"model", "kind"}),
@@ -81,79 +92,110 @@ func newMetrics(current func() *runtime) *metrics {
 		}),
 	}
 	reg.MustRegister(m.requests, m.admissions, m.queueWait, m.tokensPredicted, m.tokensActual, m.promptRatio,
-		m.ttft, m.duration, m.upstreamErrors, m.reloads, m.inflight,
+		m.ttft, m.duration, m.upstreamErrors, m.reloads, m.inflight, m.backfilled, m.outPredicted, m.outGenerated,
 		&stateCollector{current: current},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
-// observer feeds one budget's admissions into the metrics.
-type observer struct {
-	m   *metrics
-	gpu string
-}
+// observer feeds the scheduler's admissions into the metrics.
+type observer struct{ m *metrics }
 
-func (o observer) Admitted(class, _ string, _ int64, waited time.Duration) {
+func (o observer) Admitted(e admission.Event) {
 	queued := "false"
-	if waited > 0 {
+	if e.Waited > 0 {
 		queued = "true"
-		o.m.queueWait.WithLabelValues(o.gpu, class, "admitted").Observe(waited.Seconds())
+		o.m.queueWait.WithLabelValues(e.Queue, e.Class, "admitted").Observe(e.Waited.Seconds())
 	}
-	o.m.admissions.WithLabelValues(o.gpu, class, queued).Inc()
+	o.m.admissions.WithLabelValues(e.Pool, e.Class, queued).Inc()
+	if e.Backfilled {
+		o.m.backfilled.WithLabelValues(e.Queue, e.Pool).Inc()
+	}
 }
 
-func (o observer) Rejected(class, _, reason string, _ int64, waited time.Duration) {
-	if waited > 0 {
-		o.m.queueWait.WithLabelValues(o.gpu, class, reason).Observe(waited.Seconds())
+func (o observer) Rejected(e admission.Event, reason string) {
+	if e.Waited > 0 {
+		o.m.queueWait.WithLabelValues(e.Queue, e.Class, reason).Observe(e.Waited.Seconds())
 	}
 }
 
 var (
-	descCapacity  = prometheus.NewDesc("kvgate_kv_capacity_bytes", "Nominal KV budget of a GPU: memory × ceiling − weights − reserve, clamped to the backend's reported pool.", []string{"gpu"}, nil)
-	descEffective = prometheus.NewDesc("kvgate_kv_effective_capacity_bytes", "KV budget after the feedback loop.", []string{"gpu"}, nil)
-	descHeld      = prometheus.NewDesc("kvgate_kv_held_bytes", "KV bytes reserved by admitted requests.", []string{"gpu"}, nil)
-	descQueued    = prometheus.NewDesc("kvgate_kv_queued_bytes", "KV bytes of requests waiting for admission.", []string{"gpu"}, nil)
-	descDrain     = prometheus.NewDesc("kvgate_kv_drain_rate_bytes_per_second", "Measured release rate behind Retry-After.", []string{"gpu"}, nil)
-	descDepth     = prometheus.NewDesc("kvgate_queue_depth", "Requests waiting for admission.", []string{"gpu", "class"}, nil)
-	descUp        = prometheus.NewDesc("kvgate_backend_up", "1 if requests are routed to the backend (circuit closed or half-open).", []string{"backend", "state"}, nil)
-	descUsage     = prometheus.NewDesc("kvgate_backend_kv_usage_ratio", "KV cache usage the backend reports (vllm:kv_cache_usage_perc).", []string{"backend"}, nil)
-	descRunning   = prometheus.NewDesc("kvgate_backend_requests_running", "Requests the backend reports running.", []string{"backend"}, nil)
-	descWaiting   = prometheus.NewDesc("kvgate_backend_requests_waiting", "Requests the backend reports waiting.", []string{"backend"}, nil)
-	descPreempt   = prometheus.NewDesc("kvgate_backend_preemptions", "Preemptions the backend reports (its counter).", []string{"backend"}, nil)
+	descCapacity   = prometheus.NewDesc("kvgate_kv_capacity_bytes", "KV budget of a GPU: memory × ceiling − weights − reserve, clamped to the backend's reported pool (requests, in admission mode count).", []string{"gpu"}, nil)
+	descEffective  = prometheus.NewDesc("kvgate_kv_effective_capacity_bytes", "KV budget after the feedback loop.", []string{"gpu"}, nil)
+	descHeld       = prometheus.NewDesc("kvgate_kv_held_bytes", "Worst case of the requests bound to a GPU (prompt + max_tokens, minus finished sequences).", []string{"gpu"}, nil)
+	descCommitted  = prometheus.NewDesc("kvgate_kv_committed_bytes", "What admissions to a GPU are measured against: the held worst case, or under the predicted policy the forecast peak of its batch's memory.", []string{"gpu"}, nil)
+	descUsed       = prometheus.NewDesc("kvgate_kv_used_bytes", "KV bytes a GPU's backends report in use (vllm:kv_cache_usage_perc × their pool).", []string{"gpu"}, nil)
+	descBound      = prometheus.NewDesc("kvgate_kv_bound_requests", "Requests bound to a GPU (admitted, not yet released).", []string{"gpu"}, nil)
+	descGated      = prometheus.NewDesc("kvgate_kv_headroom_gate", "1 while a GPU's backends report more than (1 − headroom) × its budget in use, so nothing new is admitted to it.", []string{"gpu"}, nil)
+	descQueued     = prometheus.NewDesc("kvgate_kv_queued_bytes", "Worst-case KV bytes of the requests waiting for a model.", []string{"model"}, nil)
+	descDrain      = prometheus.NewDesc("kvgate_kv_drain_rate_bytes_per_second", "Measured release rate per busy second behind Retry-After.", []string{"gpu"}, nil)
+	descDepth      = prometheus.NewDesc("kvgate_queue_depth", "Requests waiting for admission, per model and class.", []string{"model", "class"}, nil)
+	descPredicting = prometheus.NewDesc("kvgate_admission_predicting", "1 when a model's requests are admitted by their predicted growth (past the warm-up), 0 while held at their worst case.", []string{"model"}, nil)
+	descSamples    = prometheus.NewDesc("kvgate_admission_length_samples", "Finished sequences a model's output-length predictor rests on (decayed).", []string{"model"}, nil)
+	descEpsilon    = prometheus.NewDesc("kvgate_admission_epsilon", "The bound on the probability that a GPU's real KV use passes its budget, per admission, under the predicted policy (0 under worst_case and count).", nil, nil)
+	descUp         = prometheus.NewDesc("kvgate_backend_up", "1 if requests are routed to the backend (circuit closed or half-open).", []string{"backend", "state"}, nil)
+	descUsage      = prometheus.NewDesc("kvgate_backend_kv_usage_ratio", "KV cache usage the backend reports (vllm:kv_cache_usage_perc).", []string{"backend"}, nil)
+	descRunning    = prometheus.NewDesc("kvgate_backend_requests_running", "Requests the backend reports running.", []string{"backend"}, nil)
+	descWaiting    = prometheus.NewDesc("kvgate_backend_requests_waiting", "Requests the backend reports waiting.", []string{"backend"}, nil)
+	descPreempt    = prometheus.NewDesc("kvgate_backend_preemptions", "Preemptions the backend reports (its counter).", []string{"backend"}, nil)
 )
 
 // stateCollector reads budgets and backends at scrape time.
 type stateCollector struct{ current func() *runtime }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descQueued, descDrain, descDepth, descUp, descUsage, descRunning, descWaiting, descPreempt} {
+	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descCommitted, descUsed, descBound, descGated,
+		descQueued, descDrain, descDepth, descPredicting, descSamples, descEpsilon, descUp, descUsage, descRunning, descWaiting, descPreempt} {
 		ch <- d
 	}
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	rt := c.current()
-	if rt == nil {
+	if rt == nil || rt.sched == nil {
 		return
 	}
-	for name, g := range rt.groups {
-		st := g.budget.Stats()
-		ch <- prometheus.MustNewConstMetric(descCapacity, prometheus.GaugeValue, float64(st.Capacity), name)
-		ch <- prometheus.MustNewConstMetric(descEffective, prometheus.GaugeValue, float64(st.Effective), name)
-		ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, float64(st.Held), name)
-		ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(st.QueuedBytes), name)
-		ch <- prometheus.MustNewConstMetric(descDrain, prometheus.GaugeValue, st.DrainRate, name)
-		for _, cl := range st.Classes {
-			ch <- prometheus.MustNewConstMetric(descDepth, prometheus.GaugeValue, float64(cl.Queued), name, cl.Name)
-		}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
+	st := rt.sched.Stats()
+	gpuOf := map[string]string{} // pool → GPU name (they differ after a rename)
+	for name, g := range rt.groups {
+		gpuOf[g.pool] = name
+	}
+	for _, p := range st.Pools {
+		gpu := gpuOf[p.Name]
+		gauge(descCapacity, float64(p.Capacity), gpu)
+		gauge(descEffective, float64(p.Effective), gpu)
+		gauge(descHeld, float64(p.Held), gpu)
+		gauge(descCommitted, float64(p.Committed), gpu)
+		if p.UsedKnown {
+			gauge(descUsed, float64(p.Used), gpu)
+		}
+		gauge(descBound, float64(p.Tickets), gpu)
+		gauge(descGated, b2f(p.Gated), gpu)
+		gauge(descDrain, p.DrainRate, gpu)
+	}
+	for _, q := range st.Queues {
+		gauge(descQueued, float64(q.QueuedBytes), q.Name)
+		for _, cl := range q.Classes {
+			gauge(descDepth, float64(cl.Queued), q.Name, cl.Name)
+		}
+		gauge(descPredicting, b2f(q.Predicting), q.Name)
+		gauge(descSamples, q.Samples, q.Name)
+	}
+	eps := 0.0
+	if a := rt.cfg.Admission; a.Mode == modeKV && a.Reservation == admission.Predicted {
+		eps = a.epsilon()
+	}
+	gauge(descEpsilon, eps)
 	for _, b := range rt.pool.Backends() {
 		up := 0.0
-		st := b.State()
-		if st != backends.StateOpen {
+		state := b.State()
+		if state != backends.StateOpen {
 			up = 1
 		}
-		ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, up, b.Name(), string(st))
+		ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, up, b.Name(), string(state))
 		if kv, ok := b.KV(); ok {
 			if kv.HasUsage {
 				ch <- prometheus.MustNewConstMetric(descUsage, prometheus.GaugeValue, kv.Usage, b.Name())
@@ -163,4 +205,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descPreempt, prometheus.GaugeValue, kv.Preemptions, b.Name())
 		}
 	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/backends/sim"
 	"github.com/kvgate/kvgate/gateway"
+	"github.com/kvgate/kvgate/kvbudget"
 )
 
 // demoWeights is Llama-3-8B's bf16 weight bytes (8,030,261,248 params × 2).
@@ -151,8 +152,13 @@ send load to %[3]s directly to see it, or through the gateway to see it not happ
 }
 
 // startDemoSim runs the demo's simulated backend in-process, in real time.
+// It allocates its KV pool at the gateway's ceiling (vLLM's
+// --gpu-memory-utilization equal to admission.ceiling), so the gateway's
+// budget is the whole pool: a backend started at vLLM's default 0.9 behind
+// a 0.75 ceiling would keep memory nobody may use.
 func startDemoSim(addr string) (*sim.Server, string, error) {
 	cfg := sim.DefaultConfig()
+	cfg.GPUMemoryUtilization = kvbudget.DefaultCeiling
 	cfg.OnOverflow = sim.OverflowOOM
 	cfg.Seed = 1
 	s, err := sim.New(cfg)
