@@ -389,8 +389,8 @@ func contractErrorsNameTheKey(t *testing.T, h harness) {
 		{"zero size", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, 0, 0); return err }, leases.ErrInvalid},
 		{"negative size", func() error { _, err := s.Release(ctx, "gpu-z", ok, -1); return err }, leases.ErrInvalid},
 		{"size past MaxBytes", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, leases.MaxBytes+1, 0); return err }, leases.ErrInvalid},
-		{"min above size", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, 5, 6); return err }, leases.ErrInvalid},
-		{"negative min", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, 5, -1); return err }, leases.ErrInvalid},
+		{"least above size", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, 5, 6); return err }, leases.ErrInvalid},
+		{"negative least", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, 5, -1); return err }, leases.ErrInvalid},
 		{"no replica", func() error { _, err := s.Renew(ctx, "gpu-z", req("", 100)); return err }, leases.ErrInvalid},
 		{"ttl below 1ms", func() error {
 			_, err := s.Renew(ctx, "gpu-z", leases.Request{Replica: "r", TTL: time.Microsecond})

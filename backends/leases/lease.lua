@@ -12,14 +12,14 @@
 -- KEYS[4] budget expiry zset replica -> expiry, ms
 -- KEYS[5] ops          hash  replica -> "<op id> <bytes moved>", so that a
 --                      client's retry of the same call is answered, not redone
--- ARGV: op (acquire|renew|release|list), replica, bytes, min, budget, ttl ms,
+-- ARGV: op (acquire|renew|release|list), replica, bytes, least, budget, ttl ms,
 --       op id (may be empty)
 --
 -- Every number handed back to Redis goes through fmt: Lua's own number to
 -- string conversion may print large integers as 1e+15.
 local leases, lexp, budgets, bexp, ops = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local op, replica = ARGV[1], ARGV[2]
-local bytes, min, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
+local bytes, least, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
 local opid = ARGV[7]
 
 local function fmt(n) return string.format('%.0f', n) end
@@ -56,7 +56,7 @@ local function sum(hash)
   return s
 end
 
-local function least(hash)
+local function smallest(hash)
   local m = 0
   for _, v in ipairs(redis.call('HVALS', hash)) do
     v = tonumber(v)
@@ -67,7 +67,7 @@ end
 
 if op == 'list' then
   -- budget, total, then per replica: name, bytes, ttl ms, announced budget.
-  local out = {fmt(least(budgets)), fmt(sum(leases))}
+  local out = {fmt(smallest(budgets)), fmt(sum(leases))}
   local seen = {}
   local function add(r)
     if seen[r] then return end
@@ -94,7 +94,7 @@ if ARGV[5] ~= '0' then
   keep(budgets, bexp)
 end
 
-local budget = least(budgets)
+local budget = smallest(budgets)
 local total = sum(leases)
 local held = tonumber(redis.call('HGET', leases, replica) or '0')
 
@@ -114,7 +114,7 @@ end
 if not replay then
   if op == 'acquire' then
     local free = budget - total
-    if free >= min then
+    if free >= least then
       moved = math.min(bytes, free)
     end
     held, total = held + moved, total + moved

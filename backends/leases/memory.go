@@ -53,8 +53,8 @@ func (m *Memory) Prefixed(prefix string) *Memory {
 }
 
 // Acquire implements Store.
-func (m *Memory) Acquire(ctx context.Context, key string, r Request, bytes, min int64) (Lease, error) {
-	min, err := checkAcquire(key, r, bytes, min)
+func (m *Memory) Acquire(ctx context.Context, key string, r Request, bytes, least int64) (Lease, error) {
+	least, err := checkAcquire(key, r, bytes, least)
 	if err == nil {
 		err = ctx.Err()
 	}
@@ -62,7 +62,7 @@ func (m *Memory) Acquire(ctx context.Context, key string, r Request, bytes, min 
 		return Lease{}, opError("acquire", key, r.Replica, err)
 	}
 	return m.call(key, r, func(b *memBook, l *Lease) {
-		if free := l.Budget - l.Total; free >= min {
+		if free := l.Budget - l.Total; free >= least {
 			l.Granted = bytes
 			if free < bytes {
 				l.Granted = free

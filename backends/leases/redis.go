@@ -77,12 +77,12 @@ func (s *Redis) opID() string {
 }
 
 // Acquire implements Store.
-func (s *Redis) Acquire(ctx context.Context, key string, r Request, bytes, min int64) (Lease, error) {
-	min, err := checkAcquire(key, r, bytes, min)
+func (s *Redis) Acquire(ctx context.Context, key string, r Request, bytes, least int64) (Lease, error) {
+	least, err := checkAcquire(key, r, bytes, least)
 	if err != nil {
 		return Lease{}, opError("acquire", key, r.Replica, err)
 	}
-	return s.run(ctx, "acquire", key, r, bytes, min, s.opID())
+	return s.run(ctx, "acquire", key, r, bytes, least, s.opID())
 }
 
 // Renew implements Store.
@@ -101,9 +101,9 @@ func (s *Redis) Release(ctx context.Context, key string, r Request, bytes int64)
 	return s.run(ctx, "release", key, r, bytes, 0, s.opID())
 }
 
-func (s *Redis) run(ctx context.Context, op, key string, r Request, bytes, min int64, id string) (Lease, error) {
+func (s *Redis) run(ctx context.Context, op, key string, r Request, bytes, least int64, id string) (Lease, error) {
 	ttl := r.TTL.Milliseconds()
-	v, err := s.eval(ctx, op, key, []any{op, r.Replica, bytes, min, r.Budget, ttl, id})
+	v, err := s.eval(ctx, op, key, []any{op, r.Replica, bytes, least, r.Budget, ttl, id})
 	if err != nil {
 		return Lease{}, opError(op, key, r.Replica, err)
 	}
@@ -151,8 +151,9 @@ func (s *Redis) eval(ctx context.Context, op, key string, args []any) (any, erro
 	}
 	var replyErr redis.Error
 	switch {
-	case ctx.Err() != nil:
-		// The caller gave up; that says nothing about Redis.
+	case errors.Is(ctx.Err(), context.Canceled):
+		// The caller gave up; that says nothing about Redis. (A deadline
+		// that passed does: Redis did not answer in time.)
 		return nil, fmt.Errorf("%w (%w)", ctx.Err(), err)
 	case errors.As(err, &replyErr) && !passing(err):
 		// Redis answered with an error (a key of the wrong type, a script

@@ -21,9 +21,9 @@ import (
 // leases plus the grant fit that budget.
 type Store interface {
 	// Acquire grows r.Replica's lease on key by as much of bytes as is free,
-	// if at least min is (min 0 means bytes: all or nothing). A refusal is
+	// if at least least bytes are (least 0 means bytes: all or nothing). A refusal is
 	// not an error: it returns Granted 0.
-	Acquire(ctx context.Context, key string, r Request, bytes, min int64) (Lease, error)
+	Acquire(ctx context.Context, key string, r Request, bytes, least int64) (Lease, error)
 	// Renew extends r.Replica's lease (if it still has one) and its
 	// announcement by r.TTL. Held 0 in the answer means the lease is gone.
 	Renew(ctx context.Context, key string, r Request) (Lease, error)
@@ -126,22 +126,22 @@ func checkSize(bytes int64) error {
 	return nil
 }
 
-// checkAcquire validates an Acquire and resolves its min (0 means bytes:
+// checkAcquire validates an Acquire and resolves its least (0 means bytes:
 // all or nothing).
-func checkAcquire(key string, r Request, bytes, min int64) (int64, error) {
+func checkAcquire(key string, r Request, bytes, least int64) (int64, error) {
 	if err := check(key, r); err != nil {
 		return 0, err
 	}
 	if err := checkSize(bytes); err != nil {
 		return 0, err
 	}
-	if min == 0 {
+	if least == 0 {
 		return bytes, nil
 	}
-	if min < 0 || min > bytes {
-		return 0, invalid("min %d outside [0, %d]", min, bytes)
+	if least < 0 || least > bytes {
+		return 0, invalid("least %d outside [0, %d]", least, bytes)
 	}
-	return min, nil
+	return least, nil
 }
 
 func checkRelease(key string, r Request, bytes int64) error {

@@ -73,9 +73,16 @@ func (r *Redis) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Ito
 // URL is the server's redis:// URL, as gateway configuration takes it.
 func (r *Redis) URL() string { return "redis://" + r.Addr() + "/0" }
 
-// Client returns a client of the server, closed when the test ends.
-func (r *Redis) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
+// Client returns a client of the server with go-redis's defaults, closed
+// when the test ends. Each option function may change its options first
+// (e.g. MaxRetries -1: go-redis retries a refused connection with backoff
+// for about two seconds by default).
+func (r *Redis) Client(opts ...func(*redis.Options)) *redis.Client {
+	o := &redis.Options{Addr: r.Addr()}
+	for _, f := range opts {
+		f(o)
+	}
+	c := redis.NewClient(o)
 	r.t.Cleanup(func() { _ = c.Close() })
 	return c
 }
