@@ -297,6 +297,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	case "/v1/models":
 		s.serveModels(ctx)
+	case "/tokenize":
+		s.serveTokenize(ctx)
 	case "/metrics":
 		s.metricsHandler(ctx)
 	case "/healthz":
