@@ -1,13 +1,32 @@
 package gateway
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
 )
+
+// Metric naming, the rules a dashboard relies on (docs/METRICS.md lists
+// every series; TestMetricsMatchDocs and TestMetricNamingRules hold the
+// code to both):
+//   - names are kvgate_<what>_<unit>, snake case, base units (seconds,
+//     bytes, ratio); counters end in _total, nothing else does; no colons
+//     (those are for recording rules);
+//   - a state is never a label whose value changes on one series: it is a
+//     0/1 gauge (kvgate_backend_up) or one 0/1 series per state, exactly
+//     one of them 1 (kvgate_backend_state);
+//   - every labelled series a dashboard plots exists, at zero, from the
+//     moment its model, GPU, class, tenant, backend or reason is
+//     configured, so rate() and sum() show no gaps and a panel is never
+//     "no data" for a class that simply had no traffic yet.
+//
+// Adding a series is one line below (a def and where it is registered),
+// one row in docs/METRICS.md, and the code that feeds it.
 
 // metrics are the gateway's Prometheus series, on a registry of its own.
 // Budgets and backends are read at scrape time from the current runtime, so
@@ -15,17 +34,20 @@ import (
 type metrics struct {
 	reg *prometheus.Registry
 
-	requests        *prometheus.CounterVec
-	admissions      *prometheus.CounterVec
-	queueWait       *prometheus.HistogramVec
-	tokensPredicted *prometheus.CounterVec
-	tokensActual    *prometheus.CounterVec
-	promptRatio     *prometheus.HistogramVec
-	ttft            *prometheus.HistogramVec
-	duration        *prometheus.HistogramVec
-	upstreamErrors  *prometheus.CounterVec
-	reloads         *prometheus.CounterVec
-	inflight        prometheus.Gauge
+	requests         *prometheus.CounterVec
+	admissions       *prometheus.CounterVec
+	admissionRejects *prometheus.CounterVec
+	queueWait        *prometheus.HistogramVec
+	tokensPredicted  *prometheus.CounterVec
+	tokensActual     *prometheus.CounterVec
+	promptRatio      *prometheus.HistogramVec
+	ttft             *prometheus.HistogramVec
+	duration         *prometheus.HistogramVec
+	upstreamErrors   *prometheus.CounterVec
+	reloads          *prometheus.CounterVec
+	lastReloadOK     prometheus.Gauge
+	lastReloadTime   prometheus.Gauge
+	inflight         prometheus.Gauge
 }
 
 // Request outcomes: every request leaves through exactly one.
@@ -37,54 +59,218 @@ const (
 	outcomeCanceled = "canceled" // the client went away
 )
 
-func newMetrics(current func() *runtime) *metrics {
+// requestReasons are the reasons of kvgate_requests_total, by outcome, that
+// exist at zero for every model. A backend's own status (backend_503, ...)
+// is open-ended and appears when it first happens.
+// TestRequestReasonsCoverTheCode keeps this list in step with proxy.go.
+var requestReasons = map[string][]string{
+	outcomeOK:       {""},
+	outcomeShed:     {admission.ReasonQueueFull, admission.ReasonQueueTimeout, admission.ReasonOverloaded, admission.ReasonTenantQuota},
+	outcomeRejected: {"unauthorized", "invalid_request", "unknown_model", "context_length_exceeded", "kv_budget_exceeded"},
+	outcomeFailed:   {"no_backend", "upstream_error", "request_timeout", "shutdown", "backend_stream_error", "internal"},
+	outcomeCanceled: {"client_disconnect"},
+}
+
+// Label values that exist from the start.
+var (
+	tokenKinds          = []string{"prompt", "output"}
+	upstreamErrorKinds  = []string{"transport", "status", "tokenize"}
+	reloadResults       = []string{"ok", "error"}
+	circuitStates       = []backends.CircuitState{backends.StateClosed, backends.StateHalfOpen, backends.StateOpen}
+	waitResultsSeeded   = []string{"admitted", admission.ReasonQueueTimeout, admission.ReasonCanceled}
+	admissionRejections = append(admission.Reasons(), admission.ReasonCanceled)
+)
+
+// def is one series family: its name, help and label names.
+type def struct {
+	name, help string
+	labels     []string
+}
+
+func (d def) counterVec() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: d.name, Help: d.help}, d.labels)
+}
+
+func (d def) histogramVec(buckets []float64) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: d.name, Help: d.help, Buckets: buckets}, d.labels)
+}
+
+func (d def) gauge() prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Name: d.name, Help: d.help})
+}
+
+func (d def) desc() *prometheus.Desc { return prometheus.NewDesc(d.name, d.help, d.labels, nil) }
+
+// The series fed as requests pass.
+var (
+	defRequests         = def{"kvgate_requests_total", "Requests by model, outcome (ok, shed, rejected, failed, canceled) and reason.", []string{"model", "outcome", "reason"}}
+	defAdmissions       = def{"kvgate_admissions_total", "Requests admitted to a GPU's KV budget, by class, tenant and whether they queued first.", []string{"gpu", "class", "tenant", "queued"}}
+	defAdmissionRejects = def{"kvgate_admission_rejections_total", "Requests the admission of a GPU's budget refused, by class, tenant and reason (too_large, queue_full, queue_timeout, overloaded, tenant_quota, canceled).", []string{"gpu", "class", "tenant", "reason"}}
+	defQueueWait        = def{"kvgate_queue_wait_seconds", "Time requests spent in the admission queue, by how the wait ended (admitted or a rejection reason).", []string{"gpu", "class", "result"}}
+	defTokensPredicted  = def{"kvgate_tokens_predicted_total", "Tokens the gateway reserved KV for: prompt (predicted) and output (max_tokens), of answered requests.", []string{"model", "kind"}}
+	defTokensActual     = def{"kvgate_tokens_actual_total", "Tokens backends reported in usage for the same requests.", []string{"model", "kind"}}
+	defPromptRatio      = def{"kvgate_prompt_tokens_actual_over_predicted", "Actual / predicted prompt tokens per request: above 1 the prediction was low.", []string{"model", "tokenizer"}}
+	defTTFT             = def{"kvgate_time_to_first_token_seconds", "Arrival to the first streamed event relayed to the client, queueing included.", []string{"model"}}
+	defDuration         = def{"kvgate_request_duration_seconds", "Arrival to last byte, by outcome.", []string{"model", "outcome"}}
+	defUpstreamErrors   = def{"kvgate_upstream_errors_total", "Failures talking to backends: transport, status (5xx answers), tokenize.", []string{"backend", "kind"}}
+	defReloads          = def{"kvgate_config_reloads_total", "Configuration reloads by result (ok, error); a file that fails to load counts as error.", []string{"result"}}
+	defLastReloadOK     = def{"kvgate_config_last_reload_successful", "1 if the last configuration reload (or the start) succeeded, 0 while the running config is older than a file that failed to load.", nil}
+	defLastReloadTime   = def{"kvgate_config_last_reload_success_timestamp_seconds", "Unix time of the last successful configuration load (the start counts).", nil}
+	defInflight         = def{"kvgate_requests_in_flight", "Requests between arrival and last byte.", nil}
+)
+
+// The series read from budgets and backends at scrape time.
+var (
+	descCapacity   = def{"kvgate_kv_capacity_bytes", "Nominal KV budget of a GPU: memory × ceiling − weights − reserve, clamped to the backend's reported pool.", []string{"gpu"}}.desc()
+	descEffective  = def{"kvgate_kv_effective_capacity_bytes", "KV budget of a GPU after the feedback loop.", []string{"gpu"}}.desc()
+	descHeld       = def{"kvgate_kv_held_bytes", "KV bytes reserved by admitted requests on a GPU.", []string{"gpu"}}.desc()
+	descUsed       = def{"kvgate_kv_used_bytes", "KV bytes a GPU's backends report in use (their KV usage × pool); 0 until every backend of the GPU reported.", []string{"gpu"}}.desc()
+	descQueued     = def{"kvgate_kv_queued_bytes", "KV bytes of requests waiting for admission on a GPU.", []string{"gpu"}}.desc()
+	descDrain      = def{"kvgate_kv_drain_rate_bytes_per_second", "Measured release rate behind Retry-After.", []string{"gpu"}}.desc()
+	descDepth      = def{"kvgate_queue_depth", "Requests waiting for admission, by class.", []string{"gpu", "class"}}.desc()
+	descClassHeld  = def{"kvgate_class_kv_held_bytes", "KV bytes held by admitted requests of a class.", []string{"gpu", "class"}}.desc()
+	descTenantHeld = def{"kvgate_tenant_kv_held_bytes", "KV bytes held by a tenant's admitted requests (tenant \"\" is anonymous).", []string{"gpu", "tenant"}}.desc()
+	descTenantCap  = def{"kvgate_tenant_kv_cap_bytes", "The most a tenant may hold on a GPU: its share × the budget.", []string{"gpu", "tenant"}}.desc()
+	descTenantQ    = def{"kvgate_tenant_queue_depth", "A tenant's requests waiting for admission.", []string{"gpu", "tenant"}}.desc()
+	descUp         = def{"kvgate_backend_up", "1 if requests are routed to the backend (circuit closed or half-open), else 0.", []string{"backend"}}.desc()
+	descState      = def{"kvgate_backend_state", "The backend's circuit: one series per state (closed, half-open, open), the current one 1, the others 0.", []string{"backend", "state"}}.desc()
+	descScraped    = def{"kvgate_backend_last_report_timestamp_seconds", "Unix time of the backend's last /metrics report the gateway read; 0 before the first.", []string{"backend"}}.desc()
+	descUsage      = def{"kvgate_backend_kv_usage_ratio", "KV cache usage the backend reports (vllm:kv_cache_usage_perc), 0–1; 0 before its first report.", []string{"backend"}}.desc()
+	descRunning    = def{"kvgate_backend_requests_running", "Requests the backend reports running.", []string{"backend"}}.desc()
+	descWaiting    = def{"kvgate_backend_requests_waiting", "Requests the backend reports waiting.", []string{"backend"}}.desc()
+	descPreempt    = def{"kvgate_backend_preemptions_total", "Preemptions the backend reports (its vllm:num_preemptions_total, so it resets when the backend restarts).", []string{"backend"}}.desc()
+)
+
+func newMetrics(current func() *runtime, now func() time.Time) *metrics {
 	reg := prometheus.NewRegistry()
 	latency := prometheus.ExponentialBucketsRange(0.005, 300, 20)
 	m := &metrics{
-		reg: reg,
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_requests_total", Help: "Requests by model, outcome (ok, shed, rejected, failed, canceled) and reason.",
-		}, []string{"model", "outcome", "reason"}),
-		admissions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_admissions_total", Help: "Requests admitted to a KV budget, by whether they queued first.",
-		}, []string{"gpu", "class", "queued"}),
-		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvgate_queue_wait_seconds", Help: "Time requests spent in the admission queue, admitted or not.",
-			Buckets: prometheus.ExponentialBucketsRange(0.001, 120, 18),
-		}, []string{"gpu", "class", "result"}),
-		tokensPredicted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_tokens_predicted_total", Help: "Tokens the gateway reserved KV for: prompt (predicted) and output (max_tokens), of answered requests.",
-		}, []string{"model", "kind"}),
-		tokensActual: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_tokens_actual_total", Help: "Tokens backends reported in usage for the same requests.",
-		}, []string{"model", "kind"}),
-		promptRatio: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvgate_prompt_tokens_actual_over_predicted", Help: "Actual / predicted prompt tokens per request: above 1 the prediction was low.",
-			Buckets: []float64{0.5, 0.7, 0.8, 0.9, 0.95, 1, 1.02, 1.05, 1.1, 1.2, 1.5, 2},
-		}, []string{"model", "tokenizer"}),
-		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvgate_time_to_first_token_seconds", Help: "Arrival to the first streamed event relayed to the client, queueing included.",
-			Buckets: latency,
-		}, []string{"model"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvgate_request_duration_seconds", Help: "Arrival to last byte, by outcome.",
-			Buckets: latency,
-		}, []string{"model", "outcome"}),
-		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_upstream_errors_total", Help: "Failures talking to backends: transport, timeout, status (5xx answers).",
-		}, []string{"backend", "kind"}),
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_config_reloads_total", Help: "Configuration reloads by result.",
-		}, []string{"result"}),
-		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "kvgate_requests_in_flight", Help: "Requests between arrival and last byte.",
-		}),
+		reg:              reg,
+		requests:         defRequests.counterVec(),
+		admissions:       defAdmissions.counterVec(),
+		admissionRejects: defAdmissionRejects.counterVec(),
+		queueWait:        defQueueWait.histogramVec(prometheus.ExponentialBucketsRange(0.001, 120, 18)),
+		tokensPredicted:  defTokensPredicted.counterVec(),
+		tokensActual:     defTokensActual.counterVec(),
+		promptRatio:      defPromptRatio.histogramVec([]float64{0.5, 0.7, 0.8, 0.9, 0.95, 1, 1.02, 1.05, 1.1, 1.2, 1.5, 2}),
+		ttft:             defTTFT.histogramVec(latency),
+		duration:         defDuration.histogramVec(latency),
+		upstreamErrors:   defUpstreamErrors.counterVec(),
+		reloads:          defReloads.counterVec(),
+		lastReloadOK:     defLastReloadOK.gauge(),
+		lastReloadTime:   defLastReloadTime.gauge(),
+		inflight:         defInflight.gauge(),
 	}
-	reg.MustRegister(m.requests, m.admissions, m.queueWait, m.tokensPredicted, m.tokensActual, m.promptRatio,
-		m.ttft, m.duration, m.upstreamErrors, m.reloads, m.inflight,
+	m.lastReloadOK.Set(1)
+	m.lastReloadTime.Set(float64(now().UnixNano()) / 1e9)
+	reg.MustRegister(
+		&seededCollector{m: m, current: current},
+		m.lastReloadOK, m.lastReloadTime, m.inflight,
 		&stateCollector{current: current},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// reloaded records the result of a configuration reload.
+func (m *metrics) reloaded(ok bool, now time.Time) {
+	if !ok {
+		m.reloads.WithLabelValues("error").Inc()
+		m.lastReloadOK.Set(0)
+		return
+	}
+	m.reloads.WithLabelValues("ok").Inc()
+	m.lastReloadOK.Set(1)
+	m.lastReloadTime.Set(float64(now.UnixNano()) / 1e9)
+}
+
+// seededCollector gathers the labelled counters and histograms, first
+// creating, at zero, every series the current configuration names. It runs
+// the seeding inside its own Collect so that a scrape never sees a runtime
+// whose series are not there yet; the seeding runs once per runtime.
+type seededCollector struct {
+	m       *metrics
+	current func() *runtime
+	seeded  atomic.Pointer[runtime]
+}
+
+func (c *seededCollector) vecs() []prometheus.Collector {
+	m := c.m
+	return []prometheus.Collector{m.requests, m.admissions, m.admissionRejects, m.queueWait, m.tokensPredicted,
+		m.tokensActual, m.promptRatio, m.ttft, m.duration, m.upstreamErrors, m.reloads}
+}
+
+func (c *seededCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, v := range c.vecs() {
+		v.Describe(ch)
+	}
+}
+
+func (c *seededCollector) Collect(ch chan<- prometheus.Metric) {
+	if rt := c.current(); rt != nil && c.seeded.Load() != rt {
+		c.m.seed(rt)
+		c.seeded.Store(rt)
+	}
+	for _, v := range c.vecs() {
+		v.Collect(ch)
+	}
+}
+
+// seed creates every series rt's configuration names. Series of models,
+// backends or tenants a reload removed stay, as counters should.
+func (m *metrics) seed(rt *runtime) {
+	for _, r := range reloadResults {
+		m.reloads.WithLabelValues(r)
+	}
+	// Requests refused before their model is known count under "unknown".
+	for _, name := range append([]string{"unknown"}, rt.modelOrder...) {
+		for outcome, reasons := range requestReasons {
+			for _, r := range reasons {
+				m.requests.WithLabelValues(name, outcome, r)
+			}
+			m.duration.WithLabelValues(name, outcome)
+		}
+		if md := rt.models[name]; md != nil {
+			for _, k := range tokenKinds {
+				m.tokensPredicted.WithLabelValues(name, k)
+				m.tokensActual.WithLabelValues(name, k)
+			}
+			m.promptRatio.WithLabelValues(name, md.tokenizer)
+			m.ttft.WithLabelValues(name)
+		}
+	}
+	for _, be := range rt.pool.Backends() {
+		for _, k := range upstreamErrorKinds {
+			m.upstreamErrors.WithLabelValues(be.Name(), k)
+		}
+	}
+	tenants := rt.tenantNames()
+	for gpu := range rt.groups {
+		for _, cl := range rt.cfg.Admission.Classes {
+			for _, r := range waitResultsSeeded {
+				m.queueWait.WithLabelValues(gpu, cl.Name, r)
+			}
+			for _, t := range tenants {
+				m.admissions.WithLabelValues(gpu, cl.Name, t, "false")
+				m.admissions.WithLabelValues(gpu, cl.Name, t, "true")
+				for _, r := range admissionRejections {
+					m.admissionRejects.WithLabelValues(gpu, cl.Name, t, r)
+				}
+			}
+		}
+	}
+}
+
+// tenantNames are the tenants requests can come from: the configured ones,
+// and "" (anonymous) where no API key is required.
+func (rt *runtime) tenantNames() []string {
+	var out []string
+	if !rt.auth {
+		out = append(out, "")
+	}
+	for _, t := range rt.cfg.Tenants {
+		out = append(out, t.Name)
+	}
+	return out
 }
 
 // observer feeds one budget's admissions into the metrics.
@@ -93,40 +279,29 @@ type observer struct {
 	gpu string
 }
 
-func (o observer) Admitted(class, _ string, _ int64, waited time.Duration) {
+func (o observer) Admitted(class, tenant string, _ int64, waited time.Duration) {
 	queued := "false"
 	if waited > 0 {
 		queued = "true"
 		o.m.queueWait.WithLabelValues(o.gpu, class, "admitted").Observe(waited.Seconds())
 	}
-	o.m.admissions.WithLabelValues(o.gpu, class, queued).Inc()
+	o.m.admissions.WithLabelValues(o.gpu, class, tenant, queued).Inc()
 }
 
-func (o observer) Rejected(class, _, reason string, _ int64, waited time.Duration) {
+func (o observer) Rejected(class, tenant, reason string, _ int64, waited time.Duration) {
 	if waited > 0 {
 		o.m.queueWait.WithLabelValues(o.gpu, class, reason).Observe(waited.Seconds())
 	}
+	o.m.admissionRejects.WithLabelValues(o.gpu, class, tenant, reason).Inc()
 }
-
-var (
-	descCapacity  = prometheus.NewDesc("kvgate_kv_capacity_bytes", "Nominal KV budget of a GPU: memory × ceiling − weights − reserve, clamped to the backend's reported pool.", []string{"gpu"}, nil)
-	descEffective = prometheus.NewDesc("kvgate_kv_effective_capacity_bytes", "KV budget after the feedback loop.", []string{"gpu"}, nil)
-	descHeld      = prometheus.NewDesc("kvgate_kv_held_bytes", "KV bytes reserved by admitted requests.", []string{"gpu"}, nil)
-	descQueued    = prometheus.NewDesc("kvgate_kv_queued_bytes", "KV bytes of requests waiting for admission.", []string{"gpu"}, nil)
-	descDrain     = prometheus.NewDesc("kvgate_kv_drain_rate_bytes_per_second", "Measured release rate behind Retry-After.", []string{"gpu"}, nil)
-	descDepth     = prometheus.NewDesc("kvgate_queue_depth", "Requests waiting for admission.", []string{"gpu", "class"}, nil)
-	descUp        = prometheus.NewDesc("kvgate_backend_up", "1 if requests are routed to the backend (circuit closed or half-open).", []string{"backend", "state"}, nil)
-	descUsage     = prometheus.NewDesc("kvgate_backend_kv_usage_ratio", "KV cache usage the backend reports (vllm:kv_cache_usage_perc).", []string{"backend"}, nil)
-	descRunning   = prometheus.NewDesc("kvgate_backend_requests_running", "Requests the backend reports running.", []string{"backend"}, nil)
-	descWaiting   = prometheus.NewDesc("kvgate_backend_requests_waiting", "Requests the backend reports waiting.", []string{"backend"}, nil)
-	descPreempt   = prometheus.NewDesc("kvgate_backend_preemptions", "Preemptions the backend reports (its counter).", []string{"backend"}, nil)
-)
 
 // stateCollector reads budgets and backends at scrape time.
 type stateCollector struct{ current func() *runtime }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descQueued, descDrain, descDepth, descUp, descUsage, descRunning, descWaiting, descPreempt} {
+	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descUsed, descQueued, descDrain, descDepth,
+		descClassHeld, descTenantHeld, descTenantCap, descTenantQ,
+		descUp, descState, descScraped, descUsage, descRunning, descWaiting, descPreempt} {
 		ch <- d
 	}
 }
@@ -136,31 +311,50 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if rt == nil {
 		return
 	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
 	for name, g := range rt.groups {
 		st := g.budget.Stats()
-		ch <- prometheus.MustNewConstMetric(descCapacity, prometheus.GaugeValue, float64(st.Capacity), name)
-		ch <- prometheus.MustNewConstMetric(descEffective, prometheus.GaugeValue, float64(st.Effective), name)
-		ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, float64(st.Held), name)
-		ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(st.QueuedBytes), name)
-		ch <- prometheus.MustNewConstMetric(descDrain, prometheus.GaugeValue, st.DrainRate, name)
+		gauge(descCapacity, float64(st.Capacity), name)
+		gauge(descEffective, float64(st.Effective), name)
+		gauge(descHeld, float64(st.Held), name)
+		_, used, _ := g.pool()
+		gauge(descUsed, float64(used), name)
+		gauge(descQueued, float64(st.QueuedBytes), name)
+		gauge(descDrain, st.DrainRate, name)
 		for _, cl := range st.Classes {
-			ch <- prometheus.MustNewConstMetric(descDepth, prometheus.GaugeValue, float64(cl.Queued), name, cl.Name)
+			gauge(descDepth, float64(cl.Queued), name, cl.Name)
+			gauge(descClassHeld, float64(cl.Held), name, cl.Name)
+		}
+		for _, t := range st.Tenants {
+			gauge(descTenantHeld, float64(t.Held), name, t.Name)
+			gauge(descTenantCap, float64(t.Cap), name, t.Name)
+			gauge(descTenantQ, float64(t.Queued), name, t.Name)
 		}
 	}
 	for _, b := range rt.pool.Backends() {
-		up := 0.0
 		st := b.State()
-		if st != backends.StateOpen {
-			up = 1
+		gauge(descUp, boolFloat(st != backends.StateOpen), b.Name())
+		for _, s := range circuitStates {
+			gauge(descState, boolFloat(s == st), b.Name(), string(s))
 		}
-		ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, up, b.Name(), string(st))
-		if kv, ok := b.KV(); ok {
-			if kv.HasUsage {
-				ch <- prometheus.MustNewConstMetric(descUsage, prometheus.GaugeValue, kv.Usage, b.Name())
-			}
-			ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, kv.Running, b.Name())
-			ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, kv.Waiting, b.Name())
-			ch <- prometheus.MustNewConstMetric(descPreempt, prometheus.GaugeValue, kv.Preemptions, b.Name())
+		kv, ok := b.KV()
+		at := 0.0
+		if ok {
+			at = float64(kv.At.UnixNano()) / 1e9
 		}
+		gauge(descScraped, at, b.Name())
+		gauge(descUsage, kv.Usage, b.Name())
+		gauge(descRunning, kv.Running, b.Name())
+		gauge(descWaiting, kv.Waiting, b.Name())
+		ch <- prometheus.MustNewConstMetric(descPreempt, prometheus.CounterValue, kv.Preemptions, b.Name())
 	}
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -88,7 +88,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		opt.Now = time.Now
 	}
 	s := &Server{opt: opt, log: opt.Logger, now: opt.Now}
-	s.m = newMetrics(s.rt.Load)
+	s.m = newMetrics(s.rt.Load, opt.Now)
 	s.opt.metrics = s.m
 	rt, commits, err := buildRuntime(cfg, nil, &s.opt)
 	if err != nil {
@@ -180,14 +180,14 @@ func (s *Server) Reload(cfg *Config) error {
 	}
 	rt, commits, err := buildRuntime(cfg, old, &s.opt)
 	if err != nil {
-		s.m.reloads.WithLabelValues("error").Inc()
+		s.m.reloaded(false, s.now())
 		return err
 	}
 	for _, c := range commits {
 		c()
 	}
 	s.rt.Store(rt)
-	s.m.reloads.WithLabelValues("ok").Inc()
+	s.m.reloaded(true, s.now())
 	s.startProbesLocked(rt)
 	return nil
 }

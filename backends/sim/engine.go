@@ -66,6 +66,17 @@ type request struct {
 	err    error        // why it failed; written before status becomes statusFailed
 }
 
+// reachedMax says whether every sequence generated max_tokens, which is
+// what makes vLLM report finished_reason "length" (see finishReason).
+func (r *request) reachedMax() bool {
+	for _, sq := range r.seqs {
+		if sq.target < r.maxTokens {
+			return false
+		}
+	}
+	return true
+}
+
 func newRequest(promptTokens, maxTokens int, n int, arrival time.Time) *request {
 	r := &request{prompt: promptTokens, maxTokens: maxTokens, arrival: arrival,
 		seqs: make([]sequence, n), live: n, wake: make(chan struct{}, 1)}
@@ -105,18 +116,22 @@ type engine struct {
 	hooks engineHooks
 	kick  chan struct{} // capacity 1: new work for the loop
 
-	mu             sync.Mutex
-	waiting        []*request // FIFO; preempted requests go back to the front
-	running        []*request // in order of (re)admission: the last is the newest
-	runningSeqs    int
-	used, peak     int64
-	preemptions    int64
-	oomEvents      int64
-	promptTokens   int64
-	genTokens      int64
-	unhealthyUntil time.Time
-	planned        bool // a step is planned and not yet committed
-	closed         bool // shut down: nothing is admitted any more
+	mu           sync.Mutex
+	waiting      []*request // FIFO; preempted requests go back to the front
+	running      []*request // in order of (re)admission: the last is the newest
+	runningSeqs  int
+	used, peak   int64
+	preemptions  int64
+	oomEvents    int64
+	promptTokens int64
+	genTokens    int64
+	// Requests ended, by vLLM's finished_reason: stop (a sequence ended
+	// before max_tokens), length (every sequence reached it), abort (the
+	// client left, or an out-of-memory event or shutdown failed it).
+	finishedStop, finishedLength, aborted int64
+	unhealthyUntil                        time.Time
+	planned                               bool // a step is planned and not yet committed
+	closed                                bool // shut down: nothing is admitted any more
 }
 
 func newEngine(s *settings, now func() time.Time, hooks engineHooks) *engine {
@@ -168,10 +183,12 @@ func (e *engine) abortLocked(r *request) {
 	switch r.state {
 	case stateWaiting:
 		e.waiting = removeReq(e.waiting, r)
+		e.aborted++
 	case stateRunning:
 		e.running = removeReq(e.running, r)
 		e.runningSeqs -= r.live
 		e.freeLocked(r)
+		e.aborted++
 	}
 	r.state = stateDone
 }
@@ -274,6 +291,7 @@ func (e *engine) failAllLocked(err error) {
 	for _, q := range [][]*request{e.running, e.waiting} {
 		for _, r := range q {
 			e.freeLocked(r)
+			e.aborted++
 			r.state = stateDone
 			r.err = err
 			r.status.Store(statusFailed)
@@ -400,6 +418,11 @@ func (e *engine) commitLocked(now time.Time) {
 		}
 		if r.live == 0 {
 			e.freeLocked(r)
+			if r.reachedMax() {
+				e.finishedLength++
+			} else {
+				e.finishedStop++
+			}
 			r.state = stateDone
 			r.status.Store(statusFinished)
 			if e.hooks.finished != nil {
@@ -483,6 +506,9 @@ type Stats struct {
 	OOMEvents        int64 // out-of-memory events (oom mode), in all
 	PromptTokens     int64 // prompt tokens of admitted requests, counted once each
 	GenerationTokens int64 // tokens generated, recomputation not counted again
+	FinishedStop     int64 // requests ended with a sequence short of max_tokens
+	FinishedLength   int64 // requests whose every sequence reached max_tokens
+	Aborted          int64 // requests ended by a hang-up, an OOM event or shutdown
 	Healthy          bool  // false while restarting after an OOM event
 }
 
@@ -495,6 +521,7 @@ func (e *engine) stats() Stats {
 		Running: len(e.running), Waiting: len(e.waiting),
 		Preemptions: e.preemptions, OOMEvents: e.oomEvents,
 		PromptTokens: e.promptTokens, GenerationTokens: e.genTokens,
+		FinishedStop: e.finishedStop, FinishedLength: e.finishedLength, Aborted: e.aborted,
 		Healthy: e.healthyLocked(e.now()),
 	}
 }
