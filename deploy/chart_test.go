@@ -420,4 +420,3 @@ func TestChartToggles(t *testing.T) {
 		t.Errorf("service account %q", dep.Spec.Template.Spec.ServiceAccountName)
 	}
 }
-
