@@ -132,7 +132,7 @@ backends:
 		return nil, fmt.Errorf("the load did not both serve and shed: status codes %v", seen)
 	}
 	post("sk-search", `{"model":"llama-3-8b","prompt":"x","max_tokens":8000,"n":8}`) // kv_budget_exceeded
-	post("sk-search", `{"model":"nope","prompt":"x"}`)                             // unknown_model
+	post("sk-search", `{"model":"nope","prompt":"x"}`)                               // unknown_model
 
 	names := map[string]bool{}
 	for _, u := range []string{gwURL + "/metrics", simURL + "/metrics"} {
