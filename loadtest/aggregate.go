@@ -341,6 +341,8 @@ type StepReport struct {
 	SLO        *SLOResult         `json:"slo"`
 	KV         *KVReport          `json:"kv"`
 	Saturation *SaturationVerdict `json:"saturation"`
+	// Cost is the step's at its target's price; nil when not priced.
+	Cost *Cost `json:"cost,omitempty"`
 
 	StoppedEarly string `json:"stopped_early,omitempty"`
 	// Verdict is "safe", "unsafe" or "inconclusive"; Reasons say why it is

@@ -35,7 +35,8 @@
 // failures count against the step.
 //
 // While a step runs, the target's /metrics (or --metrics-url) is scraped
-// every second for vLLM's KV usage (vllm:kv_cache_usage_perc, else
+// every 250 ms (--scrape-interval; the memory curve says its interval) for
+// vLLM's KV usage (vllm:kv_cache_usage_perc, else
 // vllm:gpu_cache_usage_perc), running and waiting requests and preemptions;
 // the step's peak KV usage is the highest scrape, or the simulator's exact
 // kvsim_kv_usage_peak_ratio when that rose during the step.
