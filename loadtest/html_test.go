@@ -43,7 +43,9 @@ func TestHTMLIsSelfContained(t *testing.T) {
 			t.Errorf("report loads something: %q", page[max(loc[0]-40, 0):min(loc[1]+40, len(page))])
 		}
 	}
-	for _, want := range []string{"ceiling 75%", "safe: 4 (fake)", "Safe concurrency for fake: 4", `class="marker unsafe"`, "<table id=\"steps\">"} {
+	// The memory curve says how often it was sampled (the fake run's 10 ms).
+	for _, want := range []string{"ceiling 75%", "safe: 4 (fake)", "Safe concurrency for fake: 4", `class="marker unsafe"`, "<table id=\"steps\">",
+		"sampled every 10 ms"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("report lacks %q", want)
 		}
@@ -311,4 +313,17 @@ func atoi(t *testing.T, s string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// Unless told otherwise the memory curve is sampled every 250 ms: a KV
+// peak that lasts a few decode steps (tens of ms each) falls between
+// one-second samples.
+func TestDefaultScrapeIntervalCatchesShortPeaks(t *testing.T) {
+	c, err := Config{Targets: []Target{{URL: "http://127.0.0.1:1"}}}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ScrapeInterval != 250*time.Millisecond {
+		t.Errorf("default scrape interval %s, want 250ms", c.ScrapeInterval)
+	}
 }
