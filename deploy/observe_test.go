@@ -314,8 +314,8 @@ func TestDashboard(t *testing.T) {
 	walk(d.Panels)
 	// What the dashboard is for (the names of its panels, as operators
 	// look for them).
-	for _, want := range []string{"KV: capacity, held, real use", "Queue depth per class", "Queue wait p50 / p99 per class",
-		"Sheds by reason", "Predicted vs actual tokens", "Time to first token p50 / p99", "End-to-end latency p50 / p99",
+	for _, want := range []string{"KV: capacity, held, committed, real use", "Queue depth per class", "Queue wait p50 / p99 per class",
+		"Sheds by reason", "Predicted vs generated output tokens", "Time to first token p50 / p99", "End-to-end latency p50 / p99",
 		"Backend state", "Preemptions", "Overflow: KV usage the backends report"} {
 		if !titles[want] {
 			t.Errorf("no panel %q", want)

@@ -20,6 +20,9 @@ type CheckedGPU struct {
 	Name        string   `json:"name"`
 	Backends    []string `json:"backends"`
 	BudgetBytes int64    `json:"budget_bytes"`
+	// MaxConcurrency is the request limit in admission mode count (where
+	// there is no byte budget).
+	MaxConcurrency int64 `json:"max_concurrency,omitempty"`
 }
 
 // Check builds everything cfg describes — models and their geometry, every
@@ -28,7 +31,9 @@ type CheckedGPU struct {
 // serves nothing, starts no probe and sends nothing to a backend, so it can
 // vet a file before a start or a SIGHUP; the error names the bad field.
 func Check(cfg *Config, opt Options) (*CheckReport, error) {
-	rt, _, err := buildRuntime(cfg, nil, &opt)
+	// With no scheduler, buildRuntime validates the admission config and
+	// leaves creating one to its commit, which Check never calls.
+	rt, _, err := buildRuntime(cfg, nil, &opt, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -41,6 +46,9 @@ func Check(cfg *Config, opt Options) (*CheckReport, error) {
 	}
 	for name, g := range rt.groups {
 		cg := CheckedGPU{Name: name, BudgetBytes: g.nominal}
+		if rt.count {
+			cg.BudgetBytes, cg.MaxConcurrency = 0, g.nominal
+		}
 		for _, be := range g.backends {
 			cg.Backends = append(cg.Backends, be.Name())
 		}

@@ -25,19 +25,23 @@ import (
 //     configured, so rate() and sum() show no gaps and a panel is never
 //     "no data" for a class that simply had no traffic yet.
 //
-// Adding a series is one line below (a def and where it is registered),
-// one row in docs/METRICS.md, and the code that feeds it.
+// Adding a series is one def line below (and its registration or its
+// Collect line), one row in docs/METRICS.md, and the code that feeds it.
 
 // metrics are the gateway's Prometheus series, on a registry of its own.
 // Budgets and backends are read at scrape time from the current runtime, so
 // a reload needs no re-registration.
 type metrics struct {
-	reg *prometheus.Registry
+	reg     *prometheus.Registry
+	current func() *runtime
 
 	requests         *prometheus.CounterVec
 	admissions       *prometheus.CounterVec
 	admissionRejects *prometheus.CounterVec
 	queueWait        *prometheus.HistogramVec
+	backfilled       *prometheus.CounterVec
+	outPredicted     *prometheus.CounterVec
+	outGenerated     *prometheus.CounterVec
 	tokensPredicted  *prometheus.CounterVec
 	tokensActual     *prometheus.CounterVec
 	promptRatio      *prometheus.HistogramVec
@@ -105,8 +109,11 @@ func (d def) desc() *prometheus.Desc { return prometheus.NewDesc(d.name, d.help,
 var (
 	defRequests         = def{"kvgate_requests_total", "Requests by model, outcome (ok, shed, rejected, failed, canceled) and reason.", []string{"model", "outcome", "reason"}}
 	defAdmissions       = def{"kvgate_admissions_total", "Requests admitted to a GPU's KV budget, by class, tenant and whether they queued first.", []string{"gpu", "class", "tenant", "queued"}}
-	defAdmissionRejects = def{"kvgate_admission_rejections_total", "Requests the admission of a GPU's budget refused, by class, tenant and reason (too_large, queue_full, queue_timeout, overloaded, tenant_quota, canceled).", []string{"gpu", "class", "tenant", "reason"}}
-	defQueueWait        = def{"kvgate_queue_wait_seconds", "Time requests spent in the admission queue, by how the wait ended (admitted or a rejection reason).", []string{"gpu", "class", "result"}}
+	defAdmissionRejects = def{"kvgate_admission_rejections_total", "Requests the admission of a model's queue refused, by class, tenant and reason (too_large, queue_full, queue_timeout, overloaded, tenant_quota, no_route, canceled).", []string{"model", "class", "tenant", "reason"}}
+	defQueueWait        = def{"kvgate_queue_wait_seconds", "Time requests spent in their model's admission queue, by how the wait ended (admitted or a rejection reason).", []string{"model", "class", "result"}}
+	defBackfilled       = def{"kvgate_admission_backfilled_total", "Requests admitted past an earlier request that did not fit, without delaying its expected start (EASY backfilling).", []string{"model", "gpu"}}
+	defOutPredicted     = def{"kvgate_output_tokens_predicted_total", "Output tokens predicted at admission for requests that finished: the learned median length, capped by max_tokens (max_tokens itself while the model warms up or under worst_case).", []string{"model"}}
+	defOutGenerated     = def{"kvgate_output_tokens_generated_total", "Output tokens the same requests really generated.", []string{"model"}}
 	defTokensPredicted  = def{"kvgate_tokens_predicted_total", "Tokens the gateway reserved KV for: prompt (predicted) and output (max_tokens), of answered requests.", []string{"model", "kind"}}
 	defTokensActual     = def{"kvgate_tokens_actual_total", "Tokens backends reported in usage for the same requests.", []string{"model", "kind"}}
 	defPromptRatio      = def{"kvgate_prompt_tokens_actual_over_predicted", "Actual / predicted prompt tokens per request: above 1 the prediction was low.", []string{"model", "tokenizer"}}
@@ -119,19 +126,24 @@ var (
 	defInflight         = def{"kvgate_requests_in_flight", "Requests between arrival and last byte.", nil}
 )
 
-// The series read from budgets and backends at scrape time.
+// The series read from the scheduler and the backends at scrape time.
 var (
-	descCapacity   = def{"kvgate_kv_capacity_bytes", "Nominal KV budget of a GPU: memory × ceiling − weights − reserve, clamped to the backend's reported pool.", []string{"gpu"}}.desc()
+	descCapacity   = def{"kvgate_kv_capacity_bytes", "KV budget of a GPU: memory × ceiling − weights − reserve, clamped to the backend's reported pool (requests, in admission mode count).", []string{"gpu"}}.desc()
 	descEffective  = def{"kvgate_kv_effective_capacity_bytes", "KV budget of a GPU after the feedback loop.", []string{"gpu"}}.desc()
-	descHeld       = def{"kvgate_kv_held_bytes", "KV bytes reserved by admitted requests on a GPU.", []string{"gpu"}}.desc()
-	descUsed       = def{"kvgate_kv_used_bytes", "KV bytes a GPU's backends report in use (their KV usage × pool); 0 until every backend of the GPU reported.", []string{"gpu"}}.desc()
-	descQueued     = def{"kvgate_kv_queued_bytes", "KV bytes of requests waiting for admission on a GPU.", []string{"gpu"}}.desc()
-	descDrain      = def{"kvgate_kv_drain_rate_bytes_per_second", "Measured release rate behind Retry-After.", []string{"gpu"}}.desc()
-	descDepth      = def{"kvgate_queue_depth", "Requests waiting for admission, by class.", []string{"gpu", "class"}}.desc()
-	descClassHeld  = def{"kvgate_class_kv_held_bytes", "KV bytes held by admitted requests of a class.", []string{"gpu", "class"}}.desc()
-	descTenantHeld = def{"kvgate_tenant_kv_held_bytes", "KV bytes held by a tenant's admitted requests (tenant \"\" is anonymous).", []string{"gpu", "tenant"}}.desc()
-	descTenantCap  = def{"kvgate_tenant_kv_cap_bytes", "The most a tenant may hold on a GPU: its share × the budget.", []string{"gpu", "tenant"}}.desc()
-	descTenantQ    = def{"kvgate_tenant_queue_depth", "A tenant's requests waiting for admission.", []string{"gpu", "tenant"}}.desc()
+	descHeld       = def{"kvgate_kv_held_bytes", "Worst case of the requests bound to a GPU (prompt + max_tokens, minus finished sequences).", []string{"gpu"}}.desc()
+	descCommitted  = def{"kvgate_kv_committed_bytes", "What admissions to a GPU are measured against: the held worst case, or under the predicted policy the forecast peak of its batch's memory.", []string{"gpu"}}.desc()
+	descUsed       = def{"kvgate_kv_used_bytes", "KV bytes a GPU's backends report in use (vllm:kv_cache_usage_perc × their pool); 0 until they have reported.", []string{"gpu"}}.desc()
+	descBound      = def{"kvgate_kv_bound_requests", "Requests bound to a GPU (admitted, not yet released).", []string{"gpu"}}.desc()
+	descGated      = def{"kvgate_kv_headroom_gate", "1 while a GPU's backends report more than (1 − headroom) × its budget in use, so nothing new is admitted to it.", []string{"gpu"}}.desc()
+	descDrain      = def{"kvgate_kv_drain_rate_bytes_per_second", "Measured release rate per busy second behind Retry-After.", []string{"gpu"}}.desc()
+	descQueued     = def{"kvgate_kv_queued_bytes", "Worst-case KV bytes of the requests waiting for a model.", []string{"model"}}.desc()
+	descDepth      = def{"kvgate_queue_depth", "Requests waiting for admission, per model and class.", []string{"model", "class"}}.desc()
+	descClassHeld  = def{"kvgate_class_kv_held_bytes", "Worst case of the requests a model's class has admitted and not released.", []string{"model", "class"}}.desc()
+	descPredicting = def{"kvgate_admission_predicting", "1 when a model's requests are admitted by their predicted growth (past the warm-up), 0 while held at their worst case.", []string{"model"}}.desc()
+	descSamples    = def{"kvgate_admission_length_samples", "Finished sequences a model's output-length predictor rests on (decayed).", []string{"model"}}.desc()
+	descEpsilon    = def{"kvgate_admission_epsilon", "The bound on the probability that a GPU's real KV use passes its budget, per admission, under the predicted policy (0 under worst_case and count).", nil}.desc()
+	descTenantHeld = def{"kvgate_tenant_kv_held_bytes", "What a tenant's admitted requests hold, every GPU together (tenant \"\" is anonymous).", []string{"tenant"}}.desc()
+	descTenantQ    = def{"kvgate_tenant_queue_depth", "A tenant's requests waiting for admission.", []string{"tenant"}}.desc()
 	descUp         = def{"kvgate_backend_up", "1 if requests are routed to the backend (circuit closed or half-open), else 0.", []string{"backend"}}.desc()
 	descState      = def{"kvgate_backend_state", "The backend's circuit: one series per state (closed, half-open, open), the current one 1, the others 0.", []string{"backend", "state"}}.desc()
 	descScraped    = def{"kvgate_backend_last_report_timestamp_seconds", "Unix time of the backend's last /metrics report the gateway read; 0 before the first.", []string{"backend"}}.desc()
@@ -146,10 +158,14 @@ func newMetrics(current func() *runtime, now func() time.Time) *metrics {
 	latency := prometheus.ExponentialBucketsRange(0.005, 300, 20)
 	m := &metrics{
 		reg:              reg,
+		current:          current,
 		requests:         defRequests.counterVec(),
 		admissions:       defAdmissions.counterVec(),
 		admissionRejects: defAdmissionRejects.counterVec(),
 		queueWait:        defQueueWait.histogramVec(prometheus.ExponentialBucketsRange(0.001, 120, 18)),
+		backfilled:       defBackfilled.counterVec(),
+		outPredicted:     defOutPredicted.counterVec(),
+		outGenerated:     defOutGenerated.counterVec(),
 		tokensPredicted:  defTokensPredicted.counterVec(),
 		tokensActual:     defTokensActual.counterVec(),
 		promptRatio:      defPromptRatio.histogramVec([]float64{0.5, 0.7, 0.8, 0.9, 0.95, 1, 1.02, 1.05, 1.1, 1.2, 1.5, 2}),
@@ -195,8 +211,9 @@ type seededCollector struct {
 
 func (c *seededCollector) vecs() []prometheus.Collector {
 	m := c.m
-	return []prometheus.Collector{m.requests, m.admissions, m.admissionRejects, m.queueWait, m.tokensPredicted,
-		m.tokensActual, m.promptRatio, m.ttft, m.duration, m.upstreamErrors, m.reloads}
+	return []prometheus.Collector{m.requests, m.admissions, m.admissionRejects, m.queueWait, m.backfilled,
+		m.outPredicted, m.outGenerated, m.tokensPredicted, m.tokensActual, m.promptRatio, m.ttft, m.duration,
+		m.upstreamErrors, m.reloads}
 }
 
 func (c *seededCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -221,6 +238,7 @@ func (m *metrics) seed(rt *runtime) {
 	for _, r := range reloadResults {
 		m.reloads.WithLabelValues(r)
 	}
+	tenants := rt.tenantNames()
 	// Requests refused before their model is known count under "unknown".
 	for _, name := range append([]string{"unknown"}, rt.modelOrder...) {
 		for outcome, reasons := range requestReasons {
@@ -229,13 +247,35 @@ func (m *metrics) seed(rt *runtime) {
 			}
 			m.duration.WithLabelValues(name, outcome)
 		}
-		if md := rt.models[name]; md != nil {
-			for _, k := range tokenKinds {
-				m.tokensPredicted.WithLabelValues(name, k)
-				m.tokensActual.WithLabelValues(name, k)
+		md := rt.models[name]
+		if md == nil {
+			continue
+		}
+		for _, k := range tokenKinds {
+			m.tokensPredicted.WithLabelValues(name, k)
+			m.tokensActual.WithLabelValues(name, k)
+		}
+		m.outPredicted.WithLabelValues(name)
+		m.outGenerated.WithLabelValues(name)
+		m.promptRatio.WithLabelValues(name, md.tokenizer)
+		m.ttft.WithLabelValues(name)
+		for _, cl := range rt.cfg.Admission.Classes {
+			for _, r := range waitResultsSeeded {
+				m.queueWait.WithLabelValues(name, cl.Name, r)
 			}
-			m.promptRatio.WithLabelValues(name, md.tokenizer)
-			m.ttft.WithLabelValues(name)
+			for _, t := range tenants {
+				for _, r := range admissionRejections {
+					m.admissionRejects.WithLabelValues(name, cl.Name, t, r)
+				}
+			}
+		}
+		for gpu, g := range rt.groups {
+			for _, be := range g.backends {
+				if be.Serves(name) {
+					m.backfilled.WithLabelValues(name, gpu)
+					break
+				}
+			}
 		}
 	}
 	for _, be := range rt.pool.Backends() {
@@ -243,18 +283,11 @@ func (m *metrics) seed(rt *runtime) {
 			m.upstreamErrors.WithLabelValues(be.Name(), k)
 		}
 	}
-	tenants := rt.tenantNames()
 	for gpu := range rt.groups {
 		for _, cl := range rt.cfg.Admission.Classes {
-			for _, r := range waitResultsSeeded {
-				m.queueWait.WithLabelValues(gpu, cl.Name, r)
-			}
 			for _, t := range tenants {
 				m.admissions.WithLabelValues(gpu, cl.Name, t, "false")
 				m.admissions.WithLabelValues(gpu, cl.Name, t, "true")
-				for _, r := range admissionRejections {
-					m.admissionRejects.WithLabelValues(gpu, cl.Name, t, r)
-				}
 			}
 		}
 	}
@@ -273,34 +306,46 @@ func (rt *runtime) tenantNames() []string {
 	return out
 }
 
-// observer feeds one budget's admissions into the metrics.
-type observer struct {
-	m   *metrics
-	gpu string
+// observer feeds the scheduler's admissions into the metrics. Labels name
+// the GPU as the configuration does (a pool keeps its first GPU's name
+// across a rename, see group.pool).
+type observer struct{ m *metrics }
+
+func (o observer) gpu(pool string) string {
+	if rt := o.m.current(); rt != nil {
+		if g := rt.poolGroup[pool]; g != nil {
+			return g.name
+		}
+	}
+	return pool
 }
 
-func (o observer) Admitted(class, tenant string, _ int64, waited time.Duration) {
+func (o observer) Admitted(e admission.Event) {
 	queued := "false"
-	if waited > 0 {
+	if e.Waited > 0 {
 		queued = "true"
-		o.m.queueWait.WithLabelValues(o.gpu, class, "admitted").Observe(waited.Seconds())
+		o.m.queueWait.WithLabelValues(e.Queue, e.Class, "admitted").Observe(e.Waited.Seconds())
 	}
-	o.m.admissions.WithLabelValues(o.gpu, class, tenant, queued).Inc()
+	gpu := o.gpu(e.Pool)
+	o.m.admissions.WithLabelValues(gpu, e.Class, e.Tenant, queued).Inc()
+	if e.Backfilled {
+		o.m.backfilled.WithLabelValues(e.Queue, gpu).Inc()
+	}
 }
 
-func (o observer) Rejected(class, tenant, reason string, _ int64, waited time.Duration) {
-	if waited > 0 {
-		o.m.queueWait.WithLabelValues(o.gpu, class, reason).Observe(waited.Seconds())
+func (o observer) Rejected(e admission.Event, reason string) {
+	if e.Waited > 0 {
+		o.m.queueWait.WithLabelValues(e.Queue, e.Class, reason).Observe(e.Waited.Seconds())
 	}
-	o.m.admissionRejects.WithLabelValues(o.gpu, class, tenant, reason).Inc()
+	o.m.admissionRejects.WithLabelValues(e.Queue, e.Class, e.Tenant, reason).Inc()
 }
 
-// stateCollector reads budgets and backends at scrape time.
+// stateCollector reads the scheduler and the backends at scrape time.
 type stateCollector struct{ current func() *runtime }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descUsed, descQueued, descDrain, descDepth,
-		descClassHeld, descTenantHeld, descTenantCap, descTenantQ,
+	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descCommitted, descUsed, descBound, descGated,
+		descDrain, descQueued, descDepth, descClassHeld, descPredicting, descSamples, descEpsilon, descTenantHeld, descTenantQ,
 		descUp, descState, descScraped, descUsage, descRunning, descWaiting, descPreempt} {
 		ch <- d
 	}
@@ -308,36 +353,54 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	rt := c.current()
-	if rt == nil {
+	if rt == nil || rt.sched == nil {
 		return
 	}
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
+	st := rt.sched.Stats()
+	gpuOf := map[string]string{} // pool → GPU name (they differ after a rename)
 	for name, g := range rt.groups {
-		st := g.budget.Stats()
-		gauge(descCapacity, float64(st.Capacity), name)
-		gauge(descEffective, float64(st.Effective), name)
-		gauge(descHeld, float64(st.Held), name)
-		_, used, _ := g.pool()
-		gauge(descUsed, float64(used), name)
-		gauge(descQueued, float64(st.QueuedBytes), name)
-		gauge(descDrain, st.DrainRate, name)
-		for _, cl := range st.Classes {
-			gauge(descDepth, float64(cl.Queued), name, cl.Name)
-			gauge(descClassHeld, float64(cl.Held), name, cl.Name)
+		gpuOf[g.pool] = name
+	}
+	for _, p := range st.Pools {
+		gpu, ok := gpuOf[p.Name]
+		if !ok {
+			continue // a pool no GPU of this configuration uses any more
 		}
-		for _, t := range st.Tenants {
-			gauge(descTenantHeld, float64(t.Held), name, t.Name)
-			gauge(descTenantCap, float64(t.Cap), name, t.Name)
-			gauge(descTenantQ, float64(t.Queued), name, t.Name)
+		gauge(descCapacity, float64(p.Capacity), gpu)
+		gauge(descEffective, float64(p.Effective), gpu)
+		gauge(descHeld, float64(p.Held), gpu)
+		gauge(descCommitted, float64(p.Committed), gpu)
+		gauge(descUsed, float64(p.Used), gpu) // 0 until reported (p.UsedKnown)
+		gauge(descBound, float64(p.Tickets), gpu)
+		gauge(descGated, boolFloat(p.Gated), gpu)
+		gauge(descDrain, p.DrainRate, gpu)
+	}
+	for _, q := range st.Queues {
+		gauge(descQueued, float64(q.QueuedBytes), q.Name)
+		for _, cl := range q.Classes {
+			gauge(descDepth, float64(cl.Queued), q.Name, cl.Name)
+			gauge(descClassHeld, float64(cl.Held), q.Name, cl.Name)
 		}
+		gauge(descPredicting, boolFloat(q.Predicting), q.Name)
+		gauge(descSamples, q.Samples, q.Name)
+	}
+	eps := 0.0
+	if a := rt.cfg.Admission; a.Mode == modeKV && a.Reservation == admission.Predicted {
+		eps = a.epsilon()
+	}
+	gauge(descEpsilon, eps)
+	for _, t := range st.Tenants {
+		gauge(descTenantHeld, float64(t.Held), t.Name)
+		gauge(descTenantQ, float64(t.Queued), t.Name)
 	}
 	for _, b := range rt.pool.Backends() {
-		st := b.State()
-		gauge(descUp, boolFloat(st != backends.StateOpen), b.Name())
+		state := b.State()
+		gauge(descUp, boolFloat(state != backends.StateOpen), b.Name())
 		for _, s := range circuitStates {
-			gauge(descState, boolFloat(s == st), b.Name(), string(s))
+			gauge(descState, boolFloat(s == state), b.Name(), string(s))
 		}
 		kv, ok := b.KV()
 		at := 0.0

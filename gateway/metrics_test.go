@@ -117,7 +117,7 @@ func TestLabelledSeriesExistAtZero(t *testing.T) {
 			case m.Histogram != nil:
 				v = float64(m.GetHistogram().GetSampleCount())
 			}
-			if v != 0 && name != "kvgate_kv_capacity_bytes" && name != "kvgate_tenant_kv_cap_bytes" && name != "kvgate_backend_up" && name != "kvgate_backend_state" {
+			if v != 0 && name != "kvgate_kv_capacity_bytes" && name != "kvgate_backend_up" && name != "kvgate_backend_state" {
 				t.Errorf("%s%v = %g before any request", name, labels, v)
 			}
 			return
@@ -126,22 +126,28 @@ func TestLabelledSeriesExistAtZero(t *testing.T) {
 	}
 	for _, gpu := range []string{"gpu0", "gpu1"} {
 		for _, class := range []string{"critical", "standard", "sheddable"} {
-			has("kvgate_queue_depth", map[string]string{"gpu": gpu, "class": class})
-			has("kvgate_queue_wait_seconds", map[string]string{"gpu": gpu, "class": class, "result": "admitted"})
 			for _, tenant := range []string{"search", "batch"} {
 				has("kvgate_admissions_total", map[string]string{"gpu": gpu, "class": class, "tenant": tenant, "queued": "true"})
-				for _, reason := range []string{"too_large", "queue_full", "queue_timeout", "overloaded", "tenant_quota", "canceled"} {
-					has("kvgate_admission_rejections_total", map[string]string{"gpu": gpu, "class": class, "tenant": tenant, "reason": reason})
-				}
 			}
-		}
-		for _, tenant := range []string{"search", "batch"} {
-			has("kvgate_tenant_kv_held_bytes", map[string]string{"gpu": gpu, "tenant": tenant})
-			has("kvgate_tenant_kv_cap_bytes", map[string]string{"gpu": gpu, "tenant": tenant})
 		}
 		has("kvgate_kv_capacity_bytes", map[string]string{"gpu": gpu})
 		has("kvgate_kv_used_bytes", map[string]string{"gpu": gpu})
+		has("kvgate_admission_backfilled_total", map[string]string{"gpu": gpu, "model": "llama-3-8b"})
 	}
+	for _, class := range []string{"critical", "standard", "sheddable"} {
+		has("kvgate_queue_depth", map[string]string{"model": "llama-3-8b", "class": class})
+		has("kvgate_queue_wait_seconds", map[string]string{"model": "llama-3-8b", "class": class, "result": "admitted"})
+		for _, tenant := range []string{"search", "batch"} {
+			for _, reason := range []string{"too_large", "queue_full", "queue_timeout", "overloaded", "tenant_quota", "no_route", "canceled"} {
+				has("kvgate_admission_rejections_total", map[string]string{"model": "llama-3-8b", "class": class, "tenant": tenant, "reason": reason})
+			}
+		}
+	}
+	for _, tenant := range []string{"search", "batch"} {
+		has("kvgate_tenant_kv_held_bytes", map[string]string{"tenant": tenant})
+		has("kvgate_tenant_queue_depth", map[string]string{"tenant": tenant})
+	}
+	has("kvgate_output_tokens_generated_total", map[string]string{"model": "llama-3-8b"})
 	for outcome, reasons := range requestReasons {
 		for _, r := range reasons {
 			has("kvgate_requests_total", map[string]string{"model": "llama-3-8b", "outcome": outcome, "reason": r})

@@ -69,8 +69,8 @@ type request struct {
 // reachedMax says whether every sequence generated max_tokens, which is
 // what makes vLLM report finished_reason "length" (see finishReason).
 func (r *request) reachedMax() bool {
-	for _, sq := range r.seqs {
-		if sq.target < r.maxTokens {
+	for i := range r.seqs {
+		if r.seqs[i].target < r.maxTokens {
 			return false
 		}
 	}

@@ -162,8 +162,13 @@ send load to %[3]s directly to see it, or through the gateway to see it not happ
 }
 
 // startDemoSim runs the demo's simulated backend in-process, in real time.
+// It allocates its KV pool at the gateway's ceiling (vLLM's
+// --gpu-memory-utilization equal to admission.ceiling), so the gateway's
+// budget is the whole pool: a backend started at vLLM's default 0.9 behind
+// a 0.75 ceiling would keep memory nobody may use.
 func startDemoSim(addr string) (*sim.Server, string, error) {
 	cfg := sim.DefaultConfig()
+	cfg.GPUMemoryUtilization = kvbudget.DefaultCeiling
 	cfg.OnOverflow = sim.OverflowOOM
 	cfg.Seed = 1
 	s, err := sim.New(cfg)
@@ -220,6 +225,10 @@ func checkConfig(path, listen string, asJSON bool, stdout, stderr io.Writer) int
 	fmt.Fprintf(stdout, "config %s is valid: listen %s; models %s; classes %s; %d tenant(s)\n",
 		path, rep.Listen, strings.Join(rep.Models, ", "), strings.Join(rep.Classes, ", "), len(rep.Tenants))
 	for _, g := range rep.GPUs {
+		if g.MaxConcurrency > 0 {
+			fmt.Fprintf(stdout, "  gpu %s: %d requests at once, backends %s\n", g.Name, g.MaxConcurrency, strings.Join(g.Backends, ", "))
+			continue
+		}
 		fmt.Fprintf(stdout, "  gpu %s: KV budget %s, backends %s\n", g.Name, kvbudget.FormatBytes(g.BudgetBytes), strings.Join(g.Backends, ", "))
 	}
 	return exitOK
