@@ -65,7 +65,9 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 			`kvgate_backend_last_report_timestamp_seconds{backend="b0",instance="a"} 0 60 120 120x7
 			 kvgate_backend_up{backend="b0",instance="a"} 1x10`,
 			`kvgate_backend_last_report_timestamp_seconds{backend="b0",instance="a"} 0+60x10
-			 kvgate_backend_up{backend="b0",instance="a"} 1x10`,
+			 kvgate_backend_up{backend="b0",instance="a"} 1x10
+			 kvgate_backend_last_report_timestamp_seconds{backend="unscraped",instance="a"} 0x10
+			 kvgate_backend_up{backend="unscraped",instance="a"} 1x10`,
 			`{backend="b0"} 480`},
 		{"KvgateSharedBudgetFallback",
 			`kvgate_shared_budget_fallback{gpu="g0",instance="a"} 0 0 1x8
