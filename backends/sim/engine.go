@@ -116,22 +116,24 @@ type engine struct {
 	hooks engineHooks
 	kick  chan struct{} // capacity 1: new work for the loop
 
-	mu           sync.Mutex
-	waiting      []*request // FIFO; preempted requests go back to the front
-	running      []*request // in order of (re)admission: the last is the newest
-	runningSeqs  int
-	used, peak   int64
-	preemptions  int64
-	oomEvents    int64
-	promptTokens int64
-	genTokens    int64
+	mu             sync.Mutex
+	waiting        []*request // FIFO; preempted requests go back to the front
+	running        []*request // in order of (re)admission: the last is the newest
+	runningSeqs    int
+	used, peak     int64
+	preemptions    int64
+	oomEvents      int64
+	promptTokens   int64
+	genTokens      int64
+	unhealthyUntil time.Time
+	planned        bool // a step is planned and not yet committed
+	closed         bool // shut down: nothing is admitted any more
 	// Requests ended, by vLLM's finished_reason: stop (a sequence ended
 	// before max_tokens), length (every sequence reached it), abort (the
 	// client left, or an out-of-memory event or shutdown failed it).
-	finishedStop, finishedLength, aborted int64
-	unhealthyUntil                        time.Time
-	planned                               bool // a step is planned and not yet committed
-	closed                                bool // shut down: nothing is admitted any more
+	finishedStop   int64
+	finishedLength int64
+	aborted        int64
 }
 
 func newEngine(s *settings, now func() time.Time, hooks engineHooks) *engine {
