@@ -90,7 +90,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		opt.Now = time.Now
 	}
 	s := &Server{opt: opt, log: opt.Logger, now: opt.Now}
-	s.m = newMetrics(s.rt.Load)
+	s.m = newMetrics(s.rt.Load, opt.Now)
 	s.opt.metrics = s.m
 	rt, commit, err := buildRuntime(cfg, nil, &s.opt, nil)
 	if err != nil {
@@ -185,11 +185,11 @@ func (s *Server) Reload(cfg *Config) error {
 		_, err = commit()
 	}
 	if err != nil {
-		s.m.reloads.WithLabelValues("error").Inc()
+		s.m.reloaded(false, s.now())
 		return err
 	}
 	s.rt.Store(rt)
-	s.m.reloads.WithLabelValues("ok").Inc()
+	s.m.reloaded(true, s.now())
 	s.startProbesLocked(rt)
 	return nil
 }
