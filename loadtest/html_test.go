@@ -44,7 +44,7 @@ func TestHTMLIsSelfContained(t *testing.T) {
 		}
 	}
 	// The memory curve says how often it was sampled (the fake run's 10 ms).
-	for _, want := range []string{"ceiling 75%", "safe: 4 (fake)", "Safe concurrency for fake: 4", `class="marker unsafe"`, "<table id=\"steps\">",
+	for _, want := range []string{"KV limit 75%", "safe: 4 (fake)", "Safe concurrency for fake: 4", `class="marker unsafe"`, "<table id=\"steps\">",
 		"sampled every 10 ms"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("report lacks %q", want)
