@@ -333,9 +333,9 @@ func readReport(path string) ([]row, error) {
 				WarmupFailed   int `json:"warmup_failed"`
 			} `json:"requests"`
 			KV *struct {
-				PeakUsage   float64 `json:"peak_usage"`
-				Preemptions float64 `json:"preemptions"`
-				OOMEvents   float64 `json:"oom_events"`
+				PeakUsage   float64      `json:"peak_usage"`
+				Preemptions float64      `json:"preemptions"`
+				OOMEvents   float64      `json:"oom_events"`
 				Curve       []curvePoint `json:"curve"`
 			} `json:"kv"`
 		} `json:"steps"`
