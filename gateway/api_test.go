@@ -171,6 +171,11 @@ tenants:
 			if tt.param != "" && (e.Error.Param == nil || *e.Error.Param != tt.param) {
 				t.Errorf("param %v, want %s", e.Error.Param, tt.param)
 			}
+			// The official clients retry 5xx and 429 unless told not to;
+			// a request that can never fit is a 400, and says so too.
+			if tt.code == "kv_budget_exceeded" && r.header.Get("X-Should-Retry") != "false" {
+				t.Errorf("X-Should-Retry %q", r.header.Get("X-Should-Retry"))
+			}
 		})
 	}
 	if r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 3, false), auth...); r.status != 200 {
@@ -292,10 +297,11 @@ tenants:
 		if e.Error.Code == nil || *e.Error.Code != c.code || e.Error.Type != typeRateLimit {
 			t.Errorf("%s: %+v", c.name, e.Error)
 		}
-		if s, err := strconv.Atoi(r.retryAfter); c.retry && (err != nil || s < 1) {
-			t.Errorf("%s: Retry-After %q", c.name, r.retryAfter)
-		} else if !c.retry && r.retryAfter != "" {
-			t.Errorf("%s: Retry-After %q on a refusal that waiting cannot cure", c.name, r.retryAfter)
+		ms, msErr := strconv.Atoi(r.header.Get("Retry-After-Ms"))
+		if s, err := strconv.Atoi(r.retryAfter); c.retry && (err != nil || s < 1 || msErr != nil || ms < 1 || ms > 1000*s) {
+			t.Errorf("%s: Retry-After %q, Retry-After-Ms %q", c.name, r.retryAfter, r.header.Get("Retry-After-Ms"))
+		} else if !c.retry && (r.retryAfter != "" || r.header.Get("X-Should-Retry") != "false") {
+			t.Errorf("%s: Retry-After %q, X-Should-Retry %q on a refusal that waiting cannot cure", c.name, r.retryAfter, r.header.Get("X-Should-Retry"))
 		}
 	}
 	// Shutting down past its timeout cancels what is still running; the
