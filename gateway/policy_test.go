@@ -61,7 +61,9 @@ func TestCountModeLimitsConcurrency(t *testing.T) {
 	var wg sync.WaitGroup
 	results := make(chan result, 5)
 	for range 5 {
-		wg.Go(func() { results <- postJSON(gwURL, "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":40}`) })
+		wg.Go(func() {
+			results <- postJSON(gwURL, "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":40}`)
+		})
 	}
 	eventually(t, "two admitted and three queued", func() bool { return onlyPool(gw).Tickets == 2 && queued(gw) == 3 })
 	if st := backend.Stats(); st.Running > 2 {
