@@ -60,7 +60,7 @@ func main() {
 	flag.IntVar(&o.requests, "requests", 1500, "requests per measured step")
 	flag.IntVar(&o.clients, "clients", 128, "concurrent clients of the saturated steps (at least 4× what the pool holds at worst case)")
 	flag.Float64Var(&o.timeScale, "time-scale", 0.25, "simulator wall time per simulated time (0.25: four times faster than a real GPU)")
-	flag.StringVar(&o.sweep, "sweep", "24..64+8", "concurrency limits tried straight at the simulator")
+	flag.StringVar(&o.sweep, "sweep", "8..32+4", "concurrency limits tried straight at the simulator")
 	flag.StringVar(&o.out, "out", "", "directory for the load tester's JSON reports and the logs (default: a temporary one)")
 	flag.StringVar(&o.kvgate, "kvgate", "", "kvgate binary (default: go build ./cmd/kvgate)")
 	flag.StringVar(&o.workloads, "workloads", "early-stop,fixed", "workloads to run: early-stop (lognormal outputs stopping early), fixed (outputs of 128 or 512)")
