@@ -5,15 +5,18 @@
 // One request, end to end: the handler reads only the fields that decide
 // admission (model, messages or prompt, max_tokens / max_completion_tokens,
 // n / best_of, stream, stream_options) and forwards the body otherwise
-// byte for byte. It counts the prompt's tokens (the backend's /tokenize, or
-// an estimate calibrated against the usage backends report), adds the
-// output it may generate (max_tokens, else the model's default, else the
-// rest of the context), and reserves ceil(tokens / block size) blocks per
-// sequence, prompt blocks shared across n, in bytes of one GPU
-// (package kvbudget). It picks the healthy backend with the most free
-// budget, waits for admission there (package admission: priority classes,
-// tenants, bounded queue, early shedding with Retry-After), forwards, and
-// relays the answer — SSE event by event, flushed as it arrives.
+// byte for byte. It counts the prompt's tokens (a backend's /tokenize, or
+// an estimate calibrated against the usage backends report), and describes
+// the request to the admission scheduler as a shape: per prompt its tokens,
+// the output it may generate (max_tokens, else the model's default, else
+// the rest of the context) and its sequences, in the model's KV blocks
+// (package kvbudget). It waits in its model's queue (package admission:
+// priority classes, tenants, bounded queue, early shedding with
+// Retry-After) until one of the model's GPUs has room for it — under the
+// predicted policy, room for the forecast of its growth beside the others'
+// — and is bound there; it is forwarded to a backend of that GPU and the
+// answer relayed, SSE event by event, flushed as it arrives, while the
+// relay reports each choice's progress and end to its ticket.
 //
 // Invariants. Every request leaves through exactly one finish, which
 // releases its reservation, stops watching its client and cancels its
@@ -26,8 +29,12 @@
 // reload swaps in a new one, keeping the budgets and backends that persist,
 // so reservations in flight survive it.
 //
-// What it does not do: retry after the first byte reached the client,
-// share budgets across gateway replicas (each replica must be given its own
-// share of a GPU today), or enforce separate pools for several vLLM
-// processes that share one GPU budget.
+// A request whose backend fails before the first byte is retried on another
+// backend of its GPU, and once on another GPU (its ticket moved, never held
+// twice). After every probe the gateway tells the scheduler which GPUs may
+// take each model's requests.
+//
+// What it does not do: retry after the first byte reached the client, or
+// enforce separate pools for several vLLM processes that share one GPU
+// budget.
 package gateway
