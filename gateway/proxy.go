@@ -174,6 +174,10 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 	x.m, x.label = m, m.name
+	if e := req.outOfRange(m.maxLen); e != nil {
+		x.fail(ctx, e, outcomeRejected, "invalid_request")
+		return
+	}
 	if m.tokenizer == "backend" {
 		p := s.parsers.Get()
 		err := tokenizeBodies(p, ctx.PostBody(), req)
@@ -394,9 +398,9 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error, g *group
 // has reached the client yet, so a retry is safe.
 func (x *exchange) forward(ctx *fasthttp.RequestCtx, be *backends.Backend, g *group) (*backends.Response, error) {
 	body := ctx.PostBody()
-	if usage := x.req.stream && !x.req.includeUsage; usage || x.injectMax > 0 {
+	if usage := x.req.stream && !x.req.includeUsage; usage || x.injectMax > 0 || x.req.dropMaxCompletion {
 		p := x.s.parsers.Get()
-		b, err := rewriteBody(p, body, usage, x.injectMax)
+		b, err := rewriteBody(p, body, usage, x.injectMax, x.req.dropMaxCompletion)
 		x.s.parsers.Put(p)
 		if err != nil {
 			return nil, fmt.Errorf("rewrite body: %w", err)

@@ -1,6 +1,10 @@
 package gateway
 
-import "github.com/kvgate/kvgate/kvbudget"
+import (
+	"math"
+
+	"github.com/kvgate/kvgate/kvbudget"
+)
 
 // reservation is the KV a request holds, prompt by prompt and choice by
 // choice, so that a choice which finishes early gives its blocks back while
@@ -28,6 +32,8 @@ func newReservation(l kvbudget.KVLayout, prompts, outs []int, n, seqs int) reser
 
 // weight is the bytes still reserved: for each prompt with a running
 // choice, its shared full prompt blocks, plus each running choice's own.
+// The arithmetic saturates: a request too large to count is larger than
+// any budget, and is refused as such rather than wrapped into a small one.
 func (r *reservation) weight() int64 {
 	var blocks int64
 	for i, p := range r.prompts {
@@ -35,10 +41,26 @@ func (r *reservation) weight() int64 {
 			continue
 		}
 		shared := int64(p / r.layout.BlockSize)
-		own := kvbudget.Blocks(p+r.outs[i], r.layout.BlockSize) - shared
-		blocks += shared + int64(r.left[i])*own
+		own := kvbudget.Blocks(int(satAdd(int64(p), int64(r.outs[i]))), r.layout.BlockSize) - shared
+		blocks = satAdd(blocks, satAdd(shared, satMul(int64(r.left[i]), own)))
 	}
-	return blocks * r.layout.BytesPerBlock
+	return satMul(blocks, r.layout.BytesPerBlock)
+}
+
+// satAdd and satMul are a+b and a×b for sizes (non-negative), stopping at
+// math.MaxInt64 instead of wrapping.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+func satMul(a, b int64) int64 {
+	if a != 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
 }
 
 // finish marks choice idx done; it returns the new weight and whether it
