@@ -22,31 +22,64 @@ type recorder struct {
 	answer func(w http.ResponseWriter, r *http.Request)
 }
 
-// startRecorder serves a recorder on loopback; /tokenize counts 3 tokens.
-func startRecorder(t *testing.T) (*recorder, string) {
+// fake is a fake vLLM on loopback: /health answers 200 (and is counted),
+// /metrics nothing, and every other path goes to a handler (see tokenize3).
+type fake struct {
+	URL    string
+	health atomic.Int64
+}
+
+// startFake serves h as a fake. quit closes when the test ends, before the
+// server, so that handlers that wait can stop.
+func startFake(t *testing.T, h func(w http.ResponseWriter, r *http.Request, quit <-chan struct{})) *fake {
 	t.Helper()
-	rec := &recorder{bodies: make(chan []byte, 16), held: make(chan int64, 16)}
+	f := &fake{}
+	quit := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
-		case "/tokenize":
-			io.WriteString(w, `{"count":3,"max_model_len":8192,"tokens":[1,2,3]}`)
-		case "/health", "/metrics":
+		case "/health":
+			f.health.Add(1)
+		case "/metrics":
 		default:
-			b, _ := io.ReadAll(r.Body)
-			if gw := rec.gw.Load(); gw != nil {
-				rec.held <- held(gw)
-			}
-			rec.bodies <- b
-			if rec.answer != nil {
-				rec.answer(w, r)
-				return
-			}
-			w.Header().Set("Content-Type", "application/json")
-			io.WriteString(w, `{"choices":[{"index":0,"text":"x","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+			h(w, r, quit)
 		}
 	}))
 	t.Cleanup(srv.Close)
-	return rec, srv.URL
+	t.Cleanup(func() { close(quit) })
+	f.URL = srv.URL
+	return f
+}
+
+// tokenize3 answers a /tokenize request: 3 tokens, whatever the prompt.
+func tokenize3(w http.ResponseWriter, r *http.Request) bool {
+	if r.URL.Path != "/tokenize" {
+		return false
+	}
+	io.WriteString(w, `{"count":3,"max_model_len":8192,"tokens":[1,2,3]}`)
+	return true
+}
+
+// startRecorder serves a recorder on loopback.
+func startRecorder(t *testing.T) (*recorder, string) {
+	t.Helper()
+	rec := &recorder{bodies: make(chan []byte, 16), held: make(chan int64, 16)}
+	f := startFake(t, func(w http.ResponseWriter, r *http.Request, _ <-chan struct{}) {
+		if tokenize3(w, r) {
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		if gw := rec.gw.Load(); gw != nil {
+			rec.held <- held(gw)
+		}
+		rec.bodies <- b
+		if rec.answer != nil {
+			rec.answer(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"index":0,"text":"x","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+	})
+	return rec, f.URL
 }
 
 // blocksOf is the bytes one Llama-3-8B sequence of tokens reserves.

@@ -24,6 +24,7 @@ type metrics struct {
 	ttft            *prometheus.HistogramVec
 	duration        *prometheus.HistogramVec
 	upstreamErrors  *prometheus.CounterVec
+	tokenizeFalls   *prometheus.CounterVec
 	reloads         *prometheus.CounterVec
 	inflight        prometheus.Gauge
 }
@@ -73,6 +74,9 @@ func newMetrics(current func() *runtime) *metrics {
 		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_upstream_errors_total", Help: "Failures talking to backends: transport, timeout, status (5xx answers).",
 		}, []string{"backend", "kind"}),
+		tokenizeFalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_tokenize_fallbacks_total", Help: "Prompts estimated because the backend's /tokenize failed (reason: timeout, error).",
+		}, []string{"model", "reason"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_config_reloads_total", Help: "Configuration reloads by result.",
 		}, []string{"result"}),
@@ -81,7 +85,7 @@ func newMetrics(current func() *runtime) *metrics {
 		}),
 	}
 	reg.MustRegister(m.requests, m.admissions, m.queueWait, m.tokensPredicted, m.tokensActual, m.promptRatio,
-		m.ttft, m.duration, m.upstreamErrors, m.reloads, m.inflight,
+		m.ttft, m.duration, m.upstreamErrors, m.tokenizeFalls, m.reloads, m.inflight,
 		&stateCollector{current: current},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -182,7 +182,7 @@ func (r *request) outOfRange(maxLen int) *apiError {
 	if r.maxTokens <= maxLen {
 		return nil
 	}
-	return &apiError{status: 400, typ: typeInvalidRequest, code: "invalid_value", param: r.maxTokensParam,
+	return &apiError{status: 400, typ: typeInvalidRequest, code: "context_length_exceeded", param: r.maxTokensParam,
 		message: fmt.Sprintf("%s is too large: %d. This model's maximum context length is %d tokens.", r.maxTokensParam, r.maxTokens, maxLen)}
 }
 

@@ -265,6 +265,7 @@ func backendSpec(bc BackendConfig) backends.Spec {
 		HealthPath: bc.Health.Path, HealthInterval: bc.Health.Interval.D, HealthTimeout: bc.Health.Timeout.D,
 		FailThreshold: bc.Health.Failures, Cooldown: bc.Health.Cooldown.D,
 		MetricsPath: bc.Scrape.Path, ScrapeInterval: bc.Scrape.Interval.D,
+		FirstByteTimeout: bc.FirstByteTimeout.D, TokenizeTimeout: bc.TokenizeTimeout.D,
 		Upstream: backends.UpstreamOptions{MaxConns: bc.MaxConnections},
 	}
 }
