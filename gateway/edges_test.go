@@ -274,6 +274,7 @@ func TestStreamEndings(t *testing.T) {
 	t.Run("client leaves right after [DONE]", func(t *testing.T) {
 		c, br := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("done-then-linger", 5, true))
 		readUntil(t, br, "data: [DONE]")
+		eventually(t, "the blocks to return at [DONE], the backend's side still open", func() bool { return held(gw) == 0 })
 		c.Close()
 		eventually(t, "the request to finish", func() bool {
 			return requests(gw, outcomeOK, "")+requests(gw, outcomeCanceled, "client_disconnect") == 1

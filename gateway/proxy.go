@@ -623,7 +623,12 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 				outcome, reason = outcomeCanceled, "client_disconnect"
 				return
 			}
-			done = done || isDone(ev)
+			if isDone(ev) && !done {
+				done = true
+				// The backend has finished: its blocks are free already,
+				// even if its side of the stream stays open a moment.
+				x.ticket.Release()
+			}
 		}
 	}
 	if done {
