@@ -4,8 +4,10 @@
 //
 // One request, end to end: the handler reads only the fields that decide
 // admission (model, messages or prompt, max_tokens / max_completion_tokens,
-// n / best_of, stream, stream_options) and forwards the body otherwise
-// byte for byte. It counts the prompt's tokens (the backend's /tokenize, or
+// n / best_of, stream, stream_options), exactly as vLLM will read them — a
+// body parsers could read two ways (a repeated field, a length field the
+// endpoint does not have, a number past int64) is refused or rewritten to
+// the backend's reading — and forwards the body otherwise byte for byte. It counts the prompt's tokens (the backend's /tokenize, or
 // an estimate calibrated against the usage backends report), adds the
 // output it may generate (max_tokens, else the model's default, else the
 // rest of the context), and reserves ceil(tokens / block size) blocks per
@@ -13,7 +15,11 @@
 // (package kvbudget). It picks the healthy backend with the most free
 // budget, waits for admission there (package admission: priority classes,
 // tenants, bounded queue, early shedding with Retry-After), forwards, and
-// relays the answer — SSE event by event, flushed as it arrives.
+// relays the answer — SSE event by event, flushed as it arrives, the 200
+// promised only once the first event is here (a backend that sends none
+// within first_byte_timeout gives a 504). A stream is a success once
+// [DONE] reached the client; one that ends otherwise gets a final error
+// event and is a failure.
 //
 // Invariants. Every request leaves through exactly one finish, which
 // releases its reservation, stops watching its client and cancels its
