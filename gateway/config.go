@@ -324,8 +324,15 @@ func LoadFile(path string) (*Config, error) {
 // Parse reads and validates a config; dir resolves relative paths.
 func Parse(data []byte, dir string) (*Config, error) {
 	c := &Config{dir: dir}
+	var doc yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("yaml: %w", err)
+	}
+	if err := checkShape(&doc); err != nil {
+		return nil, err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
+	dec.KnownFields(true) // checkShape found every unknown key; this is a safety net
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("yaml: %w", err)
 	}
@@ -638,7 +645,7 @@ func (c *Config) validate() error {
 		if b.GPUMemory == "" && b.KVBudget.Bytes == 0 {
 			bad(f+".gpu_memory", "required (a size such as 24GiB, or nvml[:index]) unless kv_budget is given")
 		} else if b.GPUMemory != "" && !strings.HasPrefix(b.GPUMemory, "nvml") {
-			if _, err := kvbudget.ParseSize(b.GPUMemory); err != nil {
+			if _, err := kvbudget.ParseMemory(b.GPUMemory); err != nil {
 				bad(f+".gpu_memory", "%v", err)
 			}
 		}
@@ -698,6 +705,12 @@ func (s ServerConfig) sameAs(o ServerConfig) bool {
 // maxBody, timeouts: the server's resolved limits.
 func (s ServerConfig) requestTimeout() time.Duration {
 	return s.RequestTimeout.or(defaultRequestTimeout)
+}
+
+// DrainTimeout is how long a shutdown waits for in-flight requests:
+// shutdown_timeout, or its default.
+func (s ServerConfig) DrainTimeout() time.Duration {
+	return s.ShutdownTimeout.or(defaultShutdownTimeout)
 }
 
 func (s ServerConfig) writeTimeout() time.Duration {

@@ -29,7 +29,9 @@ func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
 		var err error
 		km, err = kvbudget.ReadModelConfig(os.DirFS(filepath.Dir(p)), filepath.Base(p))
 		if err != nil {
-			return nil, fmt.Errorf("config: %w", err)
+			// The resolved path: a relative one is read from the config
+			// file's directory, which the operator may not expect.
+			return nil, fmt.Errorf("config %s: %w", p, err)
 		}
 	} else {
 		g := mc.Geometry

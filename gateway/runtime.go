@@ -307,7 +307,7 @@ func gpuMemory(s string, probe func() ([]gpuinfo.Device, error)) (int64, error) 
 		return 0, nil
 	}
 	if !strings.HasPrefix(s, "nvml") {
-		sz, err := kvbudget.ParseSize(s)
+		sz, err := kvbudget.ParseMemory(s)
 		return sz.Bytes, err
 	}
 	idx := 0

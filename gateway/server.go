@@ -195,6 +195,30 @@ func (s *Server) Reload(cfg *Config) error {
 	return nil
 }
 
+// ReloadFile reads the config file at path, lets adjust change it (the
+// command line's overrides; nil for none) and swaps it in as Reload does.
+// Every attempt is counted in kvgate_config_reloads_total by result and
+// logged; a file that does not load — bad YAML, an unknown key, a bad value
+// — is an error like any other, reported by its field path, and the running
+// configuration stays.
+func (s *Server) ReloadFile(path string, adjust func(*Config)) error {
+	cfg, err := LoadFile(path)
+	if err == nil {
+		if adjust != nil {
+			adjust(cfg)
+		}
+		err = s.Reload(cfg) // counts its own outcome
+	} else {
+		s.m.reloads.WithLabelValues("error").Inc()
+	}
+	if err != nil {
+		s.log.Error("config reload refused; the running configuration stays", "file", path, "err", err)
+		return err
+	}
+	s.log.Info("config reloaded", "file", path)
+	return nil
+}
+
 func (s *Server) startProbes(rt *runtime) {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()

@@ -171,3 +171,18 @@ func TestResolveKVDType(t *testing.T) {
 		}
 	}
 }
+
+// Issue 12, item 10: a GPU's memory without a unit is refused, never read
+// as bytes.
+func TestParseMemory(t *testing.T) {
+	for _, in := range []string{"24", "24.", "24.5", " 80 ", "1e3"} {
+		if _, err := ParseMemory(in); err == nil || !strings.Contains(err.Error(), "has no unit") {
+			t.Errorf("ParseMemory(%q) err = %v", in, err)
+		}
+	}
+	for in, want := range map[string]int64{"24GiB": 24 << 30, "24G": 24 << 30, "80GB": 80e9, "25769803776B": 24 << 30} {
+		if got, err := ParseMemory(in); err != nil || got.Bytes != want {
+			t.Errorf("ParseMemory(%q) = %d, %v", in, got.Bytes, err)
+		}
+	}
+}

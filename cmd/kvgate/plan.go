@@ -62,7 +62,8 @@ func runPlan(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("plan", "--model-config PATH [--gpu-memory 24GiB] [--context 8192] [--tp N] [--utilization 0.75] [--json]", stdout, stderr)
 	var mf modelFlags
 	mf.register(fs)
-	var gpuMem, reserve, other sizeFlag
+	var reserve, other sizeFlag
+	gpuMem := sizeFlag{gpu: true}
 	fs.Var(&gpuMem, "gpu-memory", "memory of one GPU: 80GiB, 80GB (decimal), 24G (read as GiB); default: read from the local GPU through NVML")
 	fs.Var(&reserve, "reserve", "activation and runtime memory kept per GPU (vLLM's profiled activation peak, CUDA graphs, non-torch allocations) (default 1GiB)")
 	fs.Var(&other, "other-used", "memory used on each GPU by other processes (default 0)")

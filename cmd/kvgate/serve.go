@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/kvgate/kvgate/backends/sim"
 	"github.com/kvgate/kvgate/gateway"
@@ -121,24 +120,14 @@ send load to %[3]s directly to see it, or through the gateway to see it not happ
 				logger.Warn("SIGHUP: the demo has no config file to reload")
 				continue
 			}
-			next, err := gateway.LoadFile(*cfgPath)
-			if err == nil {
+			_ = srv.ReloadFile(*cfgPath, func(next *gateway.Config) { // logs and counts either outcome
 				if *listen != "" {
 					next.Listen = *listen
 				}
-				err = srv.Reload(next)
-			}
-			if err != nil {
-				logger.Error("reload refused; the running config stays", "err", err)
-			} else {
-				logger.Info("config reloaded", "file", *cfgPath)
-			}
+			})
 		case <-ctx.Done():
-			logger.Info("shutting down: finishing in-flight requests", "timeout", cfg.Server.ShutdownTimeout.D)
-			timeout := cfg.Server.ShutdownTimeout.D
-			if timeout == 0 {
-				timeout = 30 * time.Second
-			}
+			timeout := cfg.Server.DrainTimeout()
+			logger.Info("shutting down: finishing in-flight requests", "drain_timeout", timeout)
 			sctx, cancel := context.WithTimeout(context.Background(), timeout)
 			err := srv.Shutdown(sctx)
 			cancel()

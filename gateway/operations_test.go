@@ -1,0 +1,118 @@
+package gateway
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Issue 12, item 10: a mistake in the file is reported by its path in the
+// file, in the operator's words — never as a Go type name.
+func TestConfigShapeErrorsByPath(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"misspelt nested key", "admission: {queue: {max_request: 5}}\n" + minimal,
+			[]string{"admission.queue.max_request: unknown key (line 1); the keys here are max_requests, max_bytes, timeout"}},
+		{"unknown key in a list item", strings.Replace(minimal, "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    gpu_memroy: 1", 1),
+			[]string{"backends[0].gpu_memroy: unknown key"}},
+		{"every problem at once", "admission: {ceilng: 1}\nlog: {lvl: x}\n" + minimal,
+			[]string{"admission.ceilng: unknown key", "log.lvl: unknown key"}},
+		{"a word for a number", "admission: {ceiling: high}\n" + minimal, []string{`admission.ceiling: want a number, got "high"`}},
+		{"a word for a whole number", strings.Replace(minimal, "config: ../examples/llama-3-8b.json", "config: ../examples/llama-3-8b.json\n    tp: two", 1),
+			[]string{`models[0].tp: want a whole number, got "two"`}},
+		{"a mapping for a list", "tenants: {name: t}\n" + minimal, []string{"tenants: want a list, got a mapping"}},
+		{"a list for a string", "listen: [a, b]\n" + minimal, []string{"listen: want a string, got a list"}},
+		{"a word for a bool", "admission: {feedback: {enabled: maybe}}\n" + minimal, []string{`admission.feedback.enabled: want true or false, got "maybe"`}},
+		{"a mapping for a duration", "server: {read_timeout: {s: 1}}\n" + minimal, []string{"server.read_timeout: want a single value, got a mapping"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml), ".")
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("err = %v\nwant it to contain %q", err, w)
+				}
+			}
+			for _, goName := range []string{"gateway.", "Config", "float64", "int", "!!str", "unmarshal"} {
+				if strings.Contains(err.Error(), goName) {
+					t.Errorf("the error speaks Go (%q): %v", goName, err)
+				}
+			}
+		})
+	}
+}
+
+// Issue 12, item 10: a model config that cannot be read is named by the
+// path it resolved to, so a relative path's base is visible.
+func TestMissingModelConfigNamesTheResolvedPath(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "kvgate.yaml")
+	if err := os.WriteFile(cfg, []byte(strings.Replace(minimal, "../examples/llama-3-8b.json", "models/nope.json", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadFile(cfg)
+	if err == nil {
+		var s *Server
+		s, err = New(c, Options{DisableProbes: true})
+		if err == nil {
+			s.watch.Close()
+		}
+	}
+	if want := filepath.Join(dir, "models", "nope.json"); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %v\nwant it to name %s", err, want)
+	}
+}
+
+// Issue 12, item 10: every refused reload is counted and logged with the
+// field path — a file that does not even load included — and the running
+// configuration stays.
+func TestFailedReloadsAreCountedAndLogged(t *testing.T) {
+	_, url := startSim(t, nil)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kvgate.yaml")
+	good := baseConfig(url, "")
+	write := func(y string) {
+		if err := os.WriteFile(path, []byte(y), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(good)
+	c, err := LoadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	gw, err := New(c, Options{DisableProbes: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Shutdown(context.Background())
+	for _, bad := range []struct{ yaml, field string }{
+		{good + "admission: {queue: {max_request: 5}}\n", "admission.queue.max_request"}, // does not load
+		{good + "admission: {ceiling: 3}\n", "admission.ceiling"},                        // loads, fails validation
+		{strings.Replace(good, "24GiB", "16GiB", 1), "weights do not fit"},               // validates, fails to build
+	} {
+		write(bad.yaml)
+		if err := gw.ReloadFile(path, nil); err == nil {
+			t.Fatalf("reload of a bad file (%s) accepted", bad.field)
+		}
+		if !strings.Contains(logs.String(), bad.field) {
+			t.Errorf("the refusal's log does not name %s:\n%s", bad.field, logs.String())
+		}
+	}
+	write(good)
+	if err := gw.ReloadFile(path, nil); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := counter(gw.m.reloads, "error"), counter(gw.m.reloads, "ok"); e != 3 || ok != 1 {
+		t.Errorf("kvgate_config_reloads_total: error %v, ok %v; want 3 and 1", e, ok)
+	}
+}
