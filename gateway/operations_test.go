@@ -116,3 +116,31 @@ func TestFailedReloadsAreCountedAndLogged(t *testing.T) {
 		t.Errorf("kvgate_config_reloads_total: error %v, ok %v; want 3 and 1", e, ok)
 	}
 }
+
+// Issue 12, item 11: a model config without what the weight estimate needs
+// is usable once weights_bytes is given, and says which key it lacks
+// otherwise.
+func TestModelWithoutWeightKeys(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ds.json"), []byte(`{"model_type":"deepseek_v3","hidden_size":7168,"num_hidden_layers":61,"num_attention_heads":128,"kv_lora_rank":512,"qk_rope_head_dim":64,"vocab_size":129280,"torch_dtype":"bfloat16"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	y := strings.Replace(minimal, "../examples/llama-3-8b.json", "ds.json", 1)
+	y = strings.Replace(y, "gpu_memory: 24GiB", "gpu_memory: 80GiB", 1)
+	build := func(y string) error {
+		c, err := Parse([]byte(y), dir)
+		if err == nil {
+			var s *Server
+			if s, err = New(c, Options{DisableProbes: true}); err == nil {
+				s.watch.Close()
+			}
+		}
+		return err
+	}
+	if err := build(y); err == nil || !strings.Contains(err.Error(), "weights_bytes: required: the model config lacks intermediate_size") {
+		t.Errorf("without weights_bytes: %v", err)
+	}
+	if err := build(strings.Replace(y, "config: ds.json", "config: ds.json\n    weights_bytes: 40GiB", 1)); err != nil {
+		t.Errorf("with weights_bytes: %v", err)
+	}
+}
