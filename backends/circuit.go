@@ -2,6 +2,7 @@ package backends
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,6 +18,10 @@ type circuit struct {
 	threshold int
 	cooldown  time.Duration
 	now       func() time.Time
+
+	// timedOut is set while timeouts > 0 or timeouts opened the circuit,
+	// so that the common answered() — every request — takes no lock.
+	timedOut atomic.Bool
 
 	mu         sync.Mutex // guards the fields below
 	failures   int        // consecutive failed probes and connects
@@ -50,8 +55,12 @@ func (c *circuit) success() {
 
 // answered records a request whose first byte arrived: the backend serves.
 func (c *circuit) answered() {
+	if !c.timedOut.Load() {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.timedOut.Store(false)
 	c.timeouts = 0
 	if c.open && c.byTimeouts {
 		c.open, c.byTimeouts, c.failures, c.lastErr = false, false, 0, ""
@@ -73,6 +82,7 @@ func (c *circuit) timeout(err error) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.timeouts++
+	c.timedOut.Store(true)
 	return c.countLocked(err, c.timeouts, true)
 }
 
