@@ -205,6 +205,8 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 
+	// The prompt is counted by a backend of the model (the one with the
+	// most room), before the request is bound to any GPU.
 	be, err := rt.pool.Pick(req.model, nil)
 	if err != nil {
 		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
@@ -222,13 +224,21 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 
-	g := rt.groupOf[be]
 	// The queue wait ends at the class's timeout or when the request as a
-	// whole would time out, whichever is first; the budget sheds at once a
-	// request whose expected wait already passes that.
-	deadline := x.start.Add(rt.cfg.Server.requestTimeout())
-	if err := g.budget.AcquireTicket(x.ctx, admission.Request{Weight: x.res.weight(), Class: x.class, Tenant: x.tenant, Deadline: deadline}, &x.ticketBuf); err != nil {
-		x.admissionFailed(ctx, err, g)
+	// whole would time out, whichever is first; the scheduler sheds at once
+	// a request whose expected wait already passes that.
+	areq := admission.Request{Queue: req.model, Class: x.class, Tenant: x.tenant, Opaque: !req.stream,
+		Deadline: x.start.Add(rt.cfg.Server.requestTimeout())}
+	if rt.count {
+		areq.Weight = 1
+	} else {
+		areq.Shape = x.res.shape()
+	}
+	if rt.cfg.Routing == routingAffinity {
+		areq.Affinity = x.affinity(ctx)
+	}
+	if err := rt.sched.AcquireTicket(x.ctx, areq, &x.ticketBuf); err != nil {
+		x.admissionFailed(ctx, err)
 		return
 	}
 	x.ticket = &x.ticketBuf
@@ -241,8 +251,8 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
 	}
 
-	x.armFirstByte(be)
-	resp, err := x.forward(ctx, be, g)
+	x.armFirstByte(be) // the timeout of the model's backends (be is one of them)
+	resp, err := x.forward(ctx)
 	if err != nil {
 		x.upstreamFailed(ctx, err)
 		return
@@ -434,7 +444,7 @@ func (x *exchange) reserve(prompts []int, exact []bool) *apiError {
 	return nil
 }
 
-func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error, g *group) {
+func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 	reason := admission.ReasonOf(err)
 	var rej *admission.RejectError
 	errors.As(err, &rej)
@@ -444,18 +454,23 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error, g *group
 			x.finish(outcomeCanceled, "client_disconnect")
 		}
 	case "too_large":
-		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, code: "kv_budget_exceeded", param: "max_tokens",
-			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, %d sequences), more than the whole budget of GPU %q (%s). Lower max_tokens or n, or shorten the prompt.",
-				kvbudget.FormatBytes(x.res.weight()), x.predicted, x.res.maxOut(), x.req.seqs, g.name, kvbudget.FormatBytes(rej.Capacity))},
-			outcomeRejected, "kv_budget_exceeded")
+		e := &apiError{status: 400, typ: typeInvalidRequest, code: "kv_budget_exceeded", param: "max_tokens", noRetry: true,
+			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, %d sequences), more than the whole budget of any GPU serving model `%s` (%s). Lower max_tokens or n, or shorten the prompt.",
+				kvbudget.FormatBytes(x.res.weight()), x.predicted, x.res.maxOut(), x.req.seqs, x.req.model, kvbudget.FormatBytes(rej.Capacity))}
+		if x.rt.count {
+			e.message = fmt.Sprintf("This request cannot be admitted by model `%s`'s concurrency limit.", x.req.model)
+		}
+		x.fail(ctx, e, outcomeRejected, "kv_budget_exceeded")
 	case "tenant_quota":
 		// Only a request larger than the tenant's whole share gets here (one
 		// that merely finds its tenant at its cap waits): retrying cannot
-		// help, so there is no Retry-After.
-		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason,
-			message: fmt.Sprintf("This request needs %s of KV cache, more than your tenant may hold at once on GPU %q (%s). Lower max_tokens or n, or shorten the prompt.",
-				kvbudget.FormatBytes(x.res.weight()), g.name, kvbudget.FormatBytes(rej.Capacity))},
+		// help, and the client is told not to.
+		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason, noRetry: true,
+			message: fmt.Sprintf("This request needs %s of KV cache, more than your tenant may hold at once on any GPU serving model `%s` (%s). Lower max_tokens or n, or shorten the prompt.",
+				kvbudget.FormatBytes(x.res.weight()), x.req.model, kvbudget.FormatBytes(rej.Capacity))},
 			outcomeShed, reason)
+	case "no_route":
+		x.fail(ctx, noBackend(x.req.model), outcomeFailed, "no_backend")
 	case "queue_full", "queue_timeout", "overloaded":
 		msg := map[string]string{
 			"queue_full":    "The admission queue is full.",
@@ -463,17 +478,19 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error, g *group
 			"overloaded":    "The GPU is under memory pressure and this request's priority class is being shed.",
 		}[reason]
 		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason, retryAfter: rej.RetryAfter,
-			message: fmt.Sprintf("%s It needs %s of KV cache; retry after %ds.", msg, kvbudget.FormatBytes(x.res.weight()), retryAfterSeconds(rej.RetryAfter))},
+			message: fmt.Sprintf("%s It needs %s of KV cache; retry after %s.", msg, kvbudget.FormatBytes(x.res.weight()), retryAfterText(rej.RetryAfter))},
 			outcomeShed, reason)
 	default:
 		x.fail(ctx, &apiError{status: 500, typ: typeServer, message: err.Error()}, outcomeFailed, "internal")
 	}
 }
 
-// forward sends the request to be, or on a transport failure to another
-// backend on the same GPU (whose budget the ticket already holds). Nothing
-// has reached the client yet, so a retry is safe.
-func (x *exchange) forward(ctx *fasthttp.RequestCtx, be *backends.Backend, g *group) (*backends.Response, error) {
+// forward sends the request to a backend of the GPU its ticket is bound
+// to. On a transport failure it tries another backend of that GPU (whose
+// pool the ticket already holds), and once, when there is none, moves the
+// ticket to another GPU and tries there: nothing has reached the client
+// yet, so a retry is safe, and the reservation moves rather than doubles.
+func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error) {
 	body := ctx.PostBody()
 	if usage := x.req.stream && !x.req.includeUsage; usage || x.injectMax > 0 || x.req.dropMaxCompletion {
 		p := x.s.parsers.Get()
@@ -487,7 +504,23 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx, be *backends.Backend, g *gr
 	ureq := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(ureq)
 	tried := map[*backends.Backend]bool{}
+	moved := false
+	lastErr := errors.New("no available backend on the GPU the request was bound to")
 	for {
+		g := x.rt.poolGroup[x.ticket.Pool()]
+		be := g.backendFor(x.req.model, tried)
+		if be == nil {
+			if moved || x.ctx.Err() != nil {
+				return nil, lastErr
+			}
+			moved = true
+			x.rt.syncRoutes() // the failure may have opened a circuit: bind elsewhere
+			if err := x.ticket.Move(x.ctx); err != nil {
+				return nil, fmt.Errorf("%w (and no other GPU could take the request: %v)", lastErr, err)
+			}
+			x.s.log.Warn("backend failed before answering; moved the request to another GPU", "model", x.req.model, "gpu", x.ticket.Pool(), "err", lastErr)
+			continue
+		}
 		tried[be] = true
 		be.NewRequest(ureq, fasthttp.MethodPost, x.req.kind.path())
 		ureq.Header.SetContentType("application/json")
@@ -507,18 +540,8 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx, be *backends.Backend, g *gr
 			return nil, err
 		}
 		x.s.m.upstreamErrors.WithLabelValues(be.Name(), "transport").Inc()
-		next := (*backends.Backend)(nil)
-		for _, other := range g.backends {
-			if !tried[other] && other.Serves(x.req.model) && other.Available() {
-				next = other
-				break
-			}
-		}
-		if next == nil {
-			return nil, err
-		}
-		x.s.log.Warn("backend failed before answering; retrying on another", "backend", be.Name(), "next", next.Name(), "err", err)
-		be = next
+		x.s.log.Warn("backend failed before answering", "backend", be.Name(), "err", err)
+		lastErr = err
 	}
 }
 
@@ -541,6 +564,7 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 		p := x.s.parsers.Get()
 		if v, err := p.ParseBytes(body); err == nil {
 			x.readUsage(v.Get("usage"))
+			x.learnWhole(v)
 		}
 		x.s.parsers.Put(p)
 		x.finish(outcomeOK, "")
@@ -549,6 +573,21 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 		x.finish(outcomeFailed, "backend_"+strconv.Itoa(status))
 	default:
 		x.finish(outcomeRejected, "backend_"+strconv.Itoa(status))
+	}
+}
+
+// learnWhole teaches the model's output-length predictor what a
+// non-streamed answer generated: only a single choice's length is known
+// (usage counts all choices together).
+func (x *exchange) learnWhole(v *fastjson.Value) {
+	choices := v.GetArray("choices")
+	if !x.hasUsage || len(choices) != 1 || len(x.res.prompts) != 1 {
+		return
+	}
+	if fr := choices[0].Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
+		if prompt, n, ok := x.res.finish(0, x.usage.completion); ok {
+			x.ticket.Done(prompt, n, string(fr.GetStringBytes()) == "length")
+		}
 	}
 }
 
@@ -568,6 +607,10 @@ func (x *exchange) recordUsage() {
 	m.tokensActual.WithLabelValues(x.label, "prompt").Add(float64(x.usage.prompt))
 	m.tokensPredicted.WithLabelValues(x.label, "output").Add(float64(x.res.reservedOutput()))
 	m.tokensActual.WithLabelValues(x.label, "output").Add(float64(x.usage.completion))
+	if x.ticket != nil {
+		m.outPredicted.WithLabelValues(x.label).Add(float64(x.ticket.PredictedOutput()))
+		m.outGenerated.WithLabelValues(x.label).Add(float64(x.usage.completion))
+	}
 	if x.predicted > 0 && x.usage.prompt > 0 {
 		m.promptRatio.WithLabelValues(x.label, x.m.tokenizer).Observe(float64(x.usage.prompt) / float64(x.predicted))
 	}
@@ -706,9 +749,14 @@ func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
 				x.s.m.ttft.WithLabelValues(x.label).Observe(x.s.now().Sub(x.start).Seconds())
 			}
 		}
+		if content := c.GetStringBytes("delta", "content"); len(content) > 0 || len(c.GetStringBytes("text")) > 0 {
+			if prompt, furthest, moved := x.res.token(idx); moved {
+				x.ticket.Progress(prompt, furthest)
+			}
+		}
 		if fr := c.Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
-			if w, changed := x.res.finish(idx); changed {
-				x.ticket.Shrink(w)
+			if prompt, n, ok := x.res.finish(idx, -1); ok {
+				x.ticket.Done(prompt, n, string(fr.GetStringBytes()) == "length")
 			}
 		}
 	}

@@ -532,7 +532,7 @@ func (s *soak) metrics() (metricsText, error) {
 // atRest is the gateway once its clients are idle.
 type atRest struct {
 	goroutines, rss, inflight float64
-	held, queued              int64
+	held, queued, bound       int64
 	metrics                   metricsText
 }
 
@@ -558,25 +558,33 @@ func (s *soak) rest(ctx context.Context) (atRest, error) {
 			continue
 		}
 		r = atRest{goroutines: m.get("go_goroutines"), rss: m.get("process_resident_memory_bytes"), inflight: m.get("kvgate_requests_in_flight"), metrics: m}
-		for _, b := range st.Budgets {
-			r.held += b.Held
-			r.queued += int64(b.Queued)
+		for _, g := range st.GPUs {
+			r.held += g.Held + g.Committed
+			r.bound += int64(g.Bound)
 		}
-		if r.inflight == 0 && r.held == 0 && r.queued == 0 {
+		for _, q := range st.Queues {
+			r.queued += int64(q.Queued)
+		}
+		if r.inflight == 0 && r.held == 0 && r.queued == 0 && r.bound == 0 {
 			return r, nil
 		}
-		last = fmt.Errorf("in flight %g, held %d, queued %d", r.inflight, r.held, r.queued)
+		last = fmt.Errorf("in flight %g, held %d, queued %d, bound %d", r.inflight, r.held, r.queued, r.bound)
 		time.Sleep(200 * time.Millisecond)
 	}
 	return r, fmt.Errorf("the gateway did not come to rest within 20s: %v", last)
 }
 
 type statusView struct {
-	Budgets []struct {
-		GPU    string `json:"gpu"`
-		Held   int64  `json:"held_bytes"`
+	GPUs []struct {
+		GPU       string `json:"gpu"`
+		Held      int64  `json:"held_bytes"`
+		Committed int64  `json:"committed_bytes"`
+		Bound     int    `json:"bound_requests"`
+	} `json:"gpus"`
+	Queues []struct {
+		Model  string `json:"model"`
 		Queued int    `json:"queued"`
-	} `json:"budgets"`
+	} `json:"queues"`
 }
 
 func (s *soak) status() (statusView, error) {
@@ -639,7 +647,7 @@ func (s *soak) report(base, end atRest, series []sample, reloadsOK, reloadsBad i
 	rssFlat := end.rss <= rssRef*1.25+32<<20
 	internal := m.sum("kvgate_requests_total", `reason="internal"`)
 	s.check("gateway alive", s.gw.alive(), "pid %d", s.gw.cmd.Process.Pid)
-	s.check("nothing held", end.held == 0, "%d bytes", end.held)
+	s.check("nothing held", end.held == 0 && end.bound == 0, "%d bytes held or committed, %d requests bound", end.held, end.bound)
 	s.check("queues empty", end.queued == 0, "%d queued", end.queued)
 	s.check("nothing in flight", end.inflight == 0, "%g", end.inflight)
 	s.check("goroutines back to baseline", end.goroutines <= base.goroutines+4, "%d at the end, %d at baseline", int(end.goroutines), int(base.goroutines))
