@@ -454,23 +454,24 @@ func (s *soak) one(ctx context.Context, rng *rand.Rand) {
 	req, _ := http.NewRequestWithContext(rctx, "POST", s.gwURL+path, strings.NewReader(string(b)))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := s.client.Do(req)
-	if err != nil {
+	// An error is our own hang-up when this request's context ended and
+	// the run's did not; anything else is a transport error.
+	failed := func() {
 		if rctx.Err() != nil && ctx.Err() == nil {
 			s.canceled.Add(1)
 		} else {
 			s.netErrs.Add(1)
 		}
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		failed()
 		return
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		if rctx.Err() != nil && ctx.Err() == nil {
-			s.canceled.Add(1)
-		} else {
-			s.netErrs.Add(1)
-		}
+		failed()
 		return
 	}
 	c, _ := s.codes.LoadOrStore(resp.StatusCode, new(atomic.Int64))
