@@ -75,6 +75,7 @@ func TestHTMLCompareOverlaysTargets(t *testing.T) {
 		Concurrency: []int{1, 2, 4, 8}, Requests: 20, Warmup: -1, ScrapeInterval: 10 * time.Millisecond,
 		OutputTokens: fixed(4), PromptTokens: fixed(20),
 	}
+	withGang(&cfg, a, b)
 	rep, err := Run(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
