@@ -182,11 +182,14 @@ func (w *workload) run(ctx context.Context, o options) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The best safe limit is the highest level below the first that
+	// overflowed: a higher one that got through its run was lucky.
 	best := row{}
 	for _, r := range sweep {
-		if r.overflow == 0 && r.failed == 0 && r.goodput > best.goodput {
-			best = r
+		if r.overflow > 0 || r.failed > 0 {
+			break
 		}
+		best = r
 	}
 	if best.level == 0 {
 		return nil, fmt.Errorf("%s: every level of the sweep %s overflowed; try lower levels", w.name, o.sweep)
@@ -194,7 +197,7 @@ func (w *workload) run(ctx context.Context, o options) ([]row, error) {
 	best.name, best.note = "direct, best safe limit", fmt.Sprintf("limit %d (of %s)", best.level, o.sweep)
 	rows = append(rows, best)
 	for _, r := range sweep {
-		if r.level > best.level && (r.overflow > 0 || r.failed > 0) {
+		if r.level > best.level {
 			r.name, r.note = "direct, next limit", "overflowed"
 			rows = append(rows, r)
 			break
