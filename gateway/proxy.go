@@ -59,6 +59,8 @@ type exchange struct {
 	usage     struct{ prompt, completion int }
 	hasUsage  bool
 
+	body sseBody // a streamed answer, relayed as fasthttp writes it
+
 	done bool
 }
 
@@ -239,7 +241,8 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		streaming = true // from here the relay owns finish
-		ctx.SetBodyStreamWriter(func(w *bufio.Writer) { x.relay(w, resp) })
+		x.body = sseBody{x: x, resp: resp}
+		ctx.Response.SetBodyStream(&x.body, -1)
 		return
 	}
 	x.passBody(ctx, resp)
@@ -504,8 +507,8 @@ var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<
 // (so a burst goes out in one write, and a lone token at once). It counts
 // tokens and finished choices on the way, returns each finished choice's
 // KV at once, and drops the usage chunk the gateway asked for on the
-// client's behalf. It runs in fasthttp's stream-writer goroutine and must
-// not touch the RequestCtx.
+// client's behalf. It runs after the handler has returned, while fasthttp
+// writes the body (see sseBody), and must not touch the RequestCtx.
 func (x *exchange) relay(w *bufio.Writer, resp *backends.Response) {
 	outcome, reason := outcomeOK, ""
 	defer func() {

@@ -1,0 +1,91 @@
+package gateway
+
+import (
+	"bufio"
+	"io"
+	"sync"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/backends"
+)
+
+// sseBody is a streamed answer as fasthttp writes it. fasthttp's
+// SetBodyStreamWriter runs the writer in a goroutine of its own that feeds
+// a pipe, which the connection's goroutine copies to the client: two
+// goroutine hand-offs and a copy per event. sseBody instead lets fasthttp
+// call WriteTo on the connection's goroutine (fasthttp.BodyWriterTo), where
+// every flush of the relay's writer is one chunk on the wire. The relay
+// itself — what is kept, when it flushes, how the exchange finishes — is
+// the same either way.
+//
+// Exactly one of WriteTo, Read (a fallback should fasthttp ever read the
+// body instead) or Close starts the relay or, when the body is never
+// written (the client went away before the headers), finishes the exchange.
+type sseBody struct {
+	x       *exchange
+	resp    *backends.Response
+	started bool
+	pipe    io.ReadCloser // the fallback's pipe, once Read was called
+}
+
+var (
+	_ fasthttp.BodyWriterTo = (*sseBody)(nil)
+	_ io.ReadCloser         = (*sseBody)(nil)
+)
+
+// sseWriters buffer events between flushes, as fasthttp's own stream
+// writers do.
+var sseWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
+
+func (b *sseBody) SupportsBodyWriteTo() bool { return true }
+
+// WriteTo runs the relay; w frames each write as one chunk and flushes it.
+func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
+	if b.started {
+		return 0, io.ErrClosedPipe
+	}
+	b.started = true
+	cw := &countWriter{w: w}
+	bw := sseWriters.Get().(*bufio.Writer)
+	bw.Reset(cw)
+	b.x.relay(bw, b.resp)
+	bw.Reset(nil)
+	sseWriters.Put(bw)
+	return cw.n, nil // a failed write was the relay's to handle (the client went away)
+}
+
+func (b *sseBody) Read(p []byte) (int, error) {
+	if b.pipe == nil {
+		if b.started {
+			return 0, io.ErrClosedPipe
+		}
+		b.started = true
+		b.pipe = fasthttp.NewStreamReader(func(w *bufio.Writer) { b.x.relay(w, b.resp) })
+	}
+	return b.pipe.Read(p)
+}
+
+// Close ends the body after fasthttp wrote it, or instead of writing it.
+func (b *sseBody) Close() error {
+	switch {
+	case b.pipe != nil:
+		return b.pipe.Close() // the relay's next write fails and it finishes
+	case !b.started:
+		b.started = true
+		b.resp.Close()
+		b.x.finish(outcomeCanceled, "client_disconnect")
+	}
+	return nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}

@@ -1,0 +1,82 @@
+package gateway
+
+import (
+	"io"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/valyala/fasthttp"
+)
+
+// serveInProcess runs one request through the gateway's handler without a
+// client connection, so that a test decides what becomes of the response.
+func serveInProcess(s *Server, path, body string) *fasthttp.RequestCtx {
+	var req fasthttp.Request
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetRequestURI(path)
+	req.Header.SetContentType("application/json")
+	req.SetBodyString(body)
+	ctx := &fasthttp.RequestCtx{}
+	ctx.Init(&req, nil, nil)
+	s.handle(ctx)
+	return ctx
+}
+
+func requestsTotal(s *Server, outcome, reason string) float64 {
+	var m dto.Metric
+	if err := s.m.requests.WithLabelValues("llama-3-8b", outcome, reason).Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// A stream whose body fasthttp never writes (the client went away before
+// the headers) still finishes its exchange: the reservation goes back and
+// the request counts as canceled.
+func TestStreamNeverWrittenReleases(t *testing.T) {
+	_, url := startSim(t, nil)
+	s, _ := startGateway(t, baseConfig(url, ""), Options{})
+	ctx := serveInProcess(s, "/v1/chat/completions", chatBody("hi", 50, true))
+	if _, ok := ctx.Response.BodyStream().(*sseBody); !ok || held(s) == 0 {
+		t.Fatalf("want a streamed body holding a reservation; body %T, held %d", ctx.Response.BodyStream(), held(s))
+	}
+	if err := ctx.Response.CloseBodyStream(); err != nil {
+		t.Fatal(err)
+	}
+	if h := held(s); h != 0 {
+		t.Errorf("held %d after the body was closed unwritten", h)
+	}
+	if n := requestsTotal(s, outcomeCanceled, "client_disconnect"); n != 1 {
+		t.Errorf("canceled requests = %g, want 1", n)
+	}
+}
+
+// Should fasthttp read the body instead of letting it write itself, the
+// relay runs behind a pipe and the client gets the same stream.
+func TestStreamReadFallback(t *testing.T) {
+	_, url := startSim(t, nil)
+	s, _ := startGateway(t, baseConfig(url, ""), Options{})
+	ctx := serveInProcess(s, "/v1/chat/completions", chatBody("hi", 5, true))
+	body, ok := ctx.Response.BodyStream().(*sseBody)
+	if !ok {
+		t.Fatalf("body is %T", ctx.Response.BodyStream())
+	}
+	b, err := io.ReadAll(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.Response.CloseBodyStream(); err != nil {
+		t.Fatal(err)
+	}
+	out := string(b)
+	if strings.Count(out, `"delta"`) < 5 || !strings.HasSuffix(out, "data: [DONE]\n\n") || strings.Contains(out, `"usage"`) {
+		t.Errorf("stream read through the fallback:\n%s", out)
+	}
+	if h := held(s); h != 0 {
+		t.Errorf("held %d after the stream ended", h)
+	}
+	if n := requestsTotal(s, outcomeOK, ""); n != 1 {
+		t.Errorf("ok requests = %g, want 1", n)
+	}
+}
