@@ -163,8 +163,13 @@ type ModelConfig struct {
 	// Tokenizer is how prompt tokens are counted: backend (the backend's
 	// /tokenize, exact) or estimate (bytes × a calibrated ratio). Default
 	// backend.
-	Tokenizer string         `yaml:"tokenizer"`
-	Estimate  EstimateConfig `yaml:"estimate"`
+	Tokenizer string `yaml:"tokenizer"`
+	// TokenizeCache is how many /tokenize answers (tokenizer: backend) are
+	// remembered, so that a prompt seen before is counted without a round
+	// trip. Each entry takes about 64 bytes, whatever the prompt's length.
+	// Default 16384; negative: no cache.
+	TokenizeCache int            `yaml:"tokenize_cache"`
+	Estimate      EstimateConfig `yaml:"estimate"`
 }
 
 // GeometryConfig gives a model's KV geometry inline instead of a config.json.
@@ -326,6 +331,8 @@ const (
 	defaultShutdownTimeout = 30 * time.Second
 	defaultPriorityHeader  = "X-Priority"
 	defaultMaxModelLen     = 8192
+	defaultTokenizeCache   = 16384
+	maxTokenizeCache       = 1 << 24
 )
 
 // validate fills defaults and checks every field, reporting all problems.
@@ -525,6 +532,12 @@ func (c *Config) validate() error {
 		case "backend", "estimate":
 		default:
 			bad(f+".tokenizer", "%q is not backend or estimate", m.Tokenizer)
+		}
+		if m.TokenizeCache == 0 {
+			m.TokenizeCache = defaultTokenizeCache
+		}
+		if m.TokenizeCache > maxTokenizeCache {
+			bad(f+".tokenize_cache", "%d entries is more than %d", m.TokenizeCache, maxTokenizeCache)
 		}
 		e := &m.Estimate
 		if e.BytesPerToken == 0 {

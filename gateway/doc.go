@@ -5,8 +5,9 @@
 // One request, end to end: the handler reads only the fields that decide
 // admission (model, messages or prompt, max_tokens / max_completion_tokens,
 // n / best_of, stream, stream_options) and forwards the body otherwise
-// byte for byte. It counts the prompt's tokens (the backend's /tokenize, or
-// an estimate calibrated against the usage backends report), adds the
+// byte for byte. It counts the prompt's tokens (the backend's /tokenize,
+// remembered per prompt in a bounded cache, or an estimate calibrated
+// against the usage backends report), adds the
 // output it may generate (max_tokens, else the model's default, else the
 // rest of the context), and reserves ceil(tokens / block size) blocks per
 // sequence, prompt blocks shared across n, in bytes of one GPU

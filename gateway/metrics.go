@@ -59,7 +59,7 @@ func newMetrics(current func() *runtime) *metrics {
 			Name: "kvgate_tokens_actual_total", Help: "Tokens backends reported in usage for the same requests.",
 		}, []string{"model", "kind"}),
 		promptRatio: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvgate_prompt_tokens_actual_over_predicted", Help: "Actual / predicted prompt tokens per request: above 1 the prediction was low.",
+			Name: "kvgate_prompt_tokens_actual_over_predicted", Help: "Actual / predicted prompt tokens per request: above 1 the prediction was low. tokenizer is how the prompt was counted: backend (/tokenize now), cache (an earlier /tokenize answer), estimate.",
 			Buckets: []float64{0.5, 0.7, 0.8, 0.9, 0.95, 1, 1.02, 1.05, 1.1, 1.2, 1.5, 2},
 		}, []string{"model", "tokenizer"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -120,13 +120,16 @@ var (
 	descRunning   = prometheus.NewDesc("kvgate_backend_requests_running", "Requests the backend reports running.", []string{"backend"}, nil)
 	descWaiting   = prometheus.NewDesc("kvgate_backend_requests_waiting", "Requests the backend reports waiting.", []string{"backend"}, nil)
 	descPreempt   = prometheus.NewDesc("kvgate_backend_preemptions", "Preemptions the backend reports (its counter).", []string{"backend"}, nil)
+	descTokLookup = prometheus.NewDesc("kvgate_tokenize_cache_lookups_total", "Prompts looked up in a model's cache of /tokenize answers, by result (hit: counted without a round trip; miss: asked the backend).", []string{"model", "result"}, nil)
+	descTokStale  = prometheus.NewDesc("kvgate_tokenize_cache_stale_total", "Cached prompt counts dropped because the backend's usage reported another length.", []string{"model"}, nil)
+	descTokSize   = prometheus.NewDesc("kvgate_tokenize_cache_entries", "Prompt counts held in a model's tokenize cache.", []string{"model"}, nil)
 )
 
 // stateCollector reads budgets and backends at scrape time.
 type stateCollector struct{ current func() *runtime }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descQueued, descDrain, descDepth, descUp, descUsage, descRunning, descWaiting, descPreempt} {
+	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descQueued, descDrain, descDepth, descUp, descUsage, descRunning, descWaiting, descPreempt, descTokLookup, descTokStale, descTokSize} {
 		ch <- d
 	}
 }
@@ -145,6 +148,14 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descDrain, prometheus.GaugeValue, st.DrainRate, name)
 		for _, cl := range st.Classes {
 			ch <- prometheus.MustNewConstMetric(descDepth, prometheus.GaugeValue, float64(cl.Queued), name, cl.Name)
+		}
+	}
+	for _, name := range rt.modelOrder {
+		if c := rt.models[name].tokens; c != nil {
+			ch <- prometheus.MustNewConstMetric(descTokLookup, prometheus.CounterValue, float64(c.hits.Load()), name, "hit")
+			ch <- prometheus.MustNewConstMetric(descTokLookup, prometheus.CounterValue, float64(c.misses.Load()), name, "miss")
+			ch <- prometheus.MustNewConstMetric(descTokStale, prometheus.CounterValue, float64(c.stale.Load()), name)
+			ch <- prometheus.MustNewConstMetric(descTokSize, prometheus.GaugeValue, float64(c.len()), name)
 		}
 	}
 	for _, b := range rt.pool.Backends() {

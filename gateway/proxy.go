@@ -53,11 +53,17 @@ type exchange struct {
 	ticketBuf admission.Ticket
 	backend   *backends.Backend
 
-	predicted int // prompt tokens reserved, all prompts
-	injectMax int // max_tokens the gateway adds to the body (the model's default); 0 = none
-	firstTok  bool
-	usage     struct{ prompt, completion int }
-	hasUsage  bool
+	predicted int    // prompt tokens reserved, all prompts
+	source    string // how the prompts were counted (sourceBackend, ...); "" for token ids only
+	// A single prompt counted from the model's tokenize cache, to check
+	// against the usage the backend reports.
+	cacheHit   bool
+	cacheKey   tokenKey
+	cacheCount int
+	injectMax  int // max_tokens the gateway adds to the body (the model's default); 0 = none
+	firstTok   bool
+	usage      struct{ prompt, completion int }
+	hasUsage   bool
 
 	body sseBody // a streamed answer, relayed as fasthttp writes it
 
@@ -288,7 +294,7 @@ func (x *exchange) countPrompts(be *backends.Backend) (counts []int, exact []boo
 			continue
 		}
 		if x.req.tokenize != nil {
-			n, err := be.Tokenize(x.ctx, x.req.tokenize[i])
+			n, err := x.tokenizeCached(be, i)
 			if err == nil {
 				counts[i], exact[i] = n, true
 				continue
@@ -300,6 +306,7 @@ func (x *exchange) countPrompts(be *backends.Backend) (counts []int, exact []boo
 			x.s.log.Warn("backend tokenize failed; estimating", "backend", be.Name(), "err", err)
 		}
 		counts[i] = x.m.est.predict(sh)
+		x.noteSource(sourceEstimate)
 	}
 	return counts, exact, nil
 }
@@ -493,8 +500,13 @@ func (x *exchange) recordUsage() {
 	m.tokensPredicted.WithLabelValues(x.label, "output").Add(float64(x.res.reservedOutput()))
 	m.tokensActual.WithLabelValues(x.label, "output").Add(float64(x.usage.completion))
 	if x.predicted > 0 && x.usage.prompt > 0 {
-		m.promptRatio.WithLabelValues(x.label, x.m.tokenizer).Observe(float64(x.usage.prompt) / float64(x.predicted))
+		source := x.source
+		if source == "" {
+			source = x.m.tokenizer
+		}
+		m.promptRatio.WithLabelValues(x.label, source).Observe(float64(x.usage.prompt) / float64(x.predicted))
 	}
+	x.checkCached()
 	if len(x.req.shapes) == 1 && !x.req.shapes[0].ids && x.usage.prompt > 0 {
 		x.m.est.observe(x.req.shapes[0], x.usage.prompt)
 	}
