@@ -53,17 +53,19 @@ type exchange struct {
 	ticketBuf admission.Ticket
 	backend   *backends.Backend
 
-	predicted int    // prompt tokens reserved, all prompts
-	source    string // how the prompts were counted (sourceBackend, ...); "" for token ids only
-	// A single prompt counted from the model's tokenize cache, to check
-	// against the usage the backend reports.
+	predicted int // prompt tokens reserved, all prompts
+	injectMax int // max_tokens the gateway adds to the body (the model's default); 0 = none
+	firstTok  bool
+	usage     struct{ prompt, completion int }
+	hasUsage  bool
+
+	// source is how the prompts were counted (sourceBackend, ...); "" for
+	// token ids only. A single prompt counted from the model's tokenize
+	// cache keeps its key, to be checked against the usage reported.
+	source     string
 	cacheHit   bool
 	cacheKey   tokenKey
 	cacheCount int
-	injectMax  int // max_tokens the gateway adds to the body (the model's default); 0 = none
-	firstTok   bool
-	usage      struct{ prompt, completion int }
-	hasUsage   bool
 
 	body sseBody // a streamed answer, relayed as fasthttp writes it
 
