@@ -74,7 +74,7 @@ type exchange struct {
 
 func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
 	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown"}
-	cctx, cancel := context.WithCancelCause(s.base)
+	cctx, cancel := context.WithCancelCause(s.base())
 	x.ctx, x.stopTimer = context.WithTimeoutCause(cctx, rt.cfg.Server.requestTimeout(), errRequestTimeout)
 	x.cancel = cancel
 	if stop, err := s.watch.Watch(ctx.Conn(), func() { cancel(errClientGone) }); err == nil {
