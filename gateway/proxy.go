@@ -614,6 +614,9 @@ func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
 	if data == nil || bytes.Equal(data, []byte("[DONE]")) {
 		return true, false
 	}
+	if x.firstTok && plainToken(data) {
+		return true, false // nothing here for the gateway: not worth a parse
+	}
 	v, err := p.ParseBytes(data)
 	if err != nil {
 		return true, false

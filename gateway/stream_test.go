@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"bytes"
 	"io"
 	"strings"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
 )
 
 // serveInProcess runs one request through the gateway's handler without a
@@ -79,4 +81,55 @@ func TestStreamReadFallback(t *testing.T) {
 	if n := requestsTotal(s, outcomeOK, ""); n != 1 {
 		t.Errorf("ok requests = %g, want 1", n)
 	}
+}
+
+func TestPlainToken(t *testing.T) {
+	for _, c := range []struct {
+		data  string
+		plain bool
+	}{
+		{`{"id":"x","choices":[{"index":0,"delta":{"content":" one"},"logprobs":null,"finish_reason":null,"stop_reason":null}]}`, true},
+		{`{"choices":[{"index":0,"text":"a","finish_reason" : null},{"index":1,"text":"b","finish_reason":null}]}`, true},
+		{`{"choices":[{"index":0,"delta":{"content":"the \"usage\" key"}}]}`, true},
+		{`{"choices":[{"index":0,"delta":{"content":" end"},"finish_reason":"length"}]}`, false},
+		{`{"choices":[{"index":0,"finish_reason":null},{"index":1,"finish_reason":"stop"}]}`, false},
+		{`{"choices":[],"usage":{"prompt_tokens":1}}`, false},
+		{`{"error":{"message":"boom"}}`, false},
+		{`{"object":"error","message":"boom"}`, false},
+		{`{"choices":[{"delta":{"content":"he said \"usage"}}]}`, false}, // a false positive: parsed, harmlessly
+		{`{"choices":[{"finish_reason"`, false},
+	} {
+		if got := plainToken([]byte(c.data)); got != c.plain {
+			t.Errorf("plainToken(%s) = %v, want %v", c.data, got, c.plain)
+		}
+	}
+}
+
+// Whatever plainToken passes over without parsing holds nothing inspect
+// acts on.
+func FuzzPlainToken(f *testing.F) {
+	for _, s := range []string{
+		`{"choices":[{"index":0,"delta":{"content":" one"},"finish_reason":null}]}`,
+		`{"choices":[{"index":0,"finish_reason":"stop"}],"usage":{"prompt_tokens":3}}`,
+		`{"error":{"message":"x"}}`, `{"choices":[{"text":"\"finish_reason\":null"}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if !plainToken(data) || bytes.Contains(data, []byte(`\u`)) {
+			return
+		}
+		v, err := fastjson.ParseBytes(data)
+		if err != nil {
+			return
+		}
+		if v.Get("error") != nil || v.Get("usage") != nil {
+			t.Fatalf("plainToken passed %s, which has an error or usage", data)
+		}
+		for _, c := range v.GetArray("choices") {
+			if fr := c.Get("finish_reason"); fr != nil && fr.Type() != fastjson.TypeNull {
+				t.Fatalf("plainToken passed %s, whose finish_reason is %s", data, fr)
+			}
+		}
+	})
 }
