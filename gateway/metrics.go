@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,43 @@ type metrics struct {
 	upstreamErrors  *prometheus.CounterVec
 	reloads         *prometheus.CounterVec
 	inflight        prometheus.Gauge
+
+	// series caches each configured model's children of the request
+	// path's vectors (model name → *modelSeries). WithLabelValues hashes
+	// its labels and takes the vector's lock on every call, and a request
+	// made eight such calls.
+	series sync.Map
+}
+
+// modelSeries are one model's series that every answered request updates.
+type modelSeries struct {
+	ok        prometheus.Counter  // requests{outcome="ok", reason=""}
+	okDur     prometheus.Observer // duration{outcome="ok"}
+	predicted [2]prometheus.Counter
+	actual    [2]prometheus.Counter // [0] prompt, [1] output
+	ttft      prometheus.Observer
+	ratio     map[string]prometheus.Observer // by the count's source; read-only
+}
+
+// forModel returns the series of a configured model (never of a name a
+// client sent: those are not bounded).
+func (m *metrics) forModel(name string) *modelSeries {
+	if v, ok := m.series.Load(name); ok {
+		return v.(*modelSeries)
+	}
+	s := &modelSeries{
+		ok:        m.requests.WithLabelValues(name, outcomeOK, ""),
+		okDur:     m.duration.WithLabelValues(name, outcomeOK),
+		predicted: [2]prometheus.Counter{m.tokensPredicted.WithLabelValues(name, "prompt"), m.tokensPredicted.WithLabelValues(name, "output")},
+		actual:    [2]prometheus.Counter{m.tokensActual.WithLabelValues(name, "prompt"), m.tokensActual.WithLabelValues(name, "output")},
+		ttft:      m.ttft.WithLabelValues(name),
+		ratio:     map[string]prometheus.Observer{},
+	}
+	for _, src := range []string{sourceBackend, sourceCache, sourceEstimate} {
+		s.ratio[src] = m.promptRatio.WithLabelValues(name, src)
+	}
+	v, _ := m.series.LoadOrStore(name, s)
+	return v.(*modelSeries)
 }
 
 // Request outcomes: every request leaves through exactly one.
@@ -91,15 +129,22 @@ func newMetrics(current func() *runtime) *metrics {
 type observer struct {
 	m   *metrics
 	gpu string
+	// atOnce caches admissions{gpu, class, queued="false"} by class: the
+	// one series every admission that did not wait updates.
+	atOnce *sync.Map
 }
 
 func (o observer) Admitted(class, _ string, _ int64, waited time.Duration) {
-	queued := "false"
-	if waited > 0 {
-		queued = "true"
-		o.m.queueWait.WithLabelValues(o.gpu, class, "admitted").Observe(waited.Seconds())
+	if waited <= 0 {
+		c, ok := o.atOnce.Load(class)
+		if !ok {
+			c, _ = o.atOnce.LoadOrStore(class, o.m.admissions.WithLabelValues(o.gpu, class, "false"))
+		}
+		c.(prometheus.Counter).Inc()
+		return
 	}
-	o.m.admissions.WithLabelValues(o.gpu, class, queued).Inc()
+	o.m.queueWait.WithLabelValues(o.gpu, class, "admitted").Observe(waited.Seconds())
+	o.m.admissions.WithLabelValues(o.gpu, class, "true").Inc()
 }
 
 func (o observer) Rejected(class, _, reason string, _ int64, waited time.Duration) {

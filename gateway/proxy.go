@@ -103,8 +103,14 @@ func (x *exchange) finish(outcome, reason string) {
 	m := x.s.m
 	m.inflight.Dec()
 	x.s.active.Add(-1)
-	m.requests.WithLabelValues(x.label, outcome, reason).Inc()
-	m.duration.WithLabelValues(x.label, outcome).Observe(x.s.now().Sub(x.start).Seconds())
+	if x.m != nil && outcome == outcomeOK && reason == "" {
+		ms := m.forModel(x.m.name)
+		ms.ok.Inc()
+		ms.okDur.Observe(x.s.now().Sub(x.start).Seconds())
+	} else {
+		m.requests.WithLabelValues(x.label, outcome, reason).Inc()
+		m.duration.WithLabelValues(x.label, outcome).Observe(x.s.now().Sub(x.start).Seconds())
+	}
 	if x.hasUsage {
 		x.recordUsage()
 	}
@@ -496,17 +502,17 @@ func (x *exchange) readUsage(u *fastjson.Value) {
 // recordUsage compares what was reserved with what the backend reports, and
 // calibrates the estimate tokenizer against it.
 func (x *exchange) recordUsage() {
-	m := x.s.m
-	m.tokensPredicted.WithLabelValues(x.label, "prompt").Add(float64(x.predicted))
-	m.tokensActual.WithLabelValues(x.label, "prompt").Add(float64(x.usage.prompt))
-	m.tokensPredicted.WithLabelValues(x.label, "output").Add(float64(x.res.reservedOutput()))
-	m.tokensActual.WithLabelValues(x.label, "output").Add(float64(x.usage.completion))
+	ms := x.s.m.forModel(x.m.name)
+	ms.predicted[0].Add(float64(x.predicted))
+	ms.actual[0].Add(float64(x.usage.prompt))
+	ms.predicted[1].Add(float64(x.res.reservedOutput()))
+	ms.actual[1].Add(float64(x.usage.completion))
 	if x.predicted > 0 && x.usage.prompt > 0 {
 		source := x.source
 		if source == "" {
 			source = x.m.tokenizer
 		}
-		m.promptRatio.WithLabelValues(x.label, source).Observe(float64(x.usage.prompt) / float64(x.predicted))
+		ms.ratio[source].Observe(float64(x.usage.prompt) / float64(x.predicted))
 	}
 	x.checkCached()
 	if len(x.req.shapes) == 1 && !x.req.shapes[0].ids && x.usage.prompt > 0 {
@@ -637,7 +643,7 @@ func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
 			}
 			if len(content) > 0 {
 				x.firstTok = true
-				x.s.m.ttft.WithLabelValues(x.label).Observe(x.s.now().Sub(x.start).Seconds())
+				x.s.m.forModel(x.m.name).ttft.Observe(x.s.now().Sub(x.start).Seconds())
 			}
 		}
 		if fr := c.Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {

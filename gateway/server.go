@@ -39,7 +39,7 @@ type Options struct {
 }
 
 func (o *Options) observerFor(gpu string) admission.Observer {
-	return observer{m: o.metrics, gpu: gpu}
+	return observer{m: o.metrics, gpu: gpu, atOnce: &sync.Map{}}
 }
 
 func (o *Options) probeGPUs() ([]gpuinfo.Device, error) {
