@@ -2,12 +2,12 @@ package backends
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"sync"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/internal/jsonscan"
 )
 
 // maxTokenizeAnswer bounds a /tokenize answer. vLLM lists every token id
@@ -34,7 +34,7 @@ func (b *Backend) Tokenize(ctx context.Context, body []byte) (int, error) {
 	}
 	bp := tokenizeBufs.Get().(*[]byte)
 	defer tokenizeBufs.Put(bp)
-	data, err := r.readInto((*bp)[:0], maxTokenizeAnswer)
+	data, err := r.ReadInto((*bp)[:0], maxTokenizeAnswer)
 	*bp = data[:0]
 	if err != nil {
 		return 0, fmt.Errorf("backend %s: tokenize: %w", b.spec.Name, err)
@@ -42,7 +42,7 @@ func (b *Backend) Tokenize(ctx context.Context, body []byte) (int, error) {
 	if r.Status() != fasthttp.StatusOK {
 		return 0, &StatusError{Backend: b.spec.Name, Status: r.Status(), Body: append([]byte(nil), data...)}
 	}
-	v, err := jsonMember(data, "count")
+	v, err := jsonscan.Member(data, "count")
 	if err != nil {
 		return 0, fmt.Errorf("backend %s: tokenize: %w", b.spec.Name, err)
 	}
@@ -51,28 +51,6 @@ func (b *Backend) Tokenize(ctx context.Context, body []byte) (int, error) {
 		return 0, fmt.Errorf("backend %s: tokenize: count is %.40q, not a token count", b.spec.Name, v)
 	}
 	return n, nil
-}
-
-// readInto appends the whole body to dst, refusing more than max bytes,
-// and closes the response.
-func (r *Response) readInto(dst []byte, max int64) ([]byte, error) {
-	defer r.Close()
-	for {
-		if len(dst) == cap(dst) {
-			dst = append(dst, 0)[:len(dst)]
-		}
-		n, err := r.Read(dst[len(dst):cap(dst)])
-		dst = dst[:len(dst)+n]
-		if int64(len(dst)) > max {
-			return dst, fmt.Errorf("%w: response body over %d bytes", ErrUpstream, max)
-		}
-		if errors.Is(err, io.EOF) {
-			return dst, nil
-		}
-		if err != nil {
-			return dst, err
-		}
-	}
 }
 
 // parseCount reads a non-negative JSON integer.
@@ -88,114 +66,4 @@ func parseCount(v []byte) (int, bool) {
 		n = n*10 + int(c-'0')
 	}
 	return n, true
-}
-
-var errNoMember = errors.New("no such member")
-
-// jsonMember returns the raw value of the first member named key of the
-// JSON object data, skipping every other member's value without decoding
-// it. Keys are compared as written (a key spelled with escapes does not
-// match). It checks only as much syntax as it needs to find its way.
-func jsonMember(data []byte, key string) ([]byte, error) {
-	i := skipSpace(data, 0)
-	if i >= len(data) || data[i] != '{' {
-		return nil, errors.New("answer is not a JSON object")
-	}
-	i = skipSpace(data, i+1)
-	if i < len(data) && data[i] == '}' {
-		return nil, fmt.Errorf("%w %q", errNoMember, key)
-	}
-	for i < len(data) {
-		if data[i] != '"' {
-			return nil, fmt.Errorf("malformed JSON at byte %d", i)
-		}
-		end, err := skipString(data, i)
-		if err != nil {
-			return nil, err
-		}
-		name := data[i+1 : end-1]
-		i = skipSpace(data, end)
-		if i >= len(data) || data[i] != ':' {
-			return nil, fmt.Errorf("malformed JSON at byte %d", i)
-		}
-		i = skipSpace(data, i+1)
-		end, err = skipValue(data, i)
-		if err != nil {
-			return nil, err
-		}
-		if string(name) == key {
-			return data[i:end], nil
-		}
-		i = skipSpace(data, end)
-		switch {
-		case i < len(data) && data[i] == ',':
-			i = skipSpace(data, i+1)
-		case i < len(data) && data[i] == '}':
-			return nil, fmt.Errorf("%w %q", errNoMember, key)
-		default:
-			return nil, fmt.Errorf("malformed JSON at byte %d", i)
-		}
-	}
-	return nil, errors.New("truncated JSON")
-}
-
-func skipSpace(data []byte, i int) int {
-	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipString returns the index just past the string that opens at i.
-func skipString(data []byte, i int) (int, error) {
-	for j := i + 1; j < len(data); j++ {
-		switch data[j] {
-		case '\\':
-			j++
-		case '"':
-			return j + 1, nil
-		}
-	}
-	return 0, errors.New("truncated JSON string")
-}
-
-// skipValue returns the index just past the value that starts at i.
-func skipValue(data []byte, i int) (int, error) {
-	if i >= len(data) {
-		return 0, errors.New("truncated JSON")
-	}
-	switch data[i] {
-	case '"':
-		return skipString(data, i)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(data); j++ {
-			switch data[j] {
-			case '"':
-				end, err := skipString(data, j)
-				if err != nil {
-					return 0, err
-				}
-				j = end - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return j + 1, nil
-				}
-			}
-		}
-		return 0, errors.New("truncated JSON")
-	default: // a number or a literal
-		j := i
-		for j < len(data) && data[j] != ',' && data[j] != '}' && data[j] != ']' &&
-			data[j] != ' ' && data[j] != '\t' && data[j] != '\n' && data[j] != '\r' {
-			j++
-		}
-		if j == i {
-			return 0, fmt.Errorf("malformed JSON at byte %d", i)
-		}
-		return j, nil
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http/httputil"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -126,18 +127,36 @@ func (r *Response) Close() {
 	r.release(r.eof && !r.Header.ConnectionClose())
 }
 
-// ReadAll reads the whole body, refusing more than the Upstream's limit, and
-// closes the response.
+// ReadAll reads the whole body, refusing more than max bytes, and closes
+// the response.
 func (r *Response) ReadAll(max int64) ([]byte, error) {
+	b, err := r.ReadInto(nil, max)
+	if err != nil && int64(len(b)) > max {
+		return nil, err
+	}
+	return b, err
+}
+
+// ReadInto appends the whole body to dst (a buffer the caller reuses),
+// refusing more than max bytes, and closes the response.
+func (r *Response) ReadInto(dst []byte, max int64) ([]byte, error) {
 	defer r.Close()
-	b, err := io.ReadAll(io.LimitReader(r, max+1))
-	if err != nil {
-		return b, err
+	for {
+		if cap(dst)-len(dst) < 512 {
+			dst = slices.Grow(dst, 512) // grows the way append does
+		}
+		n, err := r.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
+		if int64(len(dst)) > max {
+			return dst, fmt.Errorf("%w: response body over %d bytes", ErrUpstream, max)
+		}
+		if errors.Is(err, io.EOF) {
+			return dst, nil
+		}
+		if err != nil {
+			return dst, err
+		}
 	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("%w: response body over %d bytes", ErrUpstream, max)
-	}
-	return b, nil
 }
 
 // MaxBody is the limit for ReadAll given at construction.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/jsonscan"
 	"github.com/kvgate/kvgate/kvbudget"
 )
 
@@ -462,7 +463,14 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx, be *backends.Backend, g *gr
 // passBody relays a whole (non-streamed) answer: the backend's status and
 // body as they are, its usage read on the way for calibration and metrics.
 func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
-	body, err := resp.ReadAll(x.backend.MaxBody())
+	bp := bodyBufs.Get().(*[]byte)
+	body, err := resp.ReadInto((*bp)[:0], x.backend.MaxBody())
+	defer func() {
+		if cap(body) <= maxPooledBody {
+			*bp = body[:0]
+			bodyBufs.Put(bp)
+		}
+	}()
 	if err != nil {
 		if !x.failEnded(ctx) {
 			x.fail(ctx, &apiError{status: 502, typ: typeServer, code: "upstream_error", message: err.Error()}, outcomeFailed, "upstream_error")
@@ -477,11 +485,15 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 	ctx.SetBody(body)
 	switch {
 	case status < 300:
-		p := x.s.parsers.Get()
-		if v, err := p.ParseBytes(body); err == nil {
-			x.readUsage(v.Get("usage"))
+		// Only usage is read: the generated text before it is skipped over,
+		// not parsed.
+		if u, err := jsonscan.Member(body, "usage"); err == nil {
+			p := x.s.parsers.Get()
+			if v, err := p.ParseBytes(u); err == nil {
+				x.readUsage(v)
+			}
+			x.s.parsers.Put(p)
 		}
-		x.s.parsers.Put(p)
 		x.finish(outcomeOK, "")
 	case status >= 500:
 		x.s.m.upstreamErrors.WithLabelValues(x.backend.Name(), "status").Inc()
@@ -490,6 +502,13 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 		x.finish(outcomeRejected, "backend_"+strconv.Itoa(status))
 	}
 }
+
+// bodyBufs are the buffers non-streamed answers are read into before
+// fasthttp copies them into the response; one of up to maxPooledBody bytes
+// goes back for the next answer.
+var bodyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+const maxPooledBody = 1 << 20
 
 func (x *exchange) readUsage(u *fastjson.Value) {
 	if u == nil || u.Type() != fastjson.TypeObject {
