@@ -43,7 +43,10 @@ func startCanned(b *testing.B) string {
 			ctx.SetContentType("application/json")
 			ctx.SetBody(tok)
 		case "/v1/chat/completions", "/v1/completions":
-			events, _ := strconv.Atoi(string(ctx.Request.Header.Peek("X-Request-Id")))
+			events := 0
+			if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 {
+				events, _ = strconv.Atoi(string(id))
+			}
 			if events == 0 {
 				ctx.SetContentType("application/json")
 				ctx.SetBody(chat)
