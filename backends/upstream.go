@@ -73,6 +73,11 @@ func NewUpstream(addr string, o UpstreamOptions) *Upstream {
 			// slots admits at most MaxConns exchanges, so the HostClient
 			// always has room; this wait is only a safety net.
 			MaxConnWaitTimeout: time.Second,
+			// A 4k-token prompt is about 16 KiB: with fasthttp's default
+			// 4 KiB buffers it took several system calls each way. The
+			// buffers are pooled per exchange, not held per connection.
+			ReadBufferSize:  16 << 10,
+			WriteBufferSize: 16 << 10,
 		},
 		slots:   semaphore.NewWeighted(int64(o.MaxConns)),
 		maxBody: o.MaxBodyBytes,
