@@ -15,15 +15,21 @@ import (
 // everything fits (64 goroutines, lock contention only), and contended with
 // queueing (64 goroutines on room for 8).
 
-func newBenchBudget(b *testing.B, capacity int64) *admission.Budget {
+func newBenchBudget(b *testing.B, capacity int64) *admission.Scheduler {
 	b.Helper()
-	bud, err := admission.New(admission.Config{Capacity: capacity, Classes: []admission.ClassConfig{
+	return newBenchScheduler(b, capacity, admission.WorstCase)
+}
+
+func newBenchScheduler(b *testing.B, capacity int64, policy string) *admission.Scheduler {
+	b.Helper()
+	s, err := admission.New(oneGPU(capacity, admission.Config{Classes: []admission.ClassConfig{
 		{Name: "critical"}, {Name: "standard", MaxQueued: 1 << 20, MaxQueuedBytes: -1, QueueTimeout: -1}},
-		Tenants: []admission.TenantConfig{{Name: "acme", Share: 1}}})
+		Tenants: []admission.TenantConfig{{Name: "acme", Share: 1}},
+		Policy:  admission.PolicyConfig{Reservation: policy, WarmupSamples: -1}}))
 	if err != nil {
 		b.Fatal(err)
 	}
-	return bud
+	return s
 }
 
 func BenchmarkAcquireRelease(b *testing.B) {
@@ -97,7 +103,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				}
 				tk.Release()
 			})
-			if s := bud.Stats(); s.Held != 0 || s.Queued != 0 {
+			if s := bud.Stats(); s.Pools[0].Held != 0 || s.Queued != 0 {
 				b.Fatalf("left behind: %+v", s)
 			}
 		})
@@ -156,4 +162,48 @@ func BenchmarkUncontendedRatio(b *testing.B) {
 	b.ReportMetric(float64(tOwn.Nanoseconds())/n, "AcquireTicket-ns/op")
 	b.ReportMetric(float64(tBud)/float64(tSem), "Acquire-ratio")
 	b.ReportMetric(float64(tOwn)/float64(tSem), "AcquireTicket-ratio")
+}
+
+// BenchmarkShapedAcquireRelease is a chat request's Acquire, a few
+// Progress reports, Done and Release, with 128 other requests running on the
+// pool, under each policy: what the gateway pays per request.
+func BenchmarkShapedAcquireRelease(b *testing.B) {
+	ctx := context.Background()
+	r := admission.Request{Shape: []admission.Group{{Prompt: 256, Cap: 1024, Seqs: 1, BlockTokens: 16, BlockBytes: 128 << 10}}}
+	for _, policy := range []string{admission.WorstCase, admission.Predicted} {
+		b.Run(policy, func(b *testing.B) {
+			s := newBenchScheduler(b, 1<<40, policy)
+			for i := range 1000 { // a learned distribution
+				tk, err := s.Acquire(ctx, r)
+				if err != nil {
+					b.Fatal(err)
+				}
+				tk.Done(0, 50+i%400, false)
+			}
+			var running []*admission.Ticket
+			for range 128 {
+				tk, err := s.Acquire(ctx, r)
+				if err != nil {
+					b.Fatal(err)
+				}
+				tk.Progress(0, 100)
+				running = append(running, tk)
+			}
+			var tk admission.Ticket
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := s.AcquireTicket(ctx, r, &tk); err != nil {
+					b.Fatal(err)
+				}
+				for g := 16; g <= 64; g += 16 {
+					tk.Progress(0, g)
+				}
+				tk.Done(0, 70, false)
+				tk.Release()
+			}
+			for _, t := range running {
+				t.Release()
+			}
+		})
+	}
 }

@@ -11,7 +11,7 @@ import (
 )
 
 func TestAcquireReleaseAndFree(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 100})
+	f := newFixture(t, oneGPU(100, admission.Config{}))
 	a := f.acquire(std(60))
 	b := f.acquire(std(40))
 	if free := f.b.Free(); free != 0 {
@@ -30,7 +30,7 @@ func TestAcquireReleaseAndFree(t *testing.T) {
 }
 
 func TestInvalidRequests(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 100})
+	f := newFixture(t, oneGPU(100, admission.Config{}))
 	for _, r := range []admission.Request{{Weight: 0}, {Weight: -1}, {Weight: 1, Class: "gold"}} {
 		tk, err := f.b.Acquire(context.Background(), r)
 		if err == nil || tk != nil {
@@ -51,14 +51,14 @@ func TestInvalidRequests(t *testing.T) {
 // call must not give the weight back again (which would let the second
 // waiter in beyond capacity).
 func TestDoubleReleaseIsNoOp(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{}))
 	a := f.acquire(std(10))
 	w1 := f.enqueue(context.Background(), std(10))
 	w2 := f.enqueue(context.Background(), std(10))
 	a.Release()
 	b := f.admitted(w1)
 	a.Release()
-	a.Shrink(0)
+	a.Done(0, 1, false)
 	f.state(10, 1)
 	f.stillQueued(w2)
 	b.Release()
@@ -69,7 +69,7 @@ func TestDoubleReleaseIsNoOp(t *testing.T) {
 }
 
 func TestReleaseFromManyGoroutinesOnce(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{}))
 	tk := f.acquire(std(7))
 	done := make(chan struct{})
 	for range 8 {
@@ -82,7 +82,7 @@ func TestReleaseFromManyGoroutinesOnce(t *testing.T) {
 }
 
 func TestTooLargeNeverBlocksTheQueue(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 100})
+	f := newFixture(t, oneGPU(100, admission.Config{}))
 	hold := f.acquire(std(100))
 	small := f.enqueue(context.Background(), std(10))
 	re := f.reject(std(101), admission.ErrTooLarge)
@@ -100,8 +100,8 @@ func TestTooLargeNeverBlocksTheQueue(t *testing.T) {
 }
 
 func TestTenantCapRefusesWhatCanNeverFit(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 100, DefaultTenantShare: 0.5,
-		Tenants: []admission.TenantConfig{{Name: "big", Share: 1}}})
+	f := newFixture(t, oneGPU(100, admission.Config{DefaultTenantShare: 0.5,
+		Tenants: []admission.TenantConfig{{Name: "big", Share: 1}}}))
 	re := f.reject(req("", "anyone", 51), admission.ErrTenantQuota)
 	if re.Capacity != 50 || re.RetryAfter != 0 || re.Tenant != "anyone" {
 		t.Fatalf("tenant quota: %+v", re)
@@ -117,16 +117,16 @@ func TestTenantCapRefusesWhatCanNeverFit(t *testing.T) {
 }
 
 func TestFIFOWithinClass(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
-	hold := f.acquire(std(10))
+	f := newFixture(t, oneGPU(10, admission.Config{}))
+	hold := f.acquire(chunks(5, 2))
 	a := f.enqueue(context.Background(), std(4))
 	b := f.enqueue(context.Background(), std(4))
 	c := f.enqueue(context.Background(), std(4))
-	hold.Shrink(6) // frees 4: a only
+	done(hold, 2) // frees 4: a only
 	ta := f.admitted(a)
 	f.state(10, 2)
 	f.stillQueued(b, c)
-	hold.Shrink(2) // frees 4 more: b only
+	done(hold, 2) // frees 4 more: b only
 	tb := f.admitted(b)
 	f.state(10, 1)
 	hold.Release() // frees 2: c needs 4
@@ -147,7 +147,7 @@ func TestFIFOWithinClass(t *testing.T) {
 // As in x/sync's semaphore: a waiter that does not fit blocks the smaller
 // ones behind it, and new arrivals too, so that it is not starved.
 func TestHeadOfLineBlocksSmallerWaitersAndArrivals(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{Backfill: strictOrder}))
 	hold := f.acquire(std(5))
 	big := f.enqueue(context.Background(), std(8))
 	small := f.enqueue(context.Background(), std(2))
@@ -164,7 +164,7 @@ func TestHeadOfLineBlocksSmallerWaitersAndArrivals(t *testing.T) {
 }
 
 func TestLargeWaiterIsNotStarvedBySmallOnes(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{Backfill: strictOrder}))
 	var held []*admission.Ticket
 	for range 10 {
 		held = append(held, f.acquire(std(1)))
@@ -188,12 +188,12 @@ func TestLargeWaiterIsNotStarvedBySmallOnes(t *testing.T) {
 
 func TestClassPriority(t *testing.T) {
 	// Threshold 1 so that the sheddable class may queue at full utilization.
-	f := newFixture(t, admission.Config{Capacity: 10, PressureThreshold: 1})
-	hold := f.acquire(std(10))
+	f := newFixture(t, oneGPU(10, admission.Config{PressureThreshold: 1}))
+	hold := f.acquire(chunks(2, 5))
 	shed := f.enqueue(context.Background(), req("sheddable", "", 5))
 	stdW := f.enqueue(context.Background(), req("standard", "", 5))
 	crit := f.enqueue(context.Background(), req("critical", "", 5))
-	hold.Shrink(5) // room for one: the critical one, though it came last
+	done(hold, 1) // room for one: the critical one, though it came last
 	tc := f.admitted(crit)
 	f.state(10, 2)
 	hold.Release()
@@ -208,7 +208,7 @@ func TestClassPriority(t *testing.T) {
 // A blocker in a lower class does not hold back a higher class (strict
 // priority); a blocker in a higher class holds back everything below it.
 func TestBlockerOnlyHoldsBackItsClassAndLower(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{Backfill: strictOrder}))
 	hold := f.acquire(std(5))
 	blocker := f.enqueue(context.Background(), req("standard", "", 8))
 	crit := f.acquire(req("critical", "", 3)) // overtakes the standard blocker
@@ -237,7 +237,7 @@ func TestDefaultClass(t *testing.T) {
 		{"explicit", []admission.ClassConfig{{Name: "a"}, {Name: "b"}}, "a", "a"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t, admission.Config{Capacity: 10, Classes: tc.classes, DefaultClass: tc.def})
+			f := newFixture(t, oneGPU(10, admission.Config{Classes: tc.classes, DefaultClass: tc.def}))
 			hold := f.acquire(std(10))
 			re := f.reject(std(11), admission.ErrTooLarge)
 			if re.Class != tc.want {
@@ -249,7 +249,7 @@ func TestDefaultClass(t *testing.T) {
 }
 
 func TestCanceledBeforeAcquire(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{}))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	tk, err := f.b.Acquire(ctx, std(1))
@@ -263,7 +263,7 @@ func TestCanceledBeforeAcquire(t *testing.T) {
 }
 
 func TestCancelWhileQueued(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{}))
 	hold := f.acquire(std(10))
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := f.enqueue(ctx, std(5))
@@ -287,7 +287,7 @@ func TestCancelWhileQueued(t *testing.T) {
 }
 
 func TestCanceledHeadOfLineWakesThoseBehind(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{Backfill: strictOrder}))
 	hold := f.acquire(std(5))
 	ctx, cancel := context.WithCancel(context.Background())
 	big := f.enqueue(ctx, std(8))
@@ -304,7 +304,7 @@ func TestCanceledHeadOfLineWakesThoseBehind(t *testing.T) {
 }
 
 func TestContextDeadlineWhileQueued(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{}))
 	hold := f.acquire(std(10))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
@@ -319,7 +319,7 @@ func TestContextDeadlineWhileQueued(t *testing.T) {
 // The grant and the cancellation race; whichever wins, nothing may stay
 // held and the caller's view must agree with the budget's.
 func TestGrantCancelRaceLeavesNothing(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{}))
 	for i := range 300 {
 		hold := f.acquire(std(10))
 		ctx, cancel := context.WithCancel(context.Background())
@@ -347,25 +347,25 @@ func TestGrantCancelRaceLeavesNothing(t *testing.T) {
 	}
 }
 
-func TestShrink(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
-	tk := f.acquire(std(10))
+func TestDoneGivesBackFinishedSequences(t *testing.T) {
+	f := newFixture(t, oneGPU(10, admission.Config{}))
+	tk := f.acquire(chunks(5, 2))
 	w := f.enqueue(context.Background(), std(3))
-	tk.Shrink(10) // >= current: no-op
-	tk.Shrink(11)
+	tk.Done(5, 1, false) // no such group: nothing
+	tk.Done(0, -1, false)
 	f.state(10, 1)
-	tk.Shrink(7)
-	if tk.Weight() != 7 {
-		t.Fatalf("weight after Shrink(7) = %d", tk.Weight())
+	done(tk, 2)
+	if tk.Weight() != 6 {
+		t.Fatalf("weight after two of five sequences finished = %d", tk.Weight())
 	}
 	tw := f.admitted(w)
-	f.state(10, 0)
-	tk.Shrink(-5) // <= 0: Release
+	f.state(9, 0)
+	done(tk, 3) // the last one gives back everything, as Release would
 	if tk.Weight() != 0 {
-		t.Fatalf("weight after Shrink(-5) = %d", tk.Weight())
+		t.Fatalf("weight after every sequence finished = %d", tk.Weight())
 	}
 	tk.Release()
-	tk.Shrink(1)
+	done(tk, 1)
 	f.state(3, 0)
 	tw.Release()
 	f.state(0, 0)
@@ -407,7 +407,7 @@ func TestReasonOf(t *testing.T) {
 }
 
 func TestAcquireTicketIntoCallerStorage(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{}))
 	var mine struct {
 		id int
 		tk admission.Ticket
@@ -425,7 +425,7 @@ func TestAcquireTicketIntoCallerStorage(t *testing.T) {
 	var other admission.Ticket
 	done := make(chan error, 1)
 	go func() { done <- f.b.AcquireTicket(context.Background(), std(8), &other) }()
-	admissiontest.WaitQueued(f.b, 1)
+	admissiontest.WaitQueued(f.b.Scheduler, 1)
 	f.clock.Advance(time.Second)
 	mine.tk.Release()
 	if err := <-done; err != nil || other.Weight() != 8 || other.Waited() != time.Second {

@@ -15,7 +15,7 @@ func (f *fixture) capacity(nominal, effective int64) {
 }
 
 func TestResizeDownRevokesNothingAndStopsAdmissions(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 100, Tenants: []admission.TenantConfig{{Name: "half", Share: 0.5}}})
+	f := newFixture(t, oneGPU(100, admission.Config{Tenants: []admission.TenantConfig{{Name: "half", Share: 0.5}}}))
 	a := f.acquire(std(40))
 	b := f.acquire(req("", "half", 40))
 	tooLarge := f.enqueue(context.Background(), std(70))            // fits 100, not 50
@@ -40,7 +40,7 @@ func TestResizeDownRevokesNothingAndStopsAdmissions(t *testing.T) {
 }
 
 func TestResizeUpAdmitsWaiters(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{}))
 	hold := f.acquire(std(10))
 	w := f.enqueue(context.Background(), std(10))
 	if err := f.b.Resize(20); err != nil {
@@ -53,7 +53,7 @@ func TestResizeUpAdmitsWaiters(t *testing.T) {
 }
 
 func TestResizeKeepsTheAIMDRatioAndRejectsBadSizes(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 1000, AIMD: admission.AIMDConfig{Decrease: 0.5}})
+	f := newFixture(t, oneGPU(1000, admission.Config{AIMD: admission.AIMDConfig{Decrease: 0.5}}))
 	f.b.Feedback(true)
 	f.capacity(1000, 500)
 	if err := f.b.Resize(2000); err != nil {
@@ -69,8 +69,7 @@ func TestResizeKeepsTheAIMDRatioAndRejectsBadSizes(t *testing.T) {
 }
 
 func TestFeedbackAIMD(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 1000,
-		AIMD: admission.AIMDConfig{Decrease: 0.5, Increase: 0.1, MinFraction: 0.2}})
+	f := newFixture(t, oneGPU(1000, admission.Config{AIMD: admission.AIMDConfig{Decrease: 0.5, Increase: 0.1, MinFraction: 0.2}}))
 	hold := f.acquire(std(600))
 	for _, want := range []int64{500, 250, 200, 200} { // multiplicative, floored at 0.2 × 1000
 		f.b.Feedback(true)
@@ -95,7 +94,7 @@ func TestFeedbackAIMD(t *testing.T) {
 }
 
 func TestFeedbackDefaults(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 1000})
+	f := newFixture(t, oneGPU(1000, admission.Config{}))
 	for _, want := range []int64{900, 810, 729} {
 		f.b.Feedback(true)
 		f.capacity(1000, want)

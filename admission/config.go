@@ -10,7 +10,7 @@ import (
 // Defaults that zero values in Config stand for.
 const (
 	DefaultMaxQueued          = 1024
-	DefaultQueuedBytesFactor  = 4 // MaxQueuedBytes 0 = this many times the nominal capacity
+	DefaultQueuedBytesFactor  = 16 // MaxQueuedBytes 0 = this many times the capacity of the queue's pools: a burst of 10× what fits queues
 	DefaultQueueTimeout       = 30 * time.Second
 	DefaultPressureThreshold  = 0.9
 	DefaultDrainWindow        = 10 * time.Second
@@ -19,43 +19,61 @@ const (
 	DefaultAIMDDecrease       = 0.9
 	DefaultAIMDIncrease       = 0.01
 	DefaultAIMDMinFraction    = 0.25
+	DefaultEpsilon            = 1e-4
+	DefaultWarmupSamples      = 200
+	DefaultHeadroom           = 0.02
+	DefaultMaxHeadAge         = 10 * time.Second
 	defaultClassPreferredName = "standard"
 )
 
+// Reservation policies (Config.Policy.Reservation).
+const (
+	// WorstCase holds every request's largest possible size (Request.Weight)
+	// from admission to release: the sum of what is held never exceeds the
+	// capacity, so a backend can never overflow.
+	WorstCase = "worst_case"
+	// Predicted admits while the peak of the pool's predicted future memory
+	// curve fits, with overflow probability bounded by Policy.Epsilon; see
+	// doc.go. Requests without a Shape, and queues with fewer than
+	// Policy.WarmupSamples finished sequences, are held at their worst case.
+	Predicted = "predicted"
+)
+
 // ClassConfig is one priority class. Classes are listed highest priority
-// first.
+// first. Every queue has one line per class.
 type ClassConfig struct {
 	Name string // unique, non-empty
-	// MaxQueued bounds how many requests of this class may wait at once.
-	// 0 = DefaultMaxQueued (1024); negative = never queue: a request that does
-	// not fit at once is refused with ErrQueueFull.
+	// MaxQueued bounds how many requests of this class may wait at once in
+	// one queue. 0 = DefaultMaxQueued (1024); negative = never queue: a
+	// request that does not fit at once is refused with ErrQueueFull.
 	MaxQueued int
 	// MaxQueuedBytes bounds the summed weight of the waiting requests of this
-	// class. 0 = DefaultQueuedBytesFactor (4) × the nominal capacity, following
-	// Resize; negative = no bound in bytes (MaxQueued still applies).
+	// class in one queue. 0 = DefaultQueuedBytesFactor (16) × the nominal
+	// capacity of the queue's pools, following Resize; negative = no bound in
+	// bytes (MaxQueued still applies).
 	MaxQueuedBytes int64
-	// QueueTimeout is the longest a request of this class waits in the queue.
+	// QueueTimeout is the longest a request of this class waits.
 	// 0 = DefaultQueueTimeout (30s); negative = no class limit (only the
 	// request's own Deadline and its context end the wait).
 	QueueTimeout time.Duration
-	// Sheddable requests are refused with ErrOverloaded while utilization
-	// (held / effective capacity) is above Config.PressureThreshold.
+	// Sheddable requests are refused with ErrOverloaded while every pool
+	// that could serve them is above Config.PressureThreshold.
 	Sheddable bool
 }
 
 // TenantConfig bounds one tenant.
 type TenantConfig struct {
 	Name string // unique, non-empty ("" is the anonymous tenant, see DefaultTenantShare)
-	// Share is the largest fraction of the nominal capacity the tenant may
-	// hold at once, in (0,1]. 0 = Config.DefaultTenantShare.
+	// Share is the largest fraction of each pool's nominal capacity the
+	// tenant may hold at once, in (0,1]. 0 = Config.DefaultTenantShare.
 	Share float64
-	// QueueShare is the largest fraction of each class's queue (both count
-	// and bytes, rounded up) the tenant may occupy, in (0,1]. 0 = Share.
+	// QueueShare is the largest fraction of each class line (both count and
+	// bytes, rounded up) the tenant may occupy, in (0,1]. 0 = Share.
 	QueueShare float64
 }
 
-// AIMDConfig shapes the closed loop driven by Budget.Feedback. The effective
-// capacity starts at the nominal one.
+// AIMDConfig shapes the closed loop driven by Scheduler.Feedback. A pool's
+// effective capacity starts at its nominal one.
 type AIMDConfig struct {
 	// Decrease multiplies the effective capacity on each Feedback(true),
 	// in (0,1). 0 = DefaultAIMDDecrease (0.9).
@@ -68,10 +86,61 @@ type AIMDConfig struct {
 	MinFraction float64
 }
 
-// Config is a budget's configuration. The zero value of every field but
-// Capacity is usable.
+// PolicyConfig chooses how much a running request is taken to hold.
+type PolicyConfig struct {
+	// Reservation is WorstCase or Predicted. "" = WorstCase.
+	Reservation string
+	// Epsilon bounds the probability that a pool's real use passes its
+	// capacity, per admission decision, under Predicted. In (0, 0.5).
+	// 0 = DefaultEpsilon (1e-4).
+	Epsilon float64
+	// WarmupSamples is how many finished sequences a queue (or a tenant in
+	// it) must have reported before its requests are predicted rather than
+	// held at their worst case. 0 = DefaultWarmupSamples (200); negative =
+	// predict from the first sample.
+	WarmupSamples int
+	// Headroom: while a pool's backend reports more than (1 − Headroom) ×
+	// its effective capacity in use, nothing new is admitted to it, whatever
+	// the forecast says. In [0, 0.5). 0 = DefaultHeadroom (0.02); negative =
+	// no headroom gate.
+	Headroom float64
+}
+
+// BackfillConfig shapes how waiters may pass a head that does not fit.
+type BackfillConfig struct {
+	// Disabled makes every line strictly first come, first served: a waiter
+	// that fits nowhere holds back everyone behind it in its queue and every
+	// pool it could use.
+	Disabled bool
+	// MaxHeadAge is how long the first blocked waiter may be passed; older,
+	// it holds back everyone as if Disabled. 0 = DefaultMaxHeadAge (10s);
+	// negative = no limit.
+	MaxHeadAge time.Duration
+}
+
+// PoolConfig is one budget: one GPU (or tensor-parallel group), in weight
+// units (bytes of KV cache).
+type PoolConfig struct {
+	Name     string // unique, non-empty
+	Capacity int64  // nominal capacity; > 0
+}
+
+// QueueConfig is one line of waiting requests (the gateway keeps one per
+// model) and the pools that may serve it.
+type QueueConfig struct {
+	Name  string   // unique ("" is allowed: a single-queue scheduler)
+	Pools []string // names from Config.Pools; at least one
+	// MaxLen is the longest output a sequence of this queue can have
+	// (the model's context length), the range of its learned lengths.
+	// 0 = 1<<17.
+	MaxLen int
+}
+
+// Config is a scheduler's configuration. The zero value of every field but
+// Pools and Queues is usable.
 type Config struct {
-	Capacity int64 // nominal capacity in weight units (bytes of KV cache); > 0
+	Pools  []PoolConfig
+	Queues []QueueConfig
 	// Classes, highest priority first. Empty = DefaultClasses().
 	Classes []ClassConfig
 	// DefaultClass is the class of a Request with Class "". "" = "standard"
@@ -82,8 +151,8 @@ type Config struct {
 	// each on its own, including the anonymous tenant "", in (0,1].
 	// 0 = 1.0 (no cap beyond the capacity itself).
 	DefaultTenantShare float64
-	// PressureThreshold is the utilization (held / effective capacity) above
-	// which Sheddable classes are refused, in (0,1]. 0 = 0.9.
+	// PressureThreshold is the utilization (committed / effective capacity)
+	// above which Sheddable classes are refused, in (0,1]. 0 = 0.9.
 	PressureThreshold float64
 	// DrainWindow is how far back the release rate is measured. 0 = 10s.
 	DrainWindow time.Duration
@@ -91,12 +160,16 @@ type Config struct {
 	// MinRetryAfter, 1s, when retrying can help). 0 = 60s; must be >= 1s.
 	MaxRetryAfter time.Duration
 	AIMD          AIMDConfig
+	Policy        PolicyConfig
+	Backfill      BackfillConfig
 	// Clock is the source of time. nil = SystemClock(). Fixed at New:
 	// Reconfigure ignores it.
 	Clock Clock
 	// Observer receives every admission and refusal. nil = none. Fixed at
 	// New: Reconfigure ignores it.
 	Observer Observer
+	// Seed seeds the jitter of Retry-After. 0 = a fixed seed.
+	Seed uint64
 }
 
 // DefaultClasses are critical, standard and sheddable, in that order.
@@ -121,9 +194,24 @@ type tenantSpec struct{ share, queueShare float64 }
 
 type aimdSpec struct{ decrease, increase, minFraction float64 }
 
+type policySpec struct {
+	predicted bool
+	epsilon   float64
+	z         float64 // the normal quantile of 1 − epsilon
+	warmup    float64
+	headroom  float64 // 0: no gate
+}
+
+type queueSpec struct {
+	name   string
+	pools  []string
+	maxLen int
+}
+
 // settings is a validated Config with every default filled in.
 type settings struct {
-	capacity      int64
+	pools         []PoolConfig
+	queues        []queueSpec
 	classes       []classSpec
 	defaultClass  int
 	tenants       map[string]tenantSpec
@@ -132,6 +220,9 @@ type settings struct {
 	drainWindow   time.Duration
 	maxRetryAfter time.Duration
 	aimd          aimdSpec
+	policy        policySpec
+	backfill      bool
+	maxHeadAge    time.Duration // <= 0: none
 }
 
 // fraction checks a value documented as "in (0,1], 0 = default".
@@ -154,9 +245,55 @@ func fraction(field string, v, def float64, openTop bool) (float64, error) {
 func resolve(cfg Config) (settings, error) {
 	var errs []error
 	bad := func(err error) { errs = append(errs, err) }
-	s := settings{capacity: cfg.Capacity, tenants: make(map[string]tenantSpec, len(cfg.Tenants))}
-	if cfg.Capacity <= 0 {
-		bad(fmt.Errorf("capacity: %d must be > 0", cfg.Capacity))
+	s := settings{tenants: make(map[string]tenantSpec, len(cfg.Tenants))}
+
+	if len(cfg.Pools) == 0 {
+		bad(errors.New("pools: at least one pool is required"))
+	}
+	poolSeen := make(map[string]int, len(cfg.Pools))
+	for i, p := range cfg.Pools {
+		switch j, dup := poolSeen[p.Name]; {
+		case p.Name == "":
+			bad(fmt.Errorf("pools[%d].name: must not be empty", i))
+		case dup:
+			bad(fmt.Errorf("pools[%d].name: %q already names pools[%d]", i, p.Name, j))
+		}
+		poolSeen[p.Name] = i
+		if p.Capacity <= 0 {
+			bad(fmt.Errorf("pools[%d].capacity: %d must be > 0", i, p.Capacity))
+		}
+		s.pools = append(s.pools, p)
+	}
+	if len(cfg.Queues) == 0 {
+		bad(errors.New("queues: at least one queue is required"))
+	}
+	queueSeen := make(map[string]int, len(cfg.Queues))
+	for i, q := range cfg.Queues {
+		if j, dup := queueSeen[q.Name]; dup {
+			bad(fmt.Errorf("queues[%d].name: %q already names queues[%d]", i, q.Name, j))
+		}
+		queueSeen[q.Name] = i
+		if len(q.Pools) == 0 {
+			bad(fmt.Errorf("queues[%d].pools: at least one pool is required", i))
+		}
+		seen := map[string]bool{}
+		for j, p := range q.Pools {
+			if _, ok := poolSeen[p]; !ok {
+				bad(fmt.Errorf("queues[%d].pools[%d]: %q is not one of the pools", i, j, p))
+			}
+			if seen[p] {
+				bad(fmt.Errorf("queues[%d].pools[%d]: %q is listed twice", i, j, p))
+			}
+			seen[p] = true
+		}
+		qs := queueSpec{name: q.Name, pools: append([]string(nil), q.Pools...), maxLen: q.MaxLen}
+		switch {
+		case qs.maxLen == 0:
+			qs.maxLen = 1 << 17
+		case qs.maxLen < 0:
+			bad(fmt.Errorf("queues[%d].max_len: %d must be > 0 (0 = default %d)", i, q.MaxLen, 1<<17))
+		}
+		s.queues = append(s.queues, qs)
 	}
 
 	classes := cfg.Classes
@@ -240,8 +377,51 @@ func resolve(cfg Config) (settings, error) {
 	if s.aimd.minFraction, err = fraction("aimd.min_fraction", cfg.AIMD.MinFraction, DefaultAIMDMinFraction, false); err != nil {
 		bad(err)
 	}
+
+	p := cfg.Policy
+	switch p.Reservation {
+	case "", WorstCase:
+	case Predicted:
+		s.policy.predicted = true
+	default:
+		bad(fmt.Errorf("policy.reservation: %q is not %s or %s", p.Reservation, WorstCase, Predicted))
+	}
+	switch s.policy.epsilon = p.Epsilon; {
+	case s.policy.epsilon == 0:
+		s.policy.epsilon = DefaultEpsilon
+	case math.IsNaN(p.Epsilon) || p.Epsilon <= 0 || p.Epsilon >= 0.5:
+		bad(fmt.Errorf("policy.epsilon: %v is not in (0, 0.5) (0 = default %v)", p.Epsilon, DefaultEpsilon))
+	}
+	s.policy.z = normalQuantile(1 - s.policy.epsilon)
+	switch {
+	case p.WarmupSamples == 0:
+		s.policy.warmup = DefaultWarmupSamples
+	case p.WarmupSamples > 0:
+		s.policy.warmup = float64(p.WarmupSamples)
+	}
+	switch {
+	case p.Headroom == 0:
+		s.policy.headroom = DefaultHeadroom
+	case p.Headroom < 0:
+		s.policy.headroom = 0
+	case math.IsNaN(p.Headroom) || p.Headroom >= 0.5:
+		bad(fmt.Errorf("policy.headroom: %v is not in [0, 0.5) (0 = default %v, negative = none)", p.Headroom, DefaultHeadroom))
+	default:
+		s.policy.headroom = p.Headroom
+	}
+
+	s.backfill = !cfg.Backfill.Disabled
+	switch s.maxHeadAge = cfg.Backfill.MaxHeadAge; {
+	case s.maxHeadAge == 0:
+		s.maxHeadAge = DefaultMaxHeadAge
+	case s.maxHeadAge < 0:
+		s.maxHeadAge = 0
+	}
 	if len(errs) > 0 {
 		return settings{}, fmt.Errorf("admission: invalid config: %w", errors.Join(errs...))
 	}
 	return s, nil
 }
+
+// normalQuantile is Φ⁻¹(p), the standard normal quantile, for p in (0,1).
+func normalQuantile(p float64) float64 { return math.Sqrt2 * math.Erfinv(2*p-1) }

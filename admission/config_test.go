@@ -16,24 +16,34 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		cfg  admission.Config
 		want string
 	}{
-		{"capacity", admission.Config{}, "capacity: 0 must be > 0"},
-		{"negative capacity", admission.Config{Capacity: -5}, "capacity: -5"},
-		{"empty class name", admission.Config{Capacity: 1, Classes: []admission.ClassConfig{{Name: "a"}, {}}}, "classes[1].name: must not be empty"},
-		{"duplicate class", admission.Config{Capacity: 1, Classes: []admission.ClassConfig{{Name: "a"}, {Name: "a"}}}, `classes[1].name: "a" already names classes[0]`},
-		{"default class", admission.Config{Capacity: 1, DefaultClass: "gold"}, `default_class: "gold" is not one of the classes`},
-		{"empty tenant", admission.Config{Capacity: 1, Tenants: []admission.TenantConfig{{}}}, "tenants[0].name: must not be empty"},
-		{"duplicate tenant", admission.Config{Capacity: 1, Tenants: []admission.TenantConfig{{Name: "x"}, {Name: "x"}}}, `tenants[1].name: tenant "x" is listed twice`},
-		{"share", admission.Config{Capacity: 1, Tenants: []admission.TenantConfig{{Name: "x", Share: 1.5}}}, "tenants[0].share: 1.5 is not in (0,1]"},
-		{"queue share", admission.Config{Capacity: 1, Tenants: []admission.TenantConfig{{Name: "x", QueueShare: -0.1}}}, "tenants[0].queue_share"},
-		{"nan share", admission.Config{Capacity: 1, Tenants: []admission.TenantConfig{{Name: "x", Share: math.NaN()}}}, "tenants[0].share: NaN"},
-		{"default share", admission.Config{Capacity: 1, DefaultTenantShare: 2}, "default_tenant_share: 2 is not in (0,1]"},
-		{"pressure", admission.Config{Capacity: 1, PressureThreshold: -1}, "pressure_threshold"},
-		{"drain window", admission.Config{Capacity: 1, DrainWindow: -time.Second}, "drain_window"},
-		{"tiny drain window", admission.Config{Capacity: 1, DrainWindow: time.Millisecond}, "drain_window: 1ms must be >= 10ms"},
-		{"max retry", admission.Config{Capacity: 1, MaxRetryAfter: time.Millisecond}, "max_retry_after: 1ms must be >= 1s"},
-		{"aimd decrease 1", admission.Config{Capacity: 1, AIMD: admission.AIMDConfig{Decrease: 1}}, "aimd.decrease: 1 is not in (0,1)"},
-		{"aimd increase", admission.Config{Capacity: 1, AIMD: admission.AIMDConfig{Increase: 2}}, "aimd.increase"},
-		{"aimd floor", admission.Config{Capacity: 1, AIMD: admission.AIMDConfig{MinFraction: -1}}, "aimd.min_fraction"},
+		{"no pools", admission.Config{}, "pools: at least one pool is required"},
+		{"zero capacity", oneGPU(0, admission.Config{}), "pools[0].capacity: 0 must be > 0"},
+		{"negative capacity", oneGPU(-5, admission.Config{}), "pools[0].capacity: -5"},
+		{"pool name", admission.Config{Pools: []admission.PoolConfig{{Capacity: 1}}}, "pools[0].name: must not be empty"},
+		{"duplicate pool", admission.Config{Pools: []admission.PoolConfig{{Name: "a", Capacity: 1}, {Name: "a", Capacity: 1}}}, `pools[1].name: "a" already names pools[0]`},
+		{"no queues", admission.Config{Pools: []admission.PoolConfig{{Name: "a", Capacity: 1}}}, "queues: at least one queue is required"},
+		{"queue without pools", admission.Config{Pools: []admission.PoolConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m"}}}, "queues[0].pools: at least one pool is required"},
+		{"queue's unknown pool", admission.Config{Pools: []admission.PoolConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m", Pools: []string{"a", "b"}}}}, `queues[0].pools[1]: "b" is not one of the pools`},
+		{"duplicate queue", admission.Config{Pools: []admission.PoolConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m", Pools: []string{"a"}}, {Name: "m", Pools: []string{"a"}}}}, `queues[1].name: "m" already names queues[0]`},
+		{"reservation", oneGPU(1, admission.Config{Policy: admission.PolicyConfig{Reservation: "optimistic"}}), `policy.reservation: "optimistic" is not worst_case or predicted`},
+		{"epsilon", oneGPU(1, admission.Config{Policy: admission.PolicyConfig{Epsilon: 0.5}}), "policy.epsilon: 0.5 is not in (0, 0.5)"},
+		{"headroom", oneGPU(1, admission.Config{Policy: admission.PolicyConfig{Headroom: 0.7}}), "policy.headroom: 0.7 is not in [0, 0.5)"},
+		{"empty class name", oneGPU(1, admission.Config{Classes: []admission.ClassConfig{{Name: "a"}, {}}}), "classes[1].name: must not be empty"},
+		{"duplicate class", oneGPU(1, admission.Config{Classes: []admission.ClassConfig{{Name: "a"}, {Name: "a"}}}), `classes[1].name: "a" already names classes[0]`},
+		{"default class", oneGPU(1, admission.Config{DefaultClass: "gold"}), `default_class: "gold" is not one of the classes`},
+		{"empty tenant", oneGPU(1, admission.Config{Tenants: []admission.TenantConfig{{}}}), "tenants[0].name: must not be empty"},
+		{"duplicate tenant", oneGPU(1, admission.Config{Tenants: []admission.TenantConfig{{Name: "x"}, {Name: "x"}}}), `tenants[1].name: tenant "x" is listed twice`},
+		{"share", oneGPU(1, admission.Config{Tenants: []admission.TenantConfig{{Name: "x", Share: 1.5}}}), "tenants[0].share: 1.5 is not in (0,1]"},
+		{"queue share", oneGPU(1, admission.Config{Tenants: []admission.TenantConfig{{Name: "x", QueueShare: -0.1}}}), "tenants[0].queue_share"},
+		{"nan share", oneGPU(1, admission.Config{Tenants: []admission.TenantConfig{{Name: "x", Share: math.NaN()}}}), "tenants[0].share: NaN"},
+		{"default share", oneGPU(1, admission.Config{DefaultTenantShare: 2}), "default_tenant_share: 2 is not in (0,1]"},
+		{"pressure", oneGPU(1, admission.Config{PressureThreshold: -1}), "pressure_threshold"},
+		{"drain window", oneGPU(1, admission.Config{DrainWindow: -time.Second}), "drain_window"},
+		{"tiny drain window", oneGPU(1, admission.Config{DrainWindow: time.Millisecond}), "drain_window: 1ms must be >= 10ms"},
+		{"max retry", oneGPU(1, admission.Config{MaxRetryAfter: time.Millisecond}), "max_retry_after: 1ms must be >= 1s"},
+		{"aimd decrease 1", oneGPU(1, admission.Config{AIMD: admission.AIMDConfig{Decrease: 1}}), "aimd.decrease: 1 is not in (0,1)"},
+		{"aimd increase", oneGPU(1, admission.Config{AIMD: admission.AIMDConfig{Increase: 2}}), "aimd.increase"},
+		{"aimd floor", oneGPU(1, admission.Config{AIMD: admission.AIMDConfig{MinFraction: -1}}), "aimd.min_fraction"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := admission.New(tc.cfg)
@@ -44,7 +54,7 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 	}
 	// Every problem is reported at once.
 	_, err := admission.New(admission.Config{Classes: []admission.ClassConfig{{}}, PressureThreshold: 3})
-	for _, want := range []string{"capacity", "classes[0].name", "pressure_threshold"} {
+	for _, want := range []string{"pools", "classes[0].name", "pressure_threshold"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("joined error %v lacks %q", err, want)
 		}
@@ -57,7 +67,7 @@ func TestDefaultClasses(t *testing.T) {
 		d[0].Sheddable || d[1].Sheddable || !d[2].Sheddable {
 		t.Fatalf("DefaultClasses = %+v", d)
 	}
-	f := newFixture(t, admission.Config{Capacity: 10})
+	f := newFixture(t, oneGPU(10, admission.Config{}))
 	s := f.b.Stats()
 	if len(s.Classes) != 3 || s.Classes[2].Name != "sheddable" {
 		t.Fatalf("empty Classes did not mean DefaultClasses: %+v", s.Classes)
@@ -65,16 +75,16 @@ func TestDefaultClasses(t *testing.T) {
 }
 
 func TestReconfigure(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10, PressureThreshold: 1,
-		Tenants: []admission.TenantConfig{{Name: "a", Share: 1}}})
+	f := newFixture(t, oneGPU(10, admission.Config{PressureThreshold: 1,
+		Tenants: []admission.TenantConfig{{Name: "a", Share: 1}}}))
 	shedTk := f.acquire(req("sheddable", "", 2))
 	hold := f.acquire(req("standard", "", 8))
 	shedW := f.enqueue(context.Background(), req("sheddable", "", 1))
 	stdW := f.enqueue(context.Background(), req("standard", "", 1))
 	aW := f.enqueue(context.Background(), req("standard", "a", 6))
-	err := f.b.Reconfigure(admission.Config{Capacity: 20, PressureThreshold: 1,
+	err := f.b.Reconfigure(oneGPU(20, admission.Config{PressureThreshold: 1,
 		Classes: []admission.ClassConfig{{Name: "standard"}, {Name: "batch"}},
-		Tenants: []admission.TenantConfig{{Name: "a", Share: 0.25}}})
+		Tenants: []admission.TenantConfig{{Name: "a", Share: 0.25}}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,8 +114,8 @@ func TestReconfigure(t *testing.T) {
 }
 
 func TestReconfigureInvalidKeepsTheOldConfig(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10, Classes: []admission.ClassConfig{{Name: "only", MaxQueued: 1}}})
-	err := f.b.Reconfigure(admission.Config{Capacity: 0, Classes: []admission.ClassConfig{{Name: "x"}, {Name: "x"}}})
+	f := newFixture(t, oneGPU(10, admission.Config{Classes: []admission.ClassConfig{{Name: "only", MaxQueued: 1}}}))
+	err := f.b.Reconfigure(oneGPU(0, admission.Config{Classes: []admission.ClassConfig{{Name: "x"}, {Name: "x"}}}))
 	if err == nil || !strings.Contains(err.Error(), "capacity") || !strings.Contains(err.Error(), "classes[1].name") {
 		t.Fatalf("Reconfigure(bad) = %v", err)
 	}
@@ -119,14 +129,14 @@ func TestReconfigureInvalidKeepsTheOldConfig(t *testing.T) {
 
 func TestReconfigureReordersPriorities(t *testing.T) {
 	classes := []admission.ClassConfig{{Name: "x"}, {Name: "y"}}
-	f := newFixture(t, admission.Config{Capacity: 10, Classes: classes})
-	hold := f.acquire(req("x", "", 10))
+	f := newFixture(t, oneGPU(10, admission.Config{Classes: classes}))
+	hold := f.acquire(admission.Request{Class: "x", Shape: chunks(2, 5).Shape})
 	x := f.enqueue(context.Background(), req("x", "", 5))
 	y := f.enqueue(context.Background(), req("y", "", 5))
-	if err := f.b.Reconfigure(admission.Config{Capacity: 10, Classes: []admission.ClassConfig{{Name: "y"}, {Name: "x"}}}); err != nil {
+	if err := f.b.Reconfigure(oneGPU(10, admission.Config{Classes: []admission.ClassConfig{{Name: "y"}, {Name: "x"}}})); err != nil {
 		t.Fatal(err)
 	}
-	hold.Shrink(5)
+	done(hold, 1)
 	ty := f.admitted(y) // y is now the higher class
 	f.state(10, 1)
 	hold.Release()
@@ -137,7 +147,7 @@ func TestReconfigureReordersPriorities(t *testing.T) {
 func TestReconfigureKeepsDeadlinesAndTheDrainMeasurement(t *testing.T) {
 	f := measured(t, admission.Config{})
 	ch := f.enqueue(context.Background(), admission.Request{Weight: 80, Deadline: t0.Add(5 * time.Second)})
-	if err := f.b.Reconfigure(admission.Config{Capacity: 100}); err != nil {
+	if err := f.b.Reconfigure(oneGPU(100, admission.Config{})); err != nil {
 		t.Fatal(err)
 	}
 	if r := f.b.Stats().DrainRate; r != 25 {
@@ -145,7 +155,7 @@ func TestReconfigureKeepsDeadlinesAndTheDrainMeasurement(t *testing.T) {
 	}
 	f.clock.Advance(3 * time.Second)
 	f.refused(ch, admission.ErrQueueTimeout)
-	if err := f.b.Reconfigure(admission.Config{Capacity: 100, DrainWindow: 20 * time.Second}); err != nil {
+	if err := f.b.Reconfigure(oneGPU(100, admission.Config{DrainWindow: 20 * time.Second})); err != nil {
 		t.Fatal(err)
 	}
 	if r := f.b.Stats().DrainRate; r != 0 {
@@ -154,9 +164,9 @@ func TestReconfigureKeepsDeadlinesAndTheDrainMeasurement(t *testing.T) {
 }
 
 func TestReconfigureDefaultShareAppliesToUnlistedTenants(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10, Tenants: []admission.TenantConfig{{Name: "a", Share: 0.2}}})
+	f := newFixture(t, oneGPU(10, admission.Config{Tenants: []admission.TenantConfig{{Name: "a", Share: 0.2}}}))
 	tk := f.acquire(req("", "a", 2))
-	if err := f.b.Reconfigure(admission.Config{Capacity: 10, DefaultTenantShare: 0.3}); err != nil {
+	if err := f.b.Reconfigure(oneGPU(10, admission.Config{DefaultTenantShare: 0.3})); err != nil {
 		t.Fatal(err)
 	}
 	// a is no longer listed: it takes the default share, 3.

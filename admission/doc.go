@@ -1,111 +1,140 @@
-// Package admission decides which requests may run now on a memory budget:
-// a memory-weighted semaphore with priority classes, per-tenant quotas, a
-// bounded queue, early shedding from a measured drain rate, and a closed
-// loop that shrinks the capacity while a backend reports it is over its
-// ceiling. It knows weights (predicted KV bytes), not models or HTTP: the
-// caller turns a request into a weight (package kvbudget) and a refusal
-// into a status code.
+// Package admission decides which requests may run now, and where: queues
+// of waiting requests (one per model) are bound late to pools (one per GPU
+// budget) by a dispatcher, through priority classes, per-tenant quotas,
+// bounded lines with deadlines, early shedding with a Retry-After clients
+// can trust, and a closed loop that shrinks a pool while its backend reports
+// it is over. It knows weights and steps, not models or HTTP: the caller
+// describes a request as a Shape (tokens, blocks, a cap) or a plain weight,
+// and turns a refusal into a status code.
 //
 // # Model
 //
-// A Budget has a nominal capacity C (Config.Capacity, or Resize) and an
-// effective capacity E <= C that the AIMD loop moves (Feedback: E × Decrease
-// on an over-ceiling report, never below MinFraction × C; + Increase × C on
-// an under-ceiling one, never above C). Acquire asks for weight w in a class
-// for a tenant; a Ticket holds it until Release. Each tenant t may hold at
-// most its cap, floor(share_t × C).
+// A Scheduler has pools and queues. A pool has a nominal capacity C
+// (Resize) and an effective capacity E <= C that the AIMD loop moves
+// (Feedback: E × Decrease on an over report, never below MinFraction × C;
+// + Increase × C on an under one, never above C). A queue lists the pools
+// that may serve it (SetAvailable turns one on or off, as its backend's
+// circuit does). Acquire asks for a request in a queue, a class and for a
+// tenant; it is bound to whichever of its queue's pools has room for it
+// first, and its Ticket holds it there until Release. Several queues may
+// share a pool (several models on one GPU); a request of one queue never
+// waits behind another queue's unless they compete for the same pool.
+//
+// # What a request holds
+//
+// Under WorstCase a request holds its worst case — every sequence at its
+// cap — from admission to release, minus the sequences that finish (Done):
+// what is held never exceeds E at an admission, so a backend can never
+// overflow.
+//
+// Under Predicted, each queue learns the distribution of its sequences'
+// output lengths from the ones that finish (package predict: Kaplan–Meier
+// over a decaying histogram, the cap-stopped ones as censored samples), per
+// tenant too once a tenant has enough samples of its own. A running request
+// whose sequences have generated g tokens (Progress) holds its prompt and
+// those tokens now, and will grow one token a step until it stops — at a
+// length drawn from the learned distribution conditioned on L > g, and at
+// its cap at the latest. Summing those over a pool's tickets gives, at each
+// future step, the mean and variance of the memory held then (requests
+// finish at different times, so this is the batch's future memory curve,
+// not the sum of final sizes); a candidate fits while the peak over the
+// future of mean + z·sd, with z the normal quantile of 1 − Epsilon, stays
+// within E. This is the future-peak admission of LightLLM's Past-Future
+// scheduler, with the per-request quantiles replaced by a bound on the
+// probability of overflow, which many independent requests make tight. A
+// request whose progress is not reported (Opaque: a non-streamed answer) is
+// taken at the distribution of its final size throughout; one of a queue
+// still warming up (fewer than WarmupSamples), or without a Shape, at its
+// worst case. While a pool's backend reports more than (1 − Headroom) × E in
+// use, nothing new is admitted to it: the backend's own account is ground
+// truth, and Feedback widens the margin when it is exceeded.
+//
+// A request's charge is what it counts for against its tenant's cap, pool
+// reservations and the drain rate: its worst case, or under Predicted the
+// peak of its own expected size.
+//
+// # Order
+//
+// Classes go by priority, strictly; within a class, requests go by arrival
+// across every queue. When a request fits no pool, the first such request
+// of its queue reserves the pool where it is expected to start first: the
+// step at which enough running requests will have finished (their median
+// remaining length, their cap under WorstCase) for its charge to fit, and
+// the charge that will still be spare then. Requests behind it may start on
+// that pool only if they are expected to finish before that step (their
+// 0.9 quantile, or cap) or fit in the spare charge, and freely on other
+// pools: EASY backfilling, so that a long request at the head does not hold
+// back short ones that fit now, and is not delayed by them. Once the head
+// has waited Backfill.MaxHeadAge (or with backfilling disabled) it blocks
+// instead: nobody starts on any of its pools and nobody of its queue passes
+// it, as in x/sync's semaphore, so a large request is never starved. A
+// request over its tenant's cap on every pool is passed over — and so are
+// its tenant's later requests in that queue, so that a tenant's own
+// requests stay in order — and holds back nobody else. A new request goes
+// straight in only if nobody waits ahead of it in its queue (its class or
+// higher) and a pool whose reservation allows it has room.
+//
+// Among the pools where a request may start, its Affinity picks one by
+// rendezvous hashing (the same session or prompt prefix lands on the same
+// GPU, where the backend's prefix cache has it) when that pool fits; else
+// the pool with the most room left after it.
 //
 // # Invariants
 //
-//   - The held weight never exceeds E at the moment of any admission.
-//     Shrinking E or C revokes nothing: held may then exceed E, and nothing
-//     is admitted until it is back under.
-//   - Every admitted weight is given back exactly once: Release is
-//     idempotent, Shrink gives back part, and a failed or cancelled Acquire
-//     leaves nothing held — including when the grant and the cancellation
-//     happen at the same moment (the grant is undone).
-//   - A request that can never fit (w > C, or w > its tenant's cap) is
-//     refused at once and never waits, so it never blocks anyone.
+//   - Under WorstCase, what a pool holds never exceeds E at the moment of
+//     an admission; under Predicted, the peak of its forecast never does.
+//     Shrinking E or C revokes nothing: nothing is admitted until it is
+//     back under.
+//   - Every admission is given back exactly once: Release is idempotent,
+//     Done gives back part, Move gives back before it binds again, and a
+//     failed or cancelled Acquire leaves nothing held — including when the
+//     grant and the cancellation happen at the same moment.
+//   - A request that can never fit (its worst case above every pool's C, or
+//     its charge above its tenant's cap everywhere) is refused at once and
+//     never waits; a queue with no pool available refuses its waiters at
+//     once (ErrNoRoute), not at their deadline.
 //   - Every refusal is a *RejectError matching exactly one sentinel; every
 //     exit from Acquire is counted once (Stats) and reported once to the
 //     Observer, outside the lock.
 //
-// # Fairness policy
+// # Queue bounds, deadlines, shedding and Retry-After
 //
-// Waiters are served by class, highest first, and first come first served
-// within a class. Like x/sync's semaphore, a waiter that does not fit in the
-// free capacity blocks everyone behind it, in its class and in all lower
-// classes, so a large request is not starved by a stream of small ones. The
-// one exception is a waiter over its own tenant's cap: it cannot be admitted
-// whatever the others do, so it is skipped — and so are its tenant's later
-// waiters, so that a tenant's own requests stay in order — and it blocks
-// nobody else. One tenant flooding long prompts therefore fills its own
-// share and its own share of the queue, and another tenant's short requests
-// keep flowing through the rest. A new request goes straight in only if it
-// fits and nobody it must not overtake is waiting: a blocker in its class or
-// a higher one, or a waiter of its own tenant in its class or a higher one.
-// A higher class overtakes a lower one without limit: priority is strict.
+// Each class line of a queue bounds its waiters in count and bytes; each
+// tenant may use QueueShare of both. Beyond them a request gets ErrQueueFull.
+// A waiter's deadline is the earlier of Request.Deadline and now + the
+// class's QueueTimeout; when it passes the waiter is refused with
+// ErrQueueTimeout. A cancelled context removes the waiter at once. A
+// sheddable class is refused with ErrOverloaded while every pool of its
+// queue is committed above PressureThreshold × E.
 //
-// # Queue bounds and deadlines
+// Each pool measures the charge it gives back per second of busy time (time
+// it held something) over the last DrainWindow: idle time is not a slow
+// drain. A request's expected wait is what it and those ahead of it lack of
+// the room left in its pools (or of its tenant's caps), at their summed
+// rate; if it exceeds the time left before the deadline, it is refused at
+// once with ErrQueueTimeout. Until the pools have seen minDrainReleases
+// releases in the window nothing is shed early: a cold start is no
+// evidence of a long wait.
 //
-// Each class bounds its waiters in count (MaxQueued) and bytes
-// (MaxQueuedBytes); each tenant may use QueueShare of both, rounded up.
-// Beyond them a request gets ErrQueueFull. A waiter's deadline is the
-// earlier of Request.Deadline and now + the class's QueueTimeout; when it
-// passes the waiter is removed with ErrQueueTimeout. A cancelled context
-// removes the waiter at once (an error wrapping ctx.Err()), and if it was the
-// head of the queue the ones behind it are admitted if they fit.
-// A sheddable class is refused with ErrOverloaded while held/E exceeds
-// PressureThreshold (checked on arrival only; a queued sheddable request is
-// not evicted later).
-//
-// # Drain rate, early shedding and Retry-After
-//
-// The drain rate r is the weight given back by tickets (Release and Shrink)
-// over the last DrainWindow, kept in 10 buckets of DrainWindow/10: r =
-// total / span, where span runs from the start of the oldest bucket in the
-// window (or from the budget's creation, if later) to now, and is at least
-// one bucket. To keep the clock off Release, releases are time-stamped
-// lazily: a run of releases between two readings of the rate is spread
-// evenly from its first release to the reading. A request of weight w, with
-// A weight queued ahead of it (its
-// class and the higher ones) and A_t of it its own tenant's, lacks
-//
-//	need = max(A + w − (E − held), held_t + A_t + w − cap_t)
-//
-// and its expected wait is need / r. If that exceeds the time left before
-// its deadline it is refused at once with ErrQueueTimeout instead of
-// queueing. With no release in the window there is no measurement (a cold
-// start) and nothing is shed early. The estimate is optimistic on purpose
-// (it takes the whole drain rate for the request and its tenant): shedding
-// early is only right when even the optimistic wait is too long.
-//
-// Every refusal that a retry can cure carries RetryAfter = the expected
-// wait clamped to [1s, MaxRetryAfter], or DrainWindow (clamped the same way)
-// when there is no measurement. For ErrOverloaded need = held − floor(
-// PressureThreshold × E); for a timeout while queued, A is what was still
-// ahead of the waiter. ErrTooLarge and ErrTenantQuota carry 0: retrying
-// never helps.
+// A refusal that a retry can cure carries a RetryAfter the official clients
+// honour to the millisecond: the expected wait for it and for the refusals
+// already told to come back before it, jittered by ±10% so that a refused
+// burst comes back spread out, within [MinRetryAfter, min(MaxRetryAfter,
+// the class's timeout)]; one to two seconds when nothing is measured yet.
+// ErrTooLarge, ErrTenantQuota and ErrNoRoute carry 0.
 //
 // # Locking
 //
-// One mutex, Budget.mu, guards all of a budget's state: capacities, held
-// weights, queues, tenants, the drain estimator, and every Ticket's weight
-// (Ticket.Weight takes it too, so the fast path needs no atomics). Methods
-// named ...Locked run with it held. The only calls made under it to other
-// code are Clock.AfterFunc and Timer.Stop; timer functions run in their own
-// goroutines. Exit counters are atomics, updated by the goroutine that
-// returns from Acquire, which also calls the Observer after unlocking.
+// One mutex, Scheduler.mu, guards all state: pools, queues, tenants,
+// tickets, forecasts, predictors, drain estimators. Methods named ...Locked
+// run with it held. The only calls made under it to other code are
+// Clock.AfterFunc and Timer.Stop; timer functions run in their own
+// goroutines. Progress takes it only when a sequence enters a new block.
+// Every Release, Done, Progress, Resize, Feedback, SetUsage, SetAvailable
+// or cancellation that may let a waiter in runs one dispatch pass, which
+// walks the waiters in order up to maxBackfillScan past the first that does
+// not fit, at a cost of one forecast per candidate pool each.
 //
-// Costs: an admission that fits at once takes the lock once, reads no clock
-// and allocates 1/32 of a slab of Tickets (AcquireTicket, into a Ticket the
-// caller owns, allocates nothing); Release takes the lock once and reads the
-// clock only for the first release after the rate was last read. Every
-// Release, Shrink, Resize, Feedback or cancellation that may let a waiter in
-// runs one dispatch pass, which walks the queue up to the first blocker:
-// O(skipped waiters), bounded by the queue bounds. Queueing allocates the
-// waiter, its channel and its deadline timer.
-//
-// What the package does not do: it does not predict weights, pick a
-// backend, measure KV usage itself, or share a budget across processes.
+// What the package does not do: measure KV usage itself (SetUsage), talk to
+// backends, or share a budget across processes.
 package admission

@@ -3,155 +3,173 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"math"
 )
 
-// SetCheck makes b call f with its lock held after every change of state,
+// SetCheck makes s call f with its lock held after every change of state,
 // with the operation's name and the first broken invariant (nil if none).
-// f must not call into b.
-func SetCheck(b *Budget, f func(op string, err error)) {
-	b.mu.Lock()
-	b.knobs.check = func(op string) { f(op, b.invariantsLocked(op)) }
-	b.mu.Unlock()
+// f must not call into s.
+func SetCheck(s *Scheduler, f func(op string, err error)) {
+	s.mu.Lock()
+	s.knobs.check = func(op string) { f(op, s.invariantsLocked(op)) }
+	s.mu.Unlock()
 }
 
 // invariantsLocked checks everything that must hold after op: the capacity
-// bound at admissions, the bookkeeping sums, the queue's links, and — where
-// the state is settled (after a dispatch pass, an immediate admission, an
-// enqueue or a shrink of the capacity) — that no waiter could be admitted
-// and that b.blocker is where a dispatch pass would stop.
-func (b *Budget) invariantsLocked(op string) error {
+// bound at admissions, the bookkeeping sums of pools, tickets, tenants,
+// lines and forecasts, the lines' links — and, where the state is settled
+// (after a dispatch pass or an immediate admission), that no waiter could
+// be admitted.
+func (s *Scheduler) invariantsLocked(op string) error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(op+": "+format, a...)) }
-	if (op == opAdmit || op == opGrant) && b.held > b.effective {
-		bad("held %d > effective %d at an admission", b.held, b.effective)
-	}
-	if b.held < 0 {
-		bad("held %d < 0", b.held)
-	}
-	if b.effective < 1 || b.effective > b.nominal {
-		bad("effective %d outside [1, nominal %d]", b.effective, b.nominal)
-	}
 
-	var tenantHeld int64
-	for name, t := range b.tenants {
+	tenantCharge := map[*pool]int64{}
+	for name, t := range s.tenants {
 		if t.name != name {
 			bad("tenant map key %q holds %q", name, t.name)
 		}
-		if t.held < 0 {
-			bad("tenant %q held %d < 0", name, t.held)
-		}
-		tenantHeld += t.held
-		if len(t.queued) != len(b.classes) || len(t.queuedBytes) != len(b.classes) {
-			bad("tenant %q has %d class counters for %d classes", name, len(t.queued), len(b.classes))
+		for _, h := range t.holds {
+			if h.charge < 0 {
+				bad("tenant %q holds %d < 0 on %q", name, h.charge, h.p.name)
+			}
+			tenantCharge[h.p] += h.charge
 		}
 	}
-	if len(b.tenants) > b.sweepAt {
-		bad("%d tenants tracked, the sweep bound is %d", len(b.tenants), b.sweepAt)
-	}
-	if tenantHeld != b.held {
-		bad("tenants hold %d, budget %d", tenantHeld, b.held)
+	if len(s.tenants) > s.sweepAt {
+		bad("%d tenants tracked, the sweep bound is %d", len(s.tenants), s.sweepAt)
 	}
 
-	type tq struct {
-		n     []int
-		bytes []int64
-	}
-	perTenant := map[*tenantState]*tq{}
-	var n int
-	var bytes int64
-	for ci, c := range b.classes {
-		if c.index != ci {
-			bad("class %q index %d at %d", c.name, c.index, ci)
+	for i, p := range s.pools {
+		if p.index != i {
+			bad("pool %q index %d at %d", p.name, p.index, i)
 		}
-		var cn int
-		var cb int64
-		var prev *waiter
-		for w := c.head; w != nil; w = w.next {
-			cn++
-			cb += w.weight
-			t := w.t.tenant
-			switch {
-			case w.prev != prev:
-				bad("broken prev link in class %q", c.name)
-			case w.state != waiting:
-				bad("queued waiter in state %d", w.state)
-			case w.t.class != c:
-				bad("waiter of class %q queued in %q", w.t.class.name, c.name)
-			case b.tenants[t.name] != t:
-				bad("waiter's tenant %q is not in the map", t.name)
-			case w.weight > b.nominal || w.weight > t.cap:
-				bad("waiter of weight %d can never fit (nominal %d, tenant cap %d)", w.weight, b.nominal, t.cap)
+		if p.effective < 1 || p.effective > p.nominal {
+			bad("pool %q effective %d outside [1, nominal %d]", p.name, p.effective, p.nominal)
+		}
+		var held, charge int64
+		n := 0
+		var want curve
+		if s.set.policy.predicted {
+			want = newCurve()
+		}
+		for t := p.first; t != nil; t = t.next {
+			n++
+			if t.pool != p || t.weight <= 0 || t.charge <= 0 || t.charge > t.weight {
+				bad("ticket %v on %q: pool %q weight %d charge %d", t, p.name, t.pool.name, t.weight, t.charge)
 			}
-			if perTenant[t] == nil {
-				perTenant[t] = &tq{make([]int, len(b.classes)), make([]int64, len(b.classes))}
+			held += t.weight
+			charge += t.charge
+			if s.set.policy.predicted {
+				if !t.fc.set {
+					bad("ticket %v has no forecast under Predicted", t)
+				} else {
+					want.add(t.fc, 1)
+				}
 			}
-			perTenant[t].n[ci]++
-			perTenant[t].bytes[ci] += w.weight
-			prev = w
 		}
-		if c.tail != prev {
-			bad("class %q tail is not its last waiter", c.name)
+		if n != p.tickets || held != p.held || charge != p.charge {
+			bad("pool %q counts %d tickets, %d held, %d charge; its list has %d, %d, %d",
+				p.name, p.tickets, p.held, p.charge, n, held, charge)
 		}
-		if cn != c.queued || cb != c.queuedBytes {
-			bad("class %q counts %d/%d, list has %d/%d", c.name, c.queued, c.queuedBytes, cn, cb)
+		if tenantCharge[p] != p.charge {
+			bad("tenants hold %d on %q, its tickets %d", tenantCharge[p], p.name, p.charge)
 		}
-		n += cn
-		bytes += cb
-	}
-	if n != b.queued || bytes != b.queuedBytes {
-		bad("budget counts %d/%d queued, lists have %d/%d", b.queued, b.queuedBytes, n, bytes)
-	}
-	for name, t := range b.tenants {
-		want := perTenant[t]
-		var total int
-		var totalBytes int64
-		for ci := range b.classes {
-			var wn int
-			var wb int64
-			if want != nil {
-				wn, wb = want.n[ci], want.bytes[ci]
+		if s.set.policy.predicted && p.fc.mean != nil {
+			for k := range want.mean {
+				if d := math.Abs(want.mean[k] - p.fc.mean[k]); d > 1e-6*max(1, math.Abs(want.mean[k])) {
+					bad("pool %q forecast mean[%d] %v, its tickets sum to %v", p.name, k, p.fc.mean[k], want.mean[k])
+					break
+				}
 			}
-			if t.queued[ci] != wn || t.queuedBytes[ci] != wb {
-				bad("tenant %q class %d counts %d/%d, lists have %d/%d", name, ci, t.queued[ci], t.queuedBytes[ci], wn, wb)
-			}
-			total += wn
-			totalBytes += wb
 		}
-		if t.queuedTotal != total || t.queuedBytesTotal != totalBytes {
-			bad("tenant %q totals %d/%d, lists have %d/%d", name, t.queuedTotal, t.queuedBytesTotal, total, totalBytes)
+		if (op == opAdmit || op == opGrant) && p == s.lastHold && s.committedLocked(p) > p.effective {
+			bad("pool %q committed %d > effective %d at an admission", p.name, s.committedLocked(p), p.effective)
 		}
 	}
 
-	switch op {
-	case opDispatch, opAdmit, opEnqueue, opFeedback:
-		grantable, blocker := b.simulatePassLocked()
-		if grantable != nil {
-			bad("waiter of weight %d (class %q, tenant %q) could be admitted but waits",
-				grantable.weight, grantable.t.class.name, grantable.t.tenant.name)
+	queued := 0
+	for _, q := range s.queues {
+		for ci, l := range q.lines {
+			if l.index != ci || l.q != q {
+				bad("queue %q line %q index %d at %d", q.name, l.name, l.index, ci)
+			}
+			var cn int
+			var cb int64
+			perTenant := map[*tenantState]tenantQueued{}
+			var prev *waiter
+			for w := l.head; w != nil; w = w.next {
+				cn++
+				cb += w.weight
+				tq := perTenant[w.tenant]
+				tq.n++
+				tq.bytes += w.weight
+				perTenant[w.tenant] = tq
+				switch {
+				case w.prev != prev:
+					bad("broken prev link in %q/%q", q.name, l.name)
+				case prev != nil && prev.seq > w.seq:
+					bad("line %q/%q out of arrival order", q.name, l.name)
+				case w.state != waiting:
+					bad("queued waiter in state %d", w.state)
+				case w.line != l:
+					bad("waiter of %q/%q queued in %q/%q", w.line.q.name, w.line.name, q.name, l.name)
+				case s.tenants[w.tenant.name] != w.tenant:
+					bad("waiter's tenant %q is not in the map", w.tenant.name)
+				}
+				if reason, _ := s.refusalLocked(w); reason != nil && reason != ErrOverloaded {
+					bad("waiter of weight %d in %q can never be admitted (%v)", w.weight, q.name, reason)
+				}
+				prev = w
+			}
+			if l.tail != prev {
+				bad("line %q/%q tail is not its last waiter", q.name, l.name)
+			}
+			if cn != l.queued || cb != l.queuedBytes {
+				bad("line %q/%q counts %d/%d, list has %d/%d", q.name, l.name, l.queued, l.queuedBytes, cn, cb)
+			}
+			for t, tq := range l.tenants {
+				if perTenant[t] != *tq {
+					bad("line %q/%q tenant %q counts %+v, list has %+v", q.name, l.name, t.name, *tq, perTenant[t])
+				}
+				delete(perTenant, t)
+			}
+			if len(perTenant) > 0 {
+				bad("line %q/%q has uncounted tenants", q.name, l.name)
+			}
+			queued += cn
 		}
-		if blocker != b.blocker {
-			bad("blocker is %p, a dispatch pass would stop at %p", b.blocker, blocker)
+	}
+	if queued != s.queued {
+		bad("scheduler counts %d queued, lines have %d", s.queued, queued)
+	}
+	var tq int
+	for _, t := range s.tenants {
+		tq += t.queued
+	}
+	if tq != s.queued {
+		bad("tenants count %d queued, the scheduler %d", tq, s.queued)
+	}
+
+	if op == opDispatch || op == opAdmit {
+		saved := make([]reservation, len(s.pools))
+		for i, p := range s.pools {
+			saved[i] = p.res
+		}
+		if w, _ := s.passLocked(true); w != nil {
+			bad("waiter of weight %d (queue %q, class %q, tenant %q) could be admitted but waits",
+				w.weight, w.line.q.name, w.line.name, w.tenant.name)
+		}
+		for i, p := range s.pools {
+			p.res = saved[i]
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// simulatePassLocked is dispatchPassLocked without the grants: the first
-// waiter it would admit, or else the one it would stop at.
-func (b *Budget) simulatePassLocked() (grantable, blocker *waiter) {
-	skipped := map[*tenantState]bool{}
-	for _, c := range b.classes {
-		for w := c.head; w != nil; w = w.next {
-			t := w.t.tenant
-			if skipped[t] || t.held+w.weight > t.cap {
-				skipped[t] = true
-				continue
-			}
-			if b.held+w.weight > b.effective {
-				return nil, w
-			}
-			return w, nil
-		}
-	}
-	return nil, nil
+// Passes is the dispatch pass counter, for tests of how often dispatch runs.
+func Passes(s *Scheduler) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pass
 }

@@ -13,29 +13,71 @@ import (
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
-// fixture is a budget on a manual clock, with a transcript of its observer
-// and every invariant checked after every change of state.
+// gpu is the pool of a one-GPU scheduler; its one queue is "".
+const gpu = "gpu"
+
+// oneGPU is c for one pool of the given capacity and one queue.
+func oneGPU(capacity int64, c admission.Config) admission.Config {
+	c.Pools = []admission.PoolConfig{{Name: gpu, Capacity: capacity}}
+	c.Queues = []admission.QueueConfig{{Name: "", Pools: []string{gpu}}}
+	return c
+}
+
+// budget is a one-GPU scheduler seen as one budget: the pool's figures
+// flattened into its stats, and its pool named for it.
+type budget struct{ *admission.Scheduler }
+
+type flatStats struct {
+	admission.Stats
+	Capacity, Effective, Held, Committed, QueuedBytes int64
+	DrainRate                                         float64
+	Classes                                           []admission.ClassStats
+}
+
+func (b budget) Stats() flatStats {
+	st := b.Scheduler.Stats()
+	p, q := st.Pools[0], st.Queues[0]
+	return flatStats{Stats: st, Capacity: p.Capacity, Effective: p.Effective, Held: p.Held, Committed: p.Committed,
+		QueuedBytes: q.QueuedBytes, DrainRate: p.DrainRate, Classes: q.Classes}
+}
+
+func (b budget) Resize(capacity int64) error { return b.Scheduler.Resize(gpu, capacity) }
+
+func (b budget) Feedback(over bool) {
+	if err := b.Scheduler.Feedback(gpu, over); err != nil {
+		panic(err)
+	}
+}
+
+// Free is what a new request could take at once if nobody waits.
+func (b budget) Free() int64 {
+	p := b.Stats()
+	return p.Effective - p.Committed
+}
+
+// fixture is a one-GPU scheduler on a manual clock, with a transcript of
+// its observer and every invariant checked after every change of state.
 type fixture struct {
 	t     *testing.T
 	clock *admissiontest.Clock
 	rec   *admissiontest.Recorder
-	b     *admission.Budget
+	b     budget
 }
 
 func newFixture(t *testing.T, cfg admission.Config) *fixture {
 	t.Helper()
 	f := &fixture{t: t, clock: admissiontest.NewClock(t0), rec: &admissiontest.Recorder{}}
 	cfg.Clock, cfg.Observer = f.clock, f.rec
-	b, err := admission.New(cfg)
+	s, err := admission.New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	admission.SetCheck(b, func(op string, err error) {
+	admission.SetCheck(s, func(op string, err error) {
 		if err != nil {
 			t.Errorf("invariant broken: %v", err)
 		}
 	})
-	f.b = b
+	f.b = budget{s}
 	return f
 }
 
@@ -51,7 +93,7 @@ func (f *fixture) acquire(r admission.Request) *admission.Ticket {
 	if err != nil {
 		f.t.Fatalf("Acquire(%+v): %v", r, err)
 	}
-	if tk.Weight() != r.Weight || tk.Waited() != 0 {
+	if tk.Weight() != weightOf(r) || tk.Waited() != 0 {
 		f.t.Fatalf("Acquire(%+v): ticket weight %d waited %v", r, tk.Weight(), tk.Waited())
 	}
 	return tk
@@ -95,7 +137,7 @@ func (f *fixture) enqueue(ctx context.Context, r admission.Request) <-chan resul
 		tk, err := f.b.Acquire(ctx, r)
 		ch <- result{tk, err}
 	}()
-	admissiontest.WaitQueued(f.b, n+1)
+	admissiontest.WaitQueued(f.b.Scheduler, n+1)
 	return ch
 }
 
@@ -146,7 +188,38 @@ func (f *fixture) stillQueued(chs ...<-chan result) {
 	}
 }
 
+// strictOrder disables backfilling: first come, first served.
+var strictOrder = admission.BackfillConfig{Disabled: true}
+
 func std(w int64) admission.Request { return admission.Request{Weight: w} }
+
+// chunks is a request of n sequences of each tokens in one-token blocks of
+// one byte, without a prompt: it holds n × each, and each sequence that
+// finishes (done) gives back each.
+func chunks(n, each int) admission.Request {
+	return admission.Request{Shape: []admission.Group{{Cap: each, Seqs: n, BlockTokens: 1, BlockBytes: 1}}}
+}
+
+// done finishes k sequences of a chunks ticket.
+func done(tk *admission.Ticket, k int) {
+	for range k {
+		tk.Done(0, 1, false)
+	}
+}
+
+// weightOf is the worst case of r.
+func weightOf(r admission.Request) int64 {
+	if len(r.Shape) == 0 {
+		return r.Weight
+	}
+	var w int64
+	for _, g := range r.Shape {
+		shared := int64(g.Prompt / g.BlockTokens)
+		own := int64((g.Prompt+g.Cap+g.BlockTokens-1)/g.BlockTokens) - shared
+		w += (shared + int64(g.Seqs)*own) * g.BlockBytes
+	}
+	return w
+}
 
 func req(class, tenant string, w int64) admission.Request {
 	return admission.Request{Weight: w, Class: class, Tenant: tenant}

@@ -6,40 +6,92 @@ import (
 	"time"
 )
 
-// Observer is told about every request that leaves Acquire: admitted (at
-// once, with waited 0, or after queueing) or refused with a reason label
-// (see ReasonOf; "canceled" included). It is how the gateway builds its
-// counters and wait histograms. The budget calls it outside its lock, from
-// the goroutine that called Acquire, so an implementation may be slow-ish but
-// must be safe for concurrent use.
-type Observer interface {
-	Admitted(class, tenant string, weight int64, waited time.Duration)
-	Rejected(class, tenant, reason string, weight int64, waited time.Duration)
+// Event is a request leaving Acquire (or Move), as the Observer sees it.
+type Event struct {
+	Queue, Class, Tenant string
+	// Pool is where an admitted request was bound ("" for a refusal).
+	Pool   string
+	Weight int64         // its worst case
+	Waited time.Duration // time queued (0 if admitted or refused at once)
+	// Backfilled says it was admitted past an earlier waiter that did not
+	// fit (see doc.go, "Order").
+	Backfilled bool
 }
 
-// Stats is a snapshot of a budget, as plain values.
+// Observer is told about every request that leaves Acquire: admitted (at
+// once, with Waited 0, or after queueing) or refused with a reason label
+// (see ReasonOf; "canceled" included). It is how the gateway builds its
+// counters and wait histograms. The scheduler calls it outside its lock,
+// from the goroutine that called Acquire, so an implementation may be
+// slow-ish but must be safe for concurrent use.
+type Observer interface {
+	Admitted(e Event)
+	Rejected(e Event, reason string)
+}
+
+// Stats is a snapshot of a scheduler, as plain values.
 type Stats struct {
-	Capacity    int64 // nominal capacity
-	Effective   int64 // after the AIMD loop; <= Capacity
-	Held        int64 // may exceed Effective after a shrink, never through an admission
-	Queued      int   // waiting requests, all classes
-	QueuedBytes int64
-	// DrainRate is the measured release rate in weight units per second over
-	// the drain window; 0 = no measurement.
-	DrainRate float64
+	Queued int // waiting requests, all queues
 
 	Admitted          int64            // every admission, at once or after waiting
 	AdmittedAfterWait int64            // those that queued first
+	Backfilled        int64            // admitted past an earlier waiter that did not fit
 	Rejected          map[string]int64 // by reason label (all of Reasons(), zeros included)
 	Canceled          int64            // contexts done before admission
 
-	Classes []ClassStats  // in priority order
+	Pools   []PoolStats   // in configuration order
+	Queues  []QueueStats  // in configuration order
 	Tenants []TenantStats // sorted by name; listed tenants always, others while active
 }
 
-// ClassStats is one class in Stats. Held counts the tickets granted to this
-// class under the current configuration (a class removed by Reconfigure
-// takes its held weight out of this list, not out of Stats.Held).
+// PoolStats is one pool in Stats.
+type PoolStats struct {
+	Name      string
+	Capacity  int64 // nominal
+	Effective int64 // after the AIMD loop; <= Capacity
+	// Held is the worst case of what is bound to it; it may exceed Effective
+	// under Predicted, and after a shrink, never through an admission under
+	// WorstCase.
+	Held int64
+	// Committed is what admissions are measured against: Held under
+	// WorstCase, the peak of the forecast under Predicted.
+	Committed int64
+	// Charge is Σ of its tickets' charges (see doc.go).
+	Charge  int64
+	Tickets int
+	// Used is what its backends last reported in use; UsedKnown false until
+	// they do. Gated says that report keeps it closed to new admissions.
+	Used      int64
+	UsedKnown bool
+	Gated     bool
+	// DrainRate is the measured release rate in charge per busy second over
+	// the drain window, resting on Releases releases (0: no measurement).
+	DrainRate float64
+	Releases  int
+	// Reserved names the queue whose first waiter holds a reservation on it
+	// ("" if none), Blocking says it lets nobody pass.
+	Reserved string
+	Blocking bool
+}
+
+// QueueStats is one queue in Stats.
+type QueueStats struct {
+	Name        string
+	Queued      int
+	QueuedBytes int64
+	Classes     []ClassStats // in priority order
+	Pools       []RouteStats
+	// Samples is how many finished sequences its predictor has (decayed);
+	// Predicting says new requests are forecast from them (Predicted, past
+	// the warm-up); MedianLength and P90Length describe them (0 if unknown).
+	Samples      float64
+	Predicting   bool
+	MedianLength int
+	P90Length    int
+}
+
+// ClassStats is one class of a queue. Held is the worst case of the tickets
+// admitted through it.
 type ClassStats struct {
 	Name        string
 	Queued      int
@@ -47,72 +99,88 @@ type ClassStats struct {
 	Held        int64
 }
 
-// TenantStats is one tenant in Stats.
+// RouteStats is one pool of a queue and whether it is available to it.
+type RouteStats struct {
+	Pool string
+	Up   bool
+}
+
+// TenantStats is one tenant in Stats: the charge it holds, all pools
+// together, and what it has queued.
 type TenantStats struct {
 	Name        string
-	Cap         int64 // the most it may hold: share × nominal capacity
 	Held        int64
 	Queued      int
 	QueuedBytes int64
 }
 
 // counters are the exit-path counts of the slow paths. They are atomics
-// rather than fields under Budget.mu because the waiter goroutines count
+// rather than fields under Scheduler.mu because the waiter goroutines count
 // their own outcome after the lock is gone. (Immediate admissions are
-// counted in Budget.admittedAtOnce, under the lock the fast path holds.)
+// counted in Scheduler.atOnce, under the lock the fast path holds.)
 type counters struct {
 	admittedAfterWait, canceled atomic.Int64
-	rejected                    [5]atomic.Int64 // indexed by reasonIndex
+	rejected                    [6]atomic.Int64 // indexed by reasonIndex
 }
 
-func reasonIndex(reason error) int {
-	switch reason {
-	case ErrTooLarge:
-		return 0
-	case ErrQueueFull:
-		return 1
-	case ErrQueueTimeout:
-		return 2
-	case ErrOverloaded:
-		return 3
-	default: // ErrTenantQuota
-		return 4
+// Stats returns a snapshot. It takes the scheduler's lock once.
+func (s *Scheduler) Stats() Stats {
+	s.mu.Lock()
+	now := s.clock.Now()
+	st := Stats{Queued: s.queued, Admitted: s.atOnce, Backfilled: s.backfilled}
+	for _, p := range s.pools {
+		ps := PoolStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Held: p.held,
+			Committed: s.committedLocked(p), Charge: p.charge, Tickets: p.tickets,
+			Used: p.used, UsedKnown: p.usedKnown, Gated: s.gatedLocked(p)}
+		ps.DrainRate, ps.Releases = p.drain.rate(now)
+		if p.res.kind != resNone && p.res.head.state == waiting {
+			ps.Reserved, ps.Blocking = p.res.head.line.q.name, p.res.kind == resBlock
+		}
+		st.Pools = append(st.Pools, ps)
 	}
-}
-
-// Stats returns a snapshot. It takes the budget's lock once.
-func (b *Budget) Stats() Stats {
-	b.mu.Lock()
-	now := b.clock.Now()
-	s := Stats{
-		Capacity:    b.nominal,
-		Effective:   b.effective,
-		Held:        b.held,
-		Queued:      b.queued,
-		Admitted:    b.admittedAtOnce,
-		QueuedBytes: b.queuedBytes,
-		DrainRate:   b.drain.rate(now),
-		Classes:     make([]ClassStats, len(b.classes)),
-		Tenants:     make([]TenantStats, 0, len(b.tenants)),
+	for _, q := range s.queues {
+		qs := QueueStats{Name: q.name, Samples: q.lengths.Samples(),
+			Predicting: s.set.policy.predicted && q.lengths.Samples() >= s.set.policy.warmup}
+		if n, ok := q.lengths.Quantile(0.5); ok && qs.Samples > 0 {
+			qs.MedianLength = n
+		}
+		if n, ok := q.lengths.Quantile(0.9); ok && qs.Samples > 0 {
+			qs.P90Length = n
+		}
+		for _, l := range q.lines {
+			qs.Classes = append(qs.Classes, ClassStats{Name: l.name, Queued: l.queued, QueuedBytes: l.queuedBytes, Held: l.held})
+			qs.Queued += l.queued
+			qs.QueuedBytes += l.queuedBytes
+		}
+		for _, r := range q.routes {
+			qs.Pools = append(qs.Pools, RouteStats{Pool: r.p.name, Up: r.up})
+		}
+		st.Queues = append(st.Queues, qs)
 	}
-	for i, c := range b.classes {
-		s.Classes[i] = ClassStats{Name: c.name, Queued: c.queued, QueuedBytes: c.queuedBytes, Held: c.held}
-	}
-	for _, t := range b.tenants {
+	for _, t := range s.tenants {
 		if t.idle() {
 			continue
 		}
-		s.Tenants = append(s.Tenants, TenantStats{Name: t.name, Cap: t.cap, Held: t.held,
-			Queued: t.queuedTotal, QueuedBytes: t.queuedBytesTotal})
+		st.Tenants = append(st.Tenants, TenantStats{Name: t.name, Held: t.held(), Queued: t.queued, QueuedBytes: t.queuedBytes})
 	}
-	b.mu.Unlock()
-	sort.Slice(s.Tenants, func(i, j int) bool { return s.Tenants[i].Name < s.Tenants[j].Name })
-	s.AdmittedAfterWait = b.count.admittedAfterWait.Load()
-	s.Admitted += s.AdmittedAfterWait
-	s.Canceled = b.count.canceled.Load()
-	s.Rejected = make(map[string]int64, 5)
-	for _, r := range []error{ErrTooLarge, ErrQueueFull, ErrQueueTimeout, ErrOverloaded, ErrTenantQuota} {
-		s.Rejected[reasonLabel(r)] = b.count.rejected[reasonIndex(r)].Load()
+	s.mu.Unlock()
+	sort.Slice(st.Tenants, func(i, j int) bool { return st.Tenants[i].Name < st.Tenants[j].Name })
+	st.AdmittedAfterWait = s.count.admittedAfterWait.Load()
+	st.Admitted += st.AdmittedAfterWait
+	st.Canceled = s.count.canceled.Load()
+	st.Rejected = make(map[string]int64, len(reasons))
+	for i, r := range reasons {
+		st.Rejected[reasonLabel(r)] = s.count.rejected[i].Load()
 	}
-	return s
+	return st
+}
+
+// Pool returns one pool's stats, and false if there is no such pool.
+func (s *Scheduler) Pool(name string) (PoolStats, bool) {
+	for _, p := range s.Stats().Pools {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return PoolStats{}, false
 }

@@ -12,8 +12,8 @@ import (
 
 // Every exit from Acquire reaches the observer exactly once, with its wait.
 func TestObserverTranscript(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 10, Tenants: []admission.TenantConfig{{Name: "a", Share: 0.5}},
-		Classes: []admission.ClassConfig{{Name: "standard", MaxQueued: 2, QueueTimeout: 4 * time.Second}}})
+	f := newFixture(t, oneGPU(10, admission.Config{Tenants: []admission.TenantConfig{{Name: "a", Share: 0.5}},
+		Classes: []admission.ClassConfig{{Name: "standard", MaxQueued: 2, QueueTimeout: 4 * time.Second}}}))
 	hold := f.acquire(req("", "a", 5))
 	f.reject(req("", "a", 6), admission.ErrTenantQuota)
 	f.reject(std(11), admission.ErrTooLarge)
@@ -34,48 +34,54 @@ func TestObserverTranscript(t *testing.T) {
 	hold.Release()
 
 	want := []admissiontest.Event{
-		{Admitted: true, Class: "standard", Tenant: "a", Weight: 5},
+		{Admitted: true, Pool: gpu, Class: "standard", Tenant: "a", Weight: 5},
 		{Class: "standard", Tenant: "a", Reason: "tenant_quota", Weight: 6},
 		{Class: "standard", Reason: "too_large", Weight: 11},
-		{Admitted: true, Class: "standard", Weight: 5},
+		{Admitted: true, Pool: gpu, Class: "standard", Weight: 5},
 		{Class: "standard", Reason: "queue_full", Weight: 1},
 		{Class: "standard", Reason: "canceled", Weight: 1, Waited: time.Second},
-		{Admitted: true, Class: "standard", Weight: 3, Waited: 2 * time.Second},
+		{Admitted: true, Pool: gpu, Class: "standard", Weight: 3, Waited: 2 * time.Second},
 		{Class: "standard", Reason: "queue_timeout", Weight: 9, Waited: 4 * time.Second},
 	}
 	if got := f.rec.Events(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("transcript:\n got %v\nwant %v", got, want)
 	}
 	s := f.b.Stats()
-	wantRejected := map[string]int64{"too_large": 1, "queue_full": 1, "queue_timeout": 1, "overloaded": 0, "tenant_quota": 1}
+	wantRejected := map[string]int64{"too_large": 1, "queue_full": 1, "queue_timeout": 1, "overloaded": 0, "tenant_quota": 1, "no_route": 0}
 	if s.Admitted != 3 || s.AdmittedAfterWait != 1 || s.Canceled != 1 || !reflect.DeepEqual(s.Rejected, wantRejected) {
 		t.Fatalf("counters: %+v", s)
 	}
 }
 
 func TestStats(t *testing.T) {
-	f := newFixture(t, admission.Config{Capacity: 100, PressureThreshold: 1,
-		Tenants: []admission.TenantConfig{{Name: "a", Share: 0.5}, {Name: "idle", Share: 0.1}}})
+	f := newFixture(t, oneGPU(100, admission.Config{PressureThreshold: 1,
+		Tenants: []admission.TenantConfig{{Name: "a", Share: 0.5}, {Name: "idle", Share: 0.1}}}))
 	a := f.acquire(req("critical", "a", 50))
-	b := f.acquire(req("standard", "zed", 40))
+	b := f.acquire(admission.Request{Class: "standard", Tenant: "zed", Shape: chunks(4, 10).Shape})
 	f.enqueue(context.Background(), req("standard", "a", 20))
 	f.enqueue(context.Background(), req("sheddable", "", 25)) // 80+25 > 100 after the shrink
 	f.clock.Advance(time.Second)
-	b.Shrink(30)
-	got := f.b.Stats()
+	b.Done(0, 10, false)
+	got := f.b.Scheduler.Stats()
 	want := admission.Stats{
-		Capacity: 100, Effective: 100, Held: 80, Queued: 2, QueuedBytes: 45, DrainRate: 10,
-		Admitted: 2, Rejected: map[string]int64{"too_large": 0, "queue_full": 0, "queue_timeout": 0, "overloaded": 0, "tenant_quota": 0},
-		Classes: []admission.ClassStats{
-			{Name: "critical", Held: 50},
-			{Name: "standard", Held: 30, Queued: 1, QueuedBytes: 20},
-			{Name: "sheddable", Queued: 1, QueuedBytes: 25},
-		},
+		Queued: 2, Admitted: 2,
+		Rejected: map[string]int64{"too_large": 0, "queue_full": 0, "queue_timeout": 0, "overloaded": 0, "tenant_quota": 0, "no_route": 0},
+		Pools: []admission.PoolStats{{Name: gpu, Capacity: 100, Effective: 100, Held: 80, Committed: 80, Charge: 80,
+			Tickets: 2, DrainRate: 10, Releases: 1}},
+		Queues: []admission.QueueStats{{Name: "", Queued: 2, QueuedBytes: 45,
+			Classes: []admission.ClassStats{
+				{Name: "critical", Held: 50},
+				{Name: "standard", Held: 30, Queued: 1, QueuedBytes: 20},
+				{Name: "sheddable", Queued: 1, QueuedBytes: 25},
+			},
+			Pools:   []admission.RouteStats{{Pool: gpu, Up: true}},
+			Samples: 1, MedianLength: 10, P90Length: 10,
+		}},
 		Tenants: []admission.TenantStats{
-			{Name: "", Cap: 100, Queued: 1, QueuedBytes: 25},
-			{Name: "a", Cap: 50, Held: 50, Queued: 1, QueuedBytes: 20},
-			{Name: "idle", Cap: 10},
-			{Name: "zed", Cap: 100, Held: 30},
+			{Name: "", Queued: 1, QueuedBytes: 25},
+			{Name: "a", Held: 50, Queued: 1, QueuedBytes: 20},
+			{Name: "idle"},
+			{Name: "zed", Held: 30},
 		},
 	}
 	if !reflect.DeepEqual(got, want) {

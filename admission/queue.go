@@ -1,114 +1,251 @@
 package admission
 
-import "time"
+import (
+	"time"
 
-// classState is one priority class: its spec and its FIFO of waiters.
-// budget and name never change; every other field (spec included, which
-// Reconfigure replaces) is guarded by Budget.mu. A class keeps its identity
-// across Reconfigure while its name stays, so tickets and waiters can point
-// at it.
-type classState struct {
-	budget      *Budget // fixed
-	name        string  // fixed: a class's identity across reloads; read without the lock
+	"github.com/kvgate/kvgate/admission/predict"
+)
+
+// queue is one line of waiting requests (a model) and the pools that may
+// serve it. Fields are guarded by Scheduler.mu; name never changes.
+type queue struct {
+	name    string
+	spec    queueSpec
+	routes  []route // the pools it may be bound to, in configuration order
+	lines   []*line // one per class, in priority order
+	removed bool    // by Reconfigure: no new requests; its waiters were refused
+
+	// lengths learns the output lengths of the queue's finished sequences;
+	// byTenant the same per tenant (bounded: see lengthsForLocked).
+	lengths  *predict.Lengths
+	byTenant map[string]*predict.Lengths
+
+	// promised are the refusals told to come back at a time still to come,
+	// so that the next refusal's Retry-After counts them as ahead of it.
+	promised []promise
+
+	// stopPass is the dispatch pass in which a waiter of this queue held
+	// back everyone behind it (strict order); resPass the pass in which its
+	// first blocked waiter got its reservation.
+	stopPass, resPass uint64
+}
+
+type route struct {
+	p  *pool
+	up bool
+}
+
+type promise struct {
+	due    time.Time
+	charge int64
+}
+
+// line is one class of one queue: its spec and its FIFO of waiters.
+type line struct {
+	q           *queue // fixed
+	name        string // fixed: a class's identity across reloads
 	spec        classSpec
-	index       int // position in Budget.classes; -1 once removed
+	index       int // position in the queue's lines; -1 once removed
 	head, tail  *waiter
 	queued      int
 	queuedBytes int64
-	held        int64
+	held        int64 // weight of the tickets admitted through this line
+	tenants     map[*tenantState]*tenantQueued
 }
 
-// maxBytes is the class's queued-weight bound; < 0 means unbounded.
-func (c *classState) maxBytes(nominal int64) int64 {
+type tenantQueued struct {
+	n     int
+	bytes int64
+}
+
+// maxBytes is the line's queued-weight bound; < 0 means unbounded.
+func (l *line) maxBytes() int64 {
 	switch {
-	case c.spec.maxQueuedBytes > 0:
-		return c.spec.maxQueuedBytes
-	case c.spec.maxQueuedBytes < 0:
+	case l.spec.maxQueuedBytes > 0:
+		return l.spec.maxQueuedBytes
+	case l.spec.maxQueuedBytes < 0:
 		return -1
 	}
-	if nominal > (1<<62)/DefaultQueuedBytesFactor {
-		return -1
+	var nominal int64
+	for _, r := range l.q.routes {
+		nominal = satAdd64(nominal, r.p.nominal)
 	}
-	return DefaultQueuedBytesFactor * nominal
+	return satMul(DefaultQueuedBytesFactor, nominal)
+}
+
+func (q *queue) lineLocked(s *Scheduler, class string) *line {
+	if class == "" {
+		return q.lines[s.set.defaultClass]
+	}
+	for _, l := range q.lines {
+		if l.name == class {
+			return l
+		}
+	}
+	return nil
+}
+
+func (q *queue) ensureLengths() error {
+	if q.lengths != nil && q.lengths.MaxLen() == q.spec.maxLen {
+		return nil
+	}
+	l, err := predict.NewLengths(predict.LengthsConfig{MaxLen: q.spec.maxLen})
+	if err != nil {
+		return err
+	}
+	q.lengths, q.byTenant = l, map[string]*predict.Lengths{}
+	return nil
+}
+
+// anyAheadLocked reports whether a new request w must queue behind someone:
+// a waiter in its own line or a higher one of its queue (it would pass
+// them), or a waiter of its own tenant in its queue at its priority or
+// above (a tenant's own requests stay in order).
+func (q *queue) anyAheadLocked(w *waiter) bool {
+	for i := 0; i <= w.line.index; i++ {
+		if q.lines[i].queued > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 type waiterState uint8
 
 const (
 	waiting  waiterState = iota
-	granted              // weight added to held; ticket filled in
+	granted              // weight held; ticket filled in
 	refused              // err set
 	canceled             // removed by its own goroutine
 )
 
-// waiter is a queued Acquire. Fields are guarded by Budget.mu until ready is
-// closed; from then on they are final (except that a canceled grant is given
-// back under the lock) and the waiting goroutine reads them freely.
+// waiter is a queued Acquire. Fields are guarded by Scheduler.mu until ready
+// is closed; from then on they are final (except that a canceled grant is
+// given back under the lock) and the waiting goroutine reads them freely.
 type waiter struct {
-	t          *Ticket // handed out on grant (&own, or the caller's); class and tenant live here
-	own        Ticket
-	weight     int64
+	t      *Ticket // handed out on grant (&own, or the caller's)
+	own    Ticket
+	line   *line
+	tenant *tenantState
+	weight int64 // worst case
+	charge int64 // what it counts for against tenant caps and drain (see forecast.go)
+	shape  []Group
+	opaque bool
+	lens   *predict.Lengths // the predictor of its forecast; nil = worst case
+	seq    uint64           // arrival order; a moved ticket keeps its own
+	// exclude is the pool a moved ticket must leave; nil otherwise.
+	exclude  *pool
+	affinity uint64
+	deadline time.Time
+
 	enqueued   time.Time
 	ready      chan struct{} // closed once state leaves waiting because of someone else
 	timer      Timer         // deadline; nil if none
 	prev, next *waiter
 	state      waiterState
 	err        *RejectError // when refused
+	boundTo    string       // the pool it was granted on
+	backfilled bool         // granted past an earlier waiter that did not fit
 }
 
-func (c *classState) pushLocked(w *waiter) {
-	w.prev, w.next = c.tail, nil
-	if c.tail == nil {
-		c.head = w
-	} else {
-		c.tail.next = w
+// event is w as the Observer sees it.
+func (w *waiter) event(waited time.Duration) Event {
+	return Event{Queue: w.line.q.name, Class: w.line.name, Tenant: w.tenant.name, Weight: w.weight, Waited: waited}
+}
+
+// initWaiterLocked fills w for r, its weight and charge computed from its
+// shape under the current predictors. (Acquire keeps w on its stack and
+// copies it to the heap only if it must queue.)
+func (s *Scheduler) initWaiterLocked(w *waiter, q *queue, l *line, r Request, into *Ticket) {
+	t := s.tenantLocked(r.Tenant)
+	// w.t stays nil unless the caller gave a ticket: one admitted at once
+	// takes a ticket from the slab, one that queues its own.
+	*w = waiter{t: into, line: l, tenant: t, shape: r.Shape, opaque: r.Opaque, affinity: r.Affinity,
+		deadline: r.Deadline}
+	s.seq++
+	w.seq = s.seq
+	if len(r.Shape) == 0 {
+		w.weight, w.charge = r.Weight, r.Weight
+		return
 	}
-	c.tail = w
+	for _, g := range r.Shape {
+		w.weight = satAdd64(w.weight, g.final())
+	}
+	w.lens = s.lengthsForLocked(q, t)
+	w.charge = s.chargeLocked(w)
 }
 
-func (c *classState) unlinkLocked(w *waiter) {
+func (l *line) pushLocked(w *waiter) {
+	// A moved ticket goes back to its place by arrival order; a new one is
+	// the newest and goes last.
+	at := l.tail
+	for at != nil && at.seq > w.seq {
+		at = at.prev
+	}
+	w.prev = at
+	if at == nil {
+		w.next = l.head
+		l.head = w
+	} else {
+		w.next = at.next
+		at.next = w
+	}
+	if w.next == nil {
+		l.tail = w
+	} else {
+		w.next.prev = w
+	}
+}
+
+func (l *line) unlinkLocked(w *waiter) {
 	if w.prev == nil {
-		c.head = w.next
+		l.head = w.next
 	} else {
 		w.prev.next = w.next
 	}
 	if w.next == nil {
-		c.tail = w.prev
+		l.tail = w.prev
 	} else {
 		w.next.prev = w.prev
 	}
 	w.prev, w.next = nil, nil
 }
 
-// enqueueLocked appends w to its class and counts it everywhere.
-func (b *Budget) enqueueLocked(w *waiter) {
-	c, t := w.t.class, w.t.tenant
-	c.pushLocked(w)
-	c.queued++
-	c.queuedBytes += w.weight
-	t.queued[c.index]++
-	t.queuedBytes[c.index] += w.weight
-	t.queuedTotal++
-	t.queuedBytesTotal += w.weight
-	b.queued++
-	b.queuedBytes += w.weight
+// enqueueLocked appends w to its line and counts it everywhere.
+func (s *Scheduler) enqueueLocked(w *waiter) {
+	l, t := w.line, w.tenant
+	l.pushLocked(w)
+	l.queued++
+	l.queuedBytes += w.weight
+	tq := l.tenants[t]
+	if tq == nil {
+		tq = &tenantQueued{}
+		l.tenants[t] = tq
+	}
+	tq.n++
+	tq.bytes += w.weight
+	t.queued++
+	t.queuedBytes += w.weight
+	s.queued++
 }
 
-// dequeueLocked takes w out of its class and out of every count, and stops
+// dequeueLocked takes w out of its line and out of every count, and stops
 // its deadline timer. It does not run dispatch.
-func (b *Budget) dequeueLocked(w *waiter) {
-	c, t := w.t.class, w.t.tenant
-	c.unlinkLocked(w)
-	c.queued--
-	c.queuedBytes -= w.weight
-	if c.index >= 0 {
-		t.queued[c.index]--
-		t.queuedBytes[c.index] -= w.weight
+func (s *Scheduler) dequeueLocked(w *waiter) {
+	l, t := w.line, w.tenant
+	l.unlinkLocked(w)
+	l.queued--
+	l.queuedBytes -= w.weight
+	if tq := l.tenants[t]; tq != nil {
+		tq.n--
+		tq.bytes -= w.weight
+		if tq.n == 0 {
+			delete(l.tenants, t)
+		}
 	}
-	t.queuedTotal--
-	t.queuedBytesTotal -= w.weight
-	b.queued--
-	b.queuedBytes -= w.weight
+	t.queued--
+	t.queuedBytes -= w.weight
+	s.queued--
 	if w.timer != nil {
 		w.timer.Stop()
 	}
@@ -116,94 +253,22 @@ func (b *Budget) dequeueLocked(w *waiter) {
 
 // refuseLocked removes a waiting w with a refusal and wakes its goroutine,
 // which reports it. RetryAfter must already be computed by the caller.
-func (b *Budget) refuseLocked(w *waiter, now time.Time, reason error, limit int64, retry time.Duration) {
-	b.dequeueLocked(w)
+func (s *Scheduler) refuseLocked(w *waiter, now time.Time, reason error, limit int64, retry time.Duration) {
+	s.dequeueLocked(w)
 	w.state = refused
 	w.err = &RejectError{Reason: reason, RetryAfter: retry, Weight: w.weight, Capacity: limit,
-		Waited: now.Sub(w.enqueued), Class: w.t.class.name, Tenant: w.t.tenant.name}
+		Waited: now.Sub(w.enqueued), Queue: w.line.q.name, Class: w.line.name, Tenant: w.tenant.name}
 	close(w.ready)
 }
 
-// grantLocked admits w: the weight moves from the queue to held.
-func (b *Budget) grantLocked(w *waiter, now time.Time) {
-	b.dequeueLocked(w)
-	b.holdLocked(w.t.class, w.t.tenant, w.weight)
-	w.t.weight = w.weight
-	w.t.waited = now.Sub(w.enqueued)
-	w.state = granted
+// grantLocked admits w on p: it leaves the queue and its ticket holds.
+func (s *Scheduler) grantLocked(w *waiter, p *pool, now time.Time, backfill bool) {
+	s.dequeueLocked(w)
+	s.holdLocked(w, p, now.Sub(w.enqueued))
+	w.state, w.boundTo, w.backfilled = granted, p.name, backfill
+	if backfill {
+		s.backfilled++
+	}
 	close(w.ready)
-	b.checkLocked(opGrant)
-}
-
-// holdLocked adds weight to held, for the budget, the class and the tenant.
-func (b *Budget) holdLocked(c *classState, t *tenantState, weight int64) {
-	b.held += weight
-	c.held += weight
-	t.held += weight
-}
-
-// unholdLocked is the reverse of holdLocked.
-func (b *Budget) unholdLocked(c *classState, t *tenantState, weight int64) {
-	b.held -= weight
-	c.held -= weight
-	t.held -= weight
-}
-
-// dispatchLocked admits every waiter that may go now, in policy order (see
-// doc.go): classes by priority, FIFO within a class; a waiter over its
-// tenant's cap is skipped, and so are its tenant's later waiters in this
-// pass; the first other waiter that does not fit stops the pass and is left
-// in b.blocker for Acquire's fast check.
-//
-// It costs O(waiters skipped) per pass: skipped waiters are those of tenants
-// at their cap, bounded by the queue bounds.
-func (b *Budget) dispatchLocked() {
-	b.blocker = b.dispatchPassLocked()
-	b.checkLocked(opDispatch)
-}
-
-func (b *Budget) dispatchPassLocked() (blocker *waiter) {
-	if b.queued == 0 {
-		return nil
-	}
-	b.pass++
-	var now time.Time
-	for _, c := range b.classes {
-		for w := c.head; w != nil; {
-			next := w.next
-			t := w.t.tenant
-			if t.pass == b.pass || t.held+w.weight > t.cap {
-				t.pass = b.pass
-				w = next
-				continue
-			}
-			if b.held+w.weight > b.effective {
-				return w
-			}
-			if now.IsZero() {
-				now = b.clock.Now()
-			}
-			b.grantLocked(w, now)
-			w = next
-		}
-	}
-	return nil
-}
-
-// refuseImpossibleLocked refuses the waiters that can never be admitted
-// under the current capacity and tenant caps (after Resize or Reconfigure
-// lowered them), so that none of them blocks the queue until its deadline.
-func (b *Budget) refuseImpossibleLocked(now time.Time) {
-	for _, c := range b.classes {
-		for w := c.head; w != nil; {
-			next := w.next
-			switch {
-			case w.weight > b.nominal:
-				b.refuseLocked(w, now, ErrTooLarge, b.nominal, 0)
-			case w.weight > w.t.tenant.cap:
-				b.refuseLocked(w, now, ErrTenantQuota, w.t.tenant.cap, 0)
-			}
-			w = next
-		}
-	}
+	s.checkLocked(opGrant)
 }

@@ -3,10 +3,10 @@ package admission
 import "math"
 
 // tenantState is one tenant's accounting. All fields are guarded by
-// Budget.mu. A tenant named in the config (and the anonymous tenant "")
+// Scheduler.mu. A tenant named in the config (and the anonymous tenant "")
 // lives as long as the config names it. Any other tenant's state is kept
 // while idle, so that a walk-in tenant does not pay for a new state on every
-// request, until the map reaches Budget.sweepAt; then every idle one is
+// request, until the map reaches Scheduler.sweepAt; then every idle one is
 // dropped at once (amortized O(1)), so arbitrary tenant names cannot grow
 // the map without bound.
 type tenantState struct {
@@ -14,46 +14,101 @@ type tenantState struct {
 	permanent  bool // listed in the config, or the anonymous tenant
 	share      float64
 	queueShare float64
-	cap        int64 // floor(share × nominal): the most it may hold at once
 
-	held             int64
-	queued           []int   // per class index
-	queuedBytes      []int64 // per class index
-	queuedTotal      int
-	queuedBytesTotal int64
+	holds       []tenantHold // charge held per pool; a handful of pools at most
+	queued      int
+	queuedBytes int64
 
-	// pass is the dispatch pass in which one of this tenant's waiters was
-	// skipped (over its cap); its later waiters are skipped in the same pass so
-	// that a tenant's own requests stay FIFO.
-	pass uint64
+	// skipPass is the dispatch pass in which skipped lists the queues where
+	// one of this tenant's waiters was passed over (over its cap everywhere):
+	// its later waiters there are passed over in the same pass, so that a
+	// tenant's own requests stay in order.
+	skipPass uint64
+	skipped  []*queue
 }
 
-func (t *tenantState) setCapLocked(nominal int64) {
+type tenantHold struct {
+	p      *pool
+	charge int64
+}
+
+// capOn is the most the tenant may hold on p: its share of p's nominal
+// capacity.
+func (t *tenantState) capOn(p *pool) int64 {
 	if t.share >= 1 {
-		t.cap = nominal
+		return p.nominal
+	}
+	return int64(t.share * float64(p.nominal))
+}
+
+func (t *tenantState) heldOn(p *pool) int64 {
+	for _, h := range t.holds {
+		if h.p == p {
+			return h.charge
+		}
+	}
+	return 0
+}
+
+// fitsOn says whether the tenant may hold charge more on p.
+func (t *tenantState) fitsOn(p *pool, charge int64) bool {
+	return t.share >= 1 || t.heldOn(p)+charge <= t.capOn(p)
+}
+
+func (t *tenantState) holdLocked(p *pool, charge int64) {
+	for i := range t.holds {
+		if t.holds[i].p == p {
+			t.holds[i].charge += charge
+			return
+		}
+	}
+	t.holds = append(t.holds, tenantHold{p, charge})
+}
+
+func (t *tenantState) unholdLocked(p *pool, charge int64) {
+	for i := range t.holds {
+		if t.holds[i].p != p {
+			continue
+		}
+		if t.holds[i].charge -= charge; t.holds[i].charge == 0 {
+			t.holds = append(t.holds[:i], t.holds[i+1:]...)
+		}
 		return
 	}
-	t.cap = int64(t.share * float64(nominal))
 }
 
-// queuedUpToLocked reports whether the tenant has a waiter in class index ci
-// or a higher-priority one: a new request of the tenant in class ci must then
-// queue behind it.
-func (t *tenantState) queuedUpToLocked(ci int) bool {
-	if t.queuedTotal == 0 {
+func (t *tenantState) held() int64 {
+	var n int64
+	for _, h := range t.holds {
+		n += h.charge
+	}
+	return n
+}
+
+// skippedIn says whether one of the tenant's waiters in q was passed over
+// in this pass.
+func (t *tenantState) skippedIn(pass uint64, q *queue) bool {
+	if t.skipPass != pass {
 		return false
 	}
-	for i := 0; i <= ci; i++ {
-		if t.queued[i] > 0 {
+	for _, x := range t.skipped {
+		if x == q {
 			return true
 		}
 	}
 	return false
 }
 
-// queueLimits are the tenant's bounds in class c's queue: its queue share of
-// the class's bounds, rounded up so that any share allows one waiter. bytes
-// < 0 means unbounded.
+func (t *tenantState) skip(pass uint64, q *queue) {
+	if t.skipPass != pass {
+		t.skipPass, t.skipped = pass, t.skipped[:0]
+	}
+	t.skipped = append(t.skipped, q)
+}
+
+// queueLimits are the tenant's bounds in a line: its queue share of the
+// line's bounds, rounded up so that any share allows one waiter. bytes < 0
+// means unbounded.
 func (t *tenantState) queueLimits(maxQueued int, maxBytes int64) (count int, bytes int64) {
 	if t.queueShare >= 1 {
 		return maxQueued, maxBytes
@@ -67,20 +122,18 @@ func (t *tenantState) queueLimits(maxQueued int, maxBytes int64) (count int, byt
 }
 
 // tenantLocked finds or creates the state of the named tenant.
-func (b *Budget) tenantLocked(name string) *tenantState {
+func (s *Scheduler) tenantLocked(name string) *tenantState {
 	if name == "" {
-		return b.anon
+		return s.anon
 	}
-	if t, ok := b.tenants[name]; ok {
+	if t, ok := s.tenants[name]; ok {
 		return t
 	}
-	if len(b.tenants) >= b.sweepAt {
-		b.sweepIdleTenantsLocked()
+	if len(s.tenants) >= s.sweepAt {
+		s.sweepIdleTenantsLocked()
 	}
-	t := &tenantState{name: name, share: b.set.defaultShare, queueShare: b.set.defaultShare,
-		queued: make([]int, len(b.classes)), queuedBytes: make([]int64, len(b.classes))}
-	t.setCapLocked(b.nominal)
-	b.tenants[name] = t
+	t := &tenantState{name: name, share: s.set.defaultShare, queueShare: s.set.defaultShare}
+	s.tenants[name] = t
 	return t
 }
 
@@ -88,18 +141,18 @@ func (b *Budget) tenantLocked(name string) *tenantState {
 const minSweepAt = 1024
 
 // sweepIdleTenantsLocked drops every unlisted tenant that holds and queues
-// nothing. No ticket or waiter can still point at one: a ticket with weight
-// keeps held > 0, a waiter keeps queuedTotal > 0.
-func (b *Budget) sweepIdleTenantsLocked() {
-	for name, t := range b.tenants {
+// nothing. No ticket or waiter can still point at one: a ticket keeps a
+// hold entry, a waiter keeps queued > 0.
+func (s *Scheduler) sweepIdleTenantsLocked() {
+	for name, t := range s.tenants {
 		if t.idle() {
-			delete(b.tenants, name)
+			delete(s.tenants, name)
 		}
 	}
-	b.sweepAt = max(2*len(b.tenants), len(b.tenants)+minSweepAt)
+	s.sweepAt = max(2*len(s.tenants), len(s.tenants)+minSweepAt)
 }
 
 // idle reports whether t is an unlisted tenant with nothing held or queued.
 func (t *tenantState) idle() bool {
-	return !t.permanent && t.held == 0 && t.queuedTotal == 0
+	return !t.permanent && len(t.holds) == 0 && t.queued == 0
 }

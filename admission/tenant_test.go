@@ -8,8 +8,8 @@ import (
 )
 
 func twoTenants(shareA, shareB float64) admission.Config {
-	return admission.Config{Capacity: 10, Tenants: []admission.TenantConfig{
-		{Name: "a", Share: shareA}, {Name: "b", Share: shareB}}}
+	return oneGPU(10, admission.Config{Tenants: []admission.TenantConfig{
+		{Name: "a", Share: shareA}, {Name: "b", Share: shareB}}})
 }
 
 // The liveness case of the fairness policy: tenant a floods the queue with
@@ -89,7 +89,9 @@ func TestTenantHigherClassPassesItsOwnLowerClassWaiter(t *testing.T) {
 // The other half of the policy: a waiter within its tenant's cap that lacks
 // global capacity blocks everyone behind it, whatever their tenant.
 func TestWaiterShortOfGlobalCapacityBlocksOtherTenants(t *testing.T) {
-	f := newFixture(t, twoTenants(1, 1))
+	cfg := twoTenants(1, 1)
+	cfg.Backfill = strictOrder
+	f := newFixture(t, cfg)
 	b8 := f.acquire(req("", "b", 8))
 	a5 := f.enqueue(context.Background(), req("", "a", 5))
 	b1 := f.enqueue(context.Background(), req("", "b", 1)) // fits, but must not overtake
@@ -101,9 +103,8 @@ func TestWaiterShortOfGlobalCapacityBlocksOtherTenants(t *testing.T) {
 }
 
 func TestTenantQueueShare(t *testing.T) {
-	cfg := admission.Config{Capacity: 10,
-		Classes: []admission.ClassConfig{{Name: "standard", MaxQueued: 10, MaxQueuedBytes: 100}},
-		Tenants: []admission.TenantConfig{{Name: "a", Share: 1, QueueShare: 0.25}, {Name: "b", Share: 0.5}}}
+	cfg := oneGPU(10, admission.Config{Backfill: strictOrder, Classes: []admission.ClassConfig{{Name: "standard", MaxQueued: 10, MaxQueuedBytes: 100}},
+		Tenants: []admission.TenantConfig{{Name: "a", Share: 1, QueueShare: 0.25}, {Name: "b", Share: 0.5}}})
 	f := newFixture(t, cfg)
 	hold := f.acquire(req("", "b", 5))
 	hold2 := f.acquire(req("", "a", 5))

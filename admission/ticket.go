@@ -1,50 +1,64 @@
 package admission
 
-import "time"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
 
-// Ticket is admitted weight. Give it back exactly once with Release (further
-// calls are no-ops) or in parts with Shrink. A nil or zero Ticket holds
-// nothing.
+	"github.com/kvgate/kvgate/admission/predict"
+)
+
+// leadTokens is how far a backend may be ahead of what the gateway has seen
+// of a stream: the token being sent and the one being computed.
+const leadTokens = 2
+
+// Ticket is an admission: a request bound to a pool. Give it back exactly
+// once with Release (further calls are no-ops); report its progress with
+// Progress and its finished sequences with Done as they happen, so that its
+// hold follows what it really uses. A nil or zero Ticket holds nothing.
+//
+// Its accounting fields are guarded by the scheduler's mu; the names and
+// waited are set before the ticket is handed out and never change.
 type Ticket struct {
-	class  *classState // class.budget is the budget: one pointer fewer to allocate
+	s      *Scheduler
+	pool   *pool
+	line   *line
 	tenant *tenantState
-	// weight is what the ticket still holds; 0 once released. It only ever
-	// decreases while the ticket is out. Guarded by the budget's mu, like the
-	// rest of the budget's accounting: Weight takes the lock, so the fast
-	// path needs no atomic instruction besides the mutex's own.
-	weight int64
-	waited time.Duration // set before the ticket is handed out
+	// weight is its worst case now (0 once released); charge what it counts
+	// for against tenant caps and the drain rate.
+	weight, charge int64
+	groups         []tgroup // nil for a weight-only request
+	opaque         bool
+	lens           *predict.Lengths // its forecast's predictor; nil = worst case
+	fc             curve            // its share of the pool's forecast (Predicted only)
+	seq            uint64
+	affinity       uint64
+	predicted      int // output tokens it was expected to generate, all sequences
+	waited         time.Duration
+	queue, class   string
+	poolName       string
+	prev, next     *Ticket // in its pool's list
 }
 
-// Release gives the whole weight back. It is idempotent and safe from any
-// goroutine: the second call finds nothing held and does nothing.
-func (t *Ticket) Release() {
-	if t == nil || t.class == nil {
-		return
-	}
-	t.class.budget.shrink(t, 0)
+// tgroup is a Group as it runs.
+type tgroup struct {
+	Group
+	live int   // sequences not finished
+	gen  int   // tokens each live sequence has generated, as last accounted
+	blk  int64 // blocks a sequence holds at gen (with leadTokens): Progress's lock-free check
 }
 
-// Shrink gives back weight early, keeping to: for when the real usage turns
-// out smaller than predicted. to >= the current weight is a no-op; to <= 0
-// is Release.
-func (t *Ticket) Shrink(to int64) {
-	if t == nil || t.class == nil {
-		return
-	}
-	t.class.budget.shrink(t, max(to, 0))
+func (g *tgroup) blocksAt(generated int) int64 {
+	return blocks(satAdd(satAdd(g.Prompt, generated), leadTokens), g.BlockTokens)
 }
 
-// Weight is what the ticket holds now (0 after Release).
-func (t *Ticket) Weight() int64 {
-	if t == nil || t.class == nil {
-		return 0
+// Pool is the pool the ticket is bound to ("" for the zero Ticket).
+func (t *Ticket) Pool() string {
+	if t == nil {
+		return ""
 	}
-	b := t.class.budget
-	b.mu.Lock()
-	w := t.weight
-	b.mu.Unlock()
-	return w
+	return t.poolName
 }
 
 // Waited is the time the request spent queued before admission (0 if it was
@@ -56,42 +70,196 @@ func (t *Ticket) Waited() time.Duration {
 	return t.waited
 }
 
-// shrink lowers t's weight to `to` (>= 0) and lets waiters in.
-func (b *Budget) shrink(t *Ticket, to int64) {
-	b.mu.Lock()
-	cur := t.weight
-	if to >= cur { // released already, or not a shrink
-		b.mu.Unlock()
-		return
+// PredictedOutput is the output tokens the request was expected to
+// generate when it was admitted, all sequences together: each sequence's
+// cap, or under Predicted the learned median length capped by it. Set at
+// admission, it stays after Release, for comparing with what it generated.
+func (t *Ticket) PredictedOutput() int {
+	if t == nil {
+		return 0
 	}
-	give := cur - to
-	t.weight = to
-	b.unholdLocked(t.class, t.tenant, give)
-	b.drain.add(give, b.clock)
-	if to == 0 {
-		b.checkLocked(opRelease)
-	} else {
-		b.checkLocked(opShrink)
-	}
-	if b.queued > 0 {
-		b.dispatchLocked()
-	}
-	b.mu.Unlock()
+	return t.predicted
 }
 
-// ticketSlab is how many tickets one allocation makes.
-const ticketSlab = 32
-
-// newTicketLocked hands out a zero Ticket carved from a slab, so that the
-// fast path allocates once per ticketSlab admissions. Tickets are never
-// reused (a late second Release of a recycled ticket would free someone
-// else's weight); a slab is freed by the GC once none of its tickets is
-// referenced, so a long-lived ticket keeps at most one slab alive.
-func (b *Budget) newTicketLocked() *Ticket {
-	if len(b.slab) == 0 {
-		b.slab = make([]Ticket, ticketSlab)
+// Weight is the worst case the ticket holds now (0 after Release).
+func (t *Ticket) Weight() int64 {
+	if t == nil || t.s == nil {
+		return 0
 	}
-	t := &b.slab[0]
-	b.slab = b.slab[1:]
-	return t
+	t.s.mu.Lock()
+	w := t.weight
+	t.s.mu.Unlock()
+	return w
+}
+
+// Release gives everything back. It is idempotent and safe from any
+// goroutine: the second call finds nothing held and does nothing.
+func (t *Ticket) Release() {
+	if t == nil || t.s == nil {
+		return
+	}
+	s := t.s
+	s.mu.Lock()
+	if t.weight == 0 {
+		s.mu.Unlock()
+		return
+	}
+	s.unholdLocked(t, true)
+	s.settleUnlock(opRelease)
+}
+
+// settleUnlock checks the invariants after op, lets waiters into what op
+// gave back, and releases mu.
+func (s *Scheduler) settleUnlock(op string) {
+	s.checkLocked(op)
+	if s.queued > 0 {
+		s.dispatchLocked()
+	}
+	s.mu.Unlock()
+}
+
+// Progress reports that each live sequence of group gi has generated
+// generated tokens. Only a change of block matters: in between it costs a
+// comparison and takes no lock. It must be called from one goroutine at a
+// time (the one relaying the request's answer).
+func (t *Ticket) Progress(gi, generated int) {
+	if t == nil || t.s == nil || gi < 0 || gi >= len(t.groups) {
+		return
+	}
+	g := &t.groups[gi]
+	b := g.blocksAt(generated)
+	if b == g.blk || generated < g.gen {
+		return
+	}
+	s := t.s
+	s.mu.Lock()
+	if t.weight == 0 {
+		s.mu.Unlock()
+		return
+	}
+	s.updateLocked(t, func() { g.gen, g.blk = generated, b })
+	s.settleUnlock(opProgress)
+}
+
+// Done reports that one sequence of group gi finished after generating
+// generated tokens, capped saying whether its cap stopped it. Its blocks go
+// back at once, and its length teaches the queue's predictor (also after
+// Release: a sequence that finished is a sample whatever the client did).
+func (t *Ticket) Done(gi, generated int, capped bool) {
+	if t == nil || t.s == nil || gi < 0 || gi >= len(t.groups) || generated < 0 {
+		return
+	}
+	s := t.s
+	s.mu.Lock()
+	s.observeLocked(t.line.q, t.tenant.name, generated, capped)
+	g := &t.groups[gi]
+	if t.weight == 0 || g.live == 0 {
+		s.mu.Unlock()
+		return
+	}
+	s.updateLocked(t, func() { g.live-- })
+	s.settleUnlock(opShrink)
+}
+
+// updateLocked applies change to t's groups and moves every account that
+// depends on them: the pool's forecast, held weight and charge, the
+// tenant's and the line's holdings, and the drain rate for what it gave up.
+func (s *Scheduler) updateLocked(t *Ticket, change func()) {
+	p := t.pool
+	s.forecastSubLocked(p, t)
+	change()
+	weight := int64(0)
+	for i := range t.groups {
+		g := &t.groups[i]
+		weight = satAdd64(weight, g.size(g.live, g.Cap))
+	}
+	if weight == 0 {
+		// Every sequence finished: everything goes back now, as on Release.
+		s.unholdLocked(t, true)
+		return
+	}
+	charge := s.ticketChargeLocked(t, weight)
+	dw, dc := weight-t.weight, charge-t.charge
+	p.held += dw
+	p.charge += dc
+	t.line.held += dw
+	t.tenant.unholdLocked(p, t.charge)
+	t.tenant.holdLocked(p, charge)
+	t.weight, t.charge = weight, charge
+	if dc < 0 {
+		p.drain.add(-dc, s.clock)
+	}
+	s.forecastAddLocked(p, t)
+}
+
+// ErrNotHeld is Move's error for a ticket that holds nothing.
+var ErrNotHeld = errors.New("admission: the ticket holds nothing")
+
+// Move gives up the ticket's pool (its backend failed before answering)
+// and waits, at the request's place in its queue, to be bound to another
+// of its queue's pools; the one it leaves is excluded. The request starts
+// over: its progress is forgotten. On success the ticket is bound again
+// (Pool says where); on failure — a refusal (ErrNoRoute when no other pool
+// is available), or ctx ending — it holds nothing. It is never held twice:
+// the old pool is given back before the new one is sought.
+func (t *Ticket) Move(ctx context.Context) error {
+	if t == nil || t.s == nil {
+		return ErrNotHeld
+	}
+	s := t.s
+	s.mu.Lock()
+	if t.weight == 0 {
+		s.mu.Unlock()
+		return ErrNotHeld
+	}
+	old := t.pool
+	w := &waiter{t: t, line: t.line, tenant: t.tenant, opaque: t.opaque, lens: t.lens, seq: t.seq,
+		exclude: old, affinity: t.affinity}
+	for _, g := range t.groups {
+		w.shape = append(w.shape, g.Group)
+	}
+	if len(w.shape) == 0 {
+		w.weight = t.weight
+	}
+	s.unholdLocked(t, false)
+	q := w.line.q
+	if q.removed || w.line.index < 0 {
+		return s.moveRefuseUnlock(w, ErrNoRoute)
+	}
+	if len(w.shape) > 0 {
+		for _, g := range w.shape {
+			w.weight = satAdd64(w.weight, g.final())
+		}
+		w.charge = s.chargeLocked(w)
+	} else {
+		w.charge = w.weight
+	}
+	if reason, _ := s.refusalLocked(w); reason != nil && reason != ErrOverloaded {
+		return s.moveRefuseUnlock(w, reason)
+	}
+	now := s.clock.Now()
+	w.enqueued = now
+	w.ready = make(chan struct{})
+	if to := w.line.spec.timeout; to > 0 {
+		w.deadline = now.Add(to)
+		w.timer = s.clock.AfterFunc(to, func() { s.expire(w) })
+	}
+	s.enqueueLocked(w)
+	s.checkLocked(opMove)
+	s.dispatchLocked()
+	s.mu.Unlock()
+	_, err := s.wait(ctx, ctx.Done(), w)
+	return err
+}
+
+func (s *Scheduler) moveRefuseUnlock(w *waiter, reason error) error {
+	return s.rejectUnlock(reason, w, 0, 0)
+}
+
+// String is for logs and test failures.
+func (t *Ticket) String() string {
+	if t == nil || t.s == nil {
+		return "ticket{}"
+	}
+	return fmt.Sprintf("ticket{queue %q, class %q, pool %q, waited %v}", t.queue, t.class, t.poolName, t.waited)
 }

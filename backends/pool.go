@@ -76,17 +76,19 @@ func (p *Pool) Ready() bool {
 }
 
 // Run probes every backend (health and metrics) on its interval until ctx
-// ends, handing each KV report to onReport (which may be nil). The first
-// round runs at once, so a fresh pool learns its backends' state quickly.
-func (p *Pool) Run(ctx context.Context, onReport func(*Backend, KVReport)) error {
+// ends, calling onProbe (which may be nil) after each probe with its KV
+// report, ok false when there was none (a failed probe, or no scrape): a
+// probe may have moved the circuit either way. The first round runs at
+// once, so a fresh pool learns its backends' state quickly.
+func (p *Pool) Run(ctx context.Context, onProbe func(*Backend, KVReport, bool)) error {
 	g, ctx := errgroup.WithContext(ctx)
 	for _, b := range p.all {
 		g.Go(func() error {
 			t := time.NewTicker(min(b.spec.HealthInterval, b.spec.ScrapeInterval))
 			defer t.Stop()
 			for {
-				if r, ok := b.Probe(ctx); ok && onReport != nil {
-					onReport(b, r)
+				if r, ok := b.Probe(ctx); onProbe != nil && ctx.Err() == nil {
+					onProbe(b, r, ok)
 				}
 				select {
 				case <-ctx.Done():

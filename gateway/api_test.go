@@ -382,7 +382,7 @@ func TestModelsAndStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if len(st.Budgets) != 1 || st.Budgets[0].Capacity != 2193088512 || len(st.Budgets[0].Classes) != 3 || st.Models[0].BytesPerToken != 131072 {
+	if len(st.GPUs) != 1 || st.GPUs[0].Capacity != 2193088512 || len(st.Models) != 1 || len(st.Models[0].Classes) != 3 || st.ModelInfo[0].BytesPerToken != 131072 {
 		t.Errorf("status: %+v", st)
 	}
 	resp, err = http.Get(gwURL + "/metrics")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/kvbudget"
 )
 
@@ -31,7 +33,17 @@ type Config struct {
 	Tenants  []TenantConfig  `yaml:"tenants"`
 	Models   []ModelConfig   `yaml:"models"`
 	Backends []BackendConfig `yaml:"backends"`
-	Log      LogConfig       `yaml:"log"`
+	// Routing chooses among the GPUs that have room for a request:
+	// least_loaded (the most room left after it) or affinity (the GPU its
+	// session or prompt prefix hashes to, where the backend's prefix cache
+	// has it, when that GPU has room; else the least loaded). Default
+	// least_loaded.
+	Routing string `yaml:"routing"`
+	// SessionHeader carries a client's session key for affinity routing;
+	// without it the request's user field, else a hash of its prompt's
+	// beginning, is the key. Default X-Session-Id.
+	SessionHeader string    `yaml:"session_header"`
+	Log           LogConfig `yaml:"log"`
 
 	// dir is the directory of the file, against which relative paths resolve.
 	dir string
@@ -58,8 +70,50 @@ type ServerConfig struct {
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
 }
 
+// Admission modes (AdmissionConfig.Mode).
+const (
+	modeKV    = "kv"    // admit by predicted KV bytes against each GPU's budget
+	modeCount = "count" // admit up to max_concurrency requests per backend, as a plain concurrency limit does
+)
+
+// Routing policies (Config.Routing).
+const (
+	routingLeastLoaded = "least_loaded"
+	routingAffinity    = "affinity"
+)
+
 // AdmissionConfig is the KV budget policy.
 type AdmissionConfig struct {
+	// Mode is kv (requests are admitted by their KV bytes against each
+	// GPU's budget) or count (at most max_concurrency requests per backend,
+	// whatever their size: the fixed limit a plain proxy gives, kept for
+	// comparison). Default kv.
+	Mode string `yaml:"mode"`
+	// MaxConcurrency is each backend's limit in count mode (a backend may
+	// set its own). Default 16.
+	MaxConcurrency int `yaml:"max_concurrency"`
+	// Reservation is how much a running request is taken to hold:
+	// predicted (its prompt and what it has generated, plus its growth as
+	// forecast from the output lengths this model's requests really had, so
+	// that the batch's future peak stays within the budget but with
+	// probability epsilon) or worst_case (prompt + max_tokens from
+	// admission to release: overflow is impossible, most of the pool stays
+	// reserved but empty). Default predicted.
+	Reservation string `yaml:"reservation"`
+	// Epsilon bounds the probability that a GPU's real KV use passes its
+	// budget, per admission, under predicted. In (0, 0.5). Default 1e-4.
+	Epsilon float64 `yaml:"epsilon"`
+	// WarmupSamples is how many finished sequences a model (or a tenant of
+	// it) must have before its requests are predicted; until then they are
+	// held at their worst case. Default 200; negative: from the first.
+	WarmupSamples int `yaml:"warmup_samples"`
+	// Headroom: while a backend reports more than (1 − headroom) × its
+	// budget in use, nothing new is admitted to its GPU (predicted only).
+	// In [0, 0.5); 0 disables the gate. Default 0.02.
+	Headroom *float64 `yaml:"headroom"`
+	// Backfill lets requests that fit start past a head request that does
+	// not, while that does not delay the head.
+	Backfill BackfillConfig `yaml:"backfill"`
 	// Ceiling is the fraction of GPU memory that weights plus KV cache may
 	// reach, in (0,1]. Default 0.75.
 	Ceiling float64 `yaml:"ceiling"`
@@ -91,11 +145,23 @@ type AdmissionConfig struct {
 	Feedback FeedbackConfig `yaml:"feedback"`
 }
 
+// BackfillConfig is the waiting order's one exception to first come, first
+// served.
+type BackfillConfig struct {
+	// Enabled turns backfilling on. Default true.
+	Enabled *bool `yaml:"enabled"`
+	// MaxHeadAge: a head request that has waited this long is passed by
+	// nobody any more. Default 10s.
+	MaxHeadAge Duration `yaml:"max_head_age"`
+}
+
 // QueueConfig bounds waiting requests.
 type QueueConfig struct {
 	// MaxRequests per class. Default 1024; negative: never queue.
 	MaxRequests int `yaml:"max_requests"`
-	// MaxBytes of predicted KV per class. Default 4 × the budget.
+	// MaxBytes of worst-case KV per class. Default 16 × the budgets of the
+	// model's GPUs (a burst of ten times what fits waits rather than being
+	// refused).
 	MaxBytes Size `yaml:"max_bytes"`
 	// Timeout is the longest wait in the queue. Default 30s.
 	Timeout Duration `yaml:"timeout"`
@@ -217,6 +283,24 @@ type BackendConfig struct {
 	Scrape ScrapeConfig `yaml:"metrics"`
 	// MaxConnections to the backend. Default 1024.
 	MaxConnections int `yaml:"max_connections"`
+	// MaxConcurrency is its limit in admission mode count. Default
+	// admission.max_concurrency.
+	MaxConcurrency int `yaml:"max_concurrency"`
+}
+
+// epsilon is the resolved admission.epsilon.
+func (a AdmissionConfig) epsilon() float64 {
+	if a.Epsilon == 0 {
+		return admission.DefaultEpsilon
+	}
+	return a.Epsilon
+}
+
+func (b BackendConfig) maxConcurrency(a AdmissionConfig) int {
+	if b.MaxConcurrency > 0 {
+		return b.MaxConcurrency
+	}
+	return a.MaxConcurrency
 }
 
 // HealthConfig is a backend's active health check and circuit.
@@ -331,6 +415,8 @@ const (
 	defaultShutdownTimeout = 30 * time.Second
 	defaultPriorityHeader  = "X-Priority"
 	defaultMaxModelLen     = 8192
+	defaultMaxConcurrency  = 16
+	defaultSessionHeader   = "X-Session-Id"
 	defaultTokenizeCache   = 16384
 	maxTokenizeCache       = 1 << 24
 )
@@ -435,6 +521,37 @@ func (c *Config) validate() error {
 	if !classes[a.DefaultClass] {
 		bad("admission.default_class", "%q is not one of admission.classes", a.DefaultClass)
 	}
+	switch a.Mode {
+	case "":
+		a.Mode = modeKV
+	case modeKV, modeCount:
+	default:
+		bad("admission.mode", "%q is not %s or %s", a.Mode, modeKV, modeCount)
+	}
+	if a.MaxConcurrency == 0 {
+		a.MaxConcurrency = defaultMaxConcurrency
+	}
+	if a.MaxConcurrency < 0 {
+		bad("admission.max_concurrency", "must be >= 1")
+	}
+	switch a.Reservation {
+	case "":
+		a.Reservation = admission.Predicted
+	case admission.Predicted, admission.WorstCase:
+	default:
+		bad("admission.reservation", "%q is not %s or %s", a.Reservation, admission.Predicted, admission.WorstCase)
+	}
+	if a.Epsilon < 0 || a.Epsilon >= 0.5 || math.IsNaN(a.Epsilon) {
+		bad("admission.epsilon", "%v is not in (0, 0.5)", a.Epsilon)
+	}
+	if h := a.Headroom; h != nil && (*h < 0 || *h >= 0.5 || math.IsNaN(*h)) {
+		bad("admission.headroom", "%v is not in [0, 0.5)", *h)
+	}
+	if a.Backfill.Enabled == nil {
+		on := true
+		a.Backfill.Enabled = &on
+	}
+	dur("admission.backfill.max_head_age", a.Backfill.MaxHeadAge)
 	fb := &a.Feedback
 	if fb.Enabled == nil {
 		on := true
@@ -612,6 +729,9 @@ func (c *Config) validate() error {
 		if b.MaxConnections < 0 {
 			bad(f+".max_connections", "must be >= 0")
 		}
+		if b.MaxConcurrency < 0 {
+			bad(f+".max_concurrency", "must be >= 1")
+		}
 	}
 	for m := range models {
 		served := false
@@ -623,6 +743,16 @@ func (c *Config) validate() error {
 		if !served && m != "" {
 			bad("models", "model %q is served by no backend", m)
 		}
+	}
+	switch c.Routing {
+	case "":
+		c.Routing = routingLeastLoaded
+	case routingLeastLoaded, routingAffinity:
+	default:
+		bad("routing", "%q is not %s or %s", c.Routing, routingLeastLoaded, routingAffinity)
+	}
+	if c.SessionHeader == "" {
+		c.SessionHeader = defaultSessionHeader
 	}
 	switch c.Log.Level {
 	case "", "debug", "info", "warn", "error":

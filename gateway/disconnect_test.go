@@ -25,12 +25,7 @@ func rawRequest(t *testing.T, gwURL, path, body string) (net.Conn, *bufio.Reader
 	return c, bufio.NewReader(c)
 }
 
-func queued(s *Server) int {
-	for _, g := range s.rt.Load().groups {
-		return g.budget.Stats().Queued
-	}
-	return -1
-}
+func queued(s *Server) int { return s.rt.Load().sched.Stats().Queued }
 
 // A client that hangs up mid-stream cancels the upstream request (the
 // backend stops generating) and its reservation is released at once.

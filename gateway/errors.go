@@ -17,7 +17,10 @@ type apiError struct {
 	code       string // "" is null
 	param      string // "" is null
 	message    string
-	retryAfter time.Duration // > 0 sets Retry-After
+	retryAfter time.Duration // > 0 sets Retry-After and retry-after-ms
+	// noRetry tells clients that waiting cannot help (x-should-retry:
+	// false, which the official OpenAI clients obey).
+	noRetry bool
 }
 
 // The OpenAI error types the gateway uses.
@@ -33,7 +36,13 @@ func (e *apiError) write(ctx *fasthttp.RequestCtx) {
 	ctx.SetStatusCode(e.status)
 	ctx.SetContentType("application/json")
 	if e.retryAfter > 0 {
+		// Retry-After is whole seconds; the official clients read
+		// retry-after-ms first, so they come back when the room is expected.
 		ctx.Response.Header.Set("Retry-After", strconv.Itoa(retryAfterSeconds(e.retryAfter)))
+		ctx.Response.Header.Set("Retry-After-Ms", strconv.FormatInt(max(e.retryAfter.Milliseconds(), 1), 10))
+	}
+	if e.noRetry {
+		ctx.Response.Header.Set("X-Should-Retry", "false")
 	}
 	var a fastjson.Arena
 	inner := a.NewObject()
@@ -57,4 +66,12 @@ func nullOr(a *fastjson.Arena, s string) *fastjson.Value {
 // "0" would retry at once, which is what shedding is there to prevent.
 func retryAfterSeconds(d time.Duration) int {
 	return max(1, int(math.Ceil(d.Seconds())))
+}
+
+// retryAfterText is d for a message: "1.4s", or whole seconds from 10s on.
+func retryAfterText(d time.Duration) string {
+	if d >= 10*time.Second {
+		return strconv.Itoa(retryAfterSeconds(d)) + "s"
+	}
+	return strconv.FormatFloat(math.Ceil(d.Seconds()*10)/10, 'f', -1, 64) + "s"
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends/sim"
 )
 
@@ -87,13 +88,13 @@ func startGateway(t testing.TB, cfgYAML string, opt Options) (*Server, string) {
 	return s, serveLoopback(t, s.Serve, s.Shutdown)
 }
 
-// held is the bytes reserved on the gateway's only GPU.
-func held(s *Server) int64 {
-	for _, g := range s.rt.Load().groups {
-		return g.budget.Stats().Held
-	}
-	return -1
+// onlyPool is the stats of the gateway's only GPU.
+func onlyPool(s *Server) admission.PoolStats {
+	return s.rt.Load().sched.Stats().Pools[0]
 }
+
+// held is the worst-case bytes reserved on the gateway's only GPU.
+func held(s *Server) int64 { return onlyPool(s).Held }
 
 // eventually polls cond for up to 5 s: releases happen right after the last
 // byte reaches the client, not before.

@@ -41,6 +41,10 @@ type request struct {
 	// the prompt is token ids, whose count is exact). Built only when the
 	// model counts through its backend (see tokenizeBodies).
 	tokenize [][]byte
+	// Affinity keys (affinity.go): the user field and a hash of the
+	// prompt's beginning.
+	user   string
+	prefix uint64
 }
 
 // parseError is a 400 with the offending parameter.
@@ -127,6 +131,7 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	if err != nil {
 		return nil, err
 	}
+	r.readAffinity(v)
 	return r, nil
 }
 

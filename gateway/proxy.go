@@ -16,7 +16,6 @@ import (
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
-	"github.com/kvgate/kvgate/internal/jsonscan"
 	"github.com/kvgate/kvgate/kvbudget"
 )
 
@@ -205,6 +204,8 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 
+	// The prompt is counted by a backend of the model (the one with the
+	// most room), before the request is bound to any GPU.
 	be, err := rt.pool.Pick(req.model, nil)
 	if err != nil {
 		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
@@ -222,13 +223,21 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 
-	g := rt.groupOf[be]
 	// The queue wait ends at the class's timeout or when the request as a
-	// whole would time out, whichever is first; the budget sheds at once a
-	// request whose expected wait already passes that.
-	deadline := x.start.Add(rt.cfg.Server.requestTimeout())
-	if err := g.budget.AcquireTicket(x.ctx, admission.Request{Weight: x.res.weight(), Class: x.class, Tenant: x.tenant, Deadline: deadline}, &x.ticketBuf); err != nil {
-		x.admissionFailed(ctx, err, g)
+	// whole would time out, whichever is first; the scheduler sheds at once
+	// a request whose expected wait already passes that.
+	areq := admission.Request{Queue: req.model, Class: x.class, Tenant: x.tenant, Opaque: !req.stream,
+		Deadline: x.start.Add(rt.cfg.Server.requestTimeout())}
+	if rt.count {
+		areq.Weight = 1
+	} else {
+		areq.Shape = x.res.shape()
+	}
+	if rt.cfg.Routing == routingAffinity {
+		areq.Affinity = x.affinity(ctx)
+	}
+	if err := rt.sched.AcquireTicket(x.ctx, areq, &x.ticketBuf); err != nil {
+		x.admissionFailed(ctx, err)
 		return
 	}
 	x.ticket = &x.ticketBuf
@@ -241,7 +250,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
 	}
 
-	resp, err := x.forward(ctx, be, g)
+	resp, err := x.forward(ctx)
 	if err != nil {
 		if !x.failEnded(ctx) {
 			x.fail(ctx, &apiError{status: 502, typ: typeServer, code: "upstream_error", message: err.Error()}, outcomeFailed, "upstream_error")
@@ -372,7 +381,7 @@ func (x *exchange) reserve(prompts []int, exact []bool) *apiError {
 	return nil
 }
 
-func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error, g *group) {
+func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 	reason := admission.ReasonOf(err)
 	var rej *admission.RejectError
 	errors.As(err, &rej)
@@ -382,18 +391,23 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error, g *group
 			x.finish(outcomeCanceled, "client_disconnect")
 		}
 	case "too_large":
-		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, code: "kv_budget_exceeded", param: "max_tokens",
-			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, %d sequences), more than the whole budget of GPU %q (%s). Lower max_tokens or n, or shorten the prompt.",
-				kvbudget.FormatBytes(x.res.weight()), x.predicted, x.res.maxOut(), x.req.seqs, g.name, kvbudget.FormatBytes(rej.Capacity))},
-			outcomeRejected, "kv_budget_exceeded")
+		e := &apiError{status: 400, typ: typeInvalidRequest, code: "kv_budget_exceeded", param: "max_tokens", noRetry: true,
+			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, %d sequences), more than the whole budget of any GPU serving model `%s` (%s). Lower max_tokens or n, or shorten the prompt.",
+				kvbudget.FormatBytes(x.res.weight()), x.predicted, x.res.maxOut(), x.req.seqs, x.req.model, kvbudget.FormatBytes(rej.Capacity))}
+		if x.rt.count {
+			e.message = fmt.Sprintf("This request cannot be admitted by model `%s`'s concurrency limit.", x.req.model)
+		}
+		x.fail(ctx, e, outcomeRejected, "kv_budget_exceeded")
 	case "tenant_quota":
 		// Only a request larger than the tenant's whole share gets here (one
 		// that merely finds its tenant at its cap waits): retrying cannot
-		// help, so there is no Retry-After.
-		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason,
-			message: fmt.Sprintf("This request needs %s of KV cache, more than your tenant may hold at once on GPU %q (%s). Lower max_tokens or n, or shorten the prompt.",
-				kvbudget.FormatBytes(x.res.weight()), g.name, kvbudget.FormatBytes(rej.Capacity))},
+		// help, and the client is told not to.
+		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason, noRetry: true,
+			message: fmt.Sprintf("This request needs %s of KV cache, more than your tenant may hold at once on any GPU serving model `%s` (%s). Lower max_tokens or n, or shorten the prompt.",
+				kvbudget.FormatBytes(x.res.weight()), x.req.model, kvbudget.FormatBytes(rej.Capacity))},
 			outcomeShed, reason)
+	case "no_route":
+		x.fail(ctx, noBackend(x.req.model), outcomeFailed, "no_backend")
 	case "queue_full", "queue_timeout", "overloaded":
 		msg := map[string]string{
 			"queue_full":    "The admission queue is full.",
@@ -401,17 +415,19 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error, g *group
 			"overloaded":    "The GPU is under memory pressure and this request's priority class is being shed.",
 		}[reason]
 		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason, retryAfter: rej.RetryAfter,
-			message: fmt.Sprintf("%s It needs %s of KV cache; retry after %ds.", msg, kvbudget.FormatBytes(x.res.weight()), retryAfterSeconds(rej.RetryAfter))},
+			message: fmt.Sprintf("%s It needs %s of KV cache; retry after %s.", msg, kvbudget.FormatBytes(x.res.weight()), retryAfterText(rej.RetryAfter))},
 			outcomeShed, reason)
 	default:
 		x.fail(ctx, &apiError{status: 500, typ: typeServer, message: err.Error()}, outcomeFailed, "internal")
 	}
 }
 
-// forward sends the request to be, or on a transport failure to another
-// backend on the same GPU (whose budget the ticket already holds). Nothing
-// has reached the client yet, so a retry is safe.
-func (x *exchange) forward(ctx *fasthttp.RequestCtx, be *backends.Backend, g *group) (*backends.Response, error) {
+// forward sends the request to a backend of the GPU its ticket is bound
+// to. On a transport failure it tries another backend of that GPU (whose
+// pool the ticket already holds), and once, when there is none, moves the
+// ticket to another GPU and tries there: nothing has reached the client
+// yet, so a retry is safe, and the reservation moves rather than doubles.
+func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error) {
 	body := ctx.PostBody()
 	if usage := x.req.stream && !x.req.includeUsage; usage || x.injectMax > 0 {
 		p := x.s.parsers.Get()
@@ -425,7 +441,23 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx, be *backends.Backend, g *gr
 	ureq := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(ureq)
 	tried := map[*backends.Backend]bool{}
+	moved := false
+	lastErr := errors.New("no available backend on the GPU the request was bound to")
 	for {
+		g := x.rt.poolGroup[x.ticket.Pool()]
+		be := g.backendFor(x.req.model, tried)
+		if be == nil {
+			if moved || x.ctx.Err() != nil {
+				return nil, lastErr
+			}
+			moved = true
+			x.rt.syncRoutes() // the failure may have opened a circuit: bind elsewhere
+			if err := x.ticket.Move(x.ctx); err != nil {
+				return nil, fmt.Errorf("%w (and no other GPU could take the request: %v)", lastErr, err)
+			}
+			x.s.log.Warn("backend failed before answering; moved the request to another GPU", "model", x.req.model, "gpu", x.ticket.Pool(), "err", lastErr)
+			continue
+		}
 		tried[be] = true
 		be.NewRequest(ureq, fasthttp.MethodPost, x.req.kind.path())
 		ureq.Header.SetContentType("application/json")
@@ -445,18 +477,8 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx, be *backends.Backend, g *gr
 			return nil, err
 		}
 		x.s.m.upstreamErrors.WithLabelValues(be.Name(), "transport").Inc()
-		next := (*backends.Backend)(nil)
-		for _, other := range g.backends {
-			if !tried[other] && other.Serves(x.req.model) && other.Available() {
-				next = other
-				break
-			}
-		}
-		if next == nil {
-			return nil, err
-		}
-		x.s.log.Warn("backend failed before answering; retrying on another", "backend", be.Name(), "next", next.Name(), "err", err)
-		be = next
+		x.s.log.Warn("backend failed before answering", "backend", be.Name(), "err", err)
+		lastErr = err
 	}
 }
 
@@ -485,15 +507,12 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 	ctx.SetBody(body)
 	switch {
 	case status < 300:
-		// Only usage is read: the generated text before it is skipped over,
-		// not parsed.
-		if u, err := jsonscan.Member(body, "usage"); err == nil {
-			p := x.s.parsers.Get()
-			if v, err := p.ParseBytes(u); err == nil {
-				x.readUsage(v)
-			}
-			x.s.parsers.Put(p)
+		p := x.s.parsers.Get()
+		if v, err := p.ParseBytes(body); err == nil {
+			x.readUsage(v.Get("usage"))
+			x.learnWhole(v)
 		}
+		x.s.parsers.Put(p)
 		x.finish(outcomeOK, "")
 	case status >= 500:
 		x.s.m.upstreamErrors.WithLabelValues(x.backend.Name(), "status").Inc()
@@ -509,6 +528,21 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 var bodyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
 
 const maxPooledBody = 1 << 20
+
+// learnWhole teaches the model's output-length predictor what a
+// non-streamed answer generated: only a single choice's length is known
+// (usage counts all choices together).
+func (x *exchange) learnWhole(v *fastjson.Value) {
+	choices := v.GetArray("choices")
+	if !x.hasUsage || len(choices) != 1 || len(x.res.prompts) != 1 {
+		return
+	}
+	if fr := choices[0].Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
+		if prompt, n, ok := x.res.finish(0, x.usage.completion); ok {
+			x.ticket.Done(prompt, n, string(fr.GetStringBytes()) == "length")
+		}
+	}
+}
 
 func (x *exchange) readUsage(u *fastjson.Value) {
 	if u == nil || u.Type() != fastjson.TypeObject {
@@ -526,6 +560,10 @@ func (x *exchange) recordUsage() {
 	ms.actual[0].Add(float64(x.usage.prompt))
 	ms.predicted[1].Add(float64(x.res.reservedOutput()))
 	ms.actual[1].Add(float64(x.usage.completion))
+	if x.ticket != nil {
+		ms.outPredicted.Add(float64(x.ticket.PredictedOutput()))
+		ms.outGenerated.Add(float64(x.usage.completion))
+	}
 	if x.predicted > 0 && x.usage.prompt > 0 {
 		source := x.source
 		if source == "" {
@@ -639,8 +677,13 @@ func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
 	if data == nil || bytes.Equal(data, []byte("[DONE]")) {
 		return true, false
 	}
-	if x.firstTok && plainToken(data) {
-		return true, false // nothing here for the gateway: not worth a parse
+	if x.firstTok && len(x.res.gen) == 1 && plainToken(data) && firstChoiceToken(data) {
+		// One token of the only choice and nothing else: counted without a
+		// parse.
+		if prompt, furthest, moved := x.res.token(0); moved {
+			x.ticket.Progress(prompt, furthest)
+		}
+		return true, false
 	}
 	v, err := p.ParseBytes(data)
 	if err != nil {
@@ -665,9 +708,14 @@ func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
 				x.s.m.forModel(x.m.name).ttft.Observe(x.s.now().Sub(x.start).Seconds())
 			}
 		}
+		if content := c.GetStringBytes("delta", "content"); len(content) > 0 || len(c.GetStringBytes("text")) > 0 {
+			if prompt, furthest, moved := x.res.token(idx); moved {
+				x.ticket.Progress(prompt, furthest)
+			}
+		}
 		if fr := c.Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
-			if w, changed := x.res.finish(idx); changed {
-				x.ticket.Shrink(w)
+			if prompt, n, ok := x.res.finish(idx, -1); ok {
+				x.ticket.Done(prompt, n, string(fr.GetStringBytes()) == "length")
 			}
 		}
 	}

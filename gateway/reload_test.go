@@ -10,12 +10,7 @@ import (
 	"github.com/kvgate/kvgate/backends/sim"
 )
 
-func capacity(s *Server) int64 {
-	for _, g := range s.rt.Load().groups {
-		return g.budget.Stats().Capacity
-	}
-	return -1
-}
+func capacity(s *Server) int64 { return onlyPool(s).Capacity }
 
 // A reload changes the ceiling under a running gateway without dropping
 // the stream in flight; a broken file, or one whose numbers do not add up,
@@ -35,7 +30,7 @@ func TestReload(t *testing.T) {
 	if c := capacity(gw); c != 2193088512 {
 		t.Fatalf("capacity %d", c)
 	}
-	budget := gw.rt.Load().groups["gpu0"].budget
+	sched := gw.rt.Load().sched
 
 	// A stream in flight across the reloads.
 	done := make(chan result, 1)
@@ -54,8 +49,8 @@ func TestReload(t *testing.T) {
 	if c := capacity(gw); c != 3481578700 {
 		t.Errorf("capacity after reload %d, want 3481578700", c)
 	}
-	if gw.rt.Load().groups["gpu0"].budget != budget {
-		t.Error("the budget was replaced: reservations in flight would be lost")
+	if gw.rt.Load().sched != sched || held(gw) == 0 {
+		t.Error("the admission state was replaced: reservations in flight would be lost")
 	}
 
 	write("admission: {ceiling: 2}\n")
@@ -127,7 +122,6 @@ func TestReloadRenamedBackendKeepsItsBudget(t *testing.T) {
 	c, _ := rawRequest(t, gwURL, "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":7990}`)
 	defer c.Close()
 	eventually(t, "the request to be admitted", func() bool { return held(gw) > 0 })
-	old := gw.rt.Load().groups["gpu0"].budget
 	cfg, err := Parse([]byte(strings.Replace(baseConfig(url, ""), "name: gpu0", "name: vllm-0", 1)), ".")
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +130,7 @@ func TestReloadRenamedBackendKeepsItsBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := gw.rt.Load().groups["vllm-0"]
-	if g == nil || g.budget != old || g.budget.Stats().Held == 0 {
+	if g == nil || g.pool != "gpu0" || held(gw) == 0 || len(gw.rt.Load().sched.Stats().Pools) != 1 {
 		t.Fatalf("the renamed backend's GPU has a new budget: %+v", gw.rt.Load().groups)
 	}
 }

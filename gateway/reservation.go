@@ -1,55 +1,81 @@
 package gateway
 
-import "github.com/kvgate/kvgate/kvbudget"
+import (
+	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/kvbudget"
+)
 
-// reservation is the KV a request holds, prompt by prompt and choice by
-// choice, so that a choice which finishes early gives its blocks back while
-// its siblings still run. Choice i of a batch request belongs to prompt
+// reservation is what a request may grow to, prompt by prompt and choice by
+// choice, and what it has generated so far: the admission Shape it is
+// admitted with, and the bookkeeping that turns a stream's events into the
+// ticket's Progress and Done. Choice i of a batch request belongs to prompt
 // i / n (vLLM numbers them prompt-major). With best_of above n, vLLM runs
-// more sequences than it returns choices; those are released only when the
-// request ends, never early.
+// more sequences than it returns choices; those cannot be seen finishing,
+// so their prompt's blocks are given back only when the request ends.
 type reservation struct {
 	layout   kvbudget.KVLayout
 	prompts  []int
 	outs     []int
-	n        int // choices returned per prompt
-	seqs     int // sequences run per prompt
+	n        int   // choices returned per prompt
+	seqs     int   // sequences run per prompt
+	gen      []int // tokens seen per choice
 	finished []bool
-	left     []int // unfinished sequences per prompt
+	maxGen   []int // tokens seen of the furthest choice of each prompt
 }
 
 func newReservation(l kvbudget.KVLayout, prompts, outs []int, n, seqs int) reservation {
-	r := reservation{layout: l, prompts: prompts, outs: outs, n: n, seqs: seqs, finished: make([]bool, len(prompts)*n), left: make([]int, len(prompts))}
-	for i := range r.left {
-		r.left[i] = seqs
-	}
-	return r
+	return reservation{layout: l, prompts: prompts, outs: outs, n: n, seqs: seqs,
+		gen: make([]int, len(prompts)*n), finished: make([]bool, len(prompts)*n), maxGen: make([]int, len(prompts))}
 }
 
-// weight is the bytes still reserved: for each prompt with a running
-// choice, its shared full prompt blocks, plus each running choice's own.
+// shape is the reservation as the scheduler sees it: one group per prompt.
+func (r *reservation) shape() []admission.Group {
+	g := make([]admission.Group, len(r.prompts))
+	for i, p := range r.prompts {
+		g[i] = admission.Group{Prompt: p, Cap: max(r.outs[i], 1), Seqs: r.seqs, BlockTokens: r.layout.BlockSize, BlockBytes: r.layout.BytesPerBlock}
+	}
+	return g
+}
+
+// weight is the worst case in bytes: for each prompt, its shared full
+// prompt blocks, plus each sequence's own blocks at its cap.
 func (r *reservation) weight() int64 {
 	var blocks int64
 	for i, p := range r.prompts {
-		if r.left[i] == 0 {
-			continue
-		}
 		shared := int64(p / r.layout.BlockSize)
 		own := kvbudget.Blocks(p+r.outs[i], r.layout.BlockSize) - shared
-		blocks += shared + int64(r.left[i])*own
+		blocks += shared + int64(r.seqs)*own
 	}
 	return blocks * r.layout.BytesPerBlock
 }
 
-// finish marks choice idx done; it returns the new weight and whether it
-// changed.
-func (r *reservation) finish(idx int) (int64, bool) {
+// token notes one generated token of choice idx. It returns the choice's
+// prompt and, when that prompt's furthest choice moved, its new length.
+func (r *reservation) token(idx int) (prompt, furthest int, moved bool) {
+	if idx < 0 || idx >= len(r.gen) || r.finished[idx] {
+		return 0, 0, false
+	}
+	r.gen[idx]++
+	prompt = idx / r.n
+	if r.gen[idx] <= r.maxGen[prompt] {
+		return prompt, 0, false
+	}
+	r.maxGen[prompt] = r.gen[idx]
+	return prompt, r.maxGen[prompt], true
+}
+
+// finish marks choice idx done after generating n tokens (n < 0: as many as
+// were seen). ok is false when it was already, or when its sequences cannot
+// all be seen finishing (best_of above n): then nothing is given back early.
+func (r *reservation) finish(idx, n int) (prompt, generated int, ok bool) {
 	if r.seqs != r.n || idx < 0 || idx >= len(r.finished) || r.finished[idx] {
-		return 0, false
+		return 0, 0, false
 	}
 	r.finished[idx] = true
-	r.left[idx/r.n]--
-	return r.weight(), true
+	if n < 0 {
+		n = r.gen[idx]
+	}
+	return idx / r.n, n, true
 }
 
 func (r *reservation) maxOut() int {

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
@@ -15,9 +17,9 @@ import (
 
 // runtime is everything a configuration turns into. A request loads the
 // current runtime once and uses it throughout, so a reload never changes
-// the rules under a request in flight; budgets and backends that survive a
-// reload are the same objects, so held reservations and open connections
-// carry over.
+// the rules under a request in flight; the admission scheduler and the
+// backends that survive a reload are the same objects, so held reservations
+// and open connections carry over.
 type runtime struct {
 	cfg    *Config
 	models map[string]*model
@@ -28,7 +30,10 @@ type runtime struct {
 	classRank  map[string]int     // 0 is the highest priority
 	groups     map[string]*group  // by GPU name
 	groupOf    map[*backends.Backend]*group
+	poolGroup  map[string]*group // by admission pool name
 	pool       *backends.Pool
+	sched      *admission.Scheduler // shared by every runtime of a server
+	count      bool                 // admission.mode count: requests, not bytes
 }
 
 type tenant struct {
@@ -36,23 +41,28 @@ type tenant struct {
 	class string
 }
 
-// group is one GPU (or TP group) and its admission budget, shared by the
-// backends that run on it.
+// group is one GPU (or TP group): an admission pool shared by the backends
+// that run on it.
 type group struct {
-	name     string
-	budget   *admission.Budget
-	nominal  int64 // from the config: gpu_memory × ceiling − weights − reserve − other
+	name string
+	// pool is its admission pool's name: its own, or the pool of a group it
+	// replaced on reload (a renamed GPU keeps its reservations).
+	pool string
+	// nominal is the budget from the config (gpu_memory × ceiling − weights
+	// − reserve − other), or, in count mode, the concurrency limit.
+	nominal  int64
 	backends []*backends.Backend
 	// bytesPerToken of the model each backend serves, on one GPU: with the
 	// block size the backend reports, it turns its pool (in blocks) into
 	// bytes.
 	bytesPerToken map[*backends.Backend]int64
+	rr            atomic.Uint64
 }
 
-// pool is what the backends of g report of their KV pools: their total
+// reported is what the backends of g report of their KV pools: their total
 // size and the part in use, in bytes of one GPU. ok is false until every
 // backend of the group has reported both.
-func (g *group) pool() (pool, used int64, ok bool) {
+func (g *group) reported() (pool, used int64, ok bool) {
 	for _, be := range g.backends {
 		kv, have := be.KV()
 		if !have || !kv.HasPool() || !kv.HasUsage {
@@ -66,22 +76,41 @@ func (g *group) pool() (pool, used int64, ok bool) {
 }
 
 // capacity is the budget g admits against: its configured size, or less if
-// its backends' pools are smaller.
-func (g *group) capacity() int64 {
-	if pool, _, ok := g.pool(); ok && pool < g.nominal {
+// its backends' pools are smaller. (In count mode, the concurrency limit.)
+func (g *group) capacity(count bool) int64 {
+	if count {
+		return g.nominal
+	}
+	if pool, _, ok := g.reported(); ok && pool < g.nominal {
 		return pool
 	}
 	return g.nominal
 }
 
+// backendFor picks an available backend of g for model, other than those
+// in skip, rotating among them so that several backends of one GPU share
+// its pool's load.
+func (g *group) backendFor(model string, skip map[*backends.Backend]bool) *backends.Backend {
+	n := len(g.backends)
+	start := int(g.rr.Add(1) % uint64(n))
+	for i := range n {
+		be := g.backends[(start+i)%n]
+		if !skip[be] && be.Serves(model) && be.Available() {
+			return be
+		}
+	}
+	return nil
+}
+
 // buildRuntime turns a validated config into a runtime, reusing what prev
-// holds for budgets and backends that did not change. It has no effect on
-// prev: budgets are reconfigured by commit, once everything else is known
-// to be good.
-func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(), error) {
+// holds for backends that did not change. It has no effect on prev or on
+// the scheduler: the returned commit reconfigures the scheduler (or, with
+// sched nil, creates it), once everything else is known to be good.
+func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Scheduler) (*runtime, func() (*admission.Scheduler, error), error) {
 	rt := &runtime{
 		cfg: cfg, models: map[string]*model{}, tenants: map[string]*tenant{},
 		classRank: map[string]int{}, groups: map[string]*group{}, groupOf: map[*backends.Backend]*group{},
+		poolGroup: map[string]*group{}, count: cfg.Admission.Mode == modeCount,
 	}
 	var errs []error
 	for i, mc := range cfg.Models {
@@ -114,6 +143,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 	// GPU groups: memory and the models whose weights sit on them.
 	type groupSpec struct {
 		memory, other, explicit int64
+		concurrency             int64
 		field                   string
 		weights                 map[string]int64
 		urls                    map[string]bool
@@ -128,6 +158,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 			specs[bc.GPU] = gs
 			order = append(order, bc.GPU)
 		}
+		gs.concurrency += int64(bc.maxConcurrency(cfg.Admission))
 		mem, err := gpuMemory(bc.GPUMemory, opt.probeGPUs)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.gpu_memory: %w", f, err))
@@ -148,16 +179,16 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 		return nil, nil, errors.Join(errs...)
 	}
 
-	// The budget a group carries over: its own under the same name, or, for a
-	// renamed GPU (a backend renamed without an explicit gpu), the budget of
-	// a vanished group whose backends it keeps — a new empty budget there
-	// would admit a second full budget next to the streams still running.
-	carried := func(name string, urls map[string]bool) *admission.Budget {
+	// The pool a group carries over: its own under the same name, or, for a
+	// renamed GPU (a backend renamed without an explicit gpu), the pool of a
+	// vanished group whose backends it keeps — a new empty pool there would
+	// admit a second full budget next to the streams still running.
+	carried := func(name string, urls map[string]bool) string {
 		if prev == nil {
-			return nil
+			return name
 		}
 		if g := prev.groups[name]; g != nil {
-			return g.budget
+			return g.pool
 		}
 		for oldName, g := range prev.groups {
 			if specs[oldName] != nil {
@@ -165,21 +196,18 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 			}
 			for _, be := range g.backends {
 				if urls[be.Spec().URL] {
-					return g.budget
+					return g.pool
 				}
 			}
 		}
-		return nil
+		return name
 	}
-	type reconfig struct {
-		g    *group
-		acfg admission.Config
-	}
-	var reconfigs []reconfig
 	for _, name := range order {
 		gs := specs[name]
 		capacity := gs.explicit
-		if capacity == 0 {
+		if rt.count {
+			capacity = gs.concurrency
+		} else if capacity == 0 {
 			var w int64
 			for _, b := range gs.weights {
 				w += b
@@ -191,26 +219,9 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 			}
 			capacity = kv
 		}
-		acfg := admissionConfig(cfg, capacity, opt)
-		g := &group{name: name, nominal: capacity, bytesPerToken: map[*backends.Backend]int64{}}
-		if old := carried(name, gs.urls); old != nil {
-			// Validate now; apply in commit, after every other part built.
-			if _, err := admission.New(acfg); err != nil {
-				errs = append(errs, fmt.Errorf("admission (gpu %q): %w", name, err))
-				continue
-			}
-			g.budget = old
-			reconfigs = append(reconfigs, reconfig{g, acfg})
-		} else {
-			acfg.Observer = opt.observerFor(name)
-			b, err := admission.New(acfg)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("admission (gpu %q): %w", name, err))
-				continue
-			}
-			g.budget = b
-		}
+		g := &group{name: name, pool: carried(name, gs.urls), nominal: capacity, bytesPerToken: map[*backends.Backend]int64{}}
 		rt.groups[name] = g
+		rt.poolGroup[g.pool] = g
 	}
 	if len(errs) > 0 {
 		return nil, nil, errors.Join(errs...)
@@ -223,14 +234,14 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 		var be *backends.Backend
 		if prev != nil {
 			for _, old := range prev.pool.Backends() {
-				if old.Name() == bc.Name && prev.groupOf[old].budget == g.budget && sameSpec(old.Spec(), spec) {
+				if old.Name() == bc.Name && prev.groupOf[old].pool == g.pool && sameSpec(old.Spec(), spec) {
 					be = old
 				}
 			}
 		}
 		if be == nil {
 			var err error
-			be, err = backends.NewBackend(spec, g.budget, opt.Now)
+			be, err = backends.NewBackend(spec, poolBudget{rt: rt, pool: g.pool}, opt.Now)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("backends[%d]: %w", i, err))
 				continue
@@ -245,14 +256,83 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options) (*runtime, []func(),
 		return nil, nil, errors.Join(errs...)
 	}
 	rt.pool = backends.NewPool(list)
-	var commits []func()
-	for _, r := range reconfigs {
-		// Keep the clamp to the pools the backends reported: reconfiguring
-		// to the configured size would admit past them until the next scrape.
-		r.acfg.Capacity = r.g.capacity()
-		commits = append(commits, func() { _ = r.g.budget.Reconfigure(r.acfg) })
+
+	acfg := admissionConfig(cfg, opt)
+	for _, name := range order {
+		g := rt.groups[name]
+		// Keep the clamp to the pools the backends reported: reconfiguring to
+		// the configured size would admit past them until the next scrape.
+		acfg.Pools = append(acfg.Pools, admission.PoolConfig{Name: g.pool, Capacity: g.capacity(rt.count)})
 	}
-	return rt, commits, nil
+	for _, name := range rt.modelOrder {
+		q := admission.QueueConfig{Name: name, MaxLen: rt.models[name].maxLen}
+		for _, gname := range order {
+			g := rt.groups[gname]
+			for _, be := range g.backends {
+				if be.Serves(name) && !slices.Contains(q.Pools, g.pool) {
+					q.Pools = append(q.Pools, g.pool)
+				}
+			}
+		}
+		acfg.Queues = append(acfg.Queues, q)
+	}
+	if sched == nil {
+		// Validate now: the caller creates it in commit.
+		if _, err := admission.New(acfg); err != nil {
+			return nil, nil, fmt.Errorf("admission: %w", err)
+		}
+	}
+	commit := func() (*admission.Scheduler, error) {
+		if sched == nil {
+			acfg.Observer = opt.observer()
+			var err error
+			sched, err = admission.New(acfg)
+			if err != nil {
+				return nil, err
+			}
+		} else if err := sched.Reconfigure(acfg); err != nil {
+			return nil, err
+		}
+		rt.sched = sched
+		rt.syncRoutes()
+		return sched, nil
+	}
+	return rt, commit, nil
+}
+
+// poolBudget is a backend's view of its GPU's pool, for routing its
+// tokenize calls (backends.Pool.Pick) to the one with the most room.
+type poolBudget struct {
+	rt   *runtime
+	pool string
+}
+
+func (b poolBudget) Free() int64 {
+	if b.rt.sched == nil {
+		return 0
+	}
+	return b.rt.sched.Free(b.pool)
+}
+
+// syncRoutes tells the scheduler which GPUs may take each model's requests
+// now: those with an available backend serving it. Called after every probe
+// and every upstream failure, it is how a backend whose circuit opens stops
+// taking binds and strands none of its model's waiters.
+func (rt *runtime) syncRoutes() {
+	for _, g := range rt.groups {
+		for _, name := range rt.modelOrder {
+			serves, up := false, false
+			for _, be := range g.backends {
+				if be.Serves(name) {
+					serves = true
+					up = up || be.Available()
+				}
+			}
+			if serves {
+				_ = rt.sched.SetAvailable(name, g.pool, up)
+			}
+		}
+	}
 }
 
 // sameSpec says whether a backend made from b would be the backend a
@@ -269,8 +349,9 @@ func backendSpec(bc BackendConfig) backends.Spec {
 	}
 }
 
-// admissionConfig maps the gateway's admission section onto one budget.
-func admissionConfig(cfg *Config, capacity int64, opt *Options) admission.Config {
+// admissionConfig maps the gateway's admission section onto the
+// scheduler's config (pools and queues are the caller's).
+func admissionConfig(cfg *Config, opt *Options) admission.Config {
 	a := cfg.Admission
 	q := a.Queue
 	classes := make([]admission.ClassConfig, len(a.Classes))
@@ -285,19 +366,33 @@ func admissionConfig(cfg *Config, capacity int64, opt *Options) admission.Config
 		if c.Timeout.D != 0 {
 			cc.QueueTimeout = c.Timeout.D
 		}
+		if cfg.Admission.Mode == modeCount && cc.MaxQueuedBytes == 0 {
+			cc.MaxQueuedBytes = -1 // weights are requests: max_requests bounds them
+		}
 		classes[i] = cc
 	}
 	var tenants []admission.TenantConfig
 	for _, t := range cfg.Tenants {
 		tenants = append(tenants, admission.TenantConfig{Name: t.Name, Share: t.Share, QueueShare: t.QueueShare})
 	}
-	ac := admission.Config{
-		Capacity: capacity, Classes: classes, DefaultClass: a.DefaultClass, Tenants: tenants,
+	reservation := a.Reservation
+	if a.Mode == modeCount {
+		reservation = admission.WorstCase // a request is one slot, whatever it generates
+	}
+	headroom := 0.0 // admission's default
+	if a.Headroom != nil {
+		if headroom = *a.Headroom; headroom == 0 {
+			headroom = -1 // an explicit 0 in the gateway's config means none
+		}
+	}
+	return admission.Config{
+		Classes: classes, DefaultClass: a.DefaultClass, Tenants: tenants,
 		DefaultTenantShare: a.DefaultTenantShare, PressureThreshold: a.Pressure,
 		DrainWindow: a.DrainWindow.D, MaxRetryAfter: a.MaxRetryAfter.D, Clock: opt.Clock,
-		AIMD: admission.AIMDConfig{Decrease: a.Feedback.Decrease, Increase: a.Feedback.Increase, MinFraction: a.Feedback.MinFraction},
+		AIMD:     admission.AIMDConfig{Decrease: a.Feedback.Decrease, Increase: a.Feedback.Increase, MinFraction: a.Feedback.MinFraction},
+		Policy:   admission.PolicyConfig{Reservation: reservation, Epsilon: a.Epsilon, WarmupSamples: a.WarmupSamples, Headroom: headroom},
+		Backfill: admission.BackfillConfig{Disabled: !*a.Backfill.Enabled, MaxHeadAge: a.Backfill.MaxHeadAge.D},
 	}
-	return ac
 }
 
 // gpuMemory reads a backend's gpu_memory: a size, or nvml[:index].

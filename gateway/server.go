@@ -38,9 +38,7 @@ type Options struct {
 	metrics *metrics
 }
 
-func (o *Options) observerFor(gpu string) admission.Observer {
-	return observer{m: o.metrics, gpu: gpu, atOnce: &sync.Map{}}
-}
+func (o *Options) observer() admission.Observer { return observer{m: o.metrics} }
 
 func (o *Options) probeGPUs() ([]gpuinfo.Device, error) {
 	if o.ProbeGPUs != nil {
@@ -62,6 +60,8 @@ type Server struct {
 	metricsHandler fasthttp.RequestHandler
 
 	rt atomic.Pointer[runtime]
+	// sched is the admission scheduler every runtime shares; set once by New.
+	sched *admission.Scheduler
 
 	reloadMu  sync.Mutex // serialises Reload and Shutdown; guards probeStop and closed
 	probeStop context.CancelFunc
@@ -77,6 +77,8 @@ type Server struct {
 
 	active       atomic.Int64 // exchanges between arrival and finish
 	warnedBlocks sync.Map     // *backends.Backend → true once its block size mismatch is logged
+	warnedPools  sync.Map     // pool name → true once its unusable memory is logged
+	preemptions  sync.Map     // *backends.Backend → its last reported preemption counter
 
 	// testHookServe, when set by a test, runs at the start of every
 	// completion request (to inject a panic, say).
@@ -92,14 +94,14 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		opt.Now = time.Now
 	}
 	s := &Server{opt: opt, log: opt.Logger, now: opt.Now}
-	s.m = newMetrics(s.rt.Load)
+	s.m = newMetrics(s.rt.Load, opt.Now)
 	s.opt.metrics = s.m
-	rt, commits, err := buildRuntime(cfg, nil, &s.opt)
+	rt, commit, err := buildRuntime(cfg, nil, &s.opt, nil)
 	if err != nil {
 		return nil, err
 	}
-	for _, c := range commits {
-		c()
+	if s.sched, err = commit(); err != nil {
+		return nil, fmt.Errorf("gateway: admission: %w", err)
 	}
 	w, err := connwatch.New()
 	if err != nil {
@@ -198,16 +200,16 @@ func (s *Server) Reload(cfg *Config) error {
 		s.log.Warn("server.* changes need a restart; keeping the running server section")
 		cfg.Server = old.cfg.Server
 	}
-	rt, commits, err := buildRuntime(cfg, old, &s.opt)
+	rt, commit, err := buildRuntime(cfg, old, &s.opt, s.sched)
+	if err == nil {
+		_, err = commit()
+	}
 	if err != nil {
-		s.m.reloads.WithLabelValues("error").Inc()
+		s.m.reloaded(false, s.now())
 		return err
 	}
-	for _, c := range commits {
-		c()
-	}
 	s.rt.Store(rt)
-	s.m.reloads.WithLabelValues("ok").Inc()
+	s.m.reloaded(true, s.now())
 	s.startProbesLocked(rt)
 	return nil
 }
@@ -234,37 +236,61 @@ func (s *Server) startProbesLocked(rt *runtime) {
 	s.probes.Add(1)
 	go func() {
 		defer s.probes.Done()
-		_ = rt.pool.Run(ctx, func(b *backends.Backend, r backends.KVReport) { s.onKVReport(rt, b, r) })
+		_ = rt.pool.Run(ctx, func(b *backends.Backend, r backends.KVReport, ok bool) { s.onKVReport(rt, b, r, ok) })
 	}()
 }
 
 // onKVReport closes the loop on a backend's own account of its KV cache:
-// the budget never exceeds the pool the backend really has, and shrinks
-// while the backends of a GPU report more in use than its budget.
-func (s *Server) onKVReport(rt *runtime, b *backends.Backend, _ backends.KVReport) {
+// the budget never exceeds the pool the backend really has; what it reports
+// in use is the ground truth the predicted policy's gate reads; and the
+// budget shrinks while the backends of a GPU report more in use than the
+// budget, or preemptions (the backend ran out of blocks), and grows back
+// slowly otherwise. Every probe also refreshes which GPUs may take each
+// model's requests.
+func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVReport, ok bool) {
 	if s.rt.Load() != rt {
 		return // a report of a configuration already replaced
 	}
-	g := rt.groupOf[b]
-	pool, used, ok := g.pool()
-	if !ok {
+	rt.syncRoutes()
+	if !ok || rt.count {
 		return
 	}
-	if kv, _ := b.KV(); kv.BlockSize != rt.models[b.Spec().Models[0]].layout.BlockSize {
+	g := rt.groupOf[b]
+	pool, used, known := g.reported()
+	if !known {
+		return
+	}
+	if r.BlockSize != rt.models[b.Spec().Models[0]].layout.BlockSize {
 		if _, seen := s.warnedBlocks.LoadOrStore(b, true); !seen {
 			s.log.Warn("backend's KV block size differs from the model's block_size: reservations are rounded wrongly",
-				"backend", b.Name(), "reported", kv.BlockSize, "configured", rt.models[b.Spec().Models[0]].layout.BlockSize)
+				"backend", b.Name(), "reported", r.BlockSize, "configured", rt.models[b.Spec().Models[0]].layout.BlockSize)
+		}
+	}
+	if pool > g.nominal {
+		if _, seen := s.warnedPools.LoadOrStore(g.pool, true); !seen {
+			s.log.Warn("the backends' KV pool is larger than the ceiling allows: the difference will never be used",
+				"gpu", g.name, "pool", pool, "budget", g.nominal, "unused", pool-g.nominal,
+				"fix", "start the backend with --gpu-memory-utilization equal to admission.ceiling, or raise admission.ceiling")
 		}
 	}
 	want := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
-	if st := g.budget.Stats(); st.Capacity != want {
-		if err := g.budget.Resize(want); err == nil {
+	if st, _ := rt.sched.Pool(g.pool); st.Capacity != want {
+		if err := rt.sched.Resize(g.pool, want); err == nil {
 			s.log.Info("budget follows the backend's pool", "gpu", g.name, "configured", g.nominal, "pool", pool, "capacity", want)
 		}
 	}
+	_ = rt.sched.SetUsage(g.pool, used, true)
+	preempted := s.preemptionsRose(b, r.Preemptions)
 	if *rt.cfg.Admission.Feedback.Enabled {
-		g.budget.Feedback(used > want)
+		_ = rt.sched.Feedback(g.pool, used > want || preempted)
 	}
+}
+
+// preemptionsRose says whether b's preemption counter rose since its last
+// report (a restarted backend's counter starting over is not a rise).
+func (s *Server) preemptionsRose(b *backends.Backend, n float64) bool {
+	prev, seen := s.preemptions.Swap(b, n)
+	return seen && n > prev.(float64)
 }
 
 // handle routes a request; no panic reaches the client.
@@ -291,6 +317,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	case "/v1/models":
 		s.serveModels(ctx)
+	case "/tokenize":
+		s.serveTokenize(ctx)
 	case "/metrics":
 		s.metricsHandler(ctx)
 	case "/healthz":

@@ -1,39 +1,71 @@
 package gateway
 
 import (
-	"sort"
+	"fmt"
 	"time"
+
+	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/kvbudget"
 )
 
-// The operator's JSON view at GET /status: budgets with their queues per
-// class and tenant, backends with their circuits and KV reports, models with
-// their per-token cost.
+// The operator's JSON view at GET /status: per GPU its budget (configured,
+// capacity, what is held and committed, what its backends really use, the
+// requests bound to it); per model its waiting requests by class and what
+// its output-length predictor has learned; backends with their circuits and
+// KV reports; and the admission counters.
 type statusView struct {
-	Budgets  []budgetView  `json:"budgets"`
-	Backends []backendView `json:"backends"`
-	Models   []modelView   `json:"models"`
+	Policy    policyView              `json:"policy"`
+	GPUs      []gpuView               `json:"gpus"`
+	Models    []modelQueueView        `json:"queues"`
+	Backends  []backendView           `json:"backends"`
+	ModelInfo []modelView             `json:"models"`
+	Tenants   []admission.TenantStats `json:"tenants"`
+	Counters  counterView             `json:"admission"`
 }
 
-type budgetView struct {
+type policyView struct {
+	Mode        string  `json:"mode"`
+	Reservation string  `json:"reservation"`
+	Epsilon     float64 `json:"epsilon,omitempty"`
+	Routing     string  `json:"routing"`
+	Backfill    bool    `json:"backfill"`
+}
+
+type gpuView struct {
 	GPU      string   `json:"gpu"`
+	Pool     string   `json:"pool,omitempty"` // the admission pool, when a rename kept an older one
 	Backends []string `json:"backends"`
 	// Configured is the budget from the config, before clamping to the
-	// backend's reported pool.
-	Configured  int64   `json:"configured_bytes"`
-	Capacity    int64   `json:"capacity_bytes"`
-	Effective   int64   `json:"effective_bytes"`
-	Held        int64   `json:"held_bytes"`
-	Queued      int     `json:"queued"`
-	QueuedBytes int64   `json:"queued_bytes"`
-	Utilization float64 `json:"utilization"`
-	DrainRate   float64 `json:"drain_rate_bytes_per_second"`
+	// backends' reported pool.
+	Configured int64 `json:"configured_bytes"`
+	// ReportedPool is the KV pool the backends report allocating (0 until
+	// they do); Unusable and Warning say how much of it the ceiling leaves
+	// unused, and how to fix it.
+	ReportedPool int64   `json:"reported_pool_bytes"`
+	Unusable     int64   `json:"unusable_bytes,omitempty"`
+	Warning      string  `json:"warning,omitempty"`
+	Capacity     int64   `json:"capacity_bytes"`
+	Effective    int64   `json:"effective_bytes"`
+	Held         int64   `json:"held_bytes"`
+	Committed    int64   `json:"committed_bytes"`
+	Used         *int64  `json:"used_bytes"`
+	Utilization  float64 `json:"utilization"`
+	Bound        int     `json:"bound_requests"`
+	Gated        bool    `json:"headroom_gate"`
+	DrainRate    float64 `json:"drain_rate_bytes_per_second"`
+	Reserved     *string `json:"reserved_for,omitempty"` // the model whose head request holds a reservation
+}
 
-	Admitted          int64            `json:"admitted"`
-	AdmittedAfterWait int64            `json:"admitted_after_wait"`
-	Rejected          map[string]int64 `json:"rejected"`
-	Canceled          int64            `json:"canceled"`
-	Classes           []classView      `json:"classes"`
-	Tenants           []tenantView     `json:"tenants"`
+type modelQueueView struct {
+	Model        string                 `json:"model"`
+	Queued       int                    `json:"queued"`
+	QueuedBytes  int64                  `json:"queued_bytes"`
+	Classes      []classView            `json:"classes"`
+	GPUs         []admission.RouteStats `json:"gpus"`
+	Predicting   bool                   `json:"predicting"`
+	Samples      float64                `json:"length_samples"`
+	MedianLength int                    `json:"median_output_tokens,omitempty"`
+	P90Length    int                    `json:"p90_output_tokens,omitempty"`
 }
 
 type classView struct {
@@ -43,12 +75,12 @@ type classView struct {
 	Held        int64  `json:"held_bytes"`
 }
 
-type tenantView struct {
-	Name        string `json:"name"` // "" is anonymous
-	Cap         int64  `json:"cap_bytes"`
-	Held        int64  `json:"held_bytes"`
-	Queued      int    `json:"queued"`
-	QueuedBytes int64  `json:"queued_bytes"`
+type counterView struct {
+	Admitted          int64            `json:"admitted"`
+	AdmittedAfterWait int64            `json:"admitted_after_wait"`
+	Backfilled        int64            `json:"backfilled"`
+	Rejected          map[string]int64 `json:"rejected"`
+	Canceled          int64            `json:"canceled"`
 }
 
 type kvView struct {
@@ -97,29 +129,65 @@ type tokenCacheView struct {
 
 func (s *Server) status() statusView {
 	rt := s.rt.Load()
-	var v statusView
-	for name, g := range rt.groups {
-		st := g.budget.Stats()
-		bv := budgetView{
-			GPU: name, Configured: g.nominal, Capacity: st.Capacity, Effective: st.Effective, Held: st.Held,
-			Queued: st.Queued, QueuedBytes: st.QueuedBytes, DrainRate: st.DrainRate,
-			Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Rejected: st.Rejected, Canceled: st.Canceled,
+	a := rt.cfg.Admission
+	v := statusView{Policy: policyView{Mode: a.Mode, Reservation: a.Reservation, Routing: rt.cfg.Routing, Backfill: *a.Backfill.Enabled}}
+	if a.Mode == modeCount {
+		v.Policy.Reservation = ""
+	} else if a.Reservation == admission.Predicted {
+		v.Policy.Epsilon = a.epsilon()
+	}
+	st := rt.sched.Stats()
+	for _, p := range st.Pools {
+		g := rt.poolGroup[p.Name]
+		if g == nil {
+			continue // a pool a reload removed, draining its last tickets
 		}
-		for _, c := range st.Classes {
-			bv.Classes = append(bv.Classes, classView(c))
+		gv := gpuView{GPU: g.name, Configured: g.nominal, Capacity: p.Capacity, Effective: p.Effective, Held: p.Held,
+			Committed: p.Committed, Bound: p.Tickets, Gated: p.Gated, DrainRate: p.DrainRate}
+		if g.pool != g.name {
+			gv.Pool = g.pool
 		}
-		for _, t := range st.Tenants {
-			bv.Tenants = append(bv.Tenants, tenantView(t))
+		if p.UsedKnown {
+			used := p.Used
+			gv.Used = &used
 		}
-		if st.Effective > 0 {
-			bv.Utilization = float64(st.Held) / float64(st.Effective)
+		if p.Reserved != "" || p.Blocking {
+			r := p.Reserved
+			gv.Reserved = &r
+		}
+		if p.Effective > 0 {
+			gv.Utilization = float64(p.Committed) / float64(p.Effective)
+		}
+		if pool, _, ok := g.reported(); ok && !rt.count {
+			gv.ReportedPool = pool
+			if pool > g.nominal {
+				gv.Unusable = pool - g.nominal
+				gv.Warning = fmt.Sprintf("The backends allocated a KV pool of %s, but the ceiling %.2f leaves a budget of %s: %s of it will never be used. Start the backend with --gpu-memory-utilization %.2f (the ceiling), or raise admission.ceiling.",
+					kvbudget.FormatBytes(pool), a.Ceiling, kvbudget.FormatBytes(g.nominal), kvbudget.FormatBytes(pool-g.nominal), a.Ceiling)
+			}
 		}
 		for _, b := range g.backends {
-			bv.Backends = append(bv.Backends, b.Name())
+			gv.Backends = append(gv.Backends, b.Name())
 		}
-		v.Budgets = append(v.Budgets, bv)
+		v.GPUs = append(v.GPUs, gv)
 	}
-	sort.Slice(v.Budgets, func(i, j int) bool { return v.Budgets[i].GPU < v.Budgets[j].GPU })
+	for _, q := range st.Queues {
+		mv := modelQueueView{Model: q.Name, Queued: q.Queued, QueuedBytes: q.QueuedBytes, Predicting: q.Predicting,
+			Samples: q.Samples, MedianLength: q.MedianLength, P90Length: q.P90Length}
+		for _, c := range q.Classes {
+			mv.Classes = append(mv.Classes, classView(c))
+		}
+		for _, r := range q.Pools {
+			if g := rt.poolGroup[r.Pool]; g != nil {
+				r.Pool = g.name
+			}
+			mv.GPUs = append(mv.GPUs, r)
+		}
+		v.Models = append(v.Models, mv)
+	}
+	v.Tenants = st.Tenants
+	v.Counters = counterView{Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Backfilled: st.Backfilled,
+		Rejected: st.Rejected, Canceled: st.Canceled}
 	for _, b := range rt.pool.Backends() {
 		sp := b.Spec()
 		bv := backendView{Name: b.Name(), URL: sp.URL, GPU: rt.groupOf[b].name, Models: sp.Models, State: string(b.State()), LastError: b.LastError()}
@@ -143,7 +211,7 @@ func (s *Server) status() statusView {
 			}
 			mv.TokenizeCache = tv
 		}
-		v.Models = append(v.Models, mv)
+		v.ModelInfo = append(v.ModelInfo, mv)
 	}
 	return v
 }

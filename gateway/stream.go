@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/jsonscan"
 )
 
 // sseBody is a streamed answer as fasthttp writes it. fasthttp's
@@ -86,8 +87,8 @@ var (
 	keyFinishReason = []byte(`"finish_reason"`)
 )
 
-// plainToken reports whether an event's data is certainly a token and
-// nothing the relay acts on: no usage, no error, and no choice whose
+// plainToken reports whether an event's data certainly holds nothing the
+// relay acts on beyond its tokens: no usage, no error, and no choice whose
 // finish_reason is set. Most events of a stream are such, and telling them
 // by their bytes costs a fraction of parsing them. Keys are found as
 // bytes: a quoted key cannot appear whole inside a JSON string (its quotes
@@ -113,6 +114,36 @@ func plainToken(data []byte) bool {
 		}
 		rest = rest[len("null"):]
 	}
+}
+
+var (
+	keyIndex      = []byte(`"index"`)
+	keyContent    = []byte(`"content"`)
+	keyText       = []byte(`"text"`)
+	chatToken     = []byte(`[{"index":0,"delta":{"content":"`)
+	completionTok = []byte(`[{"index":0,"text":"`)
+)
+
+// firstChoiceToken reports whether an event's data is, to the byte, one
+// non-empty piece of text of choice 0, as vLLM writes a token of a chat
+// ("choices":[{"index":0,"delta":{"content":"…"}…}]) or of a completion
+// ("choices":[{"index":0,"text":"…"}…]), with one index and one content or
+// text key in the whole event. Anything else — another layout, tool calls,
+// logprobs, several choices — answers false and is parsed.
+func firstChoiceToken(data []byte) bool {
+	if bytes.Count(data, keyIndex) != 1 || bytes.Count(data, keyContent)+bytes.Count(data, keyText) != 1 {
+		return false
+	}
+	choices, err := jsonscan.Member(data, "choices")
+	if err != nil {
+		return false
+	}
+	for _, pat := range [][]byte{chatToken, completionTok} {
+		if bytes.HasPrefix(choices, pat) {
+			return len(choices) > len(pat) && choices[len(pat)] != '"' // the string is not empty
+		}
+	}
+	return false
 }
 
 type countWriter struct {

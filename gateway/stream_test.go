@@ -105,13 +105,39 @@ func TestPlainToken(t *testing.T) {
 	}
 }
 
+func TestFirstChoiceToken(t *testing.T) {
+	for _, c := range []struct {
+		data string
+		want bool
+	}{
+		{`{"id":"x","choices":[{"index":0,"delta":{"content":" one"},"logprobs":null,"finish_reason":null}]}`, true},
+		{`{"id":"x","choices":[{"index":0,"text":" one","logprobs":null,"finish_reason":null}]}`, true},
+		{`{"choices":[{"index":0,"delta":{"content":"\"q"}}]}`, true},
+		{`{"choices":[{"index":0,"delta":{"content":""}}]}`, false},
+		{`{"choices":[{"index":0,"delta":{"role":"assistant","content":"x"}}]}`, false}, // another layout: parsed
+		{`{"choices":[{"index":1,"delta":{"content":"x"}}]}`, false},
+		{`{"choices":[{"index":0,"delta":{"content":"x"}},{"index":1,"delta":{"content":"y"}}]}`, false},
+		{`{"choices":[{"index":0,"delta":{"content":"x"},"logprobs":{"content":[{"token":"x"}]}}]}`, false},
+		{`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}`, false},
+		{`{"choices":[{"index":0,"delta":{"content": "x"}}]}`, false},
+		{`{"other":[{"index":0,"text":"0"}]}`, false},
+		{`{"x":{"choices":[{"index":0,"text":"0"}]}}`, false},
+	} {
+		if got := firstChoiceToken([]byte(c.data)); got != c.want {
+			t.Errorf("firstChoiceToken(%s) = %v, want %v", c.data, got, c.want)
+		}
+	}
+}
+
 // Whatever plainToken passes over without parsing holds nothing inspect
-// acts on.
+// acts on beyond tokens, and what firstChoiceToken counts as one token of
+// choice 0 is exactly that.
 func FuzzPlainToken(f *testing.F) {
 	for _, s := range []string{
 		`{"choices":[{"index":0,"delta":{"content":" one"},"finish_reason":null}]}`,
 		`{"choices":[{"index":0,"finish_reason":"stop"}],"usage":{"prompt_tokens":3}}`,
 		`{"error":{"message":"x"}}`, `{"choices":[{"text":"\"finish_reason\":null"}]}`,
+		`{"choices":[{"index":0,"text":" one","finish_reason":null}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -126,10 +152,18 @@ func FuzzPlainToken(f *testing.F) {
 		if v.Get("error") != nil || v.Get("usage") != nil {
 			t.Fatalf("plainToken passed %s, which has an error or usage", data)
 		}
-		for _, c := range v.GetArray("choices") {
+		choices := v.GetArray("choices")
+		for _, c := range choices {
 			if fr := c.Get("finish_reason"); fr != nil && fr.Type() != fastjson.TypeNull {
 				t.Fatalf("plainToken passed %s, whose finish_reason is %s", data, fr)
 			}
+		}
+		if !firstChoiceToken(data) {
+			return
+		}
+		if len(choices) != 1 || choices[0].GetInt("index") != 0 ||
+			len(choices[0].GetStringBytes("delta", "content")) == 0 && len(choices[0].GetStringBytes("text")) == 0 {
+			t.Fatalf("firstChoiceToken passed %s, which is not one token of choice 0", data)
 		}
 	})
 }

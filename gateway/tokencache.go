@@ -191,6 +191,18 @@ const (
 	sourceEstimate = "estimate" // the calibrated estimate
 )
 
+// promptSources are where the model's prompt counts can come from.
+func (m *model) promptSources() []string {
+	switch {
+	case m.tokenizer == "estimate":
+		return []string{sourceEstimate}
+	case m.tokens != nil:
+		return []string{sourceBackend, sourceCache, sourceEstimate}
+	default:
+		return []string{sourceBackend, sourceEstimate} // the estimate stands in when /tokenize fails
+	}
+}
+
 // tokenizeCached counts prompt i of the request through the model's cache,
 // asking the backend on a miss. For a single prompt, it remembers the key
 // of a hit so that recordUsage can check it against the backend's usage.

@@ -228,7 +228,7 @@ func TestTokenizeCacheHits(t *testing.T) {
 	if err := json.NewDecoder(res.Body).Decode(&st); err != nil {
 		t.Fatal(err)
 	}
-	if tc := st.Models[0].TokenizeCache; tc == nil || tc.Hits != 2 || tc.Misses != 2 || tc.HitRate != 0.5 || tc.Capacity != defaultTokenizeCache {
+	if tc := st.ModelInfo[0].TokenizeCache; tc == nil || tc.Hits != 2 || tc.Misses != 2 || tc.HitRate != 0.5 || tc.Capacity != defaultTokenizeCache {
 		t.Errorf("status tokenize_cache = %+v", tc)
 	}
 }

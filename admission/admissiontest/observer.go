@@ -10,19 +10,26 @@ import (
 
 // Event is one Observer call. Reason is "" for an admission.
 type Event struct {
-	Admitted bool
-	Class    string
-	Tenant   string
-	Reason   string
-	Weight   int64
-	Waited   time.Duration
+	Admitted   bool
+	Queue      string
+	Pool       string
+	Class      string
+	Tenant     string
+	Reason     string
+	Weight     int64
+	Waited     time.Duration
+	Backfilled bool
 }
 
 func (e Event) String() string {
 	if e.Admitted {
-		return fmt.Sprintf("admitted %s/%s w=%d waited=%v", e.Class, e.Tenant, e.Weight, e.Waited)
+		bf := ""
+		if e.Backfilled {
+			bf = " backfilled"
+		}
+		return fmt.Sprintf("admitted %s/%s/%s on %q w=%d waited=%v%s", e.Queue, e.Class, e.Tenant, e.Pool, e.Weight, e.Waited, bf)
 	}
-	return fmt.Sprintf("rejected %s/%s %s w=%d waited=%v", e.Class, e.Tenant, e.Reason, e.Weight, e.Waited)
+	return fmt.Sprintf("rejected %s/%s/%s %s w=%d waited=%v", e.Queue, e.Class, e.Tenant, e.Reason, e.Weight, e.Waited)
 }
 
 // Recorder is an admission.Observer that keeps a transcript of its calls.
@@ -34,12 +41,13 @@ type Recorder struct {
 
 var _ admission.Observer = (*Recorder)(nil)
 
-func (r *Recorder) Admitted(class, tenant string, weight int64, waited time.Duration) {
-	r.add(Event{Admitted: true, Class: class, Tenant: tenant, Weight: weight, Waited: waited})
+func (r *Recorder) Admitted(e admission.Event) {
+	r.add(Event{Admitted: true, Queue: e.Queue, Pool: e.Pool, Class: e.Class, Tenant: e.Tenant, Weight: e.Weight,
+		Waited: e.Waited, Backfilled: e.Backfilled})
 }
 
-func (r *Recorder) Rejected(class, tenant, reason string, weight int64, waited time.Duration) {
-	r.add(Event{Class: class, Tenant: tenant, Reason: reason, Weight: weight, Waited: waited})
+func (r *Recorder) Rejected(e admission.Event, reason string) {
+	r.add(Event{Queue: e.Queue, Class: e.Class, Tenant: e.Tenant, Reason: reason, Weight: e.Weight, Waited: e.Waited})
 }
 
 func (r *Recorder) add(e Event) {

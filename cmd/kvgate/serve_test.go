@@ -56,14 +56,14 @@ func budgetCapacity(t *testing.T, url string) int64 {
 	}
 	defer resp.Body.Close()
 	var st struct {
-		Budgets []struct {
+		GPUs []struct {
 			Capacity int64 `json:"capacity_bytes"`
-		} `json:"budgets"`
+		} `json:"gpus"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || len(st.Budgets) != 1 {
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || len(st.GPUs) != 1 {
 		t.Fatalf("status: %v %+v", err, st)
 	}
-	return st.Budgets[0].Capacity
+	return st.GPUs[0].Capacity
 }
 
 // kvgate serve --config: SIGHUP reloads the file (a good one takes effect, a

@@ -1,0 +1,347 @@
+package admission
+
+import (
+	"math"
+
+	"github.com/kvgate/kvgate/admission/predict"
+)
+
+// The Predicted policy: how a request's hold is forecast (see doc.go).
+//
+// A pool's forecast fc is Σ over its tickets of each ticket's own curve
+// (mean and variance of its bytes at every point of predict's grid of
+// future steps), kept incrementally: a ticket keeps the curve it added, so
+// that taking it away is exact whatever its predictor learned since. A
+// candidate fits a pool while the peak of fc + its curve, at z standard
+// deviations (z from Policy.Epsilon), stays within the effective capacity.
+
+// curve is a forecast over predict's grid: at each point the mean and
+// variance of the bytes held, and hi, what they would be if every request
+// still running were alive (none finishing before its cap): a hard bound
+// that the normal bound, with few large requests, can exceed. set says it
+// has been added to its pool's (tickets only).
+type curve struct {
+	mean, vari, hi []float64
+	set            bool
+}
+
+func newCurve() curve {
+	return curve{mean: make([]float64, predict.GridLen), vari: make([]float64, predict.GridLen), hi: make([]float64, predict.GridLen)}
+}
+
+func (c curve) zero() {
+	clear(c.mean)
+	clear(c.vari)
+	clear(c.hi)
+}
+
+func (c curve) add(o curve, sign float64) {
+	for k := range c.mean {
+		c.mean[k] += sign * o.mean[k]
+		c.vari[k] += sign * o.vari[k]
+		c.hi[k] += sign * o.hi[k]
+	}
+}
+
+// peakWith is the peak over the future of c + o (o may be the zero curve):
+// at each point the smaller of mean + z·sd and the all-alive bound.
+func (c curve) peakWith(o curve, z float64) float64 {
+	peak := math.Inf(-1)
+	for k := range c.mean {
+		m, v, h := c.mean[k], c.vari[k], c.hi[k]
+		if o.mean != nil {
+			m += o.mean[k]
+			v += o.vari[k]
+			h += o.hi[k]
+		}
+		if v > 0 {
+			m += z * math.Sqrt(v)
+		}
+		peak = max(peak, min(m, h))
+	}
+	return peak
+}
+
+// rebuildEvery is how many incremental updates a pool's forecast takes
+// before it is summed again from its tickets, so that rounding cannot
+// accumulate.
+const rebuildEvery = 1 << 12
+
+// maxTenantLengths bounds the per-tenant predictors of a queue.
+const maxTenantLengths = 256
+
+// forecastAddLocked computes t's curve and adds it to p's forecast
+// (Predicted only).
+func (s *Scheduler) forecastAddLocked(p *pool, t *Ticket) {
+	if !s.set.policy.predicted {
+		return
+	}
+	if p.fc.mean == nil {
+		p.fc = newCurve()
+	}
+	if t.fc.mean == nil {
+		t.fc = s.newCurveLocked()
+	} else {
+		t.fc.zero()
+	}
+	for i := range t.groups {
+		g := &t.groups[i]
+		s.groupCurveLocked(t.fc, g.Group, g.live, g.gen, t.opaque, t.lens)
+	}
+	if len(t.groups) == 0 {
+		t.fc.addConst(float64(t.weight), 0, float64(t.weight))
+	}
+	p.fc.add(t.fc, 1)
+	t.fc.set = true
+	s.forecastChangedLocked(p)
+}
+
+// forecastSubLocked takes t's curve out of p's forecast and recycles it.
+func (s *Scheduler) forecastSubLocked(p *pool, t *Ticket) {
+	if !t.fc.set {
+		return
+	}
+	p.fc.add(t.fc, -1)
+	t.fc.set = false
+	s.forecastChangedLocked(p)
+}
+
+func (s *Scheduler) forecastChangedLocked(p *pool) {
+	p.boundOK = false
+	if p.fcOps++; p.fcOps >= rebuildEvery {
+		p.fc.zero()
+		for t := p.first; t != nil; t = t.next {
+			if t.fc.set {
+				p.fc.add(t.fc, 1)
+			}
+		}
+		p.fcOps = 0
+	}
+}
+
+// newCurveLocked takes a curve from the free list, or makes one.
+func (s *Scheduler) newCurveLocked() curve {
+	if n := len(s.freeCurves); n > 0 {
+		c := s.freeCurves[n-1]
+		s.freeCurves = s.freeCurves[:n-1]
+		c.zero()
+		return c
+	}
+	return newCurve()
+}
+
+// recycleCurveLocked gives t's curve arrays back for another ticket.
+func (s *Scheduler) recycleCurveLocked(t *Ticket) {
+	if t.fc.mean != nil && len(s.freeCurves) < 1024 {
+		s.freeCurves = append(s.freeCurves, curve{mean: t.fc.mean, vari: t.fc.vari, hi: t.fc.hi})
+	}
+	t.fc = curve{}
+}
+
+func (c curve) addConst(mean, vari, hi float64) {
+	for k := range c.mean {
+		c.mean[k] += mean
+		c.vari[k] += vari
+		c.hi[k] += hi
+	}
+}
+
+// groupCurveLocked adds one group's curve to c: held at its worst case
+// throughout when there is no predictor (warm-up, or a request that is not
+// predicted); the predictor's curve when its progress is reported; and,
+// when it is not (opaque), its final size's distribution at every step —
+// its size never exceeds its final one, and without progress nothing tells
+// how far along it is.
+func (s *Scheduler) groupCurveLocked(c curve, g Group, live, gen int, opaque bool, lens *predict.Lengths) {
+	if live <= 0 {
+		return
+	}
+	worst := float64(g.size(live, g.Cap))
+	switch {
+	case lens == nil:
+		c.addConst(worst, 0, worst)
+	case opaque:
+		m, v := finalSizeMoments(g, live, lens)
+		c.addConst(m, v, worst)
+	default:
+		it := predict.Item{Prompt: g.Prompt, Generated: gen, Cap: g.Cap, Seqs: live, BlockTokens: g.BlockTokens,
+			BlockBytes: g.BlockBytes, Lead: leadTokens - 1, Lengths: lens}
+		it.AddTo(c.mean, c.vari)
+		// All alive: the same growth with nobody finishing before its cap
+		// (the scratch variance of a deterministic item is zero).
+		it.Lengths = nil
+		it.AddTo(c.hi, c.vari)
+	}
+}
+
+// finalSizeMoments are the mean and variance of a group's final size when
+// each live sequence's length is min(L, Cap), L drawn from lens: the shared
+// prompt blocks, and each sequence's own blocks independently.
+func finalSizeMoments(g Group, live int, lens *predict.Lengths) (mean, variance float64) {
+	shared := int64(g.Prompt / g.BlockTokens)
+	first := blocks(g.Prompt+1, g.BlockTokens)
+	last := blocks(satAdd(g.Prompt, g.Cap), g.BlockTokens)
+	var e1, e2 float64
+	for j := first; j <= last; j++ {
+		// Lengths x in [lo+1, hi] end in block j: P = S(lo) − S(hi); the
+		// last block takes everything from lo on (the cap stops it there).
+		lo := int(j-1)*g.BlockTokens - g.Prompt
+		p := lens.Survival(lo)
+		if j < last {
+			p -= lens.Survival(int(j)*g.BlockTokens - g.Prompt)
+		}
+		own := float64(j - shared)
+		e1 += p * own
+		e2 += p * own * own
+	}
+	bb := float64(g.BlockBytes)
+	n := float64(live)
+	return (float64(shared) + n*e1) * bb, n * max(e2-e1*e1, 0) * bb * bb
+}
+
+// waiterCurveLocked is w's curve as it would start now, in the scheduler's
+// scratch curve.
+func (s *Scheduler) waiterCurveLocked(w *waiter) curve {
+	c := s.scratch
+	c.zero()
+	for _, g := range w.shape {
+		s.groupCurveLocked(c, g, g.Seqs, 0, w.opaque, w.lens)
+	}
+	if len(w.shape) == 0 {
+		c.addConst(float64(w.weight), 0, float64(w.weight))
+	}
+	return c
+}
+
+// chargeLocked is what w will count for against tenant caps, reservations
+// and the drain rate: its worst case, or under Predicted the peak of its
+// expected size.
+func (s *Scheduler) chargeLocked(w *waiter) int64 {
+	if !s.set.policy.predicted || w.lens == nil {
+		return w.weight
+	}
+	return curveCharge(s.waiterCurveLocked(w), w.weight)
+}
+
+// ticketChargeLocked is t's charge with its current forecast (computed
+// first) and worst case weight.
+func (s *Scheduler) ticketChargeLocked(t *Ticket, weight int64) int64 {
+	if !t.fc.set || t.lens == nil {
+		return weight
+	}
+	return curveCharge(t.fc, weight)
+}
+
+func curveCharge(c curve, weight int64) int64 {
+	m := 0.0
+	for _, v := range c.mean {
+		m = max(m, v)
+	}
+	return min(max(int64(math.Ceil(m)), 1), weight)
+}
+
+// boundLocked is the peak of p's forecast, or its worst case if that is
+// less.
+func (s *Scheduler) boundLocked(p *pool) float64 {
+	if !p.boundOK {
+		p.bound = 0
+		if p.fc.mean != nil {
+			p.bound = min(max(p.fc.peakWith(curve{}, s.set.policy.z), 0), float64(p.held))
+		}
+		p.boundOK = true
+	}
+	return p.bound
+}
+
+// fitsLocked says whether w (whose curve is c under Predicted) fits p now,
+// and the room p would have left.
+func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve) (room float64, fits bool) {
+	if s.gatedLocked(p) {
+		return 0, false
+	}
+	if !s.set.policy.predicted {
+		room = float64(p.effective) - float64(p.held) - float64(w.weight)
+		return room, room >= 0
+	}
+	base := p.fc
+	if base.mean == nil {
+		base = newCurve()
+		p.fc = base
+	}
+	// The worst case is never less safe than the forecast: with few
+	// requests the normal bound can exceed it.
+	peak := min(base.peakWith(c, s.set.policy.z), float64(satAdd64(p.held, w.weight)))
+	room = float64(p.effective) - peak
+	return room, room >= 0
+}
+
+// lengthsForLocked is the predictor a new request of tenant t in q is
+// forecast with: the tenant's own once it has enough samples, else the
+// queue's once it has, else none (held at its worst case).
+func (s *Scheduler) lengthsForLocked(q *queue, t *tenantState) *predict.Lengths {
+	if !s.set.policy.predicted {
+		return nil
+	}
+	if l := q.byTenant[t.name]; l != nil && l.Samples() >= s.set.policy.warmup {
+		return l
+	}
+	if q.lengths.Samples() >= s.set.policy.warmup {
+		return q.lengths
+	}
+	return nil
+}
+
+// observeLocked teaches q's predictors one finished sequence.
+func (s *Scheduler) observeLocked(q *queue, tenant string, n int, capped bool) {
+	q.lengths.Observe(n, capped)
+	if tenant == "" {
+		return // the anonymous tenant is the queue at large
+	}
+	l := q.byTenant[tenant]
+	if l == nil && len(q.byTenant) < maxTenantLengths {
+		l, _ = predict.NewLengths(predict.LengthsConfig{MaxLen: q.spec.maxLen})
+		q.byTenant[tenant] = l
+	}
+	if l != nil {
+		l.Observe(n, capped)
+	}
+}
+
+// remainingLocked is how many steps w would run if it started now: under
+// Predicted, at the 0.9 quantile of its length when it is predicted
+// (pessimistic: a backfilled request must not outlast the reservation it
+// passes); otherwise its cap.
+func (s *Scheduler) remainingLocked(w *waiter) int {
+	r := 0
+	for _, g := range w.shape {
+		r = max(r, groupRemaining(g, 0, w.opaque, w.lens, 0.9))
+	}
+	if len(w.shape) == 0 {
+		return math.MaxInt32 // no shape, no length: it may run as long as anything
+	}
+	return r
+}
+
+// ticketRemainingLocked is how many more steps t is expected to run: the
+// median of its conditional length, or its cap without a predictor.
+func (s *Scheduler) ticketRemainingLocked(t *Ticket) int {
+	r := 0
+	for i := range t.groups {
+		g := &t.groups[i]
+		if g.live > 0 {
+			r = max(r, groupRemaining(g.Group, g.gen, t.opaque, t.lens, 0.5))
+		}
+	}
+	if len(t.groups) == 0 {
+		return math.MaxInt32
+	}
+	return r
+}
+
+func groupRemaining(g Group, gen int, opaque bool, lens *predict.Lengths, q float64) int {
+	if lens == nil || opaque {
+		return max(g.Cap-gen, 0)
+	}
+	return predict.Item{Prompt: g.Prompt, Generated: gen, Cap: g.Cap, Seqs: 1, BlockTokens: g.BlockTokens,
+		BlockBytes: g.BlockBytes, Lengths: lens}.Remaining(q)
+}

@@ -1,0 +1,258 @@
+package admission
+
+import (
+	"fmt"
+	"time"
+)
+
+// pool is one budget (one GPU). Fields are guarded by Scheduler.mu; name
+// never changes.
+type pool struct {
+	name      string
+	index     int   // position in Scheduler.pools; -1 once removed by Reconfigure
+	nominal   int64 // configured capacity, or as resized
+	effective int64 // nominal after AIMD; what admissions are measured against
+	held      int64 // Σ worst-case weight of its tickets
+	charge    int64 // Σ charge of its tickets (== held under WorstCase)
+	tickets   int
+	first     *Ticket // its tickets, newest first (for forecasts and shadows)
+
+	// fc is Σ of its tickets' forecasts (Predicted only); fcOps counts the
+	// incremental updates since it was last rebuilt from scratch, and
+	// boundOK says whether bound is its current peak.
+	fc      curve
+	fcOps   int
+	bound   float64
+	boundOK bool
+
+	used      int64 // KV in use as its backends last reported it
+	usedKnown bool
+
+	drain drainEstimator
+	// res is the reservation the last dispatch pass left on the pool for
+	// the first waiter that did not fit (see dispatch.go).
+	res reservation
+}
+
+func newPool(name string, capacity int64, now time.Time, window time.Duration) *pool {
+	return &pool{name: name, nominal: capacity, effective: capacity, drain: newDrainEstimator(now, window)}
+}
+
+// Resize sets a pool's nominal capacity (its backend reported a new pool
+// size). The effective capacity keeps its ratio to the nominal one. Held
+// weight is never revoked: after a shrink, admissions to it stop until what
+// it holds is under the new capacity. Waiters that can no longer ever fit
+// anywhere are refused (ErrTooLarge, or ErrTenantQuota when their tenant's
+// cap shrank below them).
+func (s *Scheduler) Resize(pool string, capacity int64) error {
+	if capacity <= 0 {
+		return fmt.Errorf("admission: resize %q: capacity %d must be > 0", pool, capacity)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.poolByName[pool]
+	if p == nil {
+		return fmt.Errorf("admission: resize: unknown pool %q", pool)
+	}
+	s.resizePoolLocked(p, capacity)
+	s.refuseImpossibleLocked(s.clock.Now())
+	s.checkLocked(opResize)
+	s.dispatchLocked()
+	return nil
+}
+
+func (s *Scheduler) resizePoolLocked(p *pool, capacity int64) {
+	old := p.nominal
+	p.nominal = capacity
+	if p.effective >= old {
+		p.effective = capacity
+	} else {
+		scaled := int64(float64(p.effective) * (float64(capacity) / float64(old)))
+		p.effective = min(capacity, max(scaled, s.minEffectiveLocked(p)))
+	}
+	p.boundOK = false
+}
+
+// Feedback closes the loop with a backend's own measurement of its KV
+// cache. over = true (the backend uses more than the budget, or preempted:
+// the predictions were low) multiplies the pool's effective capacity by
+// AIMD.Decrease, never below AIMD.MinFraction of the nominal capacity; false
+// adds back AIMD.Increase of the nominal capacity (at least 1), never above
+// it. Shrinking revokes nothing already held; growing admits waiters at
+// once.
+func (s *Scheduler) Feedback(pool string, over bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.poolByName[pool]
+	if p == nil {
+		return fmt.Errorf("admission: feedback: unknown pool %q", pool)
+	}
+	old := p.effective
+	if over {
+		p.effective = min(old, max(int64(float64(old)*s.set.aimd.decrease), s.minEffectiveLocked(p)))
+	} else {
+		p.effective = min(p.nominal, old+max(1, int64(s.set.aimd.increase*float64(p.nominal))))
+	}
+	if p.effective > old {
+		s.dispatchLocked()
+	} else {
+		s.checkLocked(opFeedback)
+	}
+	return nil
+}
+
+// minEffectiveLocked is the floor the AIMD loop never shrinks below.
+func (s *Scheduler) minEffectiveLocked(p *pool) int64 {
+	return max(1, int64(s.set.aimd.minFraction*float64(p.nominal)))
+}
+
+// SetUsage tells the scheduler how much of a pool its backends report in
+// use (bytes): the ground truth behind Predicted's forecast. While it is
+// above (1 − Policy.Headroom) × the effective capacity, nothing new is
+// admitted to the pool under Predicted. known = false forgets it (the
+// backend stopped reporting).
+func (s *Scheduler) SetUsage(pool string, used int64, known bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.poolByName[pool]
+	if p == nil {
+		return fmt.Errorf("admission: usage: unknown pool %q", pool)
+	}
+	wasGated := s.gatedLocked(p)
+	p.used, p.usedKnown = used, known
+	s.checkLocked(opUsage)
+	if wasGated && !s.gatedLocked(p) {
+		s.dispatchLocked()
+	}
+	return nil
+}
+
+// gatedLocked says whether the backend's own report closes p to new
+// admissions (Predicted only: under WorstCase what is held bounds what can
+// be used).
+func (s *Scheduler) gatedLocked(p *pool) bool {
+	h := s.set.policy.headroom
+	return s.set.policy.predicted && h > 0 && p.usedKnown && float64(p.used) > (1-h)*float64(p.effective)
+}
+
+// committedLocked is what p has promised: under WorstCase the weight held,
+// under Predicted the peak of its forecast (rounded up).
+func (s *Scheduler) committedLocked(p *pool) int64 {
+	if !s.set.policy.predicted {
+		return p.held
+	}
+	return int64(s.boundLocked(p) + 0.5)
+}
+
+// queueEffectiveLocked is the effective capacity of the queue's pools, for
+// the Capacity of a refusal.
+func (s *Scheduler) queueEffectiveLocked(q *queue) int64 {
+	var e int64
+	for _, r := range q.routes {
+		e = satAdd64(e, r.p.effective)
+	}
+	return e
+}
+
+// holdLocked binds w's ticket to p, holding its weight.
+func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket {
+	t := w.t
+	if t == nil {
+		t = s.newTicketLocked()
+		w.t = t
+	}
+	*t = Ticket{s: s, pool: p, line: w.line, tenant: w.tenant, weight: w.weight, charge: w.charge,
+		opaque: w.opaque, lens: w.lens, waited: waited, seq: w.seq, affinity: w.affinity,
+		class: w.line.name, queue: w.line.q.name, poolName: p.name}
+	if len(w.shape) > 0 {
+		t.groups = make([]tgroup, len(w.shape))
+		median, known := 0, false
+		if w.lens != nil {
+			median, known = w.lens.Quantile(0.5)
+		}
+		for i, g := range w.shape {
+			t.groups[i] = tgroup{Group: g, live: g.Seqs}
+			t.groups[i].blk = t.groups[i].blocksAt(0)
+			out := g.Cap
+			if known {
+				out = min(out, median)
+			}
+			t.predicted += out * g.Seqs
+		}
+	}
+	p.held = satAdd64(p.held, t.weight)
+	p.charge = satAdd64(p.charge, t.charge)
+	p.tickets++
+	t.next = p.first
+	if p.first != nil {
+		p.first.prev = t
+	}
+	p.first = t
+	w.line.held += t.weight
+	w.tenant.holdLocked(p, t.charge)
+	s.forecastAddLocked(p, t)
+	s.lastHold = p
+	if p.tickets == 1 {
+		p.drain.busy(s.clock.Now(), true)
+	}
+	return t
+}
+
+// unholdLocked unbinds t from its pool; drained says whether the weight
+// counts as released for the drain rate.
+func (s *Scheduler) unholdLocked(t *Ticket, drained bool) {
+	p := t.pool
+	s.forecastSubLocked(p, t)
+	s.recycleCurveLocked(t)
+	p.held -= t.weight
+	p.charge -= t.charge
+	p.tickets--
+	if t.prev == nil {
+		p.first = t.next
+	} else {
+		t.prev.next = t.next
+	}
+	if t.next != nil {
+		t.next.prev = t.prev
+	}
+	t.prev, t.next = nil, nil
+	t.line.held -= t.weight
+	t.tenant.unholdLocked(p, t.charge)
+	if drained {
+		p.drain.add(t.charge, s.clock)
+	}
+	if p.tickets == 0 {
+		p.drain.busy(s.clock.Now(), false)
+	}
+	t.weight, t.charge = 0, 0
+}
+
+// ticketSlab is how many tickets one allocation makes.
+const ticketSlab = 32
+
+// newTicketLocked hands out a zero Ticket carved from a slab, so that the
+// fast path allocates once per ticketSlab admissions. Tickets are never
+// reused (a late second Release of a recycled ticket would free someone
+// else's weight); a slab is freed by the GC once none of its tickets is
+// referenced, so a long-lived ticket keeps at most one slab alive.
+func (s *Scheduler) newTicketLocked() *Ticket {
+	if len(s.slab) == 0 {
+		s.slab = make([]Ticket, ticketSlab)
+	}
+	t := &s.slab[0]
+	s.slab = s.slab[1:]
+	return t
+}
+
+// Free is what a pool could still take: its effective capacity minus what
+// it has committed (negative after a shrink below it; 0 for an unknown
+// pool).
+func (s *Scheduler) Free(pool string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.poolByName[pool]
+	if p == nil {
+		return 0
+	}
+	return p.effective - s.committedLocked(p)
+}

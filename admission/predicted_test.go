@@ -1,0 +1,182 @@
+package admission_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/kvgate/kvgate/admission"
+)
+
+// chat is a streamed chat request: a prompt and up to max output tokens, in
+// blocks of 16 tokens of 16 bytes (a byte per token).
+func chat(prompt, maxTokens int) admission.Request {
+	return admission.Request{Shape: []admission.Group{{Prompt: prompt, Cap: maxTokens, Seqs: 1, BlockTokens: 16, BlockBytes: 16}}}
+}
+
+func predicted(capacity int64, warmup int) admission.Config {
+	return oneGPU(capacity, admission.Config{Policy: admission.PolicyConfig{Reservation: admission.Predicted, WarmupSamples: warmup}})
+}
+
+// teach reports n finished sequences of the given length through a ticket
+// of a request that ran and stopped on its own.
+func (f *fixture) teach(n, length int) {
+	f.t.Helper()
+	for range n {
+		tk := f.acquire(chat(0, length+1))
+		tk.Done(0, length, false)
+		if tk.Weight() != 0 {
+			f.t.Fatalf("a finished single-sequence ticket still holds %d", tk.Weight())
+		}
+	}
+}
+
+// Until a queue has WarmupSamples finished sequences its requests are held
+// at their worst case; once it has learned that outputs stop early, the
+// same pool admits several times as many, while its forecast stays within
+// the capacity at every admission (the fixture checks that invariant).
+func TestPredictedAdmitsByLearnedLengths(t *testing.T) {
+	const capacity = 64 * 1040 // 64 requests' worst case: 16-token prompt + 1024 output
+	f := newFixture(t, predicted(capacity, 50))
+	// fill admits requests until one does not fit at once (its deadline has
+	// passed, so it is refused rather than queued).
+	fill := func() []*admission.Ticket {
+		var tks []*admission.Ticket
+		for {
+			tk, err := f.b.Acquire(context.Background(), admission.Request{Shape: chat(16, 1024).Shape, Deadline: t0})
+			if err != nil {
+				return tks
+			}
+			tks = append(tks, tk)
+		}
+	}
+	release := func(tks []*admission.Ticket) {
+		for _, tk := range tks {
+			tk.Release()
+		}
+	}
+	cold := fill()
+	if len(cold) != 64 {
+		t.Fatalf("warming up: admitted %d, want the worst case's 64", len(cold))
+	}
+	release(cold)
+	f.teach(49, 100)
+	short := fill()
+	if len(short) != 64 {
+		t.Fatalf("one sample short of the warm-up: admitted %d", len(short))
+	}
+	release(short)
+	f.teach(1, 100)
+	warm := fill()
+	// Every output stops at 100 tokens: a request holds 16 + 100 (+ the
+	// lead) tokens at its peak, 8 blocks of the 65 of its worst case.
+	t.Logf("admitted %d after learning (64 at worst case)", len(warm))
+	if len(warm) < 400 {
+		t.Fatalf("after learning: admitted %d, want several times 64", len(warm))
+	}
+	st := f.b.Stats()
+	if st.Committed > st.Effective || st.Held <= st.Effective {
+		t.Fatalf("committed %d of effective %d, worst case held %d", st.Committed, st.Effective, st.Held)
+	}
+	// Progress and completion keep the forecast honest: as they run and
+	// finish, the next ones get in.
+	w := f.enqueue(context.Background(), chat(16, 1024))
+	for i, tk := range warm {
+		tk.Progress(0, 50)
+		if i%2 == 0 {
+			tk.Done(0, 100, false)
+		}
+	}
+	f.admitted(w).Release()
+	release(warm)
+	f.state(0, 0)
+}
+
+// A request whose progress is not reported (a non-streamed answer) is held
+// at the distribution of its final size from admission to release: more
+// than a streamed request that has not started, less than its worst case.
+func TestPredictedOpaqueRequests(t *testing.T) {
+	f := newFixture(t, predicted(1<<20, 10))
+	f.teach(10, 100)
+	streamed := f.acquire(chat(16, 1024))
+	opaque := f.acquire(admission.Request{Shape: chat(16, 1024).Shape, Opaque: true})
+	st := f.b.Scheduler.Stats().Pools[0]
+	// Both are 16 + 1024 tokens at worst: 65 blocks of 16 bytes each.
+	if st.Held != 2*65*16 {
+		t.Fatalf("held %d", st.Held)
+	}
+	streamed.Release()
+	withOpaque := f.b.Scheduler.Stats().Pools[0].Committed
+	// Every sample stopped at 100: the opaque one is 16 + 100 tokens, 8
+	// blocks, whatever step it is at; it never shrinks until released.
+	if withOpaque != 8*16 {
+		t.Fatalf("opaque request committed %d, want 128", withOpaque)
+	}
+	opaque.Progress(0, 90) // progress of an opaque ticket changes nothing
+	if c := f.b.Scheduler.Stats().Pools[0].Committed; c != withOpaque {
+		t.Fatalf("after progress: %d", c)
+	}
+	opaque.Release()
+	f.state(0, 0)
+}
+
+// The backend's own report is ground truth: while it says the pool is
+// fuller than (1 − headroom) × capacity, nothing new gets in, whatever the
+// forecast says; when it says otherwise, the waiters go.
+func TestPredictedUsageGate(t *testing.T) {
+	f := newFixture(t, predicted(10000, 10))
+	s := f.b.Scheduler
+	f.teach(10, 100)
+	if err := s.SetUsage(gpu, 9900, true); err != nil { // over 98%
+		t.Fatal(err)
+	}
+	w := f.enqueue(context.Background(), chat(16, 100))
+	if st := s.Stats().Pools[0]; !st.Gated || st.Used != 9900 {
+		t.Fatalf("gate: %+v", st)
+	}
+	if err := s.SetUsage(gpu, 5000, true); err != nil {
+		t.Fatal(err)
+	}
+	f.admitted(w).Release()
+	if err := s.SetUsage(gpu, 9900, false); err != nil { // not known: no gate
+		t.Fatal(err)
+	}
+	f.acquire(chat(16, 100)).Release()
+	if err := s.SetUsage("nope", 1, true); err == nil {
+		t.Fatal("SetUsage of an unknown pool accepted")
+	}
+}
+
+// Under WorstCase the backend's report closes nothing: what is held bounds
+// what can be used.
+func TestWorstCaseIgnoresTheUsageGate(t *testing.T) {
+	f := newFixture(t, oneGPU(10000, admission.Config{}))
+	if err := f.b.Scheduler.SetUsage(gpu, 9999, true); err != nil {
+		t.Fatal(err)
+	}
+	f.acquire(chat(16, 100)).Release()
+}
+
+// A tenant with enough samples of its own is predicted from them: a tenant
+// whose outputs run long does not borrow the short outputs of the others.
+func TestPredictedPerTenantLengths(t *testing.T) {
+	f := newFixture(t, predicted(1<<20, 10))
+	f.teach(90, 20) // the queue at large: mostly 20 tokens
+	long := func() admission.Request {
+		r := chat(0, 1000)
+		r.Tenant = "essays"
+		return r
+	}
+	for range 10 {
+		tk := f.acquire(long())
+		tk.Done(0, 900, false)
+	}
+	short := f.acquire(chat(0, 1000))
+	shortCharge := f.b.Scheduler.Stats().Pools[0].Charge
+	short.Release()
+	essay := f.acquire(long())
+	essayCharge := f.b.Scheduler.Stats().Pools[0].Charge
+	essay.Release()
+	if essayCharge <= 4*shortCharge {
+		t.Fatalf("charge of a long-output tenant's request %d, of the queue's %d", essayCharge, shortCharge)
+	}
+}

@@ -1,0 +1,113 @@
+package admission
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Request is one request for admission.
+type Request struct {
+	// Queue names a configured queue (the gateway: the model). Its pools are
+	// the ones the request may be bound to.
+	Queue string
+	// Class names a configured class; "" = Config.DefaultClass.
+	// An unknown class is an error, not a refusal.
+	Class string
+	// Tenant is who pays; "" = the anonymous tenant, bounded by
+	// Config.DefaultTenantShare like any unlisted tenant.
+	Tenant string
+	// Deadline bounds the time in the queue; zero = the class's QueueTimeout
+	// only. The effective deadline is the earlier of the two.
+	Deadline time.Time
+	// Shape is how the request's hold grows as it runs, one Group per
+	// prompt. With a Shape, the weight is derived from it and Weight must be
+	// 0. Without one, the request holds Weight (> 0) throughout, whatever
+	// the policy: the way to count requests rather than bytes.
+	Shape  []Group
+	Weight int64
+	// Opaque says the caller will not report progress (a non-streamed
+	// answer): under Predicted the request is then taken at the size its
+	// learned length gives, from admission to release.
+	Opaque bool
+	// Affinity, when not 0, names the pool the request prefers among those
+	// that fit (routing by session or prompt prefix): the same value picks
+	// the same pool while it fits.
+	Affinity uint64
+}
+
+// Group is one prompt of a request and the sequences generated from it.
+// Sizes are in blocks of BlockTokens tokens of BlockBytes each: a sequence
+// holds ceil(tokens / BlockTokens) blocks, and the Seqs sequences of a group
+// share the prompt's full blocks (parallel sampling). A step of a running
+// request is one generated token per live sequence.
+type Group struct {
+	Prompt      int   // prompt tokens; >= 0
+	Cap         int   // the most tokens each sequence may generate; >= 1
+	Seqs        int   // sequences; >= 1
+	BlockTokens int   // >= 1
+	BlockBytes  int64 // >= 1
+}
+
+func (g Group) validate(i int) error {
+	switch {
+	case g.Prompt < 0:
+		return fmt.Errorf("shape[%d].prompt: %d must be >= 0", i, g.Prompt)
+	case g.Cap < 1:
+		return fmt.Errorf("shape[%d].cap: %d must be >= 1", i, g.Cap)
+	case g.Seqs < 1:
+		return fmt.Errorf("shape[%d].seqs: %d must be >= 1", i, g.Seqs)
+	case g.BlockTokens < 1:
+		return fmt.Errorf("shape[%d].block_tokens: %d must be >= 1", i, g.BlockTokens)
+	case g.BlockBytes < 1:
+		return fmt.Errorf("shape[%d].block_bytes: %d must be >= 1", i, g.BlockBytes)
+	}
+	return nil
+}
+
+// blocks is ceil(tokens / per), saturating.
+func blocks(tokens int, per int) int64 {
+	if tokens <= 0 {
+		return 0
+	}
+	return int64((tokens-1)/per) + 1
+}
+
+// size is the bytes a group holds with live sequences that have generated
+// g tokens each: the shared full prompt blocks, and each sequence's own.
+// It saturates at math.MaxInt64.
+func (g Group) size(live, generated int) int64 {
+	if live <= 0 {
+		return 0
+	}
+	shared := int64(g.Prompt / g.BlockTokens)
+	own := blocks(satAdd(g.Prompt, generated), g.BlockTokens) - shared
+	return satMul(satAdd64(shared, satMul(int64(live), own)), g.BlockBytes)
+}
+
+// final is the group's worst case: every sequence at its cap.
+func (g Group) final() int64 { return g.size(g.Seqs, g.Cap) }
+
+func satAdd(a, b int) int {
+	if a > math.MaxInt-b {
+		return math.MaxInt
+	}
+	return a + b
+}
+
+func satAdd64(a, b int64) int64 {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+func satMul(a, b int64) int64 {
+	if a == 0 || b == 0 {
+		return 0
+	}
+	if a > math.MaxInt64/b {
+		return math.MaxInt64
+	}
+	return a * b
+}

@@ -1,0 +1,116 @@
+// Package leases shares each GPU's KV budget among gateway replicas, so
+// that three replicas in front of one GPU admit what the GPU holds, not
+// three times that. The books live in Redis; each replica leases capacity
+// in chunks and admits locally inside its lease, so no request waits for a
+// round trip to Redis.
+//
+// # Model
+//
+// A budget key names one GPU's budget. Under it a Store keeps, per replica,
+// a lease (bytes, expiry) and the budget that replica announces (bytes,
+// expiry). Every call from a replica renews both for the TTL it passes; an
+// entry whose expiry has passed is dead and is purged by the next call on
+// the key (no cron). The key's budget is the smallest live announcement:
+// replicas that disagree (one saw a smaller KV pool) use the smallest, and a
+// raised budget takes effect once the last replica announcing the old one
+// has raised it too or its announcement has expired. Time is Redis's own
+// clock (TIME inside the script); replicas' clocks are never compared.
+//
+// Redis keeps a key's books in five Redis keys sharing one hash tag
+// (prefix + "{key}:leases", ":leases:exp", ":budgets", ":budgets:exp",
+// ":ops"), so they live in one Cluster slot, and each expires with its last
+// entry. One Lua script (lease.lua) makes every change. Memory keeps the
+// same books in process: it is the reference in tests and the store of a
+// gateway that runs alone. Both pass one contract suite.
+//
+// # The script's invariant
+//
+// A grant is made only while live leases + grant ≤ the key's budget, in one
+// atomic step with the purge that decides what is live. So the live leases
+// never exceed the budget, except when the budget is lowered under leases
+// already granted: nothing is revoked then, nothing more is granted until
+// the leases fit, and Lessees scale their capacity down meanwhile (below).
+// A release never returns more than the replica holds. A client that sends
+// a call again (go-redis retries when a connection breaks after the script
+// ran) is answered from the record of the first run, never served twice.
+//
+// # The Lessee
+//
+// A Lessee holds one replica's lease on one GPU and turns it into the
+// capacity of the local admission pool, through OnCapacity. The pool never
+// revokes weight it holds; a lower capacity only stops admissions. The
+// lessee reads the pool's demand (held + queued weight) from its own
+// goroutine, woken by the pool's Wake (a non-blocking send) and by its own
+// timers; no request waits for it.
+//
+//   - Growth: when demand exceeds the lease, it asks for the shortfall
+//     rounded up to whole chunks (capped at the budget) and takes what is
+//     free. A refused ask is repeated only after Retry.
+//   - Return: when at least one whole chunk has stayed idle (lease − demand)
+//     for Hysteresis, it lowers the capacity to what it keeps first, reads
+//     what the pool holds after that, and gives back only the rest.
+//   - Renewal: every TTL/3. A lease is trusted until TTL − TTL/3 after the
+//     call that last renewed it was sent (before Redis stamped its expiry),
+//     which leaves a third of the TTL for late timers and callbacks.
+//
+// Capacity, when the store answers: the lease, scaled by budget / total
+// when the fleet's leases exceed a lowered budget, and never above the
+// replica's own budget. So Σ capacity ≤ Σ leases ≤ budget.
+//
+// # Chunk size: waste against round trips
+//
+// After growth the lease exceeds demand by less than a chunk, and a whole
+// idle chunk goes back after the hysteresis, so a replica leaves less than
+// one chunk unused (per GPU): up to replicas × chunk of the budget is leased
+// but idle, which other replicas cannot admit into. Each change of demand
+// by a chunk costs one round trip (one grant or one return); smaller
+// changes cost none. A chunk of 1–5 % of the budget wastes at most that
+// much per replica and keeps Redis traffic at a few calls per second per
+// replica even under churn; renewals add 3 per TTL. Grants are partial (the
+// last free bytes are granted even if less than a chunk), so the whole
+// budget is leasable whatever the chunk.
+//
+// # Failures
+//
+//   - A replica dies (kill -9): it stops renewing; its lease and its
+//     announcement expire after the TTL and the others may lease its
+//     capacity. What it held died with it (its requests' connections).
+//   - Redis unreachable: a replica keeps its lease as capacity while it
+//     can trust it (above), retrying every Retry. Then it falls back to
+//     min(capacity, budget/Replicas): never more than it was granted, never
+//     more than its static share. Since Σ leases ≤ budget, the fleet stays
+//     within the budget. With FallbackGrace g, once TTL + g have passed since
+//     its first failure — by when every replica is in fallback and weight
+//     admitted above a share has finished — it may use its whole share.
+//     Without it, a replica that held little when Redis went away serves
+//     little until it returns.
+//   - Redis returns (possibly empty, after a restart without persistence):
+//     the replica's first answer ends the fallback. It leases what its pool
+//     holds before anything else (all or nothing) and does not grow for one
+//     TTL, by when every live replica — each retrying every Retry ≤ TTL/3 —
+//     has leased what it holds. Only then do leases grow by demand again.
+//   - A lease lost while the replica was not failing (the store answers
+//     with less than the replica counted: Redis restarted within a TTL, or
+//     the replica stalled past its TTL) is handled the same way, and
+//     counted in Stats.LostLeases.
+//
+// What this cannot prevent: a replica cut off from Redis while the others
+// still reach it looks dead to them. Its lease expires, they may lease it,
+// and it serves on its fallback capacity meanwhile: the fleet may exceed the
+// budget by that replica's fallback capacity until the cut heals. Telling a
+// cut-off replica from a dead one needs consensus, which this design leaves
+// to Redis; an operator who cannot accept the risk runs Redis beside the
+// replicas (or with Sentinel) so that cuts are rare.
+//
+// # Locking
+//
+// Memory: one mutex over all its books. Redis: none in Go; Redis runs the
+// script alone. Lessee: Step runs on one goroutine at a time (Run's) and
+// owns the state; Stats are a snapshot under statsMu, published before the
+// pool hears of a capacity change; SetBudget and Wake are atomics and a
+// channel send.
+//
+// What the package does not do: decide budgets (the gateway derives them
+// and passes them in), admit requests (package admission does), or export
+// metrics (Stats and RedisOptions.Observe give the gateway what it needs).
+package leases
