@@ -18,11 +18,9 @@ const maxTokenizeAnswer = 16 << 20
 // kept, so the buffer goes straight back.
 var tokenizeBufs = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
 
-// Tokenize asks the backend's /tokenize (vLLM's API) how many tokens body
-// holds; body is a /tokenize request ({"model", "prompt"} or {"model",
-// "messages"}). Of the answer only "count" is read: the list of token ids
-// beside it is skipped, not parsed.
-func (b *Backend) Tokenize(ctx context.Context, body []byte) (int, error) {
+// tokenize is Tokenize without its timeout. Of the answer only "count" is
+// read: the list of token ids beside it is skipped, not parsed.
+func (b *Backend) tokenize(ctx context.Context, body []byte) (int, error) {
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	b.NewRequest(req, fasthttp.MethodPost, "/tokenize")

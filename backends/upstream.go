@@ -88,6 +88,11 @@ func NewUpstream(addr string, o UpstreamOptions) *Upstream {
 // reset, malformed answer), as opposed to the backend's own error status.
 var ErrUpstream = errors.New("upstream transport error")
 
+// ErrConnect marks, within ErrUpstream, a failure to open a connection to
+// the backend: nothing of the request was involved, so it says something
+// about the backend alone.
+var ErrConnect = errors.New("cannot connect")
+
 // Response is a backend's answer whose body is read as it arrives. Exactly
 // one goroutine reads and closes it; cancel the context given to Do to
 // interrupt a blocked Read from elsewhere.
@@ -200,7 +205,10 @@ func (u *Upstream) Do(ctx context.Context, req *fasthttp.Request) (*Response, er
 func (u *Upstream) try(ctx context.Context, req *fasthttp.Request) (resp *Response, retry bool, err error) {
 	cc, err := u.hc.AcquireConn(0, false)
 	if err != nil {
-		return nil, false, fmt.Errorf("%w: connect %s: %w", ErrUpstream, u.hc.Addr, err)
+		if errors.Is(err, fasthttp.ErrNoFreeConns) {
+			return nil, false, fmt.Errorf("%w: no free connection to %s: %w", ErrUpstream, u.hc.Addr, err)
+		}
+		return nil, false, fmt.Errorf("%w: %w to %s: %w", ErrUpstream, ErrConnect, u.hc.Addr, err)
 	}
 	conn := cc.Conn()
 	reused := !cc.LastUseTime().IsZero()

@@ -49,6 +49,7 @@ type metrics struct {
 	ttft             *prometheus.HistogramVec
 	duration         *prometheus.HistogramVec
 	upstreamErrors   *prometheus.CounterVec
+	tokenizeFalls    *prometheus.CounterVec
 	reloads          *prometheus.CounterVec
 	lastReloadOK     prometheus.Gauge
 	lastReloadTime   prometheus.Gauge
@@ -117,7 +118,8 @@ var requestReasons = map[string][]string{
 	outcomeOK:       {""},
 	outcomeShed:     {admission.ReasonQueueFull, admission.ReasonQueueTimeout, admission.ReasonOverloaded, admission.ReasonTenantQuota},
 	outcomeRejected: {"unauthorized", "invalid_request", "unknown_model", "context_length_exceeded", "kv_budget_exceeded"},
-	outcomeFailed:   {"no_backend", "upstream_error", "request_timeout", "shutdown", "backend_stream_error", "internal"},
+	outcomeFailed: {"no_backend", "upstream_error", "request_timeout", "first_byte_timeout", "shutdown", "backend_stream_error",
+		"upstream_incomplete", "upstream_event_too_large", "internal"},
 	outcomeCanceled: {"client_disconnect"},
 }
 
@@ -126,6 +128,7 @@ var (
 	tokenKinds          = []string{"prompt", "output"}
 	upstreamErrorKinds  = []string{"transport", "status", "tokenize"}
 	reloadResults       = []string{"ok", "error"}
+	tokenizeFallbacks   = []string{"timeout", "error"}
 	circuitStates       = []backends.CircuitState{backends.StateClosed, backends.StateHalfOpen, backends.StateOpen}
 	waitResultsSeeded   = []string{"admitted", admission.ReasonQueueTimeout, admission.ReasonCanceled}
 	admissionRejections = append(admission.Reasons(), admission.ReasonCanceled)
@@ -166,6 +169,7 @@ var (
 	defTTFT             = def{"kvgate_time_to_first_token_seconds", "Arrival to the first streamed event relayed to the client, queueing included.", []string{"model"}}
 	defDuration         = def{"kvgate_request_duration_seconds", "Arrival to last byte, by outcome.", []string{"model", "outcome"}}
 	defUpstreamErrors   = def{"kvgate_upstream_errors_total", "Failures talking to backends: transport, status (5xx answers), tokenize.", []string{"backend", "kind"}}
+	defTokenizeFalls    = def{"kvgate_tokenize_fallbacks_total", "Prompts estimated because the backend's /tokenize failed, by reason (timeout: past backends[].tokenize_timeout; error).", []string{"model", "reason"}}
 	defReloads          = def{"kvgate_config_reloads_total", "Configuration reloads by result (ok, error); a file that fails to load counts as error.", []string{"result"}}
 	defLastReloadOK     = def{"kvgate_config_last_reload_successful", "1 if the last configuration reload (or the start) succeeded, 0 while the running config is older than a file that failed to load.", nil}
 	defLastReloadTime   = def{"kvgate_config_last_reload_success_timestamp_seconds", "Unix time of the last successful configuration load (the start counts).", nil}
@@ -221,6 +225,7 @@ func newMetrics(current func() *runtime, now func() time.Time) *metrics {
 		ttft:             defTTFT.histogramVec(latency),
 		duration:         defDuration.histogramVec(latency),
 		upstreamErrors:   defUpstreamErrors.counterVec(),
+		tokenizeFalls:    defTokenizeFalls.counterVec(),
 		reloads:          defReloads.counterVec(),
 		lastReloadOK:     defLastReloadOK.gauge(),
 		lastReloadTime:   defLastReloadTime.gauge(),
@@ -262,7 +267,7 @@ func (c *seededCollector) vecs() []prometheus.Collector {
 	m := c.m
 	return []prometheus.Collector{m.requests, m.admissions, m.admissionRejects, m.queueWait, m.backfilled,
 		m.outPredicted, m.outGenerated, m.tokensPredicted, m.tokensActual, m.promptRatio, m.ttft, m.duration,
-		m.upstreamErrors, m.reloads}
+		m.upstreamErrors, m.tokenizeFalls, m.reloads}
 }
 
 func (c *seededCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -310,6 +315,9 @@ func (m *metrics) seed(rt *runtime) {
 			m.promptRatio.WithLabelValues(name, src)
 		}
 		m.ttft.WithLabelValues(name)
+		for _, r := range tokenizeFallbacks {
+			m.tokenizeFalls.WithLabelValues(name, r)
+		}
 		for _, cl := range rt.cfg.Admission.Classes {
 			for _, r := range waitResultsSeeded {
 				m.queueWait.WithLabelValues(name, cl.Name, r)

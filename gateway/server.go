@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -119,6 +120,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		ErrorHandler:                  s.handleServerError,
 		Name:                          "kvgate",
 		MaxRequestBodySize:            int(sc.MaxBodyBytes.Bytes),
+		ReadBufferSize:                int(sc.MaxHeaderBytes.Bytes), // fasthttp's bound on a request's line and headers
 		ReadTimeout:                   sc.ReadTimeout.or(defaultReadTimeout),
 		WriteTimeout:                  sc.writeTimeout(),
 		IdleTimeout:                   sc.IdleTimeout.or(defaultIdleTimeout),
@@ -144,11 +146,12 @@ func (s *Server) base() context.Context {
 	return s.bases[s.nextBase.Add(1)%baseShards].ctx
 }
 
-// slogPrintf adapts fasthttp's logger to slog.
+// slogPrintf adapts fasthttp's logger to slog, without the request bytes
+// fasthttp quotes in its errors (they carry clients' keys).
 type slogPrintf struct{ l *slog.Logger }
 
 func (p slogPrintf) Printf(format string, args ...any) {
-	p.l.Warn("fasthttp", "msg", fmt.Sprintf(format, args...))
+	p.l.Warn("fasthttp", "msg", redact(fmt.Sprintf(format, args...)))
 }
 
 // Serve serves on ln until Shutdown.
@@ -316,10 +319,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.serveCompletion(ctx, kind)
 		return
 	case "/v1/models":
-		s.serveModels(ctx)
+		s.serveModels(ctx, "")
 	case "/tokenize":
 		s.serveTokenize(ctx)
 	case "/metrics":
+		if !s.rt.Load().adminAllowed(ctx) {
+			unauthorized().write(ctx)
+			return
+		}
 		s.metricsHandler(ctx)
 	case "/healthz":
 		writeJSON(ctx, 200, map[string]string{"status": "ok"})
@@ -330,8 +337,16 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			(&apiError{status: 503, typ: typeServer, code: "no_healthy_backend", message: "no backend is healthy"}).write(ctx)
 		}
 	case "/status":
+		if !s.rt.Load().adminAllowed(ctx) {
+			unauthorized().write(ctx)
+			return
+		}
 		writeJSON(ctx, 200, s.status())
 	default:
+		if id, ok := strings.CutPrefix(path, "/v1/models/"); ok && id != "" {
+			s.serveModels(ctx, id) // ids may hold slashes (org/model)
+			return
+		}
 		(&apiError{status: 404, typ: typeInvalidRequest, code: "unknown_url",
 			message: fmt.Sprintf("Unknown request URL: %s %s.", method, path)}).write(ctx)
 	}
@@ -344,18 +359,24 @@ func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 }
 
 // handleServerError answers what fasthttp refuses before a handler runs.
+// fasthttp's error text quotes the request it could not read, headers and
+// keys included, so none of it is echoed.
 func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		(&apiError{status: 413, typ: typeInvalidRequest, code: "request_too_large",
-			message: fmt.Sprintf("The request body is larger than the %d bytes this gateway accepts.", s.rt.Load().cfg.Server.MaxBodyBytes.Bytes)}).write(ctx)
-		return
-	}
+	sc := s.rt.Load().cfg.Server
+	var small *fasthttp.ErrSmallBuffer
 	var te interface{ Timeout() bool }
-	if errors.As(err, &te) && te.Timeout() {
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		(&apiError{status: 413, typ: typeInvalidRequest, code: "request_too_large",
+			message: fmt.Sprintf("The request body is larger than the %d bytes this gateway accepts.", sc.MaxBodyBytes.Bytes)}).write(ctx)
+	case errors.As(err, &small) || errors.Is(err, fasthttp.ErrSmallReadBuffer):
+		(&apiError{status: 431, typ: typeInvalidRequest, code: "request_header_too_large",
+			message: fmt.Sprintf("The request line and headers are larger than the %d bytes this gateway accepts (server.max_header_bytes).", sc.MaxHeaderBytes.Bytes)}).write(ctx)
+	case errors.As(err, &te) && te.Timeout():
 		(&apiError{status: 408, typ: typeInvalidRequest, code: "request_timeout", message: "Timed out reading the request."}).write(ctx)
-		return
+	default:
+		(&apiError{status: 400, typ: typeInvalidRequest, code: "bad_request", message: "Malformed HTTP request."}).write(ctx)
 	}
-	(&apiError{status: 400, typ: typeInvalidRequest, code: "bad_request", message: "Malformed HTTP request: " + err.Error()}).write(ctx)
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
@@ -370,13 +391,19 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 }
 
 // serveModels lists the configured models as OpenAI does, with vLLM's
-// max_model_len.
-func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
+// max_model_len; with an id, it answers that model alone (the clients'
+// models.retrieve). Like OpenAI, it needs a key once tenants have keys:
+// clients check a key with models.list().
+func (s *Server) serveModels(ctx *fasthttp.RequestCtx, id string) {
 	if !ctx.IsGet() {
 		methodNotAllowed(ctx, "GET")
 		return
 	}
 	rt := s.rt.Load()
+	if _, ok := rt.authenticate(ctx); !ok {
+		unauthorized().write(ctx)
+		return
+	}
 	type entry struct {
 		ID          string `json:"id"`
 		Object      string `json:"object"`
@@ -384,12 +411,24 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
 		OwnedBy     string `json:"owned_by"`
 		MaxModelLen int    `json:"max_model_len"`
 	}
+	model := func(name string) entry {
+		return entry{ID: name, Object: "model", Created: 0, OwnedBy: "kvgate", MaxModelLen: rt.models[name].maxLen}
+	}
+	if id != "" {
+		if rt.models[id] == nil {
+			(&apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
+				message: fmt.Sprintf("The model `%s` does not exist.", id)}).write(ctx)
+			return
+		}
+		writeJSON(ctx, 200, model(id))
+		return
+	}
 	out := struct {
 		Object string  `json:"object"`
 		Data   []entry `json:"data"`
 	}{Object: "list", Data: []entry{}}
 	for _, name := range rt.modelOrder {
-		out.Data = append(out.Data, entry{ID: name, Object: "model", Created: 0, OwnedBy: "kvgate", MaxModelLen: rt.models[name].maxLen})
+		out.Data = append(out.Data, model(name))
 	}
 	writeJSON(ctx, 200, out)
 }

@@ -3,156 +3,90 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"errors"
+	"fmt"
 	"io"
 	"sync"
-
-	"github.com/valyala/fasthttp"
-
-	"github.com/kvgate/kvgate/backends"
-	"github.com/kvgate/kvgate/internal/jsonscan"
 )
 
-// sseBody is a streamed answer as fasthttp writes it. fasthttp's
-// SetBodyStreamWriter runs the writer in a goroutine of its own that feeds
-// a pipe, which the connection's goroutine copies to the client: two
-// goroutine hand-offs and a copy per event. sseBody instead lets fasthttp
-// call WriteTo on the connection's goroutine (fasthttp.BodyWriterTo), where
-// every flush of the relay's writer is one chunk on the wire. The relay
-// itself — what is kept, when it flushes, how the exchange finishes — is
-// the same either way.
-//
-// Exactly one of WriteTo, Read (a fallback should fasthttp ever read the
-// body instead) or Close starts the relay or, when the body is never
-// written (the client went away before the headers), finishes the exchange.
-type sseBody struct {
-	x       *exchange
-	resp    *backends.Response
-	started bool
-	pipe    io.ReadCloser // the fallback's pipe, once Read was called
-}
-
+// How an upstream event stream can end badly, told apart for the client's
+// final error event and for the outcome's reason.
 var (
-	_ fasthttp.BodyWriterTo = (*sseBody)(nil)
-	_ io.ReadCloser         = (*sseBody)(nil)
+	// errStreamTruncated: the backend closed the stream in the middle of an
+	// event, or after its last complete event without sending [DONE].
+	errStreamTruncated = errors.New("the backend's stream ended before [DONE]")
+	// errEventTooLarge: a line (or event) past server.max_sse_line_bytes.
+	errEventTooLarge = errors.New("the backend sent an event larger than the gateway's bound")
 )
 
-// sseWriters buffer events between flushes, as fasthttp's own stream
-// writers do.
-var sseWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
+var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
 
-func (b *sseBody) SupportsBodyWriteTo() bool { return true }
-
-// WriteTo runs the relay; w frames each write as one chunk and flushes it.
-func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
-	if b.started {
-		return 0, io.ErrClosedPipe
-	}
-	b.started = true
-	cw := &countWriter{w: w}
-	bw := sseWriters.Get().(*bufio.Writer)
-	bw.Reset(cw)
-	b.x.relay(bw, b.resp)
-	bw.Reset(nil)
-	sseWriters.Put(bw)
-	return cw.n, nil // a failed write was the relay's to handle (the client went away)
+// eventReader cuts an upstream SSE stream into events (the lines up to and
+// including a blank line), holding at most max bytes of one event: a line
+// that never ends cannot grow the gateway's memory past that.
+type eventReader struct {
+	br  *bufio.Reader
+	max int
+	ev  []byte // the event being read; reused
 }
 
-func (b *sseBody) Read(p []byte) (int, error) {
-	if b.pipe == nil {
-		if b.started {
-			return 0, io.ErrClosedPipe
+func newEventReader(r io.Reader, max int64) *eventReader {
+	br := readerPool.Get().(*bufio.Reader)
+	br.Reset(r)
+	return &eventReader{br: br, max: int(max)}
+}
+
+// release returns the buffer; the reader is unusable after.
+func (er *eventReader) release() {
+	if er.br != nil {
+		er.br.Reset(nil)
+		readerPool.Put(er.br)
+		er.br = nil
+	}
+}
+
+// buffered says whether more of the stream is already in memory (so a
+// flush can wait for it).
+func (er *eventReader) buffered() bool { return er.br.Buffered() > 0 }
+
+// next returns the next complete event, valid until the following call.
+// At the stream's end it returns io.EOF — or, with a partial event left
+// over, errStreamTruncated, except that a final "data: [DONE]" whose blank
+// line never came is completed and returned (it is what every client waits
+// for, and nothing about it is uncertain).
+func (er *eventReader) next() ([]byte, error) {
+	er.ev = er.ev[:0]
+	lineStart := 0
+	for {
+		chunk, err := er.br.ReadSlice('\n')
+		if len(er.ev)+len(chunk) > er.max {
+			return nil, fmt.Errorf("%w (%d bytes)", errEventTooLarge, er.max)
 		}
-		b.started = true
-		b.pipe = fasthttp.NewStreamReader(func(w *bufio.Writer) { b.x.relay(w, b.resp) })
-	}
-	return b.pipe.Read(p)
-}
-
-// Close ends the body after fasthttp wrote it, or instead of writing it.
-func (b *sseBody) Close() error {
-	switch {
-	case b.pipe != nil:
-		return b.pipe.Close() // the relay's next write fails and it finishes
-	case !b.started:
-		b.started = true
-		b.resp.Close()
-		b.x.finish(outcomeCanceled, "client_disconnect")
-	}
-	return nil
-}
-
-var (
-	keyUsage        = []byte(`"usage"`)
-	keyError        = []byte(`"error"`)
-	keyFinishReason = []byte(`"finish_reason"`)
-)
-
-// plainToken reports whether an event's data certainly holds nothing the
-// relay acts on beyond its tokens: no usage, no error, and no choice whose
-// finish_reason is set. Most events of a stream are such, and telling them
-// by their bytes costs a fraction of parsing them. Keys are found as
-// bytes: a quoted key cannot appear whole inside a JSON string (its quotes
-// would be escaped there) except as a false positive at a string's end,
-// which only costs the parse this skips; keys spelled with \u escapes,
-// which no server writes, would be missed.
-func plainToken(data []byte) bool {
-	if bytes.Contains(data, keyUsage) || bytes.Contains(data, keyError) {
-		return false
-	}
-	for rest := data; ; {
-		i := bytes.Index(rest, keyFinishReason)
-		if i < 0 {
-			return true
+		er.ev = append(er.ev, chunk...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue // a line longer than the buffer: keep collecting, bounded above
 		}
-		rest = bytes.TrimLeft(rest[i+len(keyFinishReason):], " \t\r\n")
-		if len(rest) == 0 || rest[0] != ':' {
-			return false
+		if err == nil {
+			if len(bytes.TrimRight(er.ev[lineStart:], "\r\n")) == 0 {
+				return er.ev, nil // a blank line ends the event
+			}
+			lineStart = len(er.ev)
+			continue
 		}
-		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-		if !bytes.HasPrefix(rest, []byte("null")) {
-			return false
+		if !errors.Is(err, io.EOF) {
+			return nil, err
 		}
-		rest = rest[len("null"):]
-	}
-}
-
-var (
-	keyIndex      = []byte(`"index"`)
-	keyContent    = []byte(`"content"`)
-	keyText       = []byte(`"text"`)
-	chatToken     = []byte(`[{"index":0,"delta":{"content":"`)
-	completionTok = []byte(`[{"index":0,"text":"`)
-)
-
-// firstChoiceToken reports whether an event's data is, to the byte, one
-// non-empty piece of text of choice 0, as vLLM writes a token of a chat
-// ("choices":[{"index":0,"delta":{"content":"…"}…}]) or of a completion
-// ("choices":[{"index":0,"text":"…"}…]), with one index and one content or
-// text key in the whole event. Anything else — another layout, tool calls,
-// logprobs, several choices — answers false and is parsed.
-func firstChoiceToken(data []byte) bool {
-	if bytes.Count(data, keyIndex) != 1 || bytes.Count(data, keyContent)+bytes.Count(data, keyText) != 1 {
-		return false
-	}
-	choices, err := jsonscan.Member(data, "choices")
-	if err != nil {
-		return false
-	}
-	for _, pat := range [][]byte{chatToken, completionTok} {
-		if bytes.HasPrefix(choices, pat) {
-			return len(choices) > len(pat) && choices[len(pat)] != '"' // the string is not empty
+		rest := bytes.TrimSpace(er.ev)
+		switch {
+		case len(rest) == 0:
+			return nil, io.EOF
+		case bytes.Equal(sseData(rest), []byte("[DONE]")):
+			er.ev = append(append(er.ev[:0], rest...), "\n\n"...)
+			return er.ev, nil
 		}
+		return nil, errStreamTruncated
 	}
-	return false
 }
 
-type countWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
-}
+// isDone says whether ev is the stream's terminator.
+func isDone(ev []byte) bool { return bytes.Equal(sseData(ev), []byte("[DONE]")) }

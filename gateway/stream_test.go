@@ -2,168 +2,95 @@ package gateway
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"strings"
 	"testing"
-
-	dto "github.com/prometheus/client_model/go"
-	"github.com/valyala/fasthttp"
-	"github.com/valyala/fastjson"
 )
 
-// serveInProcess runs one request through the gateway's handler without a
-// client connection, so that a test decides what becomes of the response.
-func serveInProcess(s *Server, path, body string) *fasthttp.RequestCtx {
-	var req fasthttp.Request
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.SetRequestURI(path)
-	req.Header.SetContentType("application/json")
-	req.SetBodyString(body)
-	ctx := &fasthttp.RequestCtx{}
-	ctx.Init(&req, nil, nil)
-	s.handle(ctx)
-	return ctx
-}
-
-func requestsTotal(s *Server, outcome, reason string) float64 {
-	var m dto.Metric
-	if err := s.m.requests.WithLabelValues("llama-3-8b", outcome, reason).Write(&m); err != nil {
-		panic(err)
-	}
-	return m.GetCounter().GetValue()
-}
-
-// A stream whose body fasthttp never writes (the client went away before
-// the headers) still finishes its exchange: the reservation goes back and
-// the request counts as canceled.
-func TestStreamNeverWrittenReleases(t *testing.T) {
-	_, url := startSim(t, nil)
-	s, _ := startGateway(t, baseConfig(url, ""), Options{})
-	ctx := serveInProcess(s, "/v1/chat/completions", chatBody("hi", 50, true))
-	if _, ok := ctx.Response.BodyStream().(*sseBody); !ok || held(s) == 0 {
-		t.Fatalf("want a streamed body holding a reservation; body %T, held %d", ctx.Response.BodyStream(), held(s))
-	}
-	if err := ctx.Response.CloseBodyStream(); err != nil {
-		t.Fatal(err)
-	}
-	if h := held(s); h != 0 {
-		t.Errorf("held %d after the body was closed unwritten", h)
-	}
-	if n := requestsTotal(s, outcomeCanceled, "client_disconnect"); n != 1 {
-		t.Errorf("canceled requests = %g, want 1", n)
+// eventsOf cuts a stream with a bound of max bytes.
+func eventsOf(stream string, max int64) (events []string, err error) {
+	er := newEventReader(strings.NewReader(stream), max)
+	defer er.release()
+	for {
+		ev, err := er.next()
+		if err != nil {
+			return events, err
+		}
+		events = append(events, string(ev))
 	}
 }
 
-// Should fasthttp read the body instead of letting it write itself, the
-// relay runs behind a pipe and the client gets the same stream.
-func TestStreamReadFallback(t *testing.T) {
-	_, url := startSim(t, nil)
-	s, _ := startGateway(t, baseConfig(url, ""), Options{})
-	ctx := serveInProcess(s, "/v1/chat/completions", chatBody("hi", 5, true))
-	body, ok := ctx.Response.BodyStream().(*sseBody)
+func TestEventReader(t *testing.T) {
+	tests := []struct {
+		name, stream string
+		events       []string
+		err          error
+	}{
+		{"events and [DONE]", "data: a\n\ndata: b\r\n\r\ndata: [DONE]\n\n", []string{"data: a\n\n", "data: b\r\n\r\n", "data: [DONE]\n\n"}, io.EOF},
+		{"multi-line event", "event: x\ndata: 1\ndata: 2\n\n", []string{"event: x\ndata: 1\ndata: 2\n\n"}, io.EOF},
+		{"a comment is an event", ": ping\n\ndata: a\n\n", []string{": ping\n\n", "data: a\n\n"}, io.EOF},
+		{"ends after an event, no [DONE]", "data: a\n\n", []string{"data: a\n\n"}, io.EOF},
+		{"ends mid-event", "data: a\n\ndata: {\"par", []string{"data: a\n\n"}, errStreamTruncated},
+		{"ends mid-event after a full line", "data: a\n\ndata: b\n", []string{"data: a\n\n"}, errStreamTruncated},
+		{"[DONE] without its blank line", "data: a\n\ndata: [DONE]", []string{"data: a\n\n", "data: [DONE]\n\n"}, io.EOF},
+		{"a line past the bound", "data: a\n\ndata: " + strings.Repeat("x", 70<<10) + "\n\n", []string{"data: a\n\n"}, errEventTooLarge},
+		{"an event past the bound in short lines", "data: a\n\n" + strings.Repeat("data: xxxxxxxxxx\n", 8<<10), []string{"data: a\n\n"}, errEventTooLarge},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			events, err := eventsOf(tt.stream, 64<<10)
+			if !errors.Is(err, tt.err) {
+				t.Errorf("err = %v, want %v", err, tt.err)
+			}
+			if strings.Join(events, "|") != strings.Join(tt.events, "|") {
+				t.Errorf("events %q, want %q", events, tt.events)
+			}
+		})
+	}
+}
+
+// endsBlank says whether ev's last line is blank — nothing but carriage
+// returns before its newline — as an event ends.
+func endsBlank(ev string) bool {
+	body, ok := strings.CutSuffix(ev, "\n")
 	if !ok {
-		t.Fatalf("body is %T", ctx.Response.BodyStream())
+		return false
 	}
-	b, err := io.ReadAll(body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ctx.Response.CloseBodyStream(); err != nil {
-		t.Fatal(err)
-	}
-	out := string(b)
-	if strings.Count(out, `"delta"`) < 5 || !strings.HasSuffix(out, "data: [DONE]\n\n") || strings.Contains(out, `"usage"`) {
-		t.Errorf("stream read through the fallback:\n%s", out)
-	}
-	if h := held(s); h != 0 {
-		t.Errorf("held %d after the stream ended", h)
-	}
-	if n := requestsTotal(s, outcomeOK, ""); n != 1 {
-		t.Errorf("ok requests = %g, want 1", n)
-	}
+	return strings.Trim(body[strings.LastIndexByte(body, '\n')+1:], "\r") == ""
 }
 
-func TestPlainToken(t *testing.T) {
-	for _, c := range []struct {
-		data  string
-		plain bool
-	}{
-		{`{"id":"x","choices":[{"index":0,"delta":{"content":" one"},"logprobs":null,"finish_reason":null,"stop_reason":null}]}`, true},
-		{`{"choices":[{"index":0,"text":"a","finish_reason" : null},{"index":1,"text":"b","finish_reason":null}]}`, true},
-		{`{"choices":[{"index":0,"delta":{"content":"the \"usage\" key"}}]}`, true},
-		{`{"choices":[{"index":0,"delta":{"content":" end"},"finish_reason":"length"}]}`, false},
-		{`{"choices":[{"index":0,"finish_reason":null},{"index":1,"finish_reason":"stop"}]}`, false},
-		{`{"choices":[],"usage":{"prompt_tokens":1}}`, false},
-		{`{"error":{"message":"boom"}}`, false},
-		{`{"object":"error","message":"boom"}`, false},
-		{`{"choices":[{"delta":{"content":"he said \"usage"}}]}`, false}, // a false positive: parsed, harmlessly
-		{`{"choices":[{"finish_reason"`, false},
-	} {
-		if got := plainToken([]byte(c.data)); got != c.plain {
-			t.Errorf("plainToken(%s) = %v, want %v", c.data, got, c.plain)
-		}
-	}
-}
-
-func TestFirstChoiceToken(t *testing.T) {
-	for _, c := range []struct {
-		data string
-		want bool
-	}{
-		{`{"id":"x","choices":[{"index":0,"delta":{"content":" one"},"logprobs":null,"finish_reason":null}]}`, true},
-		{`{"id":"x","choices":[{"index":0,"text":" one","logprobs":null,"finish_reason":null}]}`, true},
-		{`{"choices":[{"index":0,"delta":{"content":"\"q"}}]}`, true},
-		{`{"choices":[{"index":0,"delta":{"content":""}}]}`, false},
-		{`{"choices":[{"index":0,"delta":{"role":"assistant","content":"x"}}]}`, false}, // another layout: parsed
-		{`{"choices":[{"index":1,"delta":{"content":"x"}}]}`, false},
-		{`{"choices":[{"index":0,"delta":{"content":"x"}},{"index":1,"delta":{"content":"y"}}]}`, false},
-		{`{"choices":[{"index":0,"delta":{"content":"x"},"logprobs":{"content":[{"token":"x"}]}}]}`, false},
-		{`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}`, false},
-		{`{"choices":[{"index":0,"delta":{"content": "x"}}]}`, false},
-		{`{"other":[{"index":0,"text":"0"}]}`, false},
-		{`{"x":{"choices":[{"index":0,"text":"0"}]}}`, false},
-	} {
-		if got := firstChoiceToken([]byte(c.data)); got != c.want {
-			t.Errorf("firstChoiceToken(%s) = %v, want %v", c.data, got, c.want)
-		}
-	}
-}
-
-// Whatever plainToken passes over without parsing holds nothing inspect
-// acts on beyond tokens, and what firstChoiceToken counts as one token of
-// choice 0 is exactly that.
-func FuzzPlainToken(f *testing.F) {
-	for _, s := range []string{
-		`{"choices":[{"index":0,"delta":{"content":" one"},"finish_reason":null}]}`,
-		`{"choices":[{"index":0,"finish_reason":"stop"}],"usage":{"prompt_tokens":3}}`,
-		`{"error":{"message":"x"}}`, `{"choices":[{"text":"\"finish_reason\":null"}]}`,
-		`{"choices":[{"index":0,"text":" one","finish_reason":null}]}`,
-	} {
+// FuzzEventReader: whatever a backend sends, the reader returns whole
+// events (each ends with a blank line) that are the stream's own bytes in
+// order, never holds more than its bound, and ends with a known error.
+func FuzzEventReader(f *testing.F) {
+	for _, s := range []string{"data: a\n\ndata: [DONE]\n\n", "data: {\"x\"", ": c\r\n\r\n", "\n\n\n", "data: [DONE]", strings.Repeat("y", 300)} {
 		f.Add([]byte(s))
 	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		if !plainToken(data) || bytes.Contains(data, []byte(`\u`)) {
-			return
+	const bound = 256
+	f.Fuzz(func(t *testing.T, stream []byte) {
+		events, err := eventsOf(string(stream), bound)
+		if !errors.Is(err, io.EOF) && !errors.Is(err, errStreamTruncated) && !errors.Is(err, errEventTooLarge) {
+			t.Fatalf("unexpected error %v", err)
 		}
-		v, err := fastjson.ParseBytes(data)
-		if err != nil {
-			return
-		}
-		if v.Get("error") != nil || v.Get("usage") != nil {
-			t.Fatalf("plainToken passed %s, which has an error or usage", data)
-		}
-		choices := v.GetArray("choices")
-		for _, c := range choices {
-			if fr := c.Get("finish_reason"); fr != nil && fr.Type() != fastjson.TypeNull {
-				t.Fatalf("plainToken passed %s, whose finish_reason is %s", data, fr)
+		rest := stream
+		for _, ev := range events {
+			if len(ev) > bound+2 { // a completed [DONE] gains its blank line
+				t.Fatalf("event of %d bytes past the bound", len(ev))
 			}
-		}
-		if !firstChoiceToken(data) {
-			return
-		}
-		if len(choices) != 1 || choices[0].GetInt("index") != 0 ||
-			len(choices[0].GetStringBytes("delta", "content")) == 0 && len(choices[0].GetStringBytes("text")) == 0 {
-			t.Fatalf("firstChoiceToken passed %s, which is not one token of choice 0", data)
+			if !endsBlank(ev) {
+				t.Fatalf("event %q does not end with a blank line", ev)
+			}
+			if isDone([]byte(ev)) && !bytes.HasPrefix(rest, []byte(ev)) {
+				if i := bytes.Index(rest, bytes.TrimSpace([]byte(ev))); i < 0 {
+					t.Fatalf("[DONE] %q not in the stream", ev)
+				}
+				return
+			}
+			if !bytes.HasPrefix(rest, []byte(ev)) {
+				t.Fatalf("event %q is not the stream's next bytes %q", ev, rest[:min(len(rest), 40)])
+			}
+			rest = rest[len(ev):]
 		}
 	})
 }
