@@ -99,10 +99,59 @@ var ErrConnect = errors.New("cannot connect")
 type Response struct {
 	Header fasthttp.ResponseHeader
 
-	body    io.Reader
-	eof     bool
+	body   io.Reader
+	eof    bool
+	closed bool
+	// release gives the exchange's connection back to the pool (reuse) or
+	// closes it, and frees its reader and slot.
 	release func(reuse bool)
-	closed  bool
+	slots   *semaphore.Weighted // the slot to give back on Close
+	watch   interruptWatch
+	// The body's framing, kept here rather than allocated per answer.
+	sized   sizedBody
+	chunked chunkedBody
+}
+
+// Interrupter is a context that closes an exchange's connection itself the
+// moment it ends, which costs nothing per exchange where context.AfterFunc
+// allocates (the gateway's request contexts are Interrupters).
+type Interrupter interface {
+	context.Context
+	// Interrupt has c closed when the context ends, at once if it has
+	// ended. One connection is held at a time.
+	Interrupt(c io.Closer)
+	// Uninterrupt forgets the connection; false if the context ended
+	// first, which closed it.
+	Uninterrupt() bool
+}
+
+// interruptWatch closes an exchange's connection when its context ends,
+// through the context's Interrupter or else context.AfterFunc.
+type interruptWatch struct {
+	ic          Interrupter
+	stop        func() bool
+	interrupted atomic.Bool
+}
+
+func (w *interruptWatch) start(ctx context.Context, conn net.Conn) {
+	if ic, ok := ctx.(Interrupter); ok {
+		w.ic = ic
+		ic.Interrupt(conn)
+		return
+	}
+	w.stop = context.AfterFunc(ctx, func() {
+		w.interrupted.Store(true)
+		conn.Close()
+	})
+}
+
+// end stops watching; false if the context ended and closed the
+// connection (or is closing it).
+func (w *interruptWatch) end() bool {
+	if w.ic != nil {
+		return w.ic.Uninterrupt()
+	}
+	return w.stop() && !w.interrupted.Load()
 }
 
 // Status is the HTTP status code.
@@ -135,6 +184,8 @@ func (r *Response) Close() {
 	}
 	r.closed = true
 	r.release(r.eof && !r.Header.ConnectionClose())
+	r.release = nil
+	r.slots.Release(1)
 }
 
 // ReadAll reads the whole body, refusing more than max bytes, and closes
@@ -216,14 +267,15 @@ func (u *Upstream) try(ctx context.Context, req *fasthttp.Request) (resp *Respon
 		u.hc.CloseConn(cc)
 		return nil, true, fmt.Errorf("%w: pooled connection to %s was closed", ErrUpstream, u.hc.Addr)
 	}
-	var interrupted atomic.Bool
-	stop := context.AfterFunc(ctx, func() {
-		interrupted.Store(true)
-		conn.Close()
-	})
-	release := func(reuse bool) {
-		if !stop() || interrupted.Load() {
+	resp = &Response{}
+	resp.watch.start(ctx, conn)
+	var br *bufio.Reader
+	resp.release = func(reuse bool) {
+		if !resp.watch.end() {
 			reuse = false
+		}
+		if br != nil {
+			u.hc.ReleaseReader(br)
 		}
 		if reuse {
 			u.hc.ReleaseConn(cc)
@@ -239,16 +291,14 @@ func (u *Upstream) try(ctx context.Context, req *fasthttp.Request) (resp *Respon
 	}
 	u.hc.ReleaseWriter(bw)
 	if err != nil {
-		release(false)
+		resp.release(false)
 		return nil, reused, fmt.Errorf("%w: write request to %s: %w", ErrUpstream, u.hc.Addr, err)
 	}
 
-	br := u.hc.AcquireReader(conn)
-	resp = &Response{}
+	br = u.hc.AcquireReader(conn)
 	for {
 		if err := resp.Header.Read(br); err != nil {
-			u.hc.ReleaseReader(br)
-			release(false)
+			resp.release(false)
 			return nil, false, fmt.Errorf("%w: read response from %s: %w", ErrUpstream, u.hc.Addr, err)
 		}
 		// An interim answer (103 Early Hints, 100 Continue) precedes the
@@ -258,25 +308,24 @@ func (u *Upstream) try(ctx context.Context, req *fasthttp.Request) (resp *Respon
 		}
 		resp.Header.Reset()
 	}
-	resp.body = bodyReader(&resp.Header, br)
-	resp.release = func(reuse bool) {
-		u.hc.ReleaseReader(br)
-		release(reuse)
-		u.slots.Release(1)
-	}
+	resp.body = resp.bodyReader(br)
+	resp.slots = u.slots
 	return resp, false, nil
 }
 
 // bodyReader frames the body the way the headers say.
-func bodyReader(h *fasthttp.ResponseHeader, br *bufio.Reader) io.Reader {
+func (r *Response) bodyReader(br *bufio.Reader) io.Reader {
+	h := &r.Header
 	if code := h.StatusCode(); code == fasthttp.StatusNoContent || code == fasthttp.StatusNotModified || code < 200 {
 		return eofReader{}
 	}
 	switch cl := h.ContentLength(); {
 	case cl >= 0:
-		return &sizedBody{r: br, left: int64(cl)}
+		r.sized = sizedBody{r: br, left: int64(cl)}
+		return &r.sized
 	case cl == -1: // chunked
-		return &chunkedBody{br: br, r: httputil.NewChunkedReader(br)}
+		r.chunked = chunkedBody{br: br, r: httputil.NewChunkedReader(br)}
+		return &r.chunked
 	default: // until the backend closes the connection
 		h.SetConnectionClose()
 		return br
