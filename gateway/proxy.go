@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -47,7 +48,12 @@ type exchange struct {
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
 	stopTimer context.CancelFunc
-	stopWatch func() bool
+	fl        flight   // in the server's set of requests in flight
+	conn      net.Conn // the client's, watched for a hang-up once it waits
+
+	wmu        sync.Mutex // guards watchStop and watchEnded
+	watchStop  func() bool
+	watchEnded bool // finished: the client is never watched again
 
 	ticket *admission.Ticket // &ticketBuf once admitted
 	res    reservation
@@ -77,16 +83,41 @@ type exchange struct {
 }
 
 func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
-	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown"}
+	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown", conn: ctx.Conn()}
 	cctx, cancel := context.WithCancelCause(s.base())
 	x.ctx, x.stopTimer = context.WithTimeoutCause(cctx, rt.cfg.Server.requestTimeout(), errRequestTimeout)
 	x.cancel = cancel
-	if stop, err := s.watch.Watch(ctx.Conn(), func() { cancel(errClientGone) }); err == nil {
-		x.stopWatch = stop
-	}
 	s.m.inflight.Inc()
 	s.active.Add(1)
+	s.flights.add(x)
+	s.wakeSweep()
 	return x
+}
+
+// watchClient has the client's hang-up end the request's context; the
+// sweep calls it once the request waits (inflight.go). It holds wmu across
+// the registration, which only the request's own finish waits for.
+func (x *exchange) watchClient() {
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	if x.watchEnded || x.conn == nil {
+		return
+	}
+	if stop, err := x.s.watch.Watch(x.conn, x.clientGone); err == nil {
+		x.watchStop = stop
+	}
+}
+
+// unwatch stops watching the client, for good.
+func (x *exchange) unwatch() {
+	x.wmu.Lock()
+	x.watchEnded = true
+	stop := x.watchStop
+	x.watchStop = nil
+	x.wmu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 // finish records the outcome and releases everything. Later calls do
@@ -99,9 +130,8 @@ func (x *exchange) finish(outcome, reason string) {
 	if x.firstByte != nil {
 		x.firstByte.Stop()
 	}
-	if x.stopWatch != nil {
-		x.stopWatch()
-	}
+	x.s.flights.remove(x)
+	x.unwatch()
 	if x.ticket != nil {
 		x.ticket.Release()
 	}
@@ -254,7 +284,10 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	if rt.cfg.Routing == routingAffinity {
 		areq.Affinity = x.affinity(ctx)
 	}
-	if err := rt.sched.AcquireTicket(x.ctx, areq, &x.ticketBuf); err != nil {
+	s.flights.admitting(x)
+	err = rt.sched.AcquireTicket(x.ctx, areq, &x.ticketBuf)
+	s.flights.admitted(x)
+	if err != nil {
 		x.admissionFailed(ctx, err)
 		return
 	}

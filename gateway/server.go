@@ -76,6 +76,15 @@ type Server struct {
 	bases    [baseShards]baseContext
 	nextBase atomic.Uint32
 
+	// flights are the requests in flight, swept every sweepTick while
+	// there are any (inflight.go), to watch the clients of those that wait.
+	flights   inflight
+	parked    atomic.Bool   // the sweep sleeps until wake
+	wake      chan struct{} // a request arrived while the sweep slept
+	sweepStop chan struct{}
+	sweepDone chan struct{}
+	stopOnce  sync.Once
+
 	active       atomic.Int64 // exchanges between arrival and finish
 	warnedBlocks sync.Map     // *backends.Backend → true once its block size mismatch is logged
 	warnedPools  sync.Map     // pool name → true once its unusable memory is logged
@@ -112,6 +121,8 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	for i := range s.bases {
 		s.bases[i].ctx, s.bases[i].stop = context.WithCancelCause(context.Background())
 	}
+	s.wake, s.sweepStop, s.sweepDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	go s.sweepLoop(s.sweepStop)
 	s.rt.Store(rt)
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	sc := cfg.Server
@@ -179,6 +190,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for deadline := time.Now().Add(2 * time.Second); s.active.Load() > 0 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
+	s.stopOnce.Do(func() {
+		close(s.sweepStop)
+		<-s.sweepDone
+	})
 	s.watch.Close()
 	return err
 }
