@@ -11,7 +11,8 @@ import (
 //
 // A request is put in the set when it arrives and taken out by its finish.
 // One goroutine sweeps the set every sweepTick while anything is in flight,
-// and parks when nothing has been for parkAfter ticks.
+// and parks when nothing has been for parkAfter ticks. It is the only clock
+// the proxy path has: no request arms a timer of its own.
 //
 //   - Client watch. Asking the kernel to report a client's hang-up costs
 //     two epoll_ctl calls, a sizeable share of a short request's cost, and
@@ -23,12 +24,20 @@ import (
 //     most two ticks (4 ms) after a request starts to queue, and at most
 //     answerWatchTicks + 1 (22 ms) after it arrived otherwise. A tick of
 //     2 ms costs the sweep about 0.5% of a core under load.
+//   - Deadlines. Every deadlineEvery ticks the sweep ends the requests past
+//     server.request_timeout (errRequestTimeout) and the streamed ones whose
+//     backend's first event is past first_byte_timeout
+//     (errFirstByteTimeout), at most 20 ms late. Both are limits of
+//     seconds; the scan of every request in flight is kept off most ticks.
+//   - Shutdown ends every request in the set (errShutdown), and any that
+//     arrives after.
 //
 // The set is sharded (a request picks a shard in turn) so that arrivals and
 // finishes on both cores rarely meet on one mutex. In a shard, young holds
 // the requests younger than answerWatchTicks in order of arrival (so aging
 // takes them from its head), old the rest. Lock order: a shard's mutex,
-// then nothing; watches are registered after it is released.
+// then nothing; watches are registered and contexts ended after it is
+// released.
 type inflight struct {
 	shards [flightShards]flightShard
 	next   atomic.Uint32
@@ -42,6 +51,7 @@ const (
 	sweepTick        = 2 * time.Millisecond
 	queueWatchTicks  = 1
 	answerWatchTicks = 10
+	deadlineEvery    = 10
 	parkAfter        = 50
 )
 
@@ -66,7 +76,13 @@ type flight struct {
 	// watchTaken: the sweep has taken the watch on; only the sweep reads
 	// and writes it.
 	watchTaken bool
+	// firstByte is the first-byte deadline of a streamed request in Unix
+	// nanoseconds while it runs, 0 when there is none (or it was stopped),
+	// firstByteFired once the sweep ended the request for it.
+	firstByte atomic.Int64
 }
+
+const firstByteFired = -1
 
 func (l *flightList) push(x *exchange) {
 	x.fl.prev, x.fl.next = l.tail, nil
@@ -131,19 +147,21 @@ func (f *inflight) admitting(x *exchange) {
 func (f *inflight) admitted(x *exchange) { x.fl.watchDue.Store(math.MaxUint64) }
 
 // sweepWork is what one sweep found to do, acted on outside the shards'
-// locks. Its slice is reused from sweep to sweep.
+// locks. Its slices are reused from sweep to sweep.
 type sweepWork struct {
-	watch []*exchange
+	watch, timedOut, firstByte []*exchange
 }
 
 func (w *sweepWork) reset() {
 	clear(w.watch)
-	w.watch = w.watch[:0]
+	clear(w.timedOut)
+	clear(w.firstByte)
+	w.watch, w.timedOut, w.firstByte = w.watch[:0], w.timedOut[:0], w.firstByte[:0]
 }
 
 // sweep finds, at tick, the requests whose client must be watched from now
-// on.
-func (f *inflight) sweep(tick uint64, w *sweepWork) {
+// on and, when deadlines is set, those past a deadline at now.
+func (f *inflight) sweep(tick uint64, now time.Time, deadlines bool, w *sweepWork) {
 	for i := range f.shards {
 		sh := &f.shards[i]
 		sh.mu.Lock()
@@ -162,7 +180,37 @@ func (f *inflight) sweep(tick uint64, w *sweepWork) {
 				w.watch = append(w.watch, x)
 			}
 		}
+		if deadlines {
+			ns := now.UnixNano()
+			for _, l := range [2]*flightList{&sh.young, &sh.old} {
+				for x := l.head; x != nil; x = x.fl.next {
+					if !now.Before(x.rctx.deadline) {
+						w.timedOut = append(w.timedOut, x)
+					} else if fb := x.fl.firstByte.Load(); fb > 0 && ns >= fb {
+						w.firstByte = append(w.firstByte, x)
+					}
+				}
+			}
+		}
 		sh.mu.Unlock()
+	}
+}
+
+// each calls fn for every request in the set, outside the shards' locks.
+func (f *inflight) each(fn func(*exchange)) {
+	var all []*exchange
+	for i := range f.shards {
+		sh := &f.shards[i]
+		sh.mu.Lock()
+		for _, l := range [2]*flightList{&sh.young, &sh.old} {
+			for x := l.head; x != nil; x = x.fl.next {
+				all = append(all, x)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	for _, x := range all {
+		fn(x)
 	}
 }
 
@@ -182,7 +230,12 @@ func (s *Server) sweepLoop(stop <-chan struct{}) {
 		tick := s.flights.tick.Add(1)
 		if s.active.Load() > 0 {
 			idle = 0
-			s.flights.sweep(tick, &w)
+			var now time.Time
+			deadlines := tick%deadlineEvery == 0
+			if deadlines {
+				now = s.now()
+			}
+			s.flights.sweep(tick, now, deadlines, &w)
 			s.act(&w)
 			continue
 		}
@@ -211,6 +264,18 @@ func (s *Server) sweepLoop(stop <-chan struct{}) {
 func (s *Server) act(w *sweepWork) {
 	for _, x := range w.watch {
 		x.watchClient()
+	}
+	for _, x := range w.timedOut {
+		x.rctx.cancel(errRequestTimeout)
+	}
+	var ns int64
+	if len(w.firstByte) > 0 {
+		ns = s.now().UnixNano()
+	}
+	for _, x := range w.firstByte {
+		if fb := x.fl.firstByte.Load(); fb > 0 && ns >= fb && x.fl.firstByte.CompareAndSwap(fb, firstByteFired) {
+			x.rctx.cancel(errFirstByteTimeout)
+		}
 	}
 	w.reset()
 }

@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"testing"
+	"time"
 )
 
 // The sweep stepped by hand: which requests have their client watched, at
@@ -68,7 +71,7 @@ func TestSweepWatchesWaitingRequests(t *testing.T) {
 					st.do(&f, x)
 					continue
 				}
-				f.sweep(st.tick, &w)
+				f.sweep(st.tick, time.Time{}, false, &w)
 				var got []string
 				for _, e := range w.watch {
 					got = append(got, e.label)
@@ -106,4 +109,64 @@ func removed(x map[string]*exchange) int {
 		}
 	}
 	return n
+}
+
+// Deadlines, stepped by hand: the sweep ends a request past
+// server.request_timeout with errRequestTimeout and a streamed one whose
+// first event is late with errFirstByteTimeout, unless the first event came
+// (answered), and touches nothing else.
+func TestSweepEndsRequestsPastTheirDeadlines(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	now := t0
+	s := &Server{now: func() time.Time { return now }}
+	mk := func(timeout, firstByte time.Duration) *exchange {
+		x := &exchange{s: s}
+		x.rctx.deadline = t0.Add(timeout)
+		if firstByte > 0 {
+			x.fl.firstByte.Store(t0.Add(firstByte).UnixNano())
+		}
+		s.flights.add(x)
+		return x
+	}
+	long := mk(time.Minute, 0)
+	short := mk(time.Second, 0)
+	stream := mk(time.Minute, 300*time.Millisecond)
+	answered := mk(time.Minute, 300*time.Millisecond)
+	finished := mk(time.Second, 0)
+	s.flights.remove(finished)
+	var w sweepWork
+	answer := func() {
+		if !answered.stopFirstByte() {
+			t.Fatal("stopFirstByte: the clock of a request answered in time ran out")
+		}
+	}
+	for _, st := range []struct {
+		at     time.Duration
+		before func()
+		want   map[*exchange]error
+	}{
+		{0, nil, map[*exchange]error{}},
+		{299 * time.Millisecond, answer, map[*exchange]error{}},
+		{300 * time.Millisecond, nil, map[*exchange]error{stream: errFirstByteTimeout}},
+		{999 * time.Millisecond, nil, map[*exchange]error{stream: errFirstByteTimeout}},
+		{time.Second, nil, map[*exchange]error{stream: errFirstByteTimeout, short: errRequestTimeout}},
+	} {
+		if st.before != nil {
+			st.before()
+		}
+		now = t0.Add(st.at)
+		s.flights.sweep(1, now, true, &w)
+		s.act(&w)
+		for _, x := range []*exchange{long, short, stream, answered, finished} {
+			if got := x.rctx.Cause(); got != st.want[x] {
+				t.Errorf("at %s: cause %v, want %v", st.at, got, st.want[x])
+			}
+		}
+	}
+	if stream.stopFirstByte() {
+		t.Error("stopFirstByte after the sweep fired it reported the clock stopped in time")
+	}
+	if short.ctx = &short.rctx; !errors.Is(short.ctx.Err(), context.DeadlineExceeded) {
+		t.Errorf("a timed-out request's Err() = %v, want DeadlineExceeded", short.ctx.Err())
+	}
 }

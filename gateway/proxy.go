@@ -45,11 +45,11 @@ type exchange struct {
 	class  string
 	tenant string
 
-	ctx       context.Context
-	cancel    context.CancelCauseFunc
-	stopTimer context.CancelFunc
-	fl        flight   // in the server's set of requests in flight
-	conn      net.Conn // the client's, watched for a hang-up once it waits
+	// ctx is &rctx, the request's context (reqctx.go).
+	ctx  context.Context
+	rctx reqCtx
+	fl   flight   // in the server's set of requests in flight
+	conn net.Conn // the client's, watched for a hang-up once it waits
 
 	wmu        sync.Mutex // guards watchStop and watchEnded
 	watchStop  func() bool
@@ -65,7 +65,6 @@ type exchange struct {
 	predicted int // prompt tokens reserved, all prompts
 	injectMax int // max_tokens the gateway adds to the body (the model's default); 0 = none
 	firstTok  bool
-	firstByte *time.Timer // a streamed request's first-byte clock; nil otherwise
 	usage     struct{ prompt, completion int }
 	hasUsage  bool
 
@@ -84,12 +83,14 @@ type exchange struct {
 
 func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
 	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown", conn: ctx.Conn()}
-	cctx, cancel := context.WithCancelCause(s.base())
-	x.ctx, x.stopTimer = context.WithTimeoutCause(cctx, rt.cfg.Server.requestTimeout(), errRequestTimeout)
-	x.cancel = cancel
+	x.rctx.deadline = x.start.Add(rt.cfg.Server.requestTimeout())
+	x.ctx = &x.rctx
 	s.m.inflight.Inc()
 	s.active.Add(1)
 	s.flights.add(x)
+	if s.stopping.Load() {
+		x.rctx.cancel(errShutdown)
+	}
 	s.wakeSweep()
 	return x
 }
@@ -127,16 +128,13 @@ func (x *exchange) finish(outcome, reason string) {
 		return
 	}
 	x.done = true
-	if x.firstByte != nil {
-		x.firstByte.Stop()
-	}
 	x.s.flights.remove(x)
+	x.stopFirstByte()
 	x.unwatch()
 	if x.ticket != nil {
 		x.ticket.Release()
 	}
-	x.cancel(nil)
-	x.stopTimer()
+	x.rctx.cancel(context.Canceled)
 	m := x.s.m
 	m.inflight.Dec()
 	x.s.active.Add(-1)
@@ -161,7 +159,7 @@ func (x *exchange) fail(ctx *fasthttp.RequestCtx, e *apiError, outcome, reason s
 
 // ended reports how the request's context ended, if it has.
 func (x *exchange) ended() (outcome, reason string, e *apiError) {
-	switch cause := context.Cause(x.ctx); {
+	switch cause := x.rctx.Cause(); {
 	case cause == nil:
 		return "", "", nil
 	case errors.Is(cause, errRequestTimeout):
@@ -292,11 +290,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 	x.ticket = &x.ticketBuf
-	// The moment the request's context ends (hang-up, timeout, shutdown)
-	// its upstream exchange is closed and the backend frees its blocks, so
-	// the reservation goes back then too — not when a relay blocked on a
-	// slow client finally returns. Release is idempotent.
-	context.AfterFunc(x.ctx, x.ticketBuf.Release)
+	x.rctx.releaseOnEnd(x.ticket)
 	if w := x.ticket.Waited(); w > 0 {
 		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
 	}
@@ -338,20 +332,33 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 }
 
 // armFirstByte starts a streamed request's first-byte clock: if no event
-// has come from the backend when it runs out, the request's context ends
-// (errFirstByteTimeout), which closes the upstream exchange, releases the
-// reservation and answers 504. A non-streamed answer arrives whole, so only
-// server.request_timeout bounds it.
+// has come from the backend when it runs out, the sweep ends the request's
+// context (errFirstByteTimeout), which closes the upstream exchange,
+// releases the reservation and answers 504. A non-streamed answer arrives
+// whole, so only server.request_timeout bounds it.
 func (x *exchange) armFirstByte(be *backends.Backend) {
 	if x.req.stream {
-		x.firstByte = time.AfterFunc(be.FirstByteTimeout(), func() { x.cancel(errFirstByteTimeout) })
+		x.fl.firstByte.Store(x.s.now().Add(be.FirstByteTimeout()).UnixNano())
+	}
+}
+
+// stopFirstByte stops the first-byte clock; false if it ran out first.
+func (x *exchange) stopFirstByte() bool {
+	for {
+		fb := x.fl.firstByte.Load()
+		switch {
+		case fb == firstByteFired:
+			return false
+		case fb == 0 || x.fl.firstByte.CompareAndSwap(fb, 0):
+			return true
+		}
 	}
 }
 
 // answered stops the first-byte clock: the backend answers. Unless the
 // clock ran out first, that resets the backend's count of timeouts.
 func (x *exchange) answered() {
-	if x.firstByte != nil && !x.firstByte.Stop() {
+	if !x.stopFirstByte() {
 		return
 	}
 	x.backend.ReportAnswered()
@@ -362,10 +369,8 @@ func (x *exchange) answered() {
 // circuit counts), the answer for its ended context if it ended otherwise,
 // else 502 naming the backend — never its address, which goes to the log.
 func (x *exchange) upstreamFailed(ctx *fasthttp.RequestCtx, err error) {
-	if x.firstByte != nil {
-		x.firstByte.Stop()
-	}
-	if errors.Is(context.Cause(x.ctx), errFirstByteTimeout) && x.backend != nil {
+	x.stopFirstByte()
+	if errors.Is(x.rctx.Cause(), errFirstByteTimeout) && x.backend != nil {
 		if x.backend.ReportTimeout(errFirstByteTimeout) {
 			x.s.log.Warn("circuit opened: consecutive first-byte timeouts", "backend", x.backend.Name())
 		}
@@ -772,7 +777,7 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 	writeStreamError(w, &apiError{typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)})
 }
 
-func (x *exchange) clientGone() { x.cancel(errClientGone) }
+func (x *exchange) clientGone() { x.rctx.cancel(errClientGone) }
 
 // writeStreamError ends a stream that has already begun with an error event,
 // the way vLLM reports errors mid-stream. Every event before it ended with

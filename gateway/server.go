@@ -69,21 +69,20 @@ type Server struct {
 	closed    bool
 	probes    sync.WaitGroup
 
-	// bases parent every request's context and are cancelled (errShutdown)
-	// at the end of Shutdown. A context registers its children under its own
-	// mutex, so one parent for every request made that the gateway's
-	// busiest lock; requests take the shards in turn.
-	bases    [baseShards]baseContext
-	nextBase atomic.Uint32
-
 	// flights are the requests in flight, swept every sweepTick while
-	// there are any (inflight.go), to watch the clients of those that wait.
+	// there are any (inflight.go): their deadlines, their clients' watches,
+	// shutdown. stopping is set when Shutdown ends them.
 	flights   inflight
+	stopping  atomic.Bool
 	parked    atomic.Bool   // the sweep sleeps until wake
 	wake      chan struct{} // a request arrived while the sweep slept
 	sweepStop chan struct{}
 	sweepDone chan struct{}
 	stopOnce  sync.Once
+	// life parents the contexts of the rarer paths (POST /tokenize) and
+	// ends (errShutdown) with the server.
+	life    context.Context
+	endLife context.CancelCauseFunc
 
 	active       atomic.Int64 // exchanges between arrival and finish
 	warnedBlocks sync.Map     // *backends.Backend → true once its block size mismatch is logged
@@ -118,9 +117,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	s.watch = w
-	for i := range s.bases {
-		s.bases[i].ctx, s.bases[i].stop = context.WithCancelCause(context.Background())
-	}
+	s.life, s.endLife = context.WithCancelCause(context.Background())
 	s.wake, s.sweepStop, s.sweepDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
 	go s.sweepLoop(s.sweepStop)
 	s.rt.Store(rt)
@@ -143,18 +140,6 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	}
 	s.startProbes(rt)
 	return s, nil
-}
-
-const baseShards = 16
-
-type baseContext struct {
-	ctx  context.Context
-	stop context.CancelCauseFunc
-}
-
-// base is the parent context of a new request.
-func (s *Server) base() context.Context {
-	return s.bases[s.nextBase.Add(1)%baseShards].ctx
 }
 
 // slogPrintf adapts fasthttp's logger to slog, without the request bytes
@@ -182,9 +167,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.probes.Wait()
 	s.reloadMu.Unlock()
-	for _, b := range s.bases {
-		b.stop(errShutdown)
-	}
+	s.stopping.Store(true)
+	s.flights.each(func(x *exchange) { x.rctx.cancel(errShutdown) })
+	s.endLife(errShutdown)
 	// What was still running is cancelled now; give it a moment to answer
 	// its clients (503) and give its reservations back.
 	for deadline := time.Now().Add(2 * time.Second); s.active.Load() > 0 && time.Now().Before(deadline); {

@@ -1,0 +1,77 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The request context, as the standard library's would behave: Err and
+// Cause by how it ended, Done whether asked for before or after, the
+// upstream connection closed and derived contexts cancelled when it ends,
+// and nothing of the kind once a connection was handed back.
+func TestReqCtx(t *testing.T) {
+	for _, c := range []struct {
+		cause error
+		err   error
+	}{
+		{errClientGone, context.Canceled},
+		{errRequestTimeout, context.DeadlineExceeded},
+		{errFirstByteTimeout, context.Canceled},
+		{errShutdown, context.Canceled},
+		{context.Canceled, context.Canceled},
+	} {
+		t.Run(c.cause.Error(), func(t *testing.T) {
+			var rc reqCtx
+			ctx := context.Context(&rc)
+			if ctx.Err() != nil || rc.Cause() != nil {
+				t.Fatal("a fresh context has ended")
+			}
+			early := ctx.Done()
+			held, handed := &closer{}, &closer{}
+			rc.Interrupt(handed)
+			if !rc.Uninterrupt() {
+				t.Fatal("Uninterrupt of a live context said it ended")
+			}
+			rc.Interrupt(held)
+			child, cancelChild := context.WithTimeout(ctx, time.Hour)
+			defer cancelChild()
+			ran := make(chan struct{})
+			context.AfterFunc(ctx, func() { close(ran) })
+			stopped := context.AfterFunc(ctx, func() { t.Error("a stopped AfterFunc ran") })
+			if !stopped() {
+				t.Fatal("stop of a pending AfterFunc said it had run")
+			}
+
+			rc.cancel(c.cause)
+			rc.cancel(errShutdown) // the first end stands
+			<-early
+			<-ctx.Done()
+			<-child.Done()
+			<-ran
+			if !errors.Is(ctx.Err(), c.err) || rc.Cause() != c.cause {
+				t.Errorf("Err %v Cause %v, want %v %v", ctx.Err(), rc.Cause(), c.err, c.cause)
+			}
+			if held.n.Load() != 1 || handed.n.Load() != 0 {
+				t.Errorf("closed the held connection %d times, the one handed back %d times", held.n.Load(), handed.n.Load())
+			}
+			if rc.Uninterrupt() {
+				t.Error("Uninterrupt after the end said the connection was not closed")
+			}
+			late := &closer{}
+			rc.Interrupt(late)
+			if late.n.Load() != 1 {
+				t.Error("a connection given to an ended context was not closed at once")
+			}
+		})
+	}
+}
+
+type closer struct{ n atomic.Int32 }
+
+func (c *closer) Close() error { c.n.Add(1); return nil }
+
+var _ io.Closer = (*closer)(nil)
