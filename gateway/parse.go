@@ -8,6 +8,8 @@ import (
 	"strconv"
 
 	"github.com/valyala/fastjson"
+
+	"github.com/kvgate/kvgate/internal/jsonscan"
 )
 
 // endpoint is which OpenAI API a request is for.
@@ -44,10 +46,11 @@ type request struct {
 	// The prompt, as the estimate tokenizer sees it. A batch completion
 	// request has one shape per prompt.
 	shapes []promptShape
-	// For the backend tokenizer: one /tokenize body per prompt (nil where
-	// the prompt is token ids, whose count is exact). Built only when the
-	// model counts through its backend (see tokenizeBodies).
-	tokenize [][]byte
+	// For the backend tokenizer: each prompt as the client wrote it (zero
+	// where the prompt is token ids, whose count is exact). Found only when
+	// the model counts through its backend (see promptTexts); they point
+	// into the body.
+	prompts []promptText
 	// Affinity keys (affinity.go): the user field and a hash of the
 	// prompt's beginning.
 	user   string
@@ -351,23 +354,69 @@ func (r *request) readPrompt(v *fastjson.Value) error {
 	return nil
 }
 
-// tokenizeBodies builds r.tokenize from body (already parsed once into r):
-// a vLLM /tokenize request per prompt, carrying the prompt exactly as the
-// client sent it, so the backend counts what it will run.
-func tokenizeBodies(p *fastjson.Parser, body []byte, r *request) error {
+// promptText is one prompt as the client wrote it: a chat's messages and
+// tools (nil when absent or null), or one prompt string of a completion
+// (in text). It is what the backend's count depends on (with the model and
+// the endpoint), so it keys the tokenize cache as it is, and a /tokenize
+// body is built from it only when the cache cannot answer.
+type promptText struct{ text, tools []byte }
+
+var (
+	chatPromptKeys       = []string{"messages", "tools"}
+	completionPromptKeys = []string{"prompt"}
+)
+
+// promptTexts finds r.prompts in body (already parsed once into r) by
+// scanning its bytes. A body the scan cannot read as the parser did (a
+// top-level key written with escapes) is read from a parse tree instead,
+// its prompts marshalled from it.
+func promptTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
+	keys := chatPromptKeys
+	if r.kind == completions {
+		keys = completionPromptKeys
+	}
+	var found [2][]byte
+	if err := jsonscan.Members(body, keys, found[:len(keys)]); err != nil {
+		p := pp.Get()
+		defer pp.Put(p)
+		return r.promptTextsFromTree(p, body)
+	}
+	if r.kind == chatCompletions {
+		tools := found[1]
+		if string(tools) == "null" {
+			tools = nil
+		}
+		r.prompts = []promptText{{text: found[0], tools: tools}}
+		return nil
+	}
+	r.prompts = make([]promptText, len(r.shapes))
+	prompt := found[0]
+	if len(prompt) > 0 && prompt[0] == '"' {
+		r.prompts[0].text = prompt
+		return nil
+	}
+	i := 0
+	return jsonscan.Elements(prompt, func(v []byte) {
+		if i < len(r.shapes) && !r.shapes[i].ids {
+			r.prompts[i].text = v
+		}
+		i++
+	})
+}
+
+// promptTextsFromTree is promptTexts for a body only a parser reads right.
+func (r *request) promptTextsFromTree(p *fastjson.Parser, body []byte) error {
 	v, err := p.ParseBytes(body)
 	if err != nil {
 		return err
 	}
-	head := appendJSONString(append(make([]byte, 0, 64), `{"model":`...), r.model)
 	if r.kind == chatCompletions {
-		tb := append(append([]byte(nil), head...), `,"add_generation_prompt":true,"messages":`...)
-		tb = v.Get("messages").MarshalTo(tb)
+		var pt promptText
+		pt.text = v.Get("messages").MarshalTo(nil)
 		if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
-			tb = append(tb, `,"tools":`...)
-			tb = tools.MarshalTo(tb)
+			pt.tools = tools.MarshalTo(nil)
 		}
-		r.tokenize = [][]byte{append(tb, '}')}
+		r.prompts = []promptText{pt}
 		return nil
 	}
 	prompt := v.Get("prompt")
@@ -375,15 +424,30 @@ func tokenizeBodies(p *fastjson.Parser, body []byte, r *request) error {
 	if prompt.Type() == fastjson.TypeArray {
 		items, _ = prompt.Array()
 	}
-	r.tokenize = make([][]byte, len(r.shapes))
+	r.prompts = make([]promptText, len(r.shapes))
 	for i, sh := range r.shapes {
-		if sh.ids {
-			continue
+		if !sh.ids {
+			r.prompts[i].text = items[i].MarshalTo(nil)
 		}
-		tb := append(append([]byte(nil), head...), `,"prompt":`...)
-		r.tokenize[i] = append(items[i].MarshalTo(tb), '}')
 	}
 	return nil
+}
+
+// tokenizeBody appends to dst the vLLM /tokenize request for prompt i of
+// r: the prompt exactly as the client sent it, so the backend counts what
+// it will run.
+func tokenizeBody(dst []byte, r *request, i int) []byte {
+	dst = appendJSONString(append(dst, `{"model":`...), r.model)
+	pt := r.prompts[i]
+	if r.kind == completions {
+		dst = append(append(dst, `,"prompt":`...), pt.text...)
+		return append(dst, '}')
+	}
+	dst = append(append(dst, `,"add_generation_prompt":true,"messages":`...), pt.text...)
+	if pt.tools != nil {
+		dst = append(append(dst, `,"tools":`...), pt.tools...)
+	}
+	return append(dst, '}')
 }
 
 func appendJSONString(dst []byte, s string) []byte {

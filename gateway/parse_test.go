@@ -112,21 +112,11 @@ func TestParseRequest(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := tokenizeBodies(&p, []byte(tt.body), got); err != nil {
-				t.Fatal(err)
-			}
-			if len(got.tokenize) != len(got.shapes) {
-				t.Errorf("%d tokenize bodies for %d prompts", len(got.tokenize), len(got.shapes))
-			}
-			for i, tb := range got.tokenize {
-				if tb != nil && !json.Valid(tb) {
-					t.Errorf("tokenize body %d is not JSON: %s", i, tb)
-				}
-			}
+			checkPromptTexts(t, []byte(tt.body), got)
 			if tt.want.seqs == 0 {
 				tt.want.seqs = tt.want.n
 			}
-			got.kind, got.tokenize = tt.want.kind, nil
+			got.kind, got.prompts = tt.want.kind, nil
 			got.prefix = 0 // affinity keys have their own test
 			if !reflect.DeepEqual(*got, tt.want) {
 				t.Errorf("got  %+v\nwant %+v", *got, tt.want)
@@ -136,29 +126,85 @@ func TestParseRequest(t *testing.T) {
 }
 
 func TestTokenizeBodies(t *testing.T) {
-	var p fastjson.Parser
+	var pp fastjson.ParserPool
 	body := []byte(`{"model":"m\"x","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}`)
-	r, err := parseRequest(&p, body, chatCompletions)
+	p := pp.Get()
+	r, err := parseRequest(p, body, chatCompletions)
+	pp.Put(p)
 	if err == nil {
-		err = tokenizeBodies(&p, body, r)
+		err = promptTexts(&pp, body, r)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	var chat map[string]any
-	if err := json.Unmarshal(r.tokenize[0], &chat); err != nil {
+	if err := json.Unmarshal(tokenizeBody(nil, r, 0), &chat); err != nil {
 		t.Fatal(err)
 	}
 	if chat["model"] != `m"x` || chat["add_generation_prompt"] != true || len(chat["messages"].([]any)) != 1 || chat["tools"] == nil {
-		t.Errorf("chat tokenize body: %s", r.tokenize[0])
+		t.Errorf("chat tokenize body: %s", tokenizeBody(nil, r, 0))
 	}
-	body = []byte(`{"model":"m","prompt":["one","two"]}`)
-	r, err = parseRequest(&p, body, completions)
-	if err == nil {
-		err = tokenizeBodies(&p, body, r)
+	for _, c := range []struct{ body, want string }{
+		{`{"model":"m","prompt":["one", "two"]}`, `{"model":"m","prompt":"two"}`},
+		{`{"model":"m","prompt":[[1,2],[3]]}`, ``},
+		{`{"model":"m","pr\u006fmpt":["one","tw\u006f"]}`, `{"model":"m","prompt":"tw\u006f"}`}, // read from the tree
+	} {
+		p := pp.Get()
+		r, err := parseRequest(p, []byte(c.body), completions)
+		pp.Put(p)
+		if err == nil {
+			err = promptTexts(&pp, []byte(c.body), r)
+		}
+		if err != nil || len(r.prompts) != 2 {
+			t.Fatalf("%s: %d prompts, %v", c.body, len(r.prompts), err)
+		}
+		if got := string(r.prompts[1].text); c.want == "" && got != "" {
+			t.Errorf("%s: a token-id prompt has text %s", c.body, got)
+		} else if c.want != "" && string(tokenizeBody(nil, r, 1)) != c.want {
+			t.Errorf("%s: batch tokenize body %s, want %s", c.body, tokenizeBody(nil, r, 1), c.want)
+		}
 	}
-	if err != nil || string(r.tokenize[1]) != `{"model":"m","prompt":"two"}` {
-		t.Errorf("batch tokenize body: %s %v", r.tokenize[1], err)
+}
+
+// checkPromptTexts checks the prompts found in body (already parsed into
+// r) by scanning it: one per prompt, none for token ids, and each one's
+// /tokenize body the JSON a parse tree of body gives.
+func checkPromptTexts(t *testing.T, body []byte, r *request) {
+	t.Helper()
+	var pp fastjson.ParserPool
+	if err := promptTexts(&pp, body, r); err != nil {
+		t.Fatalf("promptTexts after a good parse: %v", err)
+	}
+	if len(r.prompts) != len(r.shapes) {
+		t.Fatalf("%d prompts for %d shapes in %q", len(r.prompts), len(r.shapes), body)
+	}
+	if !json.Valid(body) {
+		// fastjson takes what strict parsers refuse (a raw control
+		// character in a string); the backend refuses the request itself.
+		return
+	}
+	tree := *r
+	var p fastjson.Parser
+	if err := tree.promptTextsFromTree(&p, body); err != nil {
+		t.Fatal(err)
+	}
+	for i, sh := range r.shapes {
+		if sh.ids {
+			if r.prompts[i].text != nil {
+				t.Fatalf("prompt %d of %q is token ids, yet has text %q", i, body, r.prompts[i].text)
+			}
+			continue
+		}
+		var got, want any
+		if err := json.Unmarshal(tokenizeBody(nil, r, i), &got); err != nil {
+			t.Fatalf("tokenize body %d of %q: %v: %s", i, body, err, tokenizeBody(nil, r, i))
+		}
+		if err := json.Unmarshal(tokenizeBody(nil, &tree, i), &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("tokenize body %d of %q: %s, from a tree %s", i, body, tokenizeBody(nil, r, i), tokenizeBody(nil, &tree, i))
+		}
 	}
 }
 
@@ -231,17 +277,10 @@ func FuzzParseRequest(f *testing.F) {
 			}
 			return
 		}
-		if err := tokenizeBodies(&p, body, r); err != nil {
-			t.Fatalf("tokenizeBodies after a good parse: %v", err)
-		}
-		if r.model == "" || r.n < 1 || r.n > 128 || r.seqs < r.n || r.maxTokens < 0 || len(r.shapes) == 0 || len(r.shapes) != len(r.tokenize) {
+		if r.model == "" || r.n < 1 || r.n > 128 || r.seqs < r.n || r.maxTokens < 0 || len(r.shapes) == 0 {
 			t.Fatalf("insane request %+v from %q", r, body)
 		}
-		for _, tb := range r.tokenize {
-			if tb != nil && !json.Valid(tb) {
-				t.Fatalf("tokenize body not JSON: %q from %q", tb, body)
-			}
-		}
+		checkPromptTexts(t, body, r)
 		if r.stream {
 			out, err := rewriteBody(&p, body, true, 7, r.dropMaxCompletion)
 			if err != nil || !json.Valid(out) || !strings.Contains(string(out), `"include_usage":true`) || !strings.Contains(string(out), `"max_tokens":7`) {

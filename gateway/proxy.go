@@ -236,11 +236,8 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 	if m.tokenizer == "backend" {
-		p := s.parsers.Get()
-		err := tokenizeBodies(p, ctx.PostBody(), req)
-		s.parsers.Put(p)
-		if err != nil {
-			s.log.Error("tokenize bodies of a parsed request", "err", err)
+		if err := promptTexts(&s.parsers, ctx.PostBody(), req); err != nil {
+			s.log.Error("find the prompts of a parsed request", "err", err)
 			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
 			return
 		}
@@ -426,7 +423,7 @@ func (x *exchange) countPrompts(be *backends.Backend) (counts []int, exact []boo
 			counts[i], exact[i] = sh.tokenIDs, true
 			continue
 		}
-		if x.req.tokenize != nil {
+		if x.req.prompts != nil {
 			n, err := x.tokenizeCached(be, i)
 			if err == nil {
 				counts[i], exact[i] = n, true

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/binary"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -13,9 +14,12 @@ import (
 // same system prompt and history on every turn, and benchmarks and agents
 // repeat whole prompts.
 //
-// Key. A 128-bit hash of the /tokenize request body, which carries the
-// model and the prompt exactly as the backend would count them (messages
-// and tools, or the prompt). Two seeded maphash functions make collisions
+// Key. A 128-bit hash of what the backend's count depends on: the
+// endpoint, the model and the prompt as the client wrote it (messages and
+// tools, or the prompt), its bytes taken from the body as they are, so a
+// hit builds no /tokenize body and parses nothing more (promptTexts). Two
+// requests that differ only in their JSON's spacing or escapes are two
+// entries, each exact. Two seeded maphash functions make collisions
 // astronomically unlikely, and, being seeded at random per process, keep a
 // client from crafting a prompt whose hash collides with another's count.
 //
@@ -61,8 +65,31 @@ func newTokenCache(capacity int) *tokenCache {
 	}
 }
 
-func (c *tokenCache) key(body []byte) tokenKey {
-	return tokenKey{maphash.Bytes(c.seeds[0], body), maphash.Bytes(c.seeds[1], body)}
+// key is the key of prompt i of r.
+func (c *tokenCache) key(r *request, i int) tokenKey {
+	var k tokenKey
+	for j := range k {
+		var h maphash.Hash
+		h.SetSeed(c.seeds[j])
+		pt := r.prompts[i]
+		h.WriteByte(byte(r.kind))
+		writeLenPrefixed(&h, []byte(r.model))
+		writeLenPrefixed(&h, pt.text)
+		if pt.tools != nil {
+			writeLenPrefixed(&h, pt.tools)
+		}
+		k[j] = h.Sum64()
+	}
+	return k
+}
+
+// writeLenPrefixed writes b after its length, so that no two sequences of
+// parts hash the same bytes.
+func writeLenPrefixed(h *maphash.Hash, b []byte) {
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(b)))
+	h.Write(n[:])
+	h.Write(b)
 }
 
 // get returns the count cached under k and marks it recently used.
@@ -207,16 +234,15 @@ func (m *model) promptSources() []string {
 // asking the backend on a miss. For a single prompt, it remembers the key
 // of a hit so that recordUsage can check it against the backend's usage.
 func (x *exchange) tokenizeCached(be *backends.Backend, i int) (int, error) {
-	body := x.req.tokenize[i]
 	c := x.m.tokens
 	if c == nil {
-		n, err := be.Tokenize(x.ctx, body)
+		n, err := be.Tokenize(x.ctx, tokenizeBody(nil, x.req, i))
 		if err == nil {
 			x.noteSource(sourceBackend)
 		}
 		return n, err
 	}
-	k := c.key(body)
+	k := c.key(x.req, i)
 	if n, ok := c.get(k); ok {
 		x.noteSource(sourceCache)
 		if len(x.req.shapes) == 1 {
@@ -224,7 +250,7 @@ func (x *exchange) tokenizeCached(be *backends.Backend, i int) (int, error) {
 		}
 		return n, nil
 	}
-	n, err := be.Tokenize(x.ctx, body)
+	n, err := be.Tokenize(x.ctx, tokenizeBody(nil, x.req, i))
 	if err != nil {
 		return 0, err
 	}

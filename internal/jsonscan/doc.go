@@ -1,11 +1,14 @@
-// Package jsonscan finds one member of a JSON object without decoding the
-// rest: a backend's answer carries what the gateway needs (a /tokenize
-// count, a completion's usage) beside what it does not (every token id, the
-// generated text), and skipping the latter over its bytes costs a fraction
-// of building a tree of it.
+// Package jsonscan finds members of a JSON object, or the elements of an
+// array, without decoding the rest: a backend's answer carries what the
+// gateway needs (a /tokenize count, a completion's usage) beside what it
+// does not (every token id, the generated text), and a request's prompt
+// keys the tokenize cache as the client wrote it; skipping the rest over
+// its bytes costs a fraction of building a tree of it.
 //
 // It validates only what it walks through: strings, brackets and commas at
-// the top level. It never reads past the end of its input, and for every
-// object a JSON parser accepts it finds the same first member (its fuzz
-// test checks this against fastjson).
+// the level it walks. It never reads past the end of its input, and for
+// every document a JSON parser accepts it finds the same values (its fuzz
+// tests check this against fastjson). Keys are compared as written; where
+// a key written with escapes could make it miss what a parser finds,
+// Members says so (ErrEscapedKey).
 package jsonscan

@@ -9,52 +9,140 @@ import (
 // ErrNoMember is returned when the object has no member of that name.
 var ErrNoMember = errors.New("no such member")
 
+// ErrEscapedKey is returned by Members for an object with a key written
+// with escapes: a JSON parser would match it to a name Members cannot.
+var ErrEscapedKey = errors.New("object has a key written with escapes")
+
 // Member returns the raw value of the first member named key of the JSON
 // object data, skipping every other member's value without decoding it.
 // Keys are compared as written (a key spelled with escapes does not
 // match). It checks only as much syntax as it needs to find its way, so
 // the value of a member found in a malformed document may be returned.
 func Member(data []byte, key string) ([]byte, error) {
-	i := skipSpace(data, 0)
-	if i >= len(data) || data[i] != '{' {
-		return nil, errors.New("answer is not a JSON object")
+	var found []byte
+	err := object(data, func(name, value []byte) bool {
+		if string(name) == key {
+			found = value
+			return false
+		}
+		return true
+	})
+	if found != nil {
+		return found, nil
 	}
-	i = skipSpace(data, i+1)
-	if i < len(data) && data[i] == '}' {
-		return nil, fmt.Errorf("%w %q", ErrNoMember, key)
+	if err == nil {
+		err = fmt.Errorf("%w %q", ErrNoMember, key)
 	}
-	for i < len(data) {
+	return nil, err
+}
+
+// Members finds, in one pass over the JSON object data, the raw value of
+// the first member named keys[i], into out[i] (nil where there is none).
+// Unlike Member it walks the whole object and fails on malformed syntax
+// anywhere at its top level, and on a key written with escapes
+// (ErrEscapedKey), which a parser could read as one of keys.
+func Members(data []byte, keys []string, out [][]byte) error {
+	clear(out[:len(keys)])
+	escaped := false
+	err := object(data, func(name, value []byte) bool {
+		if bytes.IndexByte(name, '\\') >= 0 {
+			escaped = true
+			return false
+		}
+		for i, k := range keys {
+			if out[i] == nil && string(name) == k {
+				out[i] = value
+			}
+		}
+		return true
+	})
+	if escaped {
+		return ErrEscapedKey
+	}
+	return err
+}
+
+// Elements calls fn with the raw value of each element of the JSON array
+// data, in order, skipping their insides.
+func Elements(data []byte, fn func(value []byte)) error {
+	i, done, err := open(data, '[', ']')
+	for ; err == nil && !done; i, done, err = next(data, i, ']') {
+		end, err := skipValue(data, i)
+		if err != nil {
+			return err
+		}
+		fn(data[i:end])
+		i = end
+	}
+	return err
+}
+
+// object calls fn with the raw name (between its quotes) and the raw value
+// of each member of the JSON object data, in order, until fn returns
+// false.
+func object(data []byte, fn func(name, value []byte) bool) error {
+	i, done, err := open(data, '{', '}')
+	for ; err == nil && !done; i, done, err = next(data, i, '}') {
 		if data[i] != '"' {
-			return nil, fmt.Errorf("malformed JSON at byte %d", i)
+			return fmt.Errorf("malformed JSON at byte %d", i)
 		}
 		end, err := skipString(data, i)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		name := data[i+1 : end-1]
 		i = skipSpace(data, end)
 		if i >= len(data) || data[i] != ':' {
-			return nil, fmt.Errorf("malformed JSON at byte %d", i)
+			return fmt.Errorf("malformed JSON at byte %d", i)
 		}
 		i = skipSpace(data, i+1)
 		end, err = skipValue(data, i)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if string(name) == key {
-			return data[i:end], nil
+		if !fn(name, data[i:end]) {
+			return nil
 		}
-		i = skipSpace(data, end)
-		switch {
-		case i < len(data) && data[i] == ',':
-			i = skipSpace(data, i+1)
-		case i < len(data) && data[i] == '}':
-			return nil, fmt.Errorf("%w %q", ErrNoMember, key)
-		default:
-			return nil, fmt.Errorf("malformed JSON at byte %d", i)
-		}
+		i = end
 	}
-	return nil, errors.New("truncated JSON")
+	return err
+}
+
+// open finds the container that data holds, opened by opener: i is where
+// its first item starts, done says it is empty.
+func open(data []byte, opener, closer byte) (i int, done bool, err error) {
+	i = skipSpace(data, 0)
+	if i >= len(data) || data[i] != opener {
+		return i, false, fmt.Errorf("not a JSON %s", map[byte]string{'{': "object", '[': "array"}[opener])
+	}
+	i = skipSpace(data, i+1)
+	if i < len(data) && data[i] == closer {
+		return i, true, nil
+	}
+	if i >= len(data) {
+		return i, false, errors.New("truncated JSON")
+	}
+	return i, false, nil
+}
+
+// next reads what follows an item that ended at end in a container closed
+// by closer: i is where the next item starts, done says the container
+// ended.
+func next(data []byte, end int, closer byte) (i int, done bool, err error) {
+	i = skipSpace(data, end)
+	switch {
+	case i < len(data) && data[i] == ',':
+		i = skipSpace(data, i+1)
+		if i >= len(data) {
+			return i, false, errors.New("truncated JSON")
+		}
+		return i, false, nil
+	case i < len(data) && data[i] == closer:
+		return i, true, nil
+	case i >= len(data):
+		return i, false, errors.New("truncated JSON")
+	}
+	return i, false, fmt.Errorf("malformed JSON at byte %d", i)
 }
 
 func skipSpace(data []byte, i int) int {

@@ -2,6 +2,8 @@ package jsonscan
 
 import (
 	"bytes"
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -69,6 +71,118 @@ func FuzzMember(f *testing.F) {
 		gv, gerr := fastjson.ParseBytes(got)
 		if gerr != nil || gv.String() != want.String() {
 			t.Fatalf("Member(%q) = %q; want %s", data, got, want)
+		}
+	})
+}
+
+func TestMembers(t *testing.T) {
+	keys := []string{"messages", "tools"}
+	for _, c := range []struct {
+		in                string
+		messages, tools   string
+		err, escapedError bool
+	}{
+		{`{"model":"m","messages":[{"content":"a \"tools\": b"}],"tools":null}`, `[{"content":"a \"tools\": b"}]`, `null`, false, false},
+		{` { "tools" : [ {"x":1} ] , "messages" : [] } `, `[]`, `[ {"x":1} ]`, false, false},
+		{`{"messages":[1],"messages":[2]}`, `[1]`, ``, false, false}, // the first, as Member
+		{`{"model":"m"}`, ``, ``, false, false},
+		{`{}`, ``, ``, false, false},
+		{`{"m\u0065ssages":[1],"messages":[2]}`, ``, ``, true, true},
+		{`{"messages":[1],"tools":[2`, ``, ``, true, false},
+		{`{"messages":[1] "tools":[2]}`, ``, ``, true, false},
+		{`[{"messages":[1]}]`, ``, ``, true, false},
+	} {
+		out := make([][]byte, 2)
+		err := Members([]byte(c.in), keys, out)
+		if (err != nil) != c.err || errors.Is(err, ErrEscapedKey) != c.escapedError {
+			t.Errorf("Members(%s): error %v, want error %v (escaped key %v)", c.in, err, c.err, c.escapedError)
+			continue
+		}
+		if !c.err && (string(out[0]) != c.messages || string(out[1]) != c.tools) {
+			t.Errorf("Members(%s) = %q %q; want %q %q", c.in, out[0], out[1], c.messages, c.tools)
+		}
+	}
+}
+
+func TestElements(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want []string
+		err  bool
+	}{
+		{`["one", "t,w]o" ,[1,[2]],{"a":"]"},null,-1.5e3]`, []string{`"one"`, `"t,w]o"`, `[1,[2]]`, `{"a":"]"}`, `null`, `-1.5e3`}, false},
+		{` [ ] `, nil, false},
+		{`["a" "b"]`, nil, true},
+		{`["a",`, nil, true},
+		{`{"a":1}`, nil, true},
+	} {
+		var got []string
+		err := Elements([]byte(c.in), func(v []byte) { got = append(got, string(v)) })
+		if (err != nil) != c.err || (!c.err && !slices.Equal(got, c.want)) {
+			t.Errorf("Elements(%s) = %q, %v; want %q (error %v)", c.in, got, err, c.want, c.err)
+		}
+	}
+}
+
+// On every JSON object fastjson accepts whose keys have no escapes,
+// Members finds each key's first value; on every array, Elements gives
+// fastjson's elements.
+func FuzzMembersElements(f *testing.F) {
+	for _, s := range []string{`{"messages":[{"role":"user"}],"tools":[1],"x":"\""}`, `["a",1,{"b":[2]},null]`, `{"tools":null}`, `[]`} {
+		f.Add([]byte(s))
+	}
+	keys := []string{"messages", "tools"}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		out := make([][]byte, 2)
+		merr := Members(data, keys, out)
+		var got []string
+		eerr := Elements(data, func(v []byte) { got = append(got, string(v)) })
+		v, perr := fastjson.ParseBytes(data)
+		if perr != nil {
+			return
+		}
+		switch v.Type() {
+		case fastjson.TypeObject:
+			o, _ := v.Object()
+			want := make([]*fastjson.Value, 2)
+			escaped := false
+			o.Visit(func(k []byte, v *fastjson.Value) {
+				escaped = escaped || bytes.IndexByte(k, '\\') >= 0
+				for i, key := range keys {
+					if want[i] == nil && string(k) == key {
+						want[i] = v
+					}
+				}
+			})
+			if escaped {
+				if !errors.Is(merr, ErrEscapedKey) {
+					t.Fatalf("Members(%q): %v; want ErrEscapedKey", data, merr)
+				}
+				return
+			}
+			if merr != nil {
+				t.Fatalf("Members(%q): %v", data, merr)
+			}
+			for i := range keys {
+				if (want[i] == nil) != (out[i] == nil) {
+					t.Fatalf("Members(%q)[%s] = %q; want %v", data, keys[i], out[i], want[i])
+				}
+				if want[i] != nil {
+					if gv, err := fastjson.ParseBytes(out[i]); err != nil || gv.String() != want[i].String() {
+						t.Fatalf("Members(%q)[%s] = %q; want %s", data, keys[i], out[i], want[i])
+					}
+				}
+			}
+		case fastjson.TypeArray:
+			items, _ := v.Array()
+			if eerr != nil || len(got) != len(items) {
+				t.Fatalf("Elements(%q) = %q, %v; want %d elements", data, got, eerr, len(items))
+			}
+			for i, it := range items {
+				if gv, err := fastjson.ParseBytes([]byte(got[i])); err != nil || gv.String() != it.String() {
+					t.Fatalf("Elements(%q)[%d] = %q; want %s", data, i, got[i], it)
+				}
+			}
 		}
 	})
 }
