@@ -82,10 +82,11 @@ type Budget interface {
 
 // Backend is one upstream server.
 type Backend struct {
-	spec   Spec
-	host   string // host:port
-	scheme string
-	up     *Upstream
+	spec Spec
+	host string // host:port
+	base string // scheme://host:port, the start of every request's URI
+	auth string // the Authorization header for spec.APIKey; "" for none
+	up   *Upstream
 	// probe carries health checks and scrapes on connections of their own,
 	// so a backend busy with traffic is not judged dead for want of a slot.
 	probe  *Upstream
@@ -120,9 +121,12 @@ func NewBackend(spec Spec, budget Budget, now func() time.Time) (*Backend, error
 	if now == nil {
 		now = time.Now
 	}
-	b := &Backend{spec: spec, host: u.Host, scheme: u.Scheme, up: NewUpstream(u.Host, spec.Upstream),
+	b := &Backend{spec: spec, host: u.Host, base: u.Scheme + "://" + u.Host, up: NewUpstream(u.Host, spec.Upstream),
 		probe:  NewUpstream(u.Host, UpstreamOptions{MaxConns: 2, DialTimeout: spec.Upstream.DialTimeout, DialForTesting: spec.Upstream.DialForTesting}),
 		budget: budget, now: now}
+	if spec.APIKey != "" {
+		b.auth = "Bearer " + spec.APIKey
+	}
 	b.circ = circuit{threshold: spec.FailThreshold, cooldown: spec.Cooldown, now: now}
 	return b, nil
 }
@@ -183,10 +187,11 @@ func (b *Backend) ReportAnswered() { b.circ.answered() }
 // own credentials.
 func (b *Backend) NewRequest(req *fasthttp.Request, method, path string) {
 	req.Header.SetMethod(method)
-	req.SetRequestURI(b.scheme + "://" + b.host + path)
+	var buf [128]byte // the URI is copied into req: no allocation for it
+	req.SetRequestURIBytes(append(append(buf[:0], b.base...), path...))
 	req.Header.SetHost(b.host)
-	if b.spec.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+b.spec.APIKey)
+	if b.auth != "" {
+		req.Header.Set("Authorization", b.auth)
 	} else {
 		req.Header.Del("Authorization")
 	}

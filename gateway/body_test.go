@@ -199,3 +199,34 @@ func TestStreamOptionsIncludeUsageDefault(t *testing.T) {
 		t.Fatalf("%d: %s", r.status, r.body)
 	}
 }
+
+// The backend's Retry-After and X-Request-Id reach the client (in whatever
+// case the backend wrote them), on an answer and on a refusal (a prompt
+// saying "refuse") alike; its other headers do not.
+func TestBackendHeadersPassed(t *testing.T) {
+	f := startFake(t, func(w http.ResponseWriter, r *http.Request, _ <-chan struct{}) {
+		if tokenize3(w, r) {
+			return
+		}
+		w.Header()["x-request-id"] = []string{"req-7"} // as uvicorn writes it
+		w.Header().Set("Retry-After", "3")
+		w.Header().Set("X-Internal", "secret")
+		w.Header().Set("Content-Type", "application/json")
+		if b, _ := io.ReadAll(r.Body); strings.Contains(string(b), "refuse") {
+			w.WriteHeader(429)
+			io.WriteString(w, `{"error":{"message":"busy","type":"rate_limit"}}`)
+			return
+		}
+		io.WriteString(w, `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+	})
+	_, gwURL := startGateway(t, baseConfig(f.URL, ""), Options{DisableProbes: true})
+	for _, refuse := range []string{"", "refuse"} {
+		r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi "+refuse, 5, false))
+		if want := map[string]int{"": 200, "refuse": 429}[refuse]; r.status != want {
+			t.Fatalf("status %d, want %d: %s", r.status, want, r.body)
+		}
+		if r.header.Get("X-Request-Id") != "req-7" || r.header.Get("Retry-After") != "3" || r.header.Get("X-Internal") != "" {
+			t.Errorf("refused=%q: headers %v", refuse, r.header)
+		}
+	}
+}

@@ -86,8 +86,8 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	if v.Type() != fastjson.TypeObject {
 		return nil, &parseError{msg: "The request body must be a JSON object."}
 	}
-	if err := noDuplicates(v, "", topLevelKeys); err != nil {
-		return nil, err
+	if dup := duplicate(v, topLevelKeys); dup != "" {
+		return nil, duplicateKey(dup)
 	}
 	r := &request{kind: kind, n: 1, seqs: 1}
 	mv := v.Get("model")
@@ -107,8 +107,8 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 		if so.Type() != fastjson.TypeObject {
 			return nil, badParam("stream_options", "stream_options must be an object")
 		}
-		if err := noDuplicates(so, "stream_options.", streamOptionKeys); err != nil {
-			return nil, err
+		if dup := duplicate(so, streamOptionKeys); dup != "" {
+			return nil, duplicateKey("stream_options." + dup)
 		}
 		// vLLM's StreamOptions.include_usage defaults to true: an object
 		// without it asks for the usage chunk.
@@ -203,12 +203,12 @@ var (
 	partKeys         = []string{"type", "text"}
 )
 
-// noDuplicates refuses an object in which one of keys appears more than
-// once; prefix is the object's path in the body, for the error.
-func noDuplicates(v *fastjson.Value, prefix string, keys []string) error {
+// duplicate is the first of keys that appears more than once in the
+// object v ("" if none, or if v is not an object).
+func duplicate(v *fastjson.Value, keys []string) string {
 	o, err := v.Object()
 	if err != nil {
-		return nil
+		return ""
 	}
 	var seen uint64 // bit i: keys[i] met
 	var dup string
@@ -226,10 +226,12 @@ func noDuplicates(v *fastjson.Value, prefix string, keys []string) error {
 			}
 		}
 	})
-	if dup != "" {
-		return badParam(prefix+dup, "duplicate key %q: give each field once (JSON parsers disagree on which occurrence counts)", prefix+dup)
-	}
-	return nil
+	return dup
+}
+
+// duplicateKey refuses a body in which the key at path appears twice.
+func duplicateKey(path string) error {
+	return badParam(path, "duplicate key %q: give each field once (JSON parsers disagree on which occurrence counts)", path)
 }
 
 // intParam reads an integer parameter the way pydantic does: a JSON integer,
@@ -238,6 +240,9 @@ func noDuplicates(v *fastjson.Value, prefix string, keys []string) error {
 func intParam(v *fastjson.Value, name string) (int64, error) {
 	if v.Type() != fastjson.TypeNumber {
 		return 0, badParam(name, "%s must be an integer", name)
+	}
+	if n, err := v.Int64(); err == nil { // a plain integer within int64
+		return n, nil
 	}
 	raw := string(v.MarshalTo(nil))
 	n, err := strconv.ParseInt(raw, 10, 64)
@@ -273,8 +278,8 @@ func (r *request) readMessages(v *fastjson.Value) error {
 		if m.Type() != fastjson.TypeObject {
 			return badParam(fmt.Sprintf("messages[%d]", i), "each message must be an object")
 		}
-		if err := noDuplicates(m, fmt.Sprintf("messages[%d].", i), messageKeys); err != nil {
-			return err
+		if dup := duplicate(m, messageKeys); dup != "" {
+			return duplicateKey(fmt.Sprintf("messages[%d].%s", i, dup))
 		}
 		if role := m.Get("role"); role == nil || role.Type() != fastjson.TypeString {
 			return badParam(fmt.Sprintf("messages[%d].role", i), "each message needs a role")
@@ -287,8 +292,8 @@ func (r *request) readMessages(v *fastjson.Value) error {
 		case c.Type() == fastjson.TypeArray:
 			parts, _ := c.Array()
 			for j, part := range parts {
-				if err := noDuplicates(part, fmt.Sprintf("messages[%d].content[%d].", i, j), partKeys); err != nil {
-					return err
+				if dup := duplicate(part, partKeys); dup != "" {
+					return duplicateKey(fmt.Sprintf("messages[%d].content[%d].%s", i, j, dup))
 				}
 				if t := part.GetStringBytes("text"); t != nil {
 					s.textBytes += len(t)

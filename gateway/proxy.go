@@ -63,6 +63,9 @@ type exchange struct {
 	backend   *backends.Backend
 
 	predicted int // prompt tokens reserved, all prompts
+	// counts and exact hold countPrompts' answer for a single prompt.
+	counts    [1]int
+	exact     [1]bool
 	injectMax int // max_tokens the gateway adds to the body (the model's default); 0 = none
 	firstTok  bool
 	usage     struct{ prompt, completion int }
@@ -384,11 +387,17 @@ func (x *exchange) upstreamFailed(ctx *fasthttp.RequestCtx, err error) {
 	x.fail(ctx, &apiError{status: 502, typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)}, outcomeFailed, "upstream_error")
 }
 
+// errNoBackendOnGPU is forward's error when the GPU a request is bound to
+// has no backend left to try.
+var errNoBackendOnGPU = errors.New("no available backend on the GPU the request was bound to")
+
 // copyBackendHeaders passes on the backend's headers a client may act on.
+// Their names are compared as fasthttp normalizes them (Peek would copy
+// each name into the header's buffer first).
 func copyBackendHeaders(ctx *fasthttp.RequestCtx, resp *backends.Response) {
-	for _, h := range []string{"Retry-After", "X-Request-Id"} {
-		if v := resp.Header.Peek(h); len(v) > 0 {
-			ctx.Response.Header.SetBytesV(h, v)
+	for k, v := range resp.Header.All() {
+		if len(v) > 0 && (string(k) == "Retry-After" || string(k) == "X-Request-Id") {
+			ctx.Response.Header.SetCanonical(k, v)
 		}
 	}
 }
@@ -417,7 +426,11 @@ func (rt *runtime) authenticate(ctx *fasthttp.RequestCtx) (*tenant, bool) {
 // estimates. The backend strategy asks the backend that will serve the
 // request; where it cannot answer, the calibrated estimate stands in.
 func (x *exchange) countPrompts(be *backends.Backend) (counts []int, exact []bool, err error) {
-	counts, exact = make([]int, len(x.req.shapes)), make([]bool, len(x.req.shapes))
+	if len(x.req.shapes) <= len(x.counts) { // one prompt: no allocation
+		counts, exact = x.counts[:len(x.req.shapes)], x.exact[:len(x.req.shapes)]
+	} else {
+		counts, exact = make([]int, len(x.req.shapes)), make([]bool, len(x.req.shapes))
+	}
 	for i, sh := range x.req.shapes {
 		if sh.ids {
 			counts[i], exact[i] = sh.tokenIDs, true
@@ -559,7 +572,7 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 	defer fasthttp.ReleaseRequest(ureq)
 	tried := map[*backends.Backend]bool{}
 	moved := false
-	lastErr := errors.New("no available backend on the GPU the request was bound to")
+	lastErr := errNoBackendOnGPU
 	for {
 		g := x.rt.poolGroup[x.ticket.Pool()]
 		be := g.backendFor(x.req.model, tried)

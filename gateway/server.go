@@ -304,20 +304,18 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			(&apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}).write(ctx)
 		}
 	}()
+	// The completion paths first, compared without making strings of them.
+	switch string(ctx.Path()) {
+	case "/v1/chat/completions":
+		s.serveCompletionPost(ctx, chatCompletions)
+		return
+	case "/v1/completions":
+		s.serveCompletionPost(ctx, completions)
+		return
+	}
 	path := string(ctx.Path())
 	method := string(ctx.Method())
 	switch path {
-	case "/v1/chat/completions", "/v1/completions":
-		if method != fasthttp.MethodPost {
-			methodNotAllowed(ctx, "POST")
-			return
-		}
-		kind := chatCompletions
-		if path == "/v1/completions" {
-			kind = completions
-		}
-		s.serveCompletion(ctx, kind)
-		return
 	case "/v1/models":
 		s.serveModels(ctx, "")
 	case "/tokenize":
@@ -350,6 +348,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		(&apiError{status: 404, typ: typeInvalidRequest, code: "unknown_url",
 			message: fmt.Sprintf("Unknown request URL: %s %s.", method, path)}).write(ctx)
 	}
+}
+
+func (s *Server) serveCompletionPost(ctx *fasthttp.RequestCtx, kind endpoint) {
+	if !ctx.IsPost() {
+		methodNotAllowed(ctx, "POST")
+		return
+	}
+	s.serveCompletion(ctx, kind)
 }
 
 func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
