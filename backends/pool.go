@@ -65,6 +65,17 @@ func (p *Pool) Pick(model string, skip func(*Backend) bool) (*Backend, error) {
 	return best, nil
 }
 
+// Serves says whether an available backend serves model: what Pick would
+// find, without weighing the backends' room.
+func (p *Pool) Serves(model string) bool {
+	for _, b := range p.byModel[model] {
+		if b.Available() {
+			return true
+		}
+	}
+	return false
+}
+
 // Ready says whether at least one backend is available.
 func (p *Pool) Ready() bool {
 	for _, b := range p.all {

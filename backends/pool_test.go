@@ -88,13 +88,13 @@ func TestCircuitSkipsOpenBackend(t *testing.T) {
 	if a.State() != StateOpen || a.LastError() != "boom" {
 		t.Fatalf("state %s, last error %q", a.State(), a.LastError())
 	}
-	if got, _ := p.Pick("m", nil); got != b {
-		t.Fatal("open backend was picked")
+	if got, _ := p.Pick("m", nil); got != b || !p.Serves("m") {
+		t.Fatal("open backend was picked, or the model is said unserved")
 	}
 	b.ReportFailure(nil)
 	b.ReportFailure(nil)
-	if _, err := p.Pick("m", nil); !errors.Is(err, ErrNoBackend) || p.Ready() {
-		t.Fatalf("all open: err %v, ready %v", err, p.Ready())
+	if _, err := p.Pick("m", nil); !errors.Is(err, ErrNoBackend) || p.Ready() || p.Serves("m") {
+		t.Fatalf("all open: err %v, ready %v, serves %v", err, p.Ready(), p.Serves("m"))
 	}
 	c.advance(5 * time.Second)
 	if a.State() != StateHalfOpen {

@@ -250,14 +250,15 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 
-	// The prompt is counted by a backend of the model (the one with the
-	// most room), before the request is bound to any GPU.
-	be, err := rt.pool.Pick(req.model, nil)
-	if err != nil {
+	if !rt.pool.Serves(req.model) {
 		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
 		return
 	}
-	prompts, exact, err := x.countPrompts(be)
+	prompts, exact, err := x.countPrompts()
+	if errors.Is(err, backends.ErrNoBackend) {
+		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
+		return
+	}
 	if err != nil {
 		if !x.failEnded(ctx) {
 			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
@@ -295,7 +296,6 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
 	}
 
-	x.armFirstByte(be) // the timeout of the model's backends (be is one of them)
 	resp, err := x.forward(ctx)
 	if err != nil {
 		x.upstreamFailed(ctx, err)
@@ -337,7 +337,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 // releases the reservation and answers 504. A non-streamed answer arrives
 // whole, so only server.request_timeout bounds it.
 func (x *exchange) armFirstByte(be *backends.Backend) {
-	if x.req.stream {
+	if x.req.stream && x.fl.firstByte.Load() == 0 {
 		x.fl.firstByte.Store(x.s.now().Add(be.FirstByteTimeout()).UnixNano())
 	}
 }
@@ -423,9 +423,12 @@ func (rt *runtime) authenticate(ctx *fasthttp.RequestCtx) (*tenant, bool) {
 
 // countPrompts counts each prompt's tokens by the model's strategy; exact
 // says which counts are the backend's own (or token ids) rather than
-// estimates. The backend strategy asks the backend that will serve the
-// request; where it cannot answer, the calibrated estimate stands in.
-func (x *exchange) countPrompts(be *backends.Backend) (counts []int, exact []bool, err error) {
+// estimates. The backend strategy asks a backend of the model (the one
+// with the most room: the request is bound to no GPU yet), picked only
+// when the cache cannot answer; where it cannot answer either, the
+// calibrated estimate stands in. backends.ErrNoBackend: none is left.
+func (x *exchange) countPrompts() (counts []int, exact []bool, err error) {
+	var be *backends.Backend
 	if len(x.req.shapes) <= len(x.counts) { // one prompt: no allocation
 		counts, exact = x.counts[:len(x.req.shapes)], x.exact[:len(x.req.shapes)]
 	} else {
@@ -437,12 +440,12 @@ func (x *exchange) countPrompts(be *backends.Backend) (counts []int, exact []boo
 			continue
 		}
 		if x.req.prompts != nil {
-			n, err := x.tokenizeCached(be, i)
+			n, err := x.tokenizeCached(&be, i)
 			if err == nil {
 				counts[i], exact[i] = n, true
 				continue
 			}
-			if x.ctx.Err() != nil {
+			if x.ctx.Err() != nil || errors.Is(err, backends.ErrNoBackend) {
 				return nil, nil, err
 			}
 			reason := "error"
@@ -589,6 +592,7 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 			continue
 		}
 		tried[be] = true
+		x.armFirstByte(be) // on the first backend tried
 		be.NewRequest(ureq, fasthttp.MethodPost, x.req.kind.path())
 		ureq.Header.SetContentType("application/json")
 		if acc := ctx.Request.Header.Peek("Accept"); len(acc) > 0 {

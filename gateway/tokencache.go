@@ -231,12 +231,16 @@ func (m *model) promptSources() []string {
 }
 
 // tokenizeCached counts prompt i of the request through the model's cache,
-// asking the backend on a miss. For a single prompt, it remembers the key
-// of a hit so that recordUsage can check it against the backend's usage.
-func (x *exchange) tokenizeCached(be *backends.Backend, i int) (int, error) {
+// asking a backend on a miss (*be, picked on the first miss). For a single
+// prompt, it remembers the key of a hit so that recordUsage can check it
+// against the backend's usage.
+func (x *exchange) tokenizeCached(be **backends.Backend, i int) (int, error) {
 	c := x.m.tokens
 	if c == nil {
-		n, err := be.Tokenize(x.ctx, tokenizeBody(nil, x.req, i))
+		if err := x.pickTokenizer(be); err != nil {
+			return 0, err
+		}
+		n, err := (*be).Tokenize(x.ctx, tokenizeBody(nil, x.req, i))
 		if err == nil {
 			x.noteSource(sourceBackend)
 		}
@@ -250,13 +254,29 @@ func (x *exchange) tokenizeCached(be *backends.Backend, i int) (int, error) {
 		}
 		return n, nil
 	}
-	n, err := be.Tokenize(x.ctx, tokenizeBody(nil, x.req, i))
+	if err := x.pickTokenizer(be); err != nil {
+		return 0, err
+	}
+	n, err := (*be).Tokenize(x.ctx, tokenizeBody(nil, x.req, i))
 	if err != nil {
 		return 0, err
 	}
 	x.noteSource(sourceBackend)
 	c.put(k, n)
 	return n, nil
+}
+
+// pickTokenizer picks the backend that counts the request's prompts, once.
+func (x *exchange) pickTokenizer(be **backends.Backend) error {
+	if *be != nil {
+		return nil
+	}
+	b, err := x.rt.pool.Pick(x.req.model, nil)
+	if err != nil {
+		return err
+	}
+	*be = b
+	return nil
 }
 
 // noteSource records how a prompt of the request was counted; an estimate
