@@ -817,7 +817,7 @@ func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
 	if data == nil || bytes.Equal(data, []byte("[DONE]")) {
 		return true, false
 	}
-	if x.firstTok && len(x.res.gen) == 1 && plainToken(data) && firstChoiceToken(data) {
+	if x.firstTok && len(x.res.gen) == 1 && tokenOfChoice0(data) {
 		// One token of the only choice and nothing else: counted without a
 		// parse.
 		if prompt, furthest, moved := x.res.token(0); moved {

@@ -84,69 +84,181 @@ func (b *sseBody) Close() error {
 	return nil
 }
 
-var (
-	keyUsage        = []byte(`"usage"`)
-	keyError        = []byte(`"error"`)
-	keyFinishReason = []byte(`"finish_reason"`)
-)
+// tokenOfChoice0 reports whether an event's data is certainly one
+// non-empty piece of text of choice 0 and holds nothing else the relay acts
+// on: no error, no usage (null is none), one choice, its index 0, its
+// finish_reason null or absent, its text (a chat's delta.content, a
+// completion's text) a non-empty string. Most events of a stream are such,
+// and one forward pass over their bytes tells them at a fraction of a
+// parse. Whatever it is not sure of — a key written with escapes, a delta
+// with more than content (a role, tool calls), logprobs, several choices, a
+// repeated "choices" — answers false and is parsed.
+func tokenOfChoice0(data []byte) bool {
+	s := eventScan{b: data}
+	choices := 0
+	return s.object(func(key []byte) bool {
+		switch string(key) {
+		case "choices":
+			choices++
+			return choices == 1 && s.choice0()
+		case "usage":
+			return s.null()
+		case "error":
+			return false
+		}
+		return s.skip()
+	}) && choices == 1 && s.end()
+}
 
-// plainToken reports whether an event's data certainly holds nothing the
-// relay acts on beyond its tokens: no usage, no error, and no choice whose
-// finish_reason is set. Most events of a stream are such, and telling them
-// by their bytes costs a fraction of parsing them. Keys are found as
-// bytes: a quoted key cannot appear whole inside a JSON string (its quotes
-// would be escaped there) except as a false positive at a string's end,
-// which only costs the parse this skips; keys spelled with \u escapes,
-// which no server writes, would be missed.
-func plainToken(data []byte) bool {
-	if bytes.Contains(data, keyUsage) || bytes.Contains(data, keyError) {
-		return false
-	}
-	for rest := data; ; {
-		i := bytes.Index(rest, keyFinishReason)
-		if i < 0 {
-			return true
-		}
-		rest = bytes.TrimLeft(rest[i+len(keyFinishReason):], " \t\r\n")
-		if len(rest) == 0 || rest[0] != ':' {
-			return false
-		}
-		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-		if !bytes.HasPrefix(rest, []byte("null")) {
-			return false
-		}
-		rest = rest[len("null"):]
+// eventScan walks an SSE event's JSON by hand for tokenOfChoice0; every
+// method answers false when the bytes are not what it expects.
+type eventScan struct {
+	b []byte
+	i int
+}
+
+func (s *eventScan) space() {
+	for s.i < len(s.b) && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
+		s.i++
 	}
 }
 
-var (
-	keyIndex      = []byte(`"index"`)
-	keyContent    = []byte(`"content"`)
-	keyText       = []byte(`"text"`)
-	chatToken     = []byte(`[{"index":0,"delta":{"content":"`)
-	completionTok = []byte(`[{"index":0,"text":"`)
-)
-
-// firstChoiceToken reports whether an event's data is, to the byte, one
-// non-empty piece of text of choice 0, as vLLM writes a token of a chat
-// ("choices":[{"index":0,"delta":{"content":"…"}…}]) or of a completion
-// ("choices":[{"index":0,"text":"…"}…]), with one index and one content or
-// text key in the whole event. Anything else — another layout, tool calls,
-// logprobs, several choices — answers false and is parsed.
-func firstChoiceToken(data []byte) bool {
-	if bytes.Count(data, keyIndex) != 1 || bytes.Count(data, keyContent)+bytes.Count(data, keyText) != 1 {
-		return false
-	}
-	choices, err := jsonscan.Member(data, "choices")
-	if err != nil {
-		return false
-	}
-	for _, pat := range [][]byte{chatToken, completionTok} {
-		if bytes.HasPrefix(choices, pat) {
-			return len(choices) > len(pat) && choices[len(pat)] != '"' // the string is not empty
-		}
+// eat consumes c if it comes next after any space: an opening bracket, or
+// the closing one of an empty object.
+func (s *eventScan) eat(c byte) bool {
+	s.space()
+	if s.i < len(s.b) && s.b[s.i] == c {
+		s.i++
+		return true
 	}
 	return false
+}
+
+// next consumes what follows a member or element: a comma (more) or the
+// closing c.
+func (s *eventScan) next(c byte) (more, ok bool) {
+	s.space()
+	if s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+			return true, true
+		case c:
+			s.i++
+			return false, true
+		}
+	}
+	return false, false
+}
+
+// object consumes an object, handing each member's name to member, which
+// consumes its value.
+func (s *eventScan) object(member func(key []byte) bool) bool {
+	if !s.eat('{') {
+		return false
+	}
+	for more := !s.eat('}'); more; {
+		key, ok := s.key()
+		if !ok || !member(key) {
+			return false
+		}
+		if more, ok = s.next('}'); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// key consumes a member's name and its colon; a name with escapes is
+// refused.
+func (s *eventScan) key() ([]byte, bool) {
+	s.space()
+	if s.i >= len(s.b) || s.b[s.i] != '"' {
+		return nil, false
+	}
+	start := s.i + 1
+	end := bytes.IndexByte(s.b[start:], '"')
+	if end < 0 {
+		return nil, false
+	}
+	name := s.b[start : start+end]
+	if bytes.IndexByte(name, '\\') >= 0 {
+		return nil, false
+	}
+	s.i = start + end + 1
+	s.space()
+	if s.i >= len(s.b) || s.b[s.i] != ':' {
+		return nil, false
+	}
+	s.i++
+	s.space()
+	return name, true
+}
+
+// value consumes a value and returns its bytes.
+func (s *eventScan) value() ([]byte, bool) {
+	end, err := jsonscan.Skip(s.b, s.i)
+	if err != nil {
+		return nil, false
+	}
+	v := s.b[s.i:end]
+	s.i = end
+	return v, true
+}
+
+func (s *eventScan) skip() bool { _, ok := s.value(); return ok }
+
+func (s *eventScan) null() bool { v, ok := s.value(); return ok && string(v) == "null" }
+
+// text consumes a string and says whether it is not empty.
+func (s *eventScan) text() bool { v, ok := s.value(); return ok && len(v) > 2 && v[0] == '"' }
+
+func (s *eventScan) end() bool { s.space(); return s.i == len(s.b) }
+
+// choice0 consumes a choices array of one choice, of index 0, with text
+// and no finish_reason.
+func (s *eventScan) choice0() bool {
+	if !s.eat('[') {
+		return false
+	}
+	index, text := false, false
+	if !s.object(func(key []byte) bool {
+		switch string(key) {
+		case "index":
+			v, ok := s.value()
+			index = ok && string(v) == "0"
+			return index
+		case "delta":
+			text = s.contentOnly()
+			return text
+		case "text":
+			text = s.text()
+			return text
+		case "logprobs", "finish_reason":
+			return s.null()
+		}
+		return s.skip()
+	}) {
+		return false
+	}
+	more, ok := s.next(']')
+	return ok && !more && index && text
+}
+
+// contentOnly consumes a delta with a non-empty content and nothing else
+// but nulls (no role, no tool calls).
+func (s *eventScan) contentOnly() bool {
+	content := false
+	return s.object(func(key []byte) bool {
+		if string(key) != "content" {
+			return s.null()
+		}
+		if content {
+			return false
+		}
+		content = s.text()
+		return content
+	}) && content
 }
 
 type countWriter struct {

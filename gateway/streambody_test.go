@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"io"
 	"strings"
 	"testing"
@@ -83,87 +82,85 @@ func TestStreamReadFallback(t *testing.T) {
 	}
 }
 
-func TestPlainToken(t *testing.T) {
-	for _, c := range []struct {
-		data  string
-		plain bool
-	}{
-		{`{"id":"x","choices":[{"index":0,"delta":{"content":" one"},"logprobs":null,"finish_reason":null,"stop_reason":null}]}`, true},
-		{`{"choices":[{"index":0,"text":"a","finish_reason" : null},{"index":1,"text":"b","finish_reason":null}]}`, true},
-		{`{"choices":[{"index":0,"delta":{"content":"the \"usage\" key"}}]}`, true},
-		{`{"choices":[{"index":0,"delta":{"content":" end"},"finish_reason":"length"}]}`, false},
-		{`{"choices":[{"index":0,"finish_reason":null},{"index":1,"finish_reason":"stop"}]}`, false},
-		{`{"choices":[],"usage":{"prompt_tokens":1}}`, false},
-		{`{"error":{"message":"boom"}}`, false},
-		{`{"object":"error","message":"boom"}`, false},
-		{`{"choices":[{"delta":{"content":"he said \"usage"}}]}`, false}, // a false positive: parsed, harmlessly
-		{`{"choices":[{"finish_reason"`, false},
-	} {
-		if got := plainToken([]byte(c.data)); got != c.plain {
-			t.Errorf("plainToken(%s) = %v, want %v", c.data, got, c.plain)
-		}
-	}
-}
-
-func TestFirstChoiceToken(t *testing.T) {
+func TestTokenOfChoice0(t *testing.T) {
 	for _, c := range []struct {
 		data string
 		want bool
 	}{
-		{`{"id":"x","choices":[{"index":0,"delta":{"content":" one"},"logprobs":null,"finish_reason":null}]}`, true},
+		{`{"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" one"},"logprobs":null,"finish_reason":null,"stop_reason":null}]}`, true},
 		{`{"id":"x","choices":[{"index":0,"text":" one","logprobs":null,"finish_reason":null}]}`, true},
-		{`{"choices":[{"index":0,"delta":{"content":"\"q"}}]}`, true},
+		{` { "choices" : [ { "index" : 0 , "delta" : { "content" : "the \"usage\" key" , "tool_calls" : null } } ] , "usage" : null } `, true},
+		{`{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null,"token_ids":[7]}]}`, true}, // unknown fields are ignored by the parse too
 		{`{"choices":[{"index":0,"delta":{"content":""}}]}`, false},
-		{`{"choices":[{"index":0,"delta":{"role":"assistant","content":"x"}}]}`, false}, // another layout: parsed
+		{`{"choices":[{"index":0,"delta":{"role":"assistant","content":"x"}}]}`, false},
+		{`{"choices":[{"index":0,"delta":{"content":" end"},"finish_reason":"length"}]}`, false},
 		{`{"choices":[{"index":1,"delta":{"content":"x"}}]}`, false},
+		{`{"choices":[{"delta":{"content":"x"}}]}`, false},
 		{`{"choices":[{"index":0,"delta":{"content":"x"}},{"index":1,"delta":{"content":"y"}}]}`, false},
 		{`{"choices":[{"index":0,"delta":{"content":"x"},"logprobs":{"content":[{"token":"x"}]}}]}`, false},
 		{`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}`, false},
-		{`{"choices":[{"index":0,"delta":{"content": "x"}}]}`, false},
-		{`{"other":[{"index":0,"text":"0"}]}`, false},
+		{`{"choices":[],"usage":{"prompt_tokens":1}}`, false},
+		{`{"choices":[{"index":0,"text":"x"}],"usage":{"prompt_tokens":1}}`, false},
+		{`{"choices":[{"index":0,"text":"x"}],"error":{"message":"boom"}}`, false},
+		{`{"choices":[{"index":0,"text":"x"}],"choices":[]}`, false},
+		{`{"ch\u006fices":[{"index":0,"text":"x"}]}`, false},
 		{`{"x":{"choices":[{"index":0,"text":"0"}]}}`, false},
+		{`{"":[{"index":0,"text":"0"}]}`, false},
+		{`{"choices":[{"index":0,"text":"x"}]} trailing`, false},
+		{`{"choices":[{"index":0,"text":"x"`, false},
 	} {
-		if got := firstChoiceToken([]byte(c.data)); got != c.want {
-			t.Errorf("firstChoiceToken(%s) = %v, want %v", c.data, got, c.want)
+		if got := tokenOfChoice0([]byte(c.data)); got != c.want {
+			t.Errorf("tokenOfChoice0(%s) = %v, want %v", c.data, got, c.want)
 		}
 	}
 }
 
-// Whatever plainToken passes over without parsing holds nothing inspect
-// acts on beyond tokens, and what firstChoiceToken counts as one token of
-// choice 0 is exactly that.
-func FuzzPlainToken(f *testing.F) {
+// Whatever tokenOfChoice0 passes, the parse the relay would otherwise do
+// reads as one token of choice 0 and nothing more.
+func FuzzTokenOfChoice0(f *testing.F) {
 	for _, s := range []string{
 		`{"choices":[{"index":0,"delta":{"content":" one"},"finish_reason":null}]}`,
 		`{"choices":[{"index":0,"finish_reason":"stop"}],"usage":{"prompt_tokens":3}}`,
 		`{"error":{"message":"x"}}`, `{"choices":[{"text":"\"finish_reason\":null"}]}`,
-		`{"choices":[{"index":0,"text":" one","finish_reason":null}]}`,
+		`{"choices":[{"index":0,"text":" one","finish_reason":null}],"usage":null}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if !plainToken(data) || bytes.Contains(data, []byte(`\u`)) {
+		if !tokenOfChoice0(data) {
 			return
 		}
 		v, err := fastjson.ParseBytes(data)
 		if err != nil {
-			return
+			return // a malformed event: the parse would count nothing, this one token
 		}
-		if v.Get("error") != nil || v.Get("usage") != nil {
-			t.Fatalf("plainToken passed %s, which has an error or usage", data)
+		if v.Get("error") != nil {
+			t.Fatalf("passed %s, which has an error", data)
+		}
+		if u := v.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
+			t.Fatalf("passed %s, which has usage", data)
 		}
 		choices := v.GetArray("choices")
-		for _, c := range choices {
-			if fr := c.Get("finish_reason"); fr != nil && fr.Type() != fastjson.TypeNull {
-				t.Fatalf("plainToken passed %s, whose finish_reason is %s", data, fr)
-			}
+		if len(choices) != 1 || choices[0].GetInt("index") != 0 {
+			t.Fatalf("passed %s, which is not one choice of index 0", data)
 		}
-		if !firstChoiceToken(data) {
-			return
+		c := choices[0]
+		if fr := c.Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
+			t.Fatalf("passed %s, whose finish_reason is %s", data, fr)
 		}
-		if len(choices) != 1 || choices[0].GetInt("index") != 0 ||
-			len(choices[0].GetStringBytes("delta", "content")) == 0 && len(choices[0].GetStringBytes("text")) == 0 {
-			t.Fatalf("firstChoiceToken passed %s, which is not one token of choice 0", data)
+		if len(c.GetStringBytes("delta", "content")) == 0 && len(c.GetStringBytes("text")) == 0 {
+			t.Fatalf("passed %s, which has no text", data)
 		}
 	})
+}
+
+// BenchmarkTokenOfChoice0 tells one vLLM token event from its bytes.
+func BenchmarkTokenOfChoice0(b *testing.B) {
+	ev := cannedToken[len("data: ") : len(cannedToken)-2]
+	b.ReportAllocs()
+	for b.Loop() {
+		if !tokenOfChoice0(ev) {
+			b.Fatal("a token event was not told")
+		}
+	}
 }
