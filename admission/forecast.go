@@ -246,7 +246,7 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve) (room float64, fits 
 		return 0, false
 	}
 	if !s.set.policy.predicted {
-		room = float64(p.effective) - float64(p.held) - float64(w.weight)
+		room = float64(p.admitCap()) - float64(p.held) - float64(w.weight)
 		return room, room >= 0
 	}
 	base := p.fc
@@ -257,7 +257,7 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve) (room float64, fits 
 	// The worst case is never less safe than the forecast: with few
 	// requests the normal bound can exceed it.
 	peak := min(base.peakWith(c, s.set.policy.z), float64(satAdd64(p.held, w.weight)))
-	room = float64(p.effective) - peak
+	room = float64(p.admitCap()) - peak
 	return room, room >= 0
 }
 
@@ -280,6 +280,7 @@ func (s *Scheduler) lengthsForLocked(q *queue, t *tenantState) *predict.Lengths 
 // observeLocked teaches q's predictors one finished sequence.
 func (s *Scheduler) observeLocked(q *queue, tenant string, n int, capped bool) {
 	q.lengths.Observe(n, capped)
+	q.tallyLocked(tenant, n, capped)
 	if tenant == "" {
 		return // the anonymous tenant is the queue at large
 	}

@@ -28,6 +28,12 @@ type pool struct {
 	used      int64 // KV in use as its backends last reported it
 	usedKnown bool
 
+	// limited says limit caps what it may commit (SetLimit); noted that
+	// OnDemand is due for it once the lock is released (limit.go).
+	limited bool
+	limit   int64
+	noted   bool
+
 	drain drainEstimator
 	// res is the reservation the last dispatch pass left on the pool for
 	// the first waiter that did not fit (see dispatch.go).
@@ -225,6 +231,7 @@ func (s *Scheduler) unholdLocked(t *Ticket, drained bool) {
 		p.drain.busy(s.clock.Now(), false)
 	}
 	t.weight, t.charge = 0, 0
+	s.noteDemandLocked(p)
 }
 
 // ticketSlab is how many tickets one allocation makes.
@@ -254,5 +261,5 @@ func (s *Scheduler) Free(pool string) int64 {
 	if p == nil {
 		return 0
 	}
-	return p.effective - s.committedLocked(p)
+	return p.admitCap() - s.committedLocked(p)
 }

@@ -115,7 +115,7 @@ func (s *Scheduler) settleUnlock(op string) {
 	if s.queued > 0 {
 		s.dispatchLocked()
 	}
-	s.mu.Unlock()
+	s.unlockNotify()
 }
 
 // Progress reports that each live sequence of group gi has generated
@@ -188,6 +188,7 @@ func (s *Scheduler) updateLocked(t *Ticket, change func()) {
 	t.weight, t.charge = weight, charge
 	if dc < 0 {
 		p.drain.add(-dc, s.clock)
+		s.noteDemandLocked(p)
 	}
 	s.forecastAddLocked(p, t)
 }
@@ -247,7 +248,8 @@ func (t *Ticket) Move(ctx context.Context) error {
 	s.enqueueLocked(w)
 	s.checkLocked(opMove)
 	s.dispatchLocked()
-	s.mu.Unlock()
+	s.noteWaitingLocked(w)
+	s.unlockNotify()
 	_, err := s.wait(ctx, ctx.Done(), w)
 	return err
 }
