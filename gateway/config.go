@@ -44,6 +44,10 @@ type Config struct {
 	// beginning, is the key. Default X-Session-Id.
 	SessionHeader string    `yaml:"session_header"`
 	Log           LogConfig `yaml:"log"`
+	// SharedBudget shares each GPU's budget with other gateway replicas
+	// through Redis (fleet_config.go). Default: none, the budget is this
+	// process's alone.
+	SharedBudget *SharedBudgetConfig `yaml:"shared_budget"`
 
 	// dir is the directory of the file, against which relative paths resolve.
 	dir string
@@ -750,6 +754,9 @@ func (c *Config) validate() error {
 	case "", "text", "json":
 	default:
 		bad("log.format", "%q is not text or json", c.Log.Format)
+	}
+	if c.SharedBudget != nil {
+		c.SharedBudget.validate(bad)
 	}
 	return errors.Join(errs...)
 }

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -212,4 +214,75 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// Shared budget (shared_budget): this replica's leases on each GPU's
+// budget and its round trips to Redis. Registered only when the gateway
+// runs as a replica of a fleet; the lessees' counters are read at scrape
+// time, like the budgets above.
+
+var (
+	descLeaseHeld     = prometheus.NewDesc("kvgate_lease_held_bytes", "This replica's lease on a GPU's shared budget, as Redis last answered (requests, in admission mode count).", []string{"gpu"}, nil)
+	descLeaseCapacity = prometheus.NewDesc("kvgate_lease_capacity_bytes", "What this replica may commit on a GPU under the shared budget: its lease, or its static share while Redis is unreachable.", []string{"gpu"}, nil)
+	descLeaseFleet    = prometheus.NewDesc("kvgate_lease_fleet_held_bytes", "All replicas' live leases on a GPU's shared budget, at this replica's last call to Redis.", []string{"gpu"}, nil)
+	descLeaseBudget   = prometheus.NewDesc("kvgate_lease_budget_bytes", "A GPU's shared budget in Redis: the smallest that a live replica announces.", []string{"gpu"}, nil)
+	descLeaseGrants   = prometheus.NewDesc("kvgate_lease_grants_total", "Lease requests to Redis that granted something.", []string{"gpu"}, nil)
+	descLeaseDenials  = prometheus.NewDesc("kvgate_lease_denials_total", "Lease requests to Redis that granted nothing: the budget was fully leased.", []string{"gpu"}, nil)
+	descLeaseErrors   = prometheus.NewDesc("kvgate_lease_errors_total", "Calls to Redis for a GPU's lease that failed.", []string{"gpu"}, nil)
+	descLeaseLost     = prometheus.NewDesc("kvgate_lease_lost_total", "Times Redis held less of this replica's lease than it counted (Redis restarted empty, or the replica stalled past its TTL).", []string{"gpu"}, nil)
+	descLeaseFair     = prometheus.NewDesc("kvgate_lease_fair_share_bytes", "The max-min fair level of a GPU's shared budget over the live replicas' demands, which this replica admits no more than; absent while the demands fit the budget.", []string{"gpu"}, nil)
+	descFallback      = prometheus.NewDesc("kvgate_shared_budget_fallback", "1 while this replica cannot reach Redis and admits on its static share of a GPU's budget (budget / replicas), 0 otherwise.", []string{"gpu"}, nil)
+)
+
+// redisRTT is the latency histogram of the round trips to Redis, fed by
+// leases.RedisOptions.Observe and the lengths sharer.
+type redisRTT struct{ h *prometheus.HistogramVec }
+
+func newRedisRTT() *redisRTT {
+	return &redisRTT{h: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "kvgate_redis_round_trip_seconds", Help: "Round trips to Redis for the shared budget, by operation (acquire, renew, release, list, demand, lengths) and result (ok, error).",
+		Buckets: prometheus.ExponentialBucketsRange(0.00005, 2, 16),
+	}, []string{"op", "result"})}
+}
+
+func (r *redisRTT) observe(op string, took time.Duration, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	r.h.WithLabelValues(op, result).Observe(took.Seconds())
+}
+
+// fleetCollector reads the lessees at scrape time.
+type fleetCollector struct{ f *fleet }
+
+func (c fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLeaseHeld, descLeaseCapacity, descLeaseFleet, descLeaseBudget,
+		descLeaseGrants, descLeaseDenials, descLeaseErrors, descLeaseLost, descFallback, descLeaseFair} {
+		ch <- d
+	}
+}
+
+func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, ls := range c.f.statuses() {
+		s := ls.stats
+		gauge := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, ls.gpu)
+		}
+		counter := func(d *prometheus.Desc, v uint64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), ls.gpu)
+		}
+		gauge(descLeaseHeld, float64(s.Leased))
+		gauge(descLeaseCapacity, float64(s.Capacity))
+		gauge(descLeaseFleet, float64(s.FleetLeased))
+		gauge(descLeaseBudget, float64(s.Budget))
+		gauge(descFallback, b2f(s.Fallback))
+		if ls.level >= 0 {
+			gauge(descLeaseFair, float64(ls.level))
+		}
+		counter(descLeaseGrants, s.Grants)
+		counter(descLeaseDenials, s.Denials)
+		counter(descLeaseErrors, s.Failures)
+		counter(descLeaseLost, s.LostLeases)
+	}
 }

@@ -35,7 +35,8 @@ type Options struct {
 	// for tests that drive backends by hand. Backends then start healthy.
 	DisableProbes bool
 
-	metrics *metrics
+	metrics  *metrics
+	onDemand func(pool string) // the scheduler's OnDemand: the fleet's wake (shared_budget)
 }
 
 func (o *Options) observer() admission.Observer { return observer{m: o.metrics} }
@@ -62,6 +63,9 @@ type Server struct {
 	rt atomic.Pointer[runtime]
 	// sched is the admission scheduler every runtime shares; set once by New.
 	sched *admission.Scheduler
+	// fleet shares the budgets with other replicas (shared_budget); nil
+	// when the budget is this process's alone. Set once by New.
+	fleet *fleet
 
 	reloadMu  sync.Mutex // serialises Reload and Shutdown; guards probeStop and closed
 	probeStop context.CancelFunc
@@ -92,20 +96,45 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	s := &Server{opt: opt, log: opt.Logger, now: opt.Now}
 	s.m = newMetrics(s.rt.Load)
 	s.opt.metrics = s.m
+	if sb := cfg.SharedBudget; sb != nil {
+		rtt := newRedisRTT()
+		s.fleet = newFleet(sb, &s.opt, s.log, cfg.Server.requestTimeout(), rtt)
+		s.opt.onDemand = s.fleet.wake
+		s.m.reg.MustRegister(rtt.h, fleetCollector{f: s.fleet})
+	}
 	rt, commit, err := buildRuntime(cfg, nil, &s.opt, nil)
+	if err == nil {
+		s.sched, err = commit()
+		if err != nil {
+			err = fmt.Errorf("gateway: admission: %w", err)
+		}
+	}
+	var w *connwatch.Watcher
+	if err == nil {
+		if w, err = connwatch.New(); err != nil {
+			err = fmt.Errorf("gateway: %w", err)
+		}
+	}
 	if err != nil {
+		if s.fleet != nil {
+			s.fleet.close()
+		}
 		return nil, err
-	}
-	if s.sched, err = commit(); err != nil {
-		return nil, fmt.Errorf("gateway: admission: %w", err)
-	}
-	w, err := connwatch.New()
-	if err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	s.watch = w
 	s.base, s.stopBase = context.WithCancelCause(context.Background())
 	s.rt.Store(rt)
+	if s.fleet != nil {
+		s.fleet.attach(s.sched, func() []string { return s.rt.Load().modelOrder })
+		if err := s.fleet.sync(rt); err != nil {
+			s.fleet.close()
+			w.Close()
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		sb := cfg.SharedBudget
+		s.log.Info("sharing GPU budgets with the fleet through Redis", "replica", sb.Replica, "replicas", sb.Replicas,
+			"redis", redactURL(sb.Redis), "lease_ttl", sb.LeaseTTL.D, "chunk", sb.Chunk.String())
+	}
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	sc := cfg.Server
 	s.srv = &fasthttp.Server{
@@ -156,6 +185,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for deadline := time.Now().Add(2 * time.Second); s.active.Load() > 0 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
+	if s.fleet != nil {
+		s.fleet.close() // drained: give the leases back
+	}
 	s.watch.Close()
 	return err
 }
@@ -180,6 +212,10 @@ func (s *Server) Reload(cfg *Config) error {
 		s.log.Warn("server.* changes need a restart; keeping the running server section")
 		cfg.Server = old.cfg.Server
 	}
+	if !cfg.SharedBudget.sameAs(old.cfg.SharedBudget) {
+		s.log.Warn("shared_budget changes need a restart; keeping the running shared_budget section")
+	}
+	cfg.SharedBudget = old.cfg.SharedBudget // the running replica's name too
 	rt, commit, err := buildRuntime(cfg, old, &s.opt, s.sched)
 	if err == nil {
 		_, err = commit()
@@ -190,6 +226,11 @@ func (s *Server) Reload(cfg *Config) error {
 	}
 	s.rt.Store(rt)
 	s.m.reloads.WithLabelValues("ok").Inc()
+	if s.fleet != nil {
+		if err := s.fleet.sync(rt); err != nil {
+			s.log.Error("shared budget: a new GPU's lease could not start; it admits nothing", "err", err)
+		}
+	}
 	s.startProbesLocked(rt)
 	return nil
 }
@@ -254,6 +295,9 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 		}
 	}
 	want := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
+	if s.fleet != nil {
+		s.fleet.setBudget(g.pool, want)
+	}
 	if st, _ := rt.sched.Pool(g.pool); st.Capacity != want {
 		if err := rt.sched.Resize(g.pool, want); err == nil {
 			s.log.Info("budget follows the backend's pool", "gpu", g.name, "configured", g.nominal, "pool", pool, "capacity", want)

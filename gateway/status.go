@@ -21,6 +21,10 @@ type statusView struct {
 	ModelInfo []modelView             `json:"models"`
 	Tenants   []admission.TenantStats `json:"tenants"`
 	Counters  counterView             `json:"admission"`
+
+	// SharedBudget is this replica's part of a fleet sharing the budgets
+	// (fleet_status.go); absent when the budget is this process's alone.
+	SharedBudget *sharedBudgetView `json:"shared_budget,omitempty"`
 }
 
 type policyView struct {
@@ -54,6 +58,10 @@ type gpuView struct {
 	Gated        bool    `json:"headroom_gate"`
 	DrainRate    float64 `json:"drain_rate_bytes_per_second"`
 	Reserved     *string `json:"reserved_for,omitempty"` // the model whose head request holds a reservation
+
+	// Limit is this replica's lease under a shared budget: admissions are
+	// measured against the smaller of it and Effective.
+	Limit *int64 `json:"limit_bytes,omitempty"`
 }
 
 type modelQueueView struct {
@@ -136,6 +144,10 @@ func (s *Server) status() statusView {
 		if g.pool != g.name {
 			gv.Pool = g.pool
 		}
+		if p.Limit >= 0 {
+			limit := p.Limit
+			gv.Limit = &limit
+		}
 		if p.UsedKnown {
 			used := p.Used
 			gv.Used = &used
@@ -175,6 +187,7 @@ func (s *Server) status() statusView {
 		v.Models = append(v.Models, mv)
 	}
 	v.Tenants = st.Tenants
+	v.SharedBudget = s.fleetStatus()
 	v.Counters = counterView{Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Backfilled: st.Backfilled,
 		Rejected: st.Rejected, Canceled: st.Canceled}
 	for _, b := range rt.pool.Backends() {
