@@ -15,42 +15,49 @@ import (
 // candidate fits a pool while the peak of fc + its curve, at z standard
 // deviations (z from Policy.Epsilon), stays within the effective capacity.
 
-// curve is a forecast over predict's grid. set says it has been added to
-// its pool's (tickets only).
+// curve is a forecast over predict's grid: at each point the mean and
+// variance of the bytes held, and hi, what they would be if every request
+// still running were alive (none finishing before its cap): a hard bound
+// that the normal bound, with few large requests, can exceed. set says it
+// has been added to its pool's (tickets only).
 type curve struct {
-	mean, vari []float64
-	set        bool
+	mean, vari, hi []float64
+	set            bool
 }
 
 func newCurve() curve {
-	return curve{mean: make([]float64, predict.GridLen), vari: make([]float64, predict.GridLen)}
+	return curve{mean: make([]float64, predict.GridLen), vari: make([]float64, predict.GridLen), hi: make([]float64, predict.GridLen)}
 }
 
 func (c curve) zero() {
 	clear(c.mean)
 	clear(c.vari)
+	clear(c.hi)
 }
 
 func (c curve) add(o curve, sign float64) {
 	for k := range c.mean {
 		c.mean[k] += sign * o.mean[k]
 		c.vari[k] += sign * o.vari[k]
+		c.hi[k] += sign * o.hi[k]
 	}
 }
 
-// peak is the largest mean + z·sd of c + o (o may be the zero curve).
+// peakWith is the peak over the future of c + o (o may be the zero curve):
+// at each point the smaller of mean + z·sd and the all-alive bound.
 func (c curve) peakWith(o curve, z float64) float64 {
 	peak := math.Inf(-1)
 	for k := range c.mean {
-		m, v := c.mean[k], c.vari[k]
+		m, v, h := c.mean[k], c.vari[k], c.hi[k]
 		if o.mean != nil {
 			m += o.mean[k]
 			v += o.vari[k]
+			h += o.hi[k]
 		}
 		if v > 0 {
 			m += z * math.Sqrt(v)
 		}
-		peak = max(peak, m)
+		peak = max(peak, min(m, h))
 	}
 	return peak
 }
@@ -82,7 +89,7 @@ func (s *Scheduler) forecastAddLocked(p *pool, t *Ticket) {
 		s.groupCurveLocked(t.fc, g.Group, g.live, g.gen, t.opaque, t.lens)
 	}
 	if len(t.groups) == 0 {
-		t.fc.addConst(float64(t.weight), 0)
+		t.fc.addConst(float64(t.weight), 0, float64(t.weight))
 	}
 	p.fc.add(t.fc, 1)
 	t.fc.set = true
@@ -126,15 +133,16 @@ func (s *Scheduler) newCurveLocked() curve {
 // recycleCurveLocked gives t's curve arrays back for another ticket.
 func (s *Scheduler) recycleCurveLocked(t *Ticket) {
 	if t.fc.mean != nil && len(s.freeCurves) < 1024 {
-		s.freeCurves = append(s.freeCurves, curve{mean: t.fc.mean, vari: t.fc.vari})
+		s.freeCurves = append(s.freeCurves, curve{mean: t.fc.mean, vari: t.fc.vari, hi: t.fc.hi})
 	}
 	t.fc = curve{}
 }
 
-func (c curve) addConst(mean, vari float64) {
+func (c curve) addConst(mean, vari, hi float64) {
 	for k := range c.mean {
 		c.mean[k] += mean
 		c.vari[k] += vari
+		c.hi[k] += hi
 	}
 }
 
@@ -148,15 +156,21 @@ func (s *Scheduler) groupCurveLocked(c curve, g Group, live, gen int, opaque boo
 	if live <= 0 {
 		return
 	}
+	worst := float64(g.size(live, g.Cap))
 	switch {
 	case lens == nil:
-		c.addConst(float64(g.size(live, g.Cap)), 0)
+		c.addConst(worst, 0, worst)
 	case opaque:
 		m, v := finalSizeMoments(g, live, lens)
-		c.addConst(m, v)
+		c.addConst(m, v, worst)
 	default:
-		predict.Item{Prompt: g.Prompt, Generated: gen, Cap: g.Cap, Seqs: live, BlockTokens: g.BlockTokens,
-			BlockBytes: g.BlockBytes, Lead: leadTokens - 1, Lengths: lens}.AddTo(c.mean, c.vari)
+		it := predict.Item{Prompt: g.Prompt, Generated: gen, Cap: g.Cap, Seqs: live, BlockTokens: g.BlockTokens,
+			BlockBytes: g.BlockBytes, Lead: leadTokens - 1, Lengths: lens}
+		it.AddTo(c.mean, c.vari)
+		// All alive: the same growth with nobody finishing before its cap
+		// (the scratch variance of a deterministic item is zero).
+		it.Lengths = nil
+		it.AddTo(c.hi, c.vari)
 	}
 }
 
@@ -194,7 +208,7 @@ func (s *Scheduler) waiterCurveLocked(w *waiter) curve {
 		s.groupCurveLocked(c, g, g.Seqs, 0, w.opaque, w.lens)
 	}
 	if len(w.shape) == 0 {
-		c.addConst(float64(w.weight), 0)
+		c.addConst(float64(w.weight), 0, float64(w.weight))
 	}
 	return c
 }

@@ -335,10 +335,11 @@ func (s *Scheduler) acquire(ctx context.Context, r Request, into *Ticket) (*Tick
 			if backfill {
 				s.backfilled++
 			}
-			if w.tenant.hasQueuedLocked() {
-				// Its tenant's new holding may have put one of the tenant's
-				// waiters over its cap: it is then passed over, and those
-				// behind it may fit.
+			if s.queued > 0 {
+				// Its holding moves what waiters were judged by: a waiter of
+				// its tenant may now be over its cap (and passed over), and
+				// a head's expected start moves later, which may let those
+				// behind it in.
 				s.dispatchLocked()
 			}
 			s.checkLocked(opAdmit)

@@ -85,8 +85,6 @@ func (t *tenantState) held() int64 {
 	return n
 }
 
-func (t *tenantState) hasQueuedLocked() bool { return t.queued > 0 }
-
 // skippedIn says whether one of the tenant's waiters in q was passed over
 // in this pass.
 func (t *tenantState) skippedIn(pass uint64, q *queue) bool {

@@ -94,7 +94,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		opt.Now = time.Now
 	}
 	s := &Server{opt: opt, log: opt.Logger, now: opt.Now}
-	s.m = newMetrics(s.rt.Load)
+	s.m = newMetrics(s.rt.Load, opt.Now)
 	s.opt.metrics = s.m
 	if sb := cfg.SharedBudget; sb != nil {
 		rtt := newRedisRTT()
@@ -221,11 +221,11 @@ func (s *Server) Reload(cfg *Config) error {
 		_, err = commit()
 	}
 	if err != nil {
-		s.m.reloads.WithLabelValues("error").Inc()
+		s.m.reloaded(false, s.now())
 		return err
 	}
 	s.rt.Store(rt)
-	s.m.reloads.WithLabelValues("ok").Inc()
+	s.m.reloaded(true, s.now())
 	if s.fleet != nil {
 		if err := s.fleet.sync(rt); err != nil {
 			s.log.Error("shared budget: a new GPU's lease could not start; it admits nothing", "err", err)
@@ -341,6 +341,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	case "/v1/models":
 		s.serveModels(ctx)
+	case "/tokenize":
+		s.serveTokenize(ctx)
 	case "/metrics":
 		s.metricsHandler(ctx)
 	case "/healthz":

@@ -57,11 +57,11 @@ type KVReport struct {
 	Series string `json:"series"` // which usage series was read
 	// PeakUsage is the highest KV-cache usage seen (0–1): the highest
 	// scrape, or the server's own exact peak when it reports one that rose
-	// during the step (kvsim:kv_usage_peak_perc).
+	// during the step (kvsim_kv_usage_peak_ratio).
 	PeakUsage   float64 `json:"peak_usage"`
 	MeanUsage   float64 `json:"mean_usage"`
 	Preemptions float64 `json:"preemptions"` // increase during the step
-	OOMEvents   float64 `json:"oom_events"`  // kvsim:oom_events_total increase
+	OOMEvents   float64 `json:"oom_events"`  // kvsim_oom_events_total increase
 	PeakRunning float64 `json:"peak_running"`
 	PeakWaiting float64 `json:"peak_waiting"`
 	Scrapes     int     `json:"scrapes"`
@@ -341,6 +341,8 @@ type StepReport struct {
 	SLO        *SLOResult         `json:"slo"`
 	KV         *KVReport          `json:"kv"`
 	Saturation *SaturationVerdict `json:"saturation"`
+	// Cost is the step's at its target's price; nil when not priced.
+	Cost *Cost `json:"cost,omitempty"`
 
 	StoppedEarly string `json:"stopped_early,omitempty"`
 	// Verdict is "safe", "unsafe" or "inconclusive"; Reasons say why it is

@@ -21,6 +21,10 @@ type Target struct {
 	// /metrics (tried once; a target without one runs unmeasured, with a
 	// note); "none" disables scraping. An explicit URL must answer.
 	MetricsURL string
+	// PricePerHour is what the target costs an hour (its GPUs' rental, say),
+	// in any currency; reports then give the cost per million output tokens
+	// and of each step. 0 = not priced.
+	PricePerHour float64
 }
 
 // Config is one load test. Every field states its default; Run fills them.
@@ -103,7 +107,9 @@ type Config struct {
 	MaxStepTime time.Duration
 	// MaxInFlight bounds an open loop's concurrent requests; default 10000.
 	MaxInFlight int
-	// ScrapeInterval is the /metrics period; default 1s.
+	// ScrapeInterval is the /metrics period; default 250ms: a KV peak that
+	// lasts a few decode steps must show on the memory curve, and one
+	// scrape of a vLLM /metrics is a few tens of KiB.
 	ScrapeInterval time.Duration
 	// Cooldown is the longest wait, before each step, for the target to
 	// report no running or waiting requests; default 30s, negative none.
@@ -130,7 +136,7 @@ const (
 	DefaultMaxReruns      = 2
 	DefaultRequestTimeout = 5 * time.Minute
 	DefaultMaxStepTime    = 30 * time.Minute
-	DefaultScrapeInterval = time.Second
+	DefaultScrapeInterval = 250 * time.Millisecond
 	DefaultCooldown       = 30 * time.Second
 	DefaultSearchMax      = 1024
 	DefaultMaxInFlight    = 10_000
@@ -168,6 +174,9 @@ func (c Config) withDefaults() (Config, error) {
 			if _, err := checkURL(t.MetricsURL); err != nil {
 				return c, fmt.Errorf("Targets[%s].MetricsURL: %w", t.Name, err)
 			}
+		}
+		if t.PricePerHour < 0 || math.IsNaN(t.PricePerHour) || math.IsInf(t.PricePerHour, 0) {
+			return c, fmt.Errorf("Targets[%s].PricePerHour: want a price ≥ 0, got %g", t.Name, t.PricePerHour)
 		}
 		targets[i] = t
 	}

@@ -18,6 +18,7 @@ var CSVHeader = []string{
 	"kv_peak", "kv_mean", "preemptions", "oom_events", "peak_running", "peak_waiting",
 	"slo_attainment", "slo_ci_low", "slo_ci_high", "slo_verdict",
 	"saturated", "stopped_early",
+	"price_per_hour", "cost_per_million_output_tokens", "run_cost",
 }
 
 // WriteCSV writes one row a step. Unknown figures (no KV metrics, no SLO,
@@ -26,6 +27,10 @@ func WriteCSV(w io.Writer, r *Report) error {
 	cw := csv.NewWriter(w)
 	if err := cw.Write(CSVHeader); err != nil {
 		return err
+	}
+	prices := map[string]float64{}
+	for _, t := range r.Targets {
+		prices[t.Name] = t.PricePerHour
 	}
 	for i := range r.Steps {
 		s := &r.Steps[i]
@@ -51,6 +56,15 @@ func WriteCSV(w io.Writer, r *Report) error {
 			row = append(row, "", "", "", "")
 		}
 		row = append(row, strconv.FormatBool(s.Saturation != nil && s.Saturation.Saturated), s.StoppedEarly)
+		if c := s.Cost; c != nil {
+			perMTok := ""
+			if c.PerMillionOutputTokens != nil {
+				perMTok = fnum(*c.PerMillionOutputTokens)
+			}
+			row = append(row, fnum(prices[s.Target]), perMTok, fnum(c.Run))
+		} else {
+			row = append(row, "", "", "")
+		}
 		if err := cw.Write(row); err != nil {
 			return err
 		}

@@ -35,10 +35,11 @@
 // failures count against the step.
 //
 // While a step runs, the target's /metrics (or --metrics-url) is scraped
-// every second for vLLM's KV usage (vllm:kv_cache_usage_perc, else
+// every 250 ms (--scrape-interval; the memory curve says its interval) for
+// vLLM's KV usage (vllm:kv_cache_usage_perc, else
 // vllm:gpu_cache_usage_perc), running and waiting requests and preemptions;
 // the step's peak KV usage is the highest scrape, or the simulator's exact
-// kvsim:kv_usage_peak_perc when that rose during the step.
+// kvsim_kv_usage_peak_ratio when that rose during the step.
 //
 // Prompts are random common words, built to the requested token length with
 // a per-word token cost measured once on the target's /tokenize (the chat

@@ -27,7 +27,8 @@ type htmlRow struct {
 	E2E50, E2E99   string
 	KV, Preempt    string
 	OOM            int // overflowed requests, warm-up included
-	SLO            string
+	SLO, SLOCI     string
+	CostMTok, Cost string
 	Reasons        string
 }
 
@@ -37,6 +38,8 @@ type htmlData struct {
 	Answer     []string
 	Plots      []template.HTML
 	Multi      bool
+	Priced     bool
+	Columns    int // of the steps table
 	LevelName  string
 	Rows       []htmlRow
 	Config     [][2]string
@@ -45,7 +48,13 @@ type htmlData struct {
 }
 
 func htmlView(r *Report) htmlData {
-	d := htmlData{Report: r, Multi: len(r.Targets) > 1, LevelName: "concurrency"}
+	d := htmlData{Report: r, Multi: len(r.Targets) > 1, Priced: r.priced(), LevelName: "concurrency", Columns: 18}
+	if d.Multi {
+		d.Columns++
+	}
+	if d.Priced {
+		d.Columns += 2
+	}
 	xTitle, xUnit := "concurrent requests", ""
 	if r.Mode == ModeRate {
 		d.LevelName, xTitle, xUnit = "rate (req/s)", "offered rate (requests/s)", "/s"
@@ -55,6 +64,7 @@ func htmlView(r *Report) htmlData {
 		names = append(names, t.Name)
 	}
 	d.Title = "kvgate load test — " + strings.Join(names, " vs ")
+	c := r.Config
 	d.Answer = strings.Split(r.Answer, "\n")
 
 	levels := map[float64]bool{}
@@ -129,7 +139,8 @@ func htmlView(r *Report) htmlData {
 	}
 
 	// The memory curve: KV usage through the run, steps end to end.
-	curve := &plot{id: "curve", title: "Memory curve: KV-cache usage through the run", xTitle: "seconds of load (steps end to end)",
+	curve := &plot{id: "curve", title: "Memory curve: KV-cache usage through the run",
+		xTitle: fmt.Sprintf("seconds of load (steps end to end), sampled every %s", fmtSeconds(c.ScrapeIntervalS)),
 		yTitle: "KV usage", yFmt: pctFmt, yMax: 1, noMarker: true,
 		hlines: []refLine{{at: ceiling, color: colorCeiling, label: fmt.Sprintf("ceiling %.0f%%", 100*ceiling)}}}
 	for _, t := range r.Targets {
@@ -145,7 +156,18 @@ func htmlView(r *Report) htmlData {
 		}
 		curve.series = append(curve.series, series)
 	}
-	for _, p := range []*plot{tput, reqs, ttft, e2e, kv, curve} {
+	plots := []*plot{tput, reqs, ttft, e2e, kv, curve}
+	if d.Priced {
+		cost := mk("cost", "Cost per million output tokens", "cost / M output tokens", fmtMoney,
+			func(s *StepReport) (float64, bool) {
+				if s.Cost == nil || s.Cost.PerMillionOutputTokens == nil {
+					return 0, false
+				}
+				return *s.Cost.PerMillionOutputTokens, true
+			})
+		plots = append(plots, cost)
+	}
+	for _, p := range plots {
 		d.Plots = append(d.Plots, template.HTML(p.render())) // #nosec: render escapes every text it writes
 	}
 
@@ -159,15 +181,16 @@ func htmlView(r *Report) htmlData {
 			row.KV, row.Preempt = fmt.Sprintf("%.1f%%", 100*s.KV.PeakUsage), fmt.Sprintf("%.0f", s.KV.Preemptions)
 		}
 		if s.SLO != nil {
-			row.SLO = fmt.Sprintf("%.1f%% [%.1f–%.1f]", 100*s.SLO.Attainment, 100*s.SLO.Low, 100*s.SLO.High)
+			row.SLO = fmt.Sprintf("%.1f%%", 100*s.SLO.Attainment)
+			row.SLOCI = fmt.Sprintf("[%.1f–%.1f]", 100*s.SLO.Low, 100*s.SLO.High)
 		}
+		row.CostMTok, row.Cost = costCells(s)
 		for _, e := range s.Errors {
 			d.Errors = append(d.Errors, fmt.Sprintf("%s %s %s: %d× %s: %s", s.Target, d.LevelName, fmtLevel(s.Level), e.Count, e.Outcome, truncate(e.Message, 200)))
 		}
 		d.Rows = append(d.Rows, row)
 	}
 
-	c := r.Config
 	add := func(k, v string) { d.Config = append(d.Config, [2]string{k, v}) }
 	add("mode", string(c.Mode))
 	if c.Search {
@@ -195,6 +218,7 @@ func htmlView(r *Report) htmlData {
 	}
 	add("per step", strings.Join(per, " or ")+fmt.Sprintf(", warm-up %d (0: one per worker)", c.Warmup))
 	add("ceiling", fmt.Sprintf("%.0f%% peak KV usage", 100*c.Ceiling))
+	add("KV sampling", fmt.Sprintf("/metrics every %s", fmtSeconds(c.ScrapeIntervalS)))
 	slo := "none"
 	if c.SLOTTFTMs > 0 || c.SLOE2EMs > 0 {
 		var parts []string
@@ -213,6 +237,12 @@ func htmlView(r *Report) htmlData {
 	add("stop reason", r.StopReason)
 	for _, t := range r.Targets {
 		info := fmt.Sprintf("%s, model %s, metrics %s, prompt lengths by %s", t.URL, t.Model, orNone(t.MetricsURL), describeCalibration(t.Calibration))
+		if t.PricePerHour > 0 {
+			info += fmt.Sprintf("; priced at %s an hour: the run cost %s", fmtMoney(t.PricePerHour), fmtMoney(t.RunCost))
+			if c := t.CostAtSafe; c != nil && c.PerMillionOutputTokens != nil {
+				info += fmt.Sprintf(", %s per million output tokens at the safe level", fmtMoney(*c.PerMillionOutputTokens))
+			}
+		}
 		if len(t.Notes) > 0 {
 			info += "; " + strings.Join(t.Notes, "; ")
 		}
@@ -257,10 +287,13 @@ svg .reflabel { font-size: 11px; text-anchor: end; }
 svg .safelabel { font-size: 11px; font-weight: 600; }
 svg .legend { font-size: 12px; }
 svg .empty { font-size: 14px; fill: #777; }
-table { border-collapse: collapse; background: #fff; font-size: 13px; }
-th, td { border: 1px solid #ddd; padding: 4px 7px; text-align: right; white-space: nowrap; }
-th { background: #f0f0f0; }
-td.text { text-align: left; white-space: normal; min-width: 240px; max-width: 460px; }
+table { border-collapse: collapse; background: #fff; font-size: 12.5px; }
+th, td { border: 1px solid #ddd; padding: 3px 4px; text-align: right; white-space: nowrap; }
+th { background: #f0f0f0; white-space: normal; vertical-align: bottom; font-size: 12px; }
+td.name { text-align: left; white-space: normal; max-width: 9em; }
+tr.why td { text-align: left; white-space: normal; color: #444; font-size: 12px; border-top: none; padding-left: 1.5em; }
+tr.step.has-why td { border-bottom: none; }
+.ci { color: #666; font-size: 11px; }
 ul.errors { font-size: 13px; }
 tr.safe td.verdict { color: #2e7d32; font-weight: 600; }
 tr.unsafe td.verdict { color: #c62828; font-weight: 600; }
@@ -280,10 +313,11 @@ dd { margin: 0; }
 {{end}}</div>
 <h2>Steps</h2>
 <table id="steps">
-<thead><tr>{{if .Multi}}<th>target</th>{{end}}<th>{{.LevelName}}</th><th>runs</th><th>req/s</th><th>out tok/s</th><th>TTFT p50</th><th>TTFT p99</th><th>ITL p50</th><th>ITL p99</th><th>e2e p50</th><th>e2e p99</th><th>ok</th><th>429</th><th>failed</th><th>oom</th><th>KV peak</th><th>preempt</th><th>SLO met</th><th>verdict</th><th>why</th></tr></thead>
+<thead><tr>{{if .Multi}}<th>target</th>{{end}}<th>{{.LevelName}}</th><th>runs</th><th>req/s</th><th>out tok/s</th><th>TTFT p50</th><th>TTFT p99</th><th>ITL p50</th><th>ITL p99</th><th>e2e p50</th><th>e2e p99</th><th>ok</th><th>429</th><th>failed</th><th>oom</th><th>KV peak</th><th>preempt</th><th>SLO met</th>{{if .Priced}}<th>cost / M out tok</th><th>run cost</th>{{end}}<th>verdict</th></tr></thead>
 <tbody>
-{{range .Rows}}<tr class="{{.Class}}">{{if $.Multi}}<td class="text">{{.Step.Target}}</td>{{end}}<td>{{.Level}}</td><td>{{.Step.Attempts}}</td><td>{{printf "%.2f" .Step.RequestsPerS}}</td><td>{{printf "%.0f" .Step.OutputTokensPerS}}</td><td>{{.TTFT50}}</td><td>{{.TTFT99}}</td><td>{{.ITL50}}</td><td>{{.ITL99}}</td><td>{{.E2E50}}</td><td>{{.E2E99}}</td><td>{{.Step.Requests.OK}}</td><td>{{.Step.Requests.Shed}}</td><td>{{.Step.Requests.Failed}}</td><td>{{.OOM}}</td><td>{{.KV}}</td><td>{{.Preempt}}</td><td>{{.SLO}}</td><td class="verdict">{{.Step.Verdict}}</td><td class="text">{{.Reasons}}</td></tr>
-{{end}}</tbody>
+{{range .Rows}}<tr class="step {{.Class}}{{if .Reasons}} has-why{{end}}">{{if $.Multi}}<td class="name">{{.Step.Target}}</td>{{end}}<td>{{.Level}}</td><td>{{.Step.Attempts}}</td><td>{{printf "%.2f" .Step.RequestsPerS}}</td><td>{{printf "%.0f" .Step.OutputTokensPerS}}</td><td>{{.TTFT50}}</td><td>{{.TTFT99}}</td><td>{{.ITL50}}</td><td>{{.ITL99}}</td><td>{{.E2E50}}</td><td>{{.E2E99}}</td><td>{{.Step.Requests.OK}}</td><td>{{.Step.Requests.Shed}}</td><td>{{.Step.Requests.Failed}}</td><td>{{.OOM}}</td><td>{{.KV}}</td><td>{{.Preempt}}</td><td>{{.SLO}}{{if .SLOCI}}<br><span class="ci">{{.SLOCI}}</span>{{end}}</td>{{if $.Priced}}<td>{{.CostMTok}}</td><td>{{.Cost}}</td>{{end}}<td class="verdict">{{.Step.Verdict}}</td></tr>
+{{if .Reasons}}<tr class="why {{.Class}}"><td colspan="{{$.Columns}}">{{.Reasons}}</td></tr>
+{{end}}{{end}}</tbody>
 </table>
 {{if .Errors}}<h2>Errors seen</h2>
 <ul class="errors">{{range .Errors}}<li>{{.}}</li>{{end}}</ul>{{end}}

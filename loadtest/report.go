@@ -55,6 +55,12 @@ type TargetReport struct {
 	Calibration  PromptCalibration `json:"prompt_calibration"`
 	Trials       []TrialReport     `json:"trials"`
 	Notes        []string          `json:"notes,omitempty"`
+	// PricePerHour is the target's price (0: not priced); CostAtSafe is
+	// the cost at the safe level and RunCost what every step of the run
+	// cost together, at that price.
+	PricePerHour float64 `json:"price_per_hour,omitempty"`
+	CostAtSafe   *Cost   `json:"cost_at_safe,omitempty"`
+	RunCost      float64 `json:"run_cost,omitempty"`
 	steps        []*StepReport
 }
 
@@ -141,6 +147,7 @@ func (r *Report) finish(c Config) {
 				t.steps = append(t.steps, &r.Steps[j])
 			}
 		}
+		t.price()
 		// The first failure's reasons are the pooled step's, in full.
 		if t.FirstFailure != nil {
 			if s := t.step(t.FirstFailure.Level); s != nil && len(s.Reasons) > 0 {
@@ -217,6 +224,9 @@ func (t *TargetReport) answer(c Config) string {
 	case t.HasSafe:
 		fmt.Fprintf(&b, " No level tried failed (%s).", t.StopReason)
 	}
+	if t.PricePerHour > 0 {
+		fmt.Fprintf(&b, " At %s an hour the run cost %s.", fmtMoney(t.PricePerHour), fmtMoney(t.RunCost))
+	}
 	return b.String()
 }
 
@@ -242,6 +252,9 @@ func stepFigures(s *StepReport, c Config) string {
 	parts = append(parts, fmt.Sprintf("%d failed of %d requests", failed, s.Requests.Sent))
 	if s.Requests.Shed > 0 {
 		parts = append(parts, fmt.Sprintf("%d shed (429)", s.Requests.Shed))
+	}
+	if s.Cost != nil && s.Cost.PerMillionOutputTokens != nil {
+		parts = append(parts, fmt.Sprintf("%s per million output tokens", fmtMoney(*s.Cost.PerMillionOutputTokens)))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -299,9 +312,10 @@ type RunConfig struct {
 
 // TargetConfig is a target as configured.
 type TargetConfig struct {
-	Name       string `json:"name"`
-	URL        string `json:"url"`
-	MetricsURL string `json:"metrics_url,omitempty"`
+	Name         string  `json:"name"`
+	URL          string  `json:"url"`
+	MetricsURL   string  `json:"metrics_url,omitempty"`
+	PricePerHour float64 `json:"price_per_hour,omitempty"`
 }
 
 func echoConfig(c Config) RunConfig {
@@ -319,7 +333,7 @@ func echoConfig(c Config) RunConfig {
 		rc.SearchMax, rc.SearchTolerance, rc.SearchRelTolerance = c.SearchMax, c.SearchTolerance, c.SearchRelTolerance
 	}
 	for _, t := range c.Targets {
-		rc.Targets = append(rc.Targets, TargetConfig{Name: t.Name, URL: t.URL, MetricsURL: t.MetricsURL})
+		rc.Targets = append(rc.Targets, TargetConfig{Name: t.Name, URL: t.URL, MetricsURL: t.MetricsURL, PricePerHour: t.PricePerHour})
 	}
 	return rc
 }

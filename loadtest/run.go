@@ -93,7 +93,7 @@ type prepared struct {
 
 func prepare(ctx context.Context, c Config, t Target, metricsClient *http.Client) (*prepared, error) {
 	p := &prepared{target: t, model: c.Model}
-	p.report = TargetReport{Name: t.Name, URL: t.URL}
+	p.report = TargetReport{Name: t.Name, URL: t.URL, PricePerHour: t.PricePerHour}
 	info, err := listModels(ctx, c.HTTPClient, t.URL, c.APIKey)
 	switch {
 	case err != nil && c.Model == "":

@@ -61,9 +61,9 @@ const (
 	metricWaiting     = "vllm:num_requests_waiting"
 	metricPreemptions = "vllm:num_preemptions_total"
 	metricCacheConfig = "vllm:cache_config_info"
-	metricSimOOM      = "kvsim:oom_events_total"
-	metricSimKVPeak   = "kvsim:kv_usage_peak_perc"
-	metricSimHealthy  = "kvsim:healthy"
+	metricSimOOM      = "kvsim_oom_events_total"
+	metricSimKVPeak   = "kvsim_kv_usage_peak_ratio"
+	metricSimHealthy  = "kvsim_healthy"
 )
 
 // ParseMetrics reads the Prometheus text exposition format, keeping only the

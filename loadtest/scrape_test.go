@@ -24,10 +24,10 @@ vllm:gpu_cache_usage_perc{engine="0",model_name="llama-3-8b"} 0.99
 vllm:num_preemptions_total{engine="0",model_name="llama-3-8b"} 7.0 1700000000000
 vllm:num_preemptions_total{engine="1",model_name="llama-3-8b"} 1.0
 vllm:cache_config_info{block_size="16",cache_dtype="auto",label_with_brace="a}b \"q\"",num_gpu_blocks="2048"} 1.0
-kvsim:oom_events_total 2
-kvsim:kv_usage_peak_perc 0.93
-kvsim:healthy{engine="0"} 1
-kvsim:healthy{engine="1"} 0
+kvsim_oom_events_total 2
+kvsim_kv_usage_peak_ratio 0.93
+kvsim_healthy{engine="0"} 1
+kvsim_healthy{engine="1"} 0
 vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="llama-3-8b"} 12
 python_gc_objects_collected_total{generation="0"} NaN
 a line that is not a sample

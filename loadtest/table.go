@@ -12,6 +12,7 @@ import (
 func WriteTable(w io.Writer, r *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	multi := len(r.Targets) > 1
+	priced := r.priced()
 	level := "conc"
 	if r.Mode == ModeRate {
 		level = "rate/s"
@@ -19,7 +20,11 @@ func WriteTable(w io.Writer, r *Report) error {
 	if multi {
 		fmt.Fprint(tw, "target\t")
 	}
-	fmt.Fprintf(tw, "%s\treq/s\tout tok/s\tttft p50\tttft p99\titl p50\titl p99\te2e p50\te2e p99\tok\t429\tfailed\toom\tkv peak\tpreempt\tslo met\tverdict\t\n", level)
+	fmt.Fprintf(tw, "%s\treq/s\tout tok/s\tttft p50\tttft p99\titl p50\titl p99\te2e p50\te2e p99\tok\t429\tfailed\toom\tkv peak\tpreempt\tslo met\t", level)
+	if priced {
+		fmt.Fprint(tw, "cost/Mtok\trun cost\t")
+	}
+	fmt.Fprint(tw, "verdict\t\n")
 	for i := range r.Steps {
 		s := &r.Steps[i]
 		if multi {
@@ -37,11 +42,16 @@ func WriteTable(w io.Writer, r *Report) error {
 		if s.Attempts > 1 {
 			verdict += fmt.Sprintf(" (%d runs)", s.Attempts)
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%.2f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t",
 			fmtLevel(s.Level), s.RequestsPerS, s.OutputTokensPerS,
 			fmtMsOrDash(s.TTFT), fmtP99OrDash(s.TTFT), fmtMsOrDash(s.ITL), fmtP99OrDash(s.ITL),
 			fmtMsOrDash(s.E2E), fmtP99OrDash(s.E2E),
-			s.Requests.OK, s.Requests.Shed, s.Requests.Failed(), s.Requests.Overflow+s.Requests.WarmupOverflow, kv, pre, slo, verdict)
+			s.Requests.OK, s.Requests.Shed, s.Requests.Failed(), s.Requests.Overflow+s.Requests.WarmupOverflow, kv, pre, slo)
+		if priced {
+			perMTok, run := costCells(s)
+			fmt.Fprintf(tw, "%s\t%s\t", perMTok, run)
+		}
+		fmt.Fprintf(tw, "%s\t\n", verdict)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

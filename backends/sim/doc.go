@@ -62,7 +62,7 @@
 // with no waiting queue and no max_num_seqs, and the moment a block is needed
 // that the pool does not have, every request in flight fails with an error
 // whose message contains "CUDA out of memory" (HTTP 500, or, for a stream
-// that has begun, an SSE error event and [DONE]), kvsim:oom_events_total
+// that has begun, an SSE error event and [DONE]), kvsim_oom_events_total
 // counts it, and the server is unhealthy (/health 503, new requests 503) for
 // OOMRestart of simulated time.
 //
@@ -91,7 +91,7 @@
 // max_tokens, max_completion_tokens, min_tokens, ignore_eos;
 // stream_options.include_usage), GET /v1/models (with max_model_len),
 // POST /tokenize, GET /health and GET /metrics (vLLM's metric names and
-// labels, plus kvsim: ones). Errors have vLLM's body
+// labels, plus kvsim_ ones). Errors have vLLM's body
 // {"error":{"message","type","param","code"}}: 400 BadRequestError for bad
 // JSON, types and values, and vLLM's context-length messages; 404
 // NotFoundError for an unknown model, and for a missing one (recent vLLM

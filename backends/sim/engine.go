@@ -66,6 +66,17 @@ type request struct {
 	err    error        // why it failed; written before status becomes statusFailed
 }
 
+// reachedMax says whether every sequence generated max_tokens, which is
+// what makes vLLM report finished_reason "length" (see finishReason).
+func (r *request) reachedMax() bool {
+	for i := range r.seqs {
+		if r.seqs[i].target < r.maxTokens {
+			return false
+		}
+	}
+	return true
+}
+
 func newRequest(promptTokens, maxTokens int, n int, arrival time.Time) *request {
 	r := &request{prompt: promptTokens, maxTokens: maxTokens, arrival: arrival,
 		seqs: make([]sequence, n), live: n, wake: make(chan struct{}, 1)}
@@ -117,6 +128,12 @@ type engine struct {
 	unhealthyUntil time.Time
 	planned        bool // a step is planned and not yet committed
 	closed         bool // shut down: nothing is admitted any more
+	// Requests ended, by vLLM's finished_reason: stop (a sequence ended
+	// before max_tokens), length (every sequence reached it), abort (the
+	// client left, or an out-of-memory event or shutdown failed it).
+	finishedStop   int64
+	finishedLength int64
+	aborted        int64
 }
 
 func newEngine(s *settings, now func() time.Time, hooks engineHooks) *engine {
@@ -168,10 +185,12 @@ func (e *engine) abortLocked(r *request) {
 	switch r.state {
 	case stateWaiting:
 		e.waiting = removeReq(e.waiting, r)
+		e.aborted++
 	case stateRunning:
 		e.running = removeReq(e.running, r)
 		e.runningSeqs -= r.live
 		e.freeLocked(r)
+		e.aborted++
 	}
 	r.state = stateDone
 }
@@ -274,6 +293,7 @@ func (e *engine) failAllLocked(err error) {
 	for _, q := range [][]*request{e.running, e.waiting} {
 		for _, r := range q {
 			e.freeLocked(r)
+			e.aborted++
 			r.state = stateDone
 			r.err = err
 			r.status.Store(statusFailed)
@@ -400,6 +420,11 @@ func (e *engine) commitLocked(now time.Time) {
 		}
 		if r.live == 0 {
 			e.freeLocked(r)
+			if r.reachedMax() {
+				e.finishedLength++
+			} else {
+				e.finishedStop++
+			}
 			r.state = stateDone
 			r.status.Store(statusFinished)
 			if e.hooks.finished != nil {
@@ -483,6 +508,9 @@ type Stats struct {
 	OOMEvents        int64 // out-of-memory events (oom mode), in all
 	PromptTokens     int64 // prompt tokens of admitted requests, counted once each
 	GenerationTokens int64 // tokens generated, recomputation not counted again
+	FinishedStop     int64 // requests ended with a sequence short of max_tokens
+	FinishedLength   int64 // requests whose every sequence reached max_tokens
+	Aborted          int64 // requests ended by a hang-up, an OOM event or shutdown
 	Healthy          bool  // false while restarting after an OOM event
 }
 
@@ -495,6 +523,7 @@ func (e *engine) stats() Stats {
 		Running: len(e.running), Waiting: len(e.waiting),
 		Preemptions: e.preemptions, OOMEvents: e.oomEvents,
 		PromptTokens: e.promptTokens, GenerationTokens: e.genTokens,
+		FinishedStop: e.finishedStop, FinishedLength: e.finishedLength, Aborted: e.aborted,
 		Healthy: e.healthyLocked(e.now()),
 	}
 }

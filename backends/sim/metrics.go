@@ -8,8 +8,10 @@ import (
 )
 
 // Metric names are vLLM's (V1 engine: labels model_name and engine), so
-// that what scrapes vLLM scrapes the simulator unchanged. The kvsim: ones
-// are the simulator's own.
+// that what scrapes vLLM scrapes the simulator unchanged. The kvsim_ ones
+// are the simulator's own, named by Prometheus's conventions (vLLM's colons
+// are its own; in new names colons are for recording rules).
+// docs/METRICS.md lists them all; TestMetricsMatchDocs compares.
 const (
 	mRunning      = "vllm:num_requests_running"
 	mWaiting      = "vllm:num_requests_waiting"
@@ -21,13 +23,18 @@ const (
 	mTTFT         = "vllm:time_to_first_token_seconds"
 	mE2E          = "vllm:e2e_request_latency_seconds"
 	mCacheConfig  = "vllm:cache_config_info"
-	mOOMEvents    = "kvsim:oom_events_total"
-	mPeakUsage    = "kvsim:kv_usage_peak_perc"
-	mGPUMemory    = "kvsim:gpu_memory_total_bytes"
-	mUsedBlocks   = "kvsim:kv_cache_used_blocks"
-	mPeakBlocks   = "kvsim:kv_cache_used_blocks_peak"
-	mHealthy      = "kvsim:healthy"
+	mSuccess      = "vllm:request_success_total"
+	mOOMEvents    = "kvsim_oom_events_total"
+	mPeakUsage    = "kvsim_kv_usage_peak_ratio"
+	mGPUMemory    = "kvsim_gpu_memory_bytes"
+	mUsedBlocks   = "kvsim_kv_cache_used_blocks"
+	mPeakBlocks   = "kvsim_kv_cache_peak_used_blocks"
+	mHealthy      = "kvsim_healthy"
 )
+
+// finishedReasons are vLLM's finished_reason values of
+// vllm:request_success_total; every one exists from the start, as in vLLM.
+var finishedReasons = []string{"stop", "length", "abort"}
 
 // vLLM's own buckets for these two histograms.
 var (
@@ -72,6 +79,7 @@ type engineCollector struct {
 	descs   map[string]*prometheus.Desc
 	kinds   map[string]prometheus.ValueType
 	infoDsc *prometheus.Desc
+	success *prometheus.Desc
 }
 
 func newEngineCollector(s *settings, labels prometheus.Labels, stats func() Stats) *engineCollector {
@@ -111,6 +119,7 @@ func newEngineCollector(s *settings, labels prometheus.Labels, stats func() Stat
 		info[k] = v
 	}
 	c.infoDsc = prometheus.NewDesc(mCacheConfig, "Information of the LLMEngine CacheConfig", nil, info)
+	c.success = prometheus.NewDesc(mSuccess, "Count of successfully processed requests.", []string{"finished_reason"}, labels)
 	return c
 }
 
@@ -119,6 +128,7 @@ func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- c.infoDsc
+	ch <- c.success
 }
 
 func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
@@ -139,4 +149,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.descs[name], c.kinds[name], v)
 	}
 	ch <- prometheus.MustNewConstMetric(c.infoDsc, prometheus.GaugeValue, 1)
+	for i, n := range []int64{st.FinishedStop, st.FinishedLength, st.Aborted} {
+		ch <- prometheus.MustNewConstMetric(c.success, prometheus.CounterValue, float64(n), finishedReasons[i])
+	}
 }

@@ -6,8 +6,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/kvbudget"
 )
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -65,7 +68,7 @@ func TestPlanJSON(t *testing.T) {
 	if r.KVBudgetBytes != 2193088512 || r.Blocks != 1045 || r.Tokens != 16720 || r.MaxConcurrency != 2 || !r.Fits {
 		t.Errorf("plan = %+v", r)
 	}
-	if len(r.GPUs) != 6 {
+	if len(r.GPUs) != len(kvbudget.CommonGPUs()) {
 		t.Fatalf("gpus: %d rows", len(r.GPUs))
 	}
 	byName := map[string]planGPU{}
@@ -151,6 +154,73 @@ func TestHelpListsOnlyBuiltCommands(t *testing.T) {
 		code, sub, _ := runCLI(t, c.name, "--help")
 		if code != exitOK || !strings.Contains(sub, "Usage: kvgate "+c.name) {
 			t.Errorf("%s --help: exit %d\n%s", c.name, code, sub)
+		}
+	}
+}
+
+// --price ranks the GPUs that fit by cost per million tokens at their
+// planned concurrency, from the memory-bandwidth bound of decoding.
+func TestPlanPrice(t *testing.T) {
+	code, out, errOut := runCLI(t, "plan", "--model-config", llama3, "--gpu-memory", "24GiB", "--context", "8192", "--json",
+		"--price", "a100-80gb=2.10/h,L4=0.80/h,h100=4.50/h,rtx-4090-24gb=0.70")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var r planReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	by := map[string]planGPU{}
+	for _, g := range r.GPUs {
+		by[g.Name] = g
+	}
+	a100 := by["A100 80GB"]
+	kvPerSeq := int64(8192) * 131072
+	wantTPS := kvbudget.DecodeBound(2039e9, r.WeightBytesPerGPU, kvPerSeq, a100.MaxConcurrency)
+	if a100.DecodeTokensPerS != wantTPS || a100.CostPerMillionToken == nil || *a100.CostPerMillionToken != 2.10/(wantTPS*3600)*1e6 {
+		t.Errorf("A100 80GB: %+v, want %g tok/s", a100, wantTPS)
+	}
+	// L4's weights fit but no 8k sequence does: priced, not ranked.
+	if l4 := by["L4 24GB"]; l4.PricePerHour != 0.80 || l4.CostPerMillionToken != nil || l4.CostRank != 0 {
+		t.Errorf("L4: %+v", l4)
+	}
+	// Ranks follow cost; unpriced GPUs are not ranked.
+	ranked := []planGPU{}
+	for _, g := range r.GPUs {
+		if g.CostRank > 0 {
+			ranked = append(ranked, g)
+		}
+	}
+	slices.SortFunc(ranked, func(a, b planGPU) int { return a.CostRank - b.CostRank })
+	if len(ranked) != 3 || by["H200 141GB"].CostRank != 0 {
+		t.Fatalf("ranked %+v", ranked)
+	}
+	for i := 1; i < len(ranked); i++ {
+		if *ranked[i].CostPerMillionToken < *ranked[i-1].CostPerMillionToken || ranked[i].CostRank != i+1 {
+			t.Errorf("rank %d (%s, %g) after %s (%g)", ranked[i].CostRank, ranked[i].Name, *ranked[i].CostPerMillionToken, ranked[i-1].Name, *ranked[i-1].CostPerMillionToken)
+		}
+	}
+	// The text lists the ranked GPUs first, cheapest first.
+	_, text, _ := runCLI(t, "plan", "--model-config", llama3, "--gpu-memory", "24GiB", "--context", "8192",
+		"--price", "a100-80gb=2.10/h,h100=4.50/h")
+	lines := strings.Split(text, "\n")
+	i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "GPU ") })
+	if i < 0 || !strings.Contains(lines[i], "cost/Mtok") || !strings.HasPrefix(lines[i+1], ranked[0].Name) {
+		t.Errorf("text table:\n%s", text)
+	}
+}
+
+func TestPlanPriceErrors(t *testing.T) {
+	for _, tc := range []struct{ price, want string }{
+		{"a100=2/h", `"a100" could be A100 40GB or A100 80GB`},
+		{"b200=9/h", `"b200" is none of the common GPUs`},
+		{"h100=cheap", `h100: price "cheap"`},
+		{"h100", "want GPU=PRICE/h"},
+		{"h100=1/h,H100 80GB=2/h", "H100 80GB is priced twice"},
+	} {
+		code, _, errOut := runCLI(t, "plan", "--model-config", llama3, "--gpu-memory", "24GiB", "--price", tc.price)
+		if code != exitUsage || !strings.Contains(errOut, "--price: ") || !strings.Contains(errOut, tc.want) {
+			t.Errorf("--price %s: exit %d: %s", tc.price, code, errOut)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
 	"strconv"
@@ -44,11 +45,13 @@ type loadtestFlags struct {
 	ceiling, sloAttainment, confidence            float64
 	sloTTFT, sloE2E                               time.Duration
 	metricsURL, jsonPath, csvPath, htmlPath, prog string
+	price                                         string
 }
 
 func (f *loadtestFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.target, "target", "", "base `URL` of the OpenAI-compatible server to load (with or without /v1)")
-	fs.StringVar(&f.compare, "compare", "", "run the same test against several targets, `NAME=URL,...` (e.g. direct=http://sim:8000,gateway=http://kvgate:8080); instead of --target")
+	fs.StringVar(&f.compare, "compare", "", "run the same test against several targets, `NAME=URL[@PRICE/h],...` (e.g. direct=http://sim:8000,gateway=http://kvgate:8080, or a100=http://a:8000@2.10/h,l4=http://b:8000@0.80/h to compare costs); instead of --target")
+	fs.StringVar(&f.price, "price", "", "price of --target per hour, `PRICE/h` such as 2.10/h (any currency): the report adds the cost per million output tokens and of the run")
 	fs.StringVar(&f.model, "model", "", "model `NAME` to request (default: the first the target lists at /v1/models)")
 	fs.StringVar(&f.endpoint, "endpoint", "chat", "API to load: chat (/v1/chat/completions) or completions (/v1/completions)")
 	fs.StringVar(&f.apiKey, "api-key", "", "bearer token sent with every request")
@@ -107,6 +110,15 @@ func (f *loadtestFlags) config(set map[string]bool) (loadtest.Config, error) {
 			return c, badFlag("target", "%v", err)
 		}
 		c.Targets = []loadtest.Target{{Name: targetName(f.target), URL: f.target}}
+		if f.price != "" {
+			p, err := parsePrice(f.price)
+			if err != nil {
+				return c, badFlag("price", "%v", err)
+			}
+			c.Targets[0].PricePerHour = p
+		}
+	case f.price != "":
+		return c, badFlag("price", "with --compare, give each target's price there: NAME=URL@PRICE/h")
 	default:
 		ts, err := parseCompare(f.compare)
 		if err != nil {
@@ -278,12 +290,40 @@ func parseCompare(s string) ([]loadtest.Target, error) {
 			return nil, badFlag("compare", "target name %q given twice", name)
 		}
 		seen[name] = true
+		u, price, err := splitPrice(u)
+		if err != nil {
+			return nil, badFlag("compare", "%s: %v", name, err)
+		}
 		if _, err := loadtest.BaseURL(u); err != nil {
 			return nil, badFlag("compare", "%s: %v", name, err)
 		}
-		ts = append(ts, loadtest.Target{Name: name, URL: u})
+		ts = append(ts, loadtest.Target{Name: name, URL: u, PricePerHour: price})
 	}
 	return ts, nil
+}
+
+// splitPrice cuts a trailing @PRICE/h off a target's URL. An @ whose tail
+// does not end in /h is left to the URL (user@host).
+func splitPrice(s string) (string, float64, error) {
+	i := strings.LastIndex(s, "@")
+	if i < 0 || !strings.HasSuffix(s[i+1:], "/h") {
+		return s, 0, nil
+	}
+	p, err := parsePrice(s[i+1:])
+	if err != nil {
+		return "", 0, err
+	}
+	return s[:i], p, nil
+}
+
+// parsePrice reads PRICE/h (or a bare PRICE, per hour): a number ≥ 0.
+func parsePrice(s string) (float64, error) {
+	num := strings.TrimSuffix(strings.TrimSpace(s), "/h")
+	p, err := strconv.ParseFloat(num, 64)
+	if err != nil || p < 0 || math.IsNaN(p) || math.IsInf(p, 0) {
+		return 0, fmt.Errorf("price %q: want a number per hour such as 2.10/h", s)
+	}
+	return p, nil
 }
 
 // applyMetricsURL sets each target's metrics URL from --metrics-url: one URL

@@ -65,6 +65,10 @@ func TestLoadtestFlagErrors(t *testing.T) {
 		{with("--metrics-url", "nope"), "--metrics-url: "},
 		{with("--json", filepath.Join(dir, "missing", "r.json")), "--json: "},
 		{with("--html", filepath.Join(dir, "missing", "r.html")), "--html: "},
+		{with("--price", "cheap"), `--price: price "cheap": want a number per hour`},
+		{with("--price", "-1/h"), "--price: "},
+		{[]string{"loadtest", "--compare", "a=http://x:1@1/h", "--price", "2/h"}, "--price: with --compare, give each target's price there"},
+		{[]string{"loadtest", "--compare", "a=http://x:1@two/h"}, `--compare: a: price "two/h"`},
 		{with("--bogus"), "flag provided but not defined: -bogus"},
 		{with("stray"), `unexpected argument "stray"`},
 	} {
@@ -72,6 +76,27 @@ func TestLoadtestFlagErrors(t *testing.T) {
 		if code != exitUsage || !strings.Contains(errOut, tc.want) {
 			t.Errorf("%v: exit %d, stderr %q; want exit 2 and %q", tc.args[1:], code, errOut, tc.want)
 		}
+	}
+}
+
+// --compare NAME=URL@PRICE/h prices a target; an @ not followed by a price
+// is left to the URL (and its user info refused there).
+func TestLoadtestComparePrices(t *testing.T) {
+	ts, err := parseCompare("a100=http://a:8000@2.10/h,l4=http://b:8000/v1@0.80/h,free=http://c:8000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		url   string
+		price float64
+	}{{"http://a:8000", 2.10}, {"http://b:8000/v1", 0.80}, {"http://c:8000", 0}}
+	for i, w := range want {
+		if ts[i].URL != w.url || ts[i].PricePerHour != w.price {
+			t.Errorf("target %d: %+v, want %+v", i, ts[i], w)
+		}
+	}
+	if _, err := parseCompare("a=http://user@c:8000"); err == nil || !strings.Contains(err.Error(), "credentials") {
+		t.Errorf("user info: %v", err)
 	}
 }
 

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -21,6 +23,16 @@ type planGPU struct {
 	Blocks         int64  `json:"blocks"`
 	Tokens         int64  `json:"tokens"`
 	MaxConcurrency int64  `json:"max_concurrency"`
+
+	// At max_concurrency: the memory-bandwidth bound of decoding (tokens/s
+	// of one replica of tp GPUs), and with --price its cost.
+	BandwidthBytesPerS  float64  `json:"bandwidth_bytes_per_second,omitempty"`
+	DecodeTokensPerS    float64  `json:"decode_tokens_per_second_bound,omitempty"`
+	PricePerHour        float64  `json:"price_per_hour,omitempty"` // per GPU
+	CostPerMillionToken *float64 `json:"cost_per_million_tokens,omitempty"`
+	// CostRank is 1 for the cheapest per token among the priced GPUs that
+	// fit; 0 when not ranked.
+	CostRank int `json:"cost_rank,omitempty"`
 }
 
 // planReport is the --json output of kvgate plan. The top-level figures are
@@ -59,7 +71,7 @@ func planGPUFor(name string, mem int64, r *planReport, l kvbudget.KVLayout) (pla
 }
 
 func runPlan(_ context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("plan", "--model-config PATH [--gpu-memory 24GiB] [--context 8192] [--tp N] [--utilization 0.75] [--json]", stdout, stderr)
+	fs := newFlags("plan", "--model-config PATH [--gpu-memory 24GiB] [--context 8192] [--tp N] [--utilization 0.75] [--price GPU=PRICE/h,...] [--json]", stdout, stderr)
 	var mf modelFlags
 	mf.register(fs)
 	var gpuMem, reserve, other sizeFlag
@@ -69,6 +81,7 @@ func runPlan(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	util := fs.Float64("utilization", kvbudget.DefaultCeiling, "ceiling: fraction of GPU memory that weights + KV cache may reach, in (0, 1]")
 	contextLen := fs.Int("context", 4096, "tokens per request (prompt + output) for the concurrency figures")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
+	priceList := fs.String("price", "", "price per GPU per hour, `GPU=PRICE/h,...` (e.g. a100-80gb=2.10/h,l4=0.80/h,h100=4.50/h; any currency): ranks the common GPUs that fit by cost per million tokens at their planned concurrency")
 	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return code
 	}
@@ -81,6 +94,10 @@ func runPlan(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	mr, _, layout, err := mf.resolve()
 	if err != nil {
 		return fail(stderr, "plan", exitUsage, "%v", err)
+	}
+	prices, err := parseGPUPrices(*priceList, kvbudget.CommonGPUs())
+	if err != nil {
+		return fail(stderr, "plan", exitUsage, "--price: %v", err)
 	}
 	r := planReport{
 		Model: mr, Utilization: *util, ReserveBytes: kvbudget.DefaultReserve,
@@ -127,8 +144,21 @@ func runPlan(_ context.Context, args []string, stdout, stderr io.Writer) int {
 		if err != nil && !errors.Is(err, kvbudget.ErrWeightsDoNotFit) {
 			return fail(stderr, "plan", exitUsage, "%v", err)
 		}
+		row.BandwidthBytesPerS = g.Bandwidth
+		if row.Fits {
+			kvPerSeq := int64(r.Context) * layout.BytesPerToken
+			row.DecodeTokensPerS = kvbudget.DecodeBound(g.Bandwidth, r.WeightBytesPerGPU, kvPerSeq, row.MaxConcurrency)
+		}
+		if p, ok := prices[g.Name]; ok {
+			row.PricePerHour = p
+			if row.DecodeTokensPerS > 0 {
+				c := p * float64(mr.TP) / (row.DecodeTokensPerS * 3600) * 1e6
+				row.CostPerMillionToken = &c
+			}
+		}
 		r.GPUs = append(r.GPUs, row)
 	}
+	rankByCost(r.GPUs)
 
 	code := exitOK
 	if !r.Fits {
@@ -179,10 +209,22 @@ func printPlan(w io.Writer, r *planReport, raw, gpuName string) {
 	} else if r.MaxConcurrency == 0 {
 		fmt.Fprintf(w, "\nThe weights fit, but not one sequence of %d tokens does: %d tokens of cache in all.\n", r.Context, r.Tokens)
 	}
+	priced := false
+	for _, g := range r.GPUs {
+		priced = priced || g.PricePerHour > 0
+	}
+	order := r.GPUs
+	if priced {
+		order = byCostRank(r.GPUs)
+	}
 	fmt.Fprintf(w, "\nCommon GPUs (tp %d, ceiling %.2f, reserve %s, context %d):\n", m.TP, r.Utilization, kvbudget.FormatBytes(r.ReserveBytes), r.Context)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "GPU\tmemory\tfits\tKV budget\ttokens\tconcurrency")
-	for _, g := range r.GPUs {
+	fmt.Fprint(tw, "GPU\tmemory\tfits\tKV budget\ttokens\tconcurrency")
+	if priced {
+		fmt.Fprint(tw, "\ttok/s bound\tprice/h\tcost/Mtok\trank")
+	}
+	fmt.Fprintln(tw)
+	for _, g := range order {
 		fits := "yes"
 		if !g.Fits {
 			fits = "no"
@@ -193,9 +235,125 @@ func printPlan(w io.Writer, r *planReport, raw, gpuName string) {
 		if g.Fits {
 			budget, tokens, conc = kvbudget.FormatBytes(g.KVBudgetBytes), groupDigits(g.Tokens), groupDigits(g.MaxConcurrency)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", g.Name, kvbudget.FormatBytes(g.MemoryBytes), fits, budget, tokens, conc)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s", g.Name, kvbudget.FormatBytes(g.MemoryBytes), fits, budget, tokens, conc)
+		if priced {
+			tps, price, cost, rank := "-", "-", "-", "-"
+			if g.DecodeTokensPerS > 0 {
+				tps = groupDigits(int64(g.DecodeTokensPerS))
+			}
+			if g.PricePerHour > 0 {
+				price = fmt.Sprintf("%.2f", g.PricePerHour)
+			}
+			if g.CostPerMillionToken != nil {
+				cost = fmt.Sprintf("%.3f", *g.CostPerMillionToken)
+			}
+			if g.CostRank > 0 {
+				rank = fmt.Sprint(g.CostRank)
+			}
+			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s", tps, price, cost, rank)
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
+	if priced {
+		fmt.Fprintf(w, "\nCost per million output tokens at each GPU's planned concurrency, tp %d GPU(s) per replica, from the\n"+
+			"memory-bandwidth bound of decoding (every step reads the weights and each sequence's %d-token KV once);\n"+
+			"real servers reach roughly 50–80%% of that bound, alike across GPUs, so the ranking holds better than the figures.\n", m.TP, r.Context)
+	}
+}
+
+// parseGPUPrices reads GPU=PRICE/h,... naming GPUs of gpus by their name
+// without spaces or dashes, case aside ("a100-80gb", "H100 80GB"), or by
+// the model alone when only one size has it ("h100", "l40s"; "a100" is
+// ambiguous).
+func parseGPUPrices(s string, gpus []kvbudget.GPU) (map[string]float64, error) {
+	out := map[string]float64{}
+	if s == "" {
+		return out, nil
+	}
+	norm := func(x string) string {
+		var b strings.Builder
+		for _, c := range strings.ToLower(x) {
+			if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' {
+				b.WriteRune(c)
+			}
+		}
+		return b.String()
+	}
+	for item := range strings.SplitSeq(s, ",") {
+		name, p, ok := strings.Cut(item, "=")
+		if !ok || norm(name) == "" {
+			return nil, fmt.Errorf("want GPU=PRICE/h,... (e.g. a100-80gb=2.10/h), got %q", item)
+		}
+		price, err := parsePrice(p)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %v", strings.TrimSpace(name), err)
+		}
+		key := norm(name)
+		var match []string
+		for _, g := range gpus {
+			model := g.Name[:strings.LastIndexByte(g.Name, ' ')]
+			if norm(g.Name) == key {
+				match = []string{g.Name}
+				break
+			}
+			if norm(model) == key {
+				match = append(match, g.Name)
+			}
+		}
+		switch len(match) {
+		case 0:
+			var names []string
+			for _, g := range gpus {
+				names = append(names, g.Name)
+			}
+			return nil, fmt.Errorf("%q is none of the common GPUs (%s)", strings.TrimSpace(name), strings.Join(names, ", "))
+		case 1:
+			if _, dup := out[match[0]]; dup {
+				return nil, fmt.Errorf("%s is priced twice", match[0])
+			}
+			out[match[0]] = price
+		default:
+			return nil, fmt.Errorf("%q could be %s: add the memory (e.g. %s)", strings.TrimSpace(name), strings.Join(match, " or "), strings.ToLower(strings.ReplaceAll(match[0], " ", "-")))
+		}
+	}
+	return out, nil
+}
+
+// rankByCost numbers the priced rows that have a cost, cheapest per token
+// first.
+func rankByCost(gpus []planGPU) {
+	ranked := byCostRank(gpus)
+	n := 0
+	for _, g := range ranked {
+		if g.CostPerMillionToken == nil {
+			break
+		}
+		n++
+		for i := range gpus {
+			if gpus[i].Name == g.Name {
+				gpus[i].CostRank = n
+			}
+		}
+	}
+}
+
+// byCostRank is gpus with the costed rows first, cheapest per token first,
+// then the others in their order.
+func byCostRank(gpus []planGPU) []planGPU {
+	out := slices.Clone(gpus)
+	slices.SortStableFunc(out, func(a, b planGPU) int {
+		switch {
+		case a.CostPerMillionToken == nil && b.CostPerMillionToken == nil:
+			return 0
+		case a.CostPerMillionToken == nil:
+			return 1
+		case b.CostPerMillionToken == nil:
+			return -1
+		}
+		return cmp.Compare(*a.CostPerMillionToken, *b.CostPerMillionToken)
+	})
+	return out
 }
 
 // groupDigits writes n with thousands separators.

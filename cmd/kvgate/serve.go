@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -41,13 +43,21 @@ backends:
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("serve", "[--config kvgate.yaml] [--listen ADDR]", stdout, stderr)
-	cfgPath := fs.String("config", "", "gateway config file (YAML); without it, an embedded demo runs: the gateway in front of an in-process simulated vLLM")
+	fs := newFlags("serve", "[--config kvgate.yaml] [--listen ADDR] [--check-config [--json]]", stdout, stderr)
+	cfgPath := fs.String("config", "", "gateway config file (YAML; ${VAR} and ${VAR:-default} read the environment); without it, an embedded demo runs: the gateway in front of an in-process simulated vLLM")
+	check := fs.Bool("check-config", false, "validate --config as serve would (models, budgets, backends; NVML where asked), print what it gives, and exit: 0 valid, 2 not")
+	asJSON := fs.Bool("json", false, "with --check-config: print the result as JSON")
 	listen := fs.String("listen", "", "address to serve on, overriding the config's listen (default 127.0.0.1:8080)")
 	simListen := fs.String("demo-sim-listen", "127.0.0.1:8000", "demo only: where the simulated backend listens")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (overrides the config's log.level)")
 	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return code
+	}
+	if *check {
+		return checkConfig(*cfgPath, *listen, *asJSON, stdout, stderr)
+	}
+	if *asJSON {
+		return fail(stderr, "serve", exitUsage, "--json goes with --check-config")
 	}
 
 	var (
@@ -71,7 +81,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return fail(stderr, "serve", exitNo, "demo config: %v", err)
 		}
 	} else {
-		cfg, err = gateway.LoadFile(*cfgPath)
+		cfg, err = loadConfig(*cfgPath, os.LookupEnv)
 		if err != nil {
 			return fail(stderr, "serve", exitUsage, "%v", err)
 		}
@@ -126,13 +136,13 @@ send load to %[3]s directly to see it, or through the gateway to see it not happ
 				logger.Warn("SIGHUP: the demo has no config file to reload")
 				continue
 			}
-			next, err := gateway.LoadFile(*cfgPath)
-			if err == nil {
-				if *listen != "" {
+			err := srv.ReloadFrom(func() (*gateway.Config, error) {
+				next, err := loadConfig(*cfgPath, os.LookupEnv)
+				if err == nil && *listen != "" {
 					next.Listen = *listen
 				}
-				err = srv.Reload(next)
-			}
+				return next, err
+			})
 			if err != nil {
 				logger.Error("reload refused; the running config stays", "err", err)
 			} else {
@@ -197,4 +207,41 @@ func newLogger(w io.Writer, c gateway.LogConfig) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return slog.New(slog.NewTextHandler(w, opts)), nil
+}
+
+// checkConfig is serve --check-config: the file is read and built exactly
+// as serve would, and nothing is served.
+func checkConfig(path, listen string, asJSON bool, stdout, stderr io.Writer) int {
+	if path == "" {
+		return fail(stderr, "serve", exitUsage, "--check-config needs --config FILE")
+	}
+	cfg, err := loadConfig(path, os.LookupEnv)
+	if err != nil {
+		return fail(stderr, "serve", exitUsage, "%v", err)
+	}
+	if listen != "" {
+		cfg.Listen = listen
+	}
+	rep, err := gateway.Check(cfg, gateway.Options{})
+	if err != nil {
+		return fail(stderr, "serve", exitUsage, "config %s: %v", path, err)
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return fail(stderr, "serve", exitNo, "%v", err)
+		}
+		return exitOK
+	}
+	fmt.Fprintf(stdout, "config %s is valid: listen %s; models %s; classes %s; %d tenant(s)\n",
+		path, rep.Listen, strings.Join(rep.Models, ", "), strings.Join(rep.Classes, ", "), len(rep.Tenants))
+	for _, g := range rep.GPUs {
+		if g.MaxConcurrency > 0 {
+			fmt.Fprintf(stdout, "  gpu %s: %d requests at once, backends %s\n", g.Name, g.MaxConcurrency, strings.Join(g.Backends, ", "))
+			continue
+		}
+		fmt.Fprintf(stdout, "  gpu %s: KV budget %s, backends %s\n", g.Name, kvbudget.FormatBytes(g.BudgetBytes), strings.Join(g.Backends, ", "))
+	}
+	return exitOK
 }

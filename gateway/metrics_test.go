@@ -1,0 +1,326 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvgate/kvgate/internal/metricdoc"
+)
+
+// metricsExtra is a configuration with everything that labels a series:
+// classes, tenants with keys, two GPUs.
+const metricsExtra = `tenants:
+  - {name: search, api_keys: [sk-search], class: critical, share: 0.5}
+  - {name: batch, api_keys: [sk-batch], class: sheddable, share: 0.3}
+`
+
+func metricsConfig(simURL, deadURL string) string {
+	// A second backend on its own GPU, never reachable: its series must
+	// exist all the same.
+	return baseConfig(simURL, `  - name: gpu1
+    url: `+deadURL+`
+    models: [llama-3-8b]
+    gpu_memory: 24GiB
+    health: {interval: 50ms, failures: 1, cooldown: 1h}
+    metrics: {interval: 50ms}
+`+metricsExtra)
+}
+
+func scrapeGateway(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fams, err := metricdoc.Scrape(ctx, url+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fams
+}
+
+func isRuntimeFamily(name string) bool {
+	return strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_")
+}
+
+// deadURL is a loopback address nothing listens on (any more).
+func deadURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	return "http://" + ln.Addr().String()
+}
+
+// The table in docs/METRICS.md is what /metrics serves: every family, its
+// type and its labels, after traffic of every kind has passed.
+func TestMetricsMatchDocs(t *testing.T) {
+	_, simURL := startSim(t, nil)
+	_, gwURL := startGateway(t, metricsConfig(simURL, deadURL(t)), Options{})
+	postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 4, true), "Authorization", "Bearer sk-search")
+	postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 4, false), "Authorization", "Bearer sk-batch")
+	rows, err := metricdoc.ParseFile("../docs/METRICS.md", "kvgate serve")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range metricdoc.Compare(rows, scrapeGateway(t, gwURL), isRuntimeFamily) {
+		t.Error(d)
+	}
+}
+
+// The gateway's names follow the rules in docs/METRICS.md, the Go
+// runtime's included.
+func TestMetricNamingRules(t *testing.T) {
+	_, simURL := startSim(t, nil)
+	_, gwURL := startGateway(t, metricsConfig(simURL, deadURL(t)), Options{})
+	for _, p := range metricdoc.Lint(scrapeGateway(t, gwURL), nil) {
+		t.Error(p)
+	}
+}
+
+// Before any request, every series a dashboard plots exists at zero for
+// every configured class, tenant, backend and reason.
+func TestLabelledSeriesExistAtZero(t *testing.T) {
+	_, simURL := startSim(t, nil)
+	_, gwURL := startGateway(t, metricsConfig(simURL, deadURL(t)), Options{DisableProbes: true})
+	fams := scrapeGateway(t, gwURL)
+	has := func(name string, labels map[string]string) {
+		t.Helper()
+		f := fams[name]
+		for _, m := range f.GetMetric() {
+			match := true
+			for k, v := range labels {
+				if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == k && l.GetValue() == v }) {
+					match = false
+				}
+			}
+			if !match {
+				continue
+			}
+			var v float64
+			switch {
+			case m.Counter != nil:
+				v = m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				v = m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				v = float64(m.GetHistogram().GetSampleCount())
+			}
+			if v != 0 && name != "kvgate_kv_capacity_bytes" && name != "kvgate_backend_up" && name != "kvgate_backend_state" {
+				t.Errorf("%s%v = %g before any request", name, labels, v)
+			}
+			return
+		}
+		t.Errorf("%s%v does not exist", name, labels)
+	}
+	for _, gpu := range []string{"gpu0", "gpu1"} {
+		for _, class := range []string{"critical", "standard", "sheddable"} {
+			for _, tenant := range []string{"search", "batch"} {
+				has("kvgate_admissions_total", map[string]string{"gpu": gpu, "class": class, "tenant": tenant, "queued": "true"})
+			}
+		}
+		has("kvgate_kv_capacity_bytes", map[string]string{"gpu": gpu})
+		has("kvgate_kv_used_bytes", map[string]string{"gpu": gpu})
+		has("kvgate_admission_backfilled_total", map[string]string{"gpu": gpu, "model": "llama-3-8b"})
+	}
+	for _, class := range []string{"critical", "standard", "sheddable"} {
+		has("kvgate_queue_depth", map[string]string{"model": "llama-3-8b", "class": class})
+		has("kvgate_queue_wait_seconds", map[string]string{"model": "llama-3-8b", "class": class, "result": "admitted"})
+		for _, tenant := range []string{"search", "batch"} {
+			for _, reason := range []string{"too_large", "queue_full", "queue_timeout", "overloaded", "tenant_quota", "no_route", "canceled"} {
+				has("kvgate_admission_rejections_total", map[string]string{"model": "llama-3-8b", "class": class, "tenant": tenant, "reason": reason})
+			}
+		}
+	}
+	for _, tenant := range []string{"search", "batch"} {
+		has("kvgate_tenant_kv_held_bytes", map[string]string{"tenant": tenant})
+		has("kvgate_tenant_queue_depth", map[string]string{"tenant": tenant})
+	}
+	has("kvgate_output_tokens_generated_total", map[string]string{"model": "llama-3-8b"})
+	for outcome, reasons := range requestReasons {
+		for _, r := range reasons {
+			has("kvgate_requests_total", map[string]string{"model": "llama-3-8b", "outcome": outcome, "reason": r})
+		}
+	}
+	for _, be := range []string{"gpu0", "gpu1"} {
+		for _, st := range []string{"closed", "half-open", "open"} {
+			has("kvgate_backend_state", map[string]string{"backend": be, "state": st})
+		}
+		for _, k := range []string{"transport", "status", "tokenize"} {
+			has("kvgate_upstream_errors_total", map[string]string{"backend": be, "kind": k})
+		}
+		has("kvgate_backend_preemptions_total", map[string]string{"backend": be})
+		has("kvgate_backend_kv_usage_ratio", map[string]string{"backend": be})
+	}
+	has("kvgate_time_to_first_token_seconds", map[string]string{"model": "llama-3-8b"})
+	has("kvgate_tokens_actual_total", map[string]string{"model": "llama-3-8b", "kind": "output"})
+	has("kvgate_config_reloads_total", map[string]string{"result": "error"})
+}
+
+// A reload that adds a class and a tenant makes their series exist at once.
+func TestReloadSeedsNewSeries(t *testing.T) {
+	_, simURL := startSim(t, nil)
+	gw, gwURL := startGateway(t, baseConfig(simURL, ""), Options{DisableProbes: true})
+	cfg, err := Parse([]byte(baseConfig(simURL, metricsExtra+`admission:
+  classes: [{name: critical}, {name: gold}, {name: standard}, {name: sheddable}]
+`)), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	fams := scrapeGateway(t, gwURL)
+	found := false
+	for _, m := range fams["kvgate_admissions_total"].GetMetric() {
+		var class, tenant string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "class":
+				class = l.GetValue()
+			case "tenant":
+				tenant = l.GetValue()
+			}
+		}
+		found = found || (class == "gold" && tenant == "search")
+	}
+	if !found {
+		t.Error("no kvgate_admissions_total{class=gold,tenant=search} after the reload that added them")
+	}
+}
+
+// The backend's state is one 0/1 series per state, and follows the circuit.
+func TestBackendStateSeries(t *testing.T) {
+	_, simURL := startSim(t, nil)
+	_, gwURL := startGateway(t, metricsConfig(simURL, deadURL(t)), Options{})
+	state := func() map[string]string {
+		cur := map[string]string{}
+		for _, m := range scrapeGateway(t, gwURL)["kvgate_backend_state"].GetMetric() {
+			var be, st string
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "backend" {
+					be = l.GetValue()
+				} else {
+					st = l.GetValue()
+				}
+			}
+			if m.GetGauge().GetValue() == 1 {
+				cur[be] = st
+			}
+		}
+		return cur
+	}
+	eventually(t, "the dead backend's circuit to open", func() bool { return state()["gpu1"] == "open" })
+	if s := state()["gpu0"]; s != "closed" {
+		t.Errorf("gpu0 is %q, want closed", s)
+	}
+	for _, m := range scrapeGateway(t, gwURL)["kvgate_backend_up"].GetMetric() {
+		want := 1.0
+		if m.GetLabel()[0].GetValue() == "gpu1" {
+			want = 0
+		}
+		if m.GetGauge().GetValue() != want {
+			t.Errorf("kvgate_backend_up{%s} = %g, want %g", m.GetLabel()[0].GetValue(), m.GetGauge().GetValue(), want)
+		}
+	}
+}
+
+// A file that fails to load is a failed reload: counted, and the
+// last-reload gauge says so until a good one comes.
+func TestReloadFromCountsFailures(t *testing.T) {
+	_, simURL := startSim(t, nil)
+	now := time.Unix(1_800_000_000, 0)
+	gw, gwURL := startGateway(t, baseConfig(simURL, ""), Options{DisableProbes: true, Now: func() time.Time { return now }})
+	value := func(name, result string) float64 {
+		for _, m := range scrapeGateway(t, gwURL)[name].GetMetric() {
+			if result == "" || m.GetLabel()[0].GetValue() == result {
+				if m.Counter != nil {
+					return m.GetCounter().GetValue()
+				}
+				return m.GetGauge().GetValue()
+			}
+		}
+		t.Fatalf("no %s{%s}", name, result)
+		return 0
+	}
+	if err := gw.ReloadFrom(func() (*Config, error) { return nil, errors.New("yaml: line 3: did not find expected key") }); err == nil {
+		t.Fatal("a failed load reloaded")
+	}
+	if v := value("kvgate_config_last_reload_successful", ""); v != 0 {
+		t.Errorf("last_reload_successful = %g after a failed load", v)
+	}
+	if v := value("kvgate_config_reloads_total", "error"); v != 1 {
+		t.Errorf("reloads{error} = %g", v)
+	}
+	now = now.Add(time.Minute)
+	if err := gw.ReloadFrom(func() (*Config, error) { return Parse([]byte(baseConfig(simURL, "")), ".") }); err != nil {
+		t.Fatal(err)
+	}
+	if v := value("kvgate_config_last_reload_successful", ""); v != 1 {
+		t.Errorf("last_reload_successful = %g after a good reload", v)
+	}
+	if v := value("kvgate_config_last_reload_success_timestamp_seconds", ""); v != float64(now.Unix()) {
+		t.Errorf("last reload time %g, want %d", v, now.Unix())
+	}
+}
+
+// Every reason proxy.go records is one that exists at zero from the start
+// (backend_<status> excepted: it is built from the backend's answer).
+func TestRequestReasonsCoverTheCode(t *testing.T) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "proxy.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	for _, rs := range requestReasons {
+		for _, r := range rs {
+			known[r] = true
+		}
+	}
+	outcomes := map[string]bool{"outcomeOK": true, "outcomeShed": true, "outcomeRejected": true, "outcomeFailed": true, "outcomeCanceled": true}
+	found := 0
+	check := func(exprs []ast.Expr) {
+		// A reason is the string literal right after an outcome constant.
+		for i := 0; i+1 < len(exprs); i++ {
+			id, ok := exprs[i].(*ast.Ident)
+			if !ok || !outcomes[id.Name] {
+				continue
+			}
+			lit, ok := exprs[i+1].(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				continue
+			}
+			r, _ := strconv.Unquote(lit.Value)
+			found++
+			if !known[r] {
+				t.Errorf("%s: reason %q is not in requestReasons", fset.Position(lit.Pos()), r)
+			}
+		}
+	}
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.CallExpr:
+			check(n.Args)
+		case *ast.AssignStmt:
+			check(n.Rhs)
+		case *ast.ReturnStmt:
+			check(n.Results)
+		}
+		return true
+	})
+	if found < 10 {
+		t.Fatalf("found only %d reasons in proxy.go: the scan no longer matches the code", found)
+	}
+}

@@ -1,0 +1,71 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+)
+
+// serveTokenize answers vLLM's POST /tokenize for a model the gateway
+// serves, by asking one of its backends: clients (and kvgate loadtest, which
+// sizes its prompts with it) count tokens as the model does without knowing
+// where it runs. Nothing is admitted or reserved.
+func (s *Server) serveTokenize(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsPost() {
+		methodNotAllowed(ctx, "POST")
+		return
+	}
+	rt := s.rt.Load()
+	if _, ok := rt.authenticate(ctx); !ok {
+		(&apiError{status: 401, typ: typeAuthentication, code: "invalid_api_key",
+			message: "Incorrect or missing API key. Send it as: Authorization: Bearer <key>."}).write(ctx)
+		return
+	}
+	p := s.parsers.Get()
+	v, err := p.ParseBytes(ctx.PostBody())
+	var model string
+	if err == nil && v.Type() == fastjson.TypeObject {
+		model = string(v.GetStringBytes("model"))
+	}
+	s.parsers.Put(p)
+	switch {
+	case err != nil:
+		(&apiError{status: 400, typ: typeInvalidRequest, message: fmt.Sprintf("We could not parse the JSON body of your request: %v", err)}).write(ctx)
+		return
+	case model == "":
+		(&apiError{status: 400, typ: typeInvalidRequest, param: "model", message: "you must provide a model parameter (a non-empty string)"}).write(ctx)
+		return
+	case rt.models[model] == nil:
+		(&apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
+			message: fmt.Sprintf("The model `%s` does not exist.", model)}).write(ctx)
+		return
+	}
+	be, err := rt.pool.Pick(model, nil)
+	if err != nil {
+		noBackend(model).write(ctx)
+		return
+	}
+	cctx, cancel := context.WithTimeout(s.base, rt.cfg.Server.requestTimeout())
+	defer cancel()
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	be.NewRequest(req, fasthttp.MethodPost, "/tokenize")
+	req.Header.SetContentType("application/json")
+	req.SetBodyRaw(ctx.PostBody())
+	resp, err := be.Do(cctx, req)
+	if err != nil {
+		(&apiError{status: 502, typ: typeServer, code: "upstream_error", message: fmt.Sprintf("backend %s: %v", be.Name(), err)}).write(ctx)
+		return
+	}
+	body, err := resp.ReadAll(1 << 20)
+	resp.Close()
+	if err != nil {
+		(&apiError{status: 502, typ: typeServer, code: "upstream_error", message: fmt.Sprintf("backend %s: %v", be.Name(), err)}).write(ctx)
+		return
+	}
+	ctx.SetStatusCode(resp.Status())
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
