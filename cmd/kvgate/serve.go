@@ -187,12 +187,14 @@ func startDemoSim(addr string) (*sim.Server, string, error) {
 	return s, "http://" + ln.Addr().String(), nil
 }
 
-// redisLogger routes go-redis's log lines (reconnects, pool trouble) into
-// the gateway's slog logger.
+// redisLogger routes go-redis's log lines into the gateway's slog logger,
+// at debug level: they repeat on every failed dial while Redis is down,
+// and the shared budget logs each change of state itself (unreachable,
+// fallback, back).
 type redisLogger struct{ l *slog.Logger }
 
 func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	r.l.WarnContext(ctx, "redis client", "msg", fmt.Sprintf(format, v...))
+	r.l.DebugContext(ctx, "redis client", "msg", fmt.Sprintf(format, v...))
 }
 
 func newLogger(w io.Writer, c gateway.LogConfig) (*slog.Logger, error) {
