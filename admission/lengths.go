@@ -96,6 +96,7 @@ func (s *Scheduler) MergeLengths(queue string, d LengthsDelta) error {
 		s.mu.Unlock()
 		return fmt.Errorf("admission: merge lengths into queue %q: %w", queue, err)
 	}
+	s.scratchSeq = 0 // the predictor moved: no waiter's curve computed before stands (as in observeLocked)
 	var errs []error
 	for name, snap := range d.Tenants {
 		l := q.byTenant[name]

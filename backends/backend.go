@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fastjson"
 )
 
 // Spec is one backend as configured. Zero durations and counts take the
@@ -29,6 +28,10 @@ type Spec struct {
 	Cooldown       time.Duration // open circuit waits this long before half-open; 0 = 5s
 	MetricsPath    string        // "" = /metrics; "-" = do not scrape
 	ScrapeInterval time.Duration // 0 = 1s
+	// FirstByteTimeout bounds the wait for a streamed answer's first event;
+	// the gateway enforces it and reports misses (ReportTimeout). 0 = 60s.
+	FirstByteTimeout time.Duration
+	TokenizeTimeout  time.Duration // one /tokenize call; 0 = 2s
 
 	Upstream UpstreamOptions
 }
@@ -61,6 +64,12 @@ func (s *Spec) fillDefaults() {
 	}
 	if s.ScrapeInterval <= 0 {
 		s.ScrapeInterval = time.Second
+	}
+	if s.FirstByteTimeout <= 0 {
+		s.FirstByteTimeout = time.Minute
+	}
+	if s.TokenizeTimeout <= 0 {
+		s.TokenizeTimeout = 2 * time.Second
 	}
 }
 
@@ -154,12 +163,21 @@ func (b *Backend) KV() (KVReport, bool) {
 	return KVReport{}, false
 }
 
-// ReportSuccess and ReportFailure feed the circuit from outside (the
-// gateway's passive signal: a transport error talking to the backend).
+// ReportSuccess and ReportFailure feed the circuit from outside, as a
+// passed or failed probe would.
 func (b *Backend) ReportSuccess() { b.circ.success() }
 
 // ReportFailure records a failure; it reports whether the circuit opened.
 func (b *Backend) ReportFailure(err error) bool { return b.circ.failure(err) }
+
+// ReportTimeout records a request whose first byte did not arrive within
+// its timeout; threshold of them in a row open the circuit, which only an
+// answered request (ReportAnswered) closes again. It reports whether the
+// circuit opened.
+func (b *Backend) ReportTimeout(err error) bool { return b.circ.timeout(err) }
+
+// ReportAnswered records a request whose first byte arrived.
+func (b *Backend) ReportAnswered() { b.circ.answered() }
 
 // NewRequest prepares a request to path on the backend, with the backend's
 // own credentials.
@@ -174,15 +192,31 @@ func (b *Backend) NewRequest(req *fasthttp.Request, method, path string) {
 	}
 }
 
+// Error is a failure talking to one backend. Its text carries the
+// transport's detail, addresses included: for logs, not for clients.
+type Error struct {
+	Backend string
+	Err     error
+}
+
+func (e *Error) Error() string { return "backend " + e.Backend + ": " + e.Err.Error() }
+
+func (e *Error) Unwrap() error { return e.Err }
+
 // Do forwards req (prepared with NewRequest) and returns the response once
-// its headers have arrived. Transport errors count against the circuit.
+// its headers have arrived. Only a failure to connect counts against the
+// circuit: a write that fails while sending the body (the backend refused
+// it), a reset, or the backend's own error status belong to the request,
+// and one client must not take the backend away from everyone. A backend
+// that dies is caught by its health checks; one that hangs, by its
+// requests' first-byte timeouts (ReportTimeout).
 func (b *Backend) Do(ctx context.Context, req *fasthttp.Request) (*Response, error) {
 	r, err := b.up.Do(ctx, req)
 	if err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && errors.Is(err, ErrConnect) {
 			b.circ.failure(err)
 		}
-		return nil, fmt.Errorf("backend %s: %w", b.spec.Name, err)
+		return nil, &Error{Backend: b.spec.Name, Err: err}
 	}
 	return r, nil
 }
@@ -190,35 +224,27 @@ func (b *Backend) Do(ctx context.Context, req *fasthttp.Request) (*Response, err
 // MaxBody is the largest non-streamed response the backend's transport reads.
 func (b *Backend) MaxBody() int64 { return b.up.MaxBody() }
 
+// FirstByteTimeout is how long a streamed request may wait for its first
+// event.
+func (b *Backend) FirstByteTimeout() time.Duration { return b.spec.FirstByteTimeout }
+
+// ErrTokenizeTimeout is a /tokenize call that outlived the backend's
+// TokenizeTimeout.
+var ErrTokenizeTimeout = errors.New("tokenize timed out")
+
 // Tokenize asks the backend's /tokenize (vLLM's API) how many tokens body
 // holds; body is a /tokenize request ({"model", "prompt"} or {"model",
-// "messages"}).
+// "messages"}). It gives up after the spec's TokenizeTimeout
+// (ErrTokenizeTimeout): a slow tokenizer must not hold requests back when
+// an estimate can stand in.
 func (b *Backend) Tokenize(ctx context.Context, body []byte) (int, error) {
-	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
-	b.NewRequest(req, fasthttp.MethodPost, "/tokenize")
-	req.Header.SetContentType("application/json")
-	req.SetBodyRaw(body)
-	r, err := b.Do(ctx, req)
-	if err != nil {
-		return 0, err
+	ctx, cancel := context.WithTimeoutCause(ctx, b.spec.TokenizeTimeout, ErrTokenizeTimeout)
+	defer cancel()
+	n, err := b.tokenize(ctx, body)
+	if err != nil && errors.Is(context.Cause(ctx), ErrTokenizeTimeout) {
+		return 0, fmt.Errorf("backend %s: %w after %s", b.spec.Name, ErrTokenizeTimeout, b.spec.TokenizeTimeout)
 	}
-	data, err := r.ReadAll(1 << 20)
-	if err != nil {
-		return 0, fmt.Errorf("backend %s: tokenize: %w", b.spec.Name, err)
-	}
-	if r.Status() != fasthttp.StatusOK {
-		return 0, &StatusError{Backend: b.spec.Name, Status: r.Status(), Body: data}
-	}
-	v, err := fastjson.ParseBytes(data)
-	if err != nil {
-		return 0, fmt.Errorf("backend %s: tokenize: %w", b.spec.Name, err)
-	}
-	n := v.GetInt("count")
-	if n <= 0 && v.Get("count") == nil {
-		return 0, fmt.Errorf("backend %s: tokenize: answer has no count", b.spec.Name)
-	}
-	return n, nil
+	return n, err
 }
 
 // StatusError is a backend's non-2xx answer to a request the gateway made

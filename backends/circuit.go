@@ -2,24 +2,34 @@ package backends
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// circuit tracks a backend's health from probes and from the passive signal
-// of transport errors. It is closed (healthy) until threshold consecutive
-// failures open it; after cooldown it is half-open: traffic and probes are
-// let through, the first success closes it and a failure opens it again for
-// another cooldown.
+// circuit tracks a backend's health from probes and from two passive
+// signals: failures to connect, and requests whose first byte did not come
+// in time. It is closed (healthy) until threshold consecutive failures —
+// or threshold consecutive first-byte timeouts — open it; after cooldown it
+// is half-open: traffic and probes are let through, a success closes it and
+// a failure opens it again for another cooldown. A circuit opened by
+// timeouts is closed only by a request that was answered, not by a probe: a
+// backend that answers /health while its completions hang is not healthy.
 type circuit struct {
 	threshold int
 	cooldown  time.Duration
 	now       func() time.Time
 
-	mu       sync.Mutex // guards the fields below
-	failures int
-	open     bool
-	openedAt time.Time
-	lastErr  string
+	// timedOut is set while timeouts > 0 or timeouts opened the circuit,
+	// so that the common answered() — every request — takes no lock.
+	timedOut atomic.Bool
+
+	mu         sync.Mutex // guards the fields below
+	failures   int        // consecutive failed probes and connects
+	timeouts   int        // consecutive first-byte timeouts of requests
+	open       bool
+	byTimeouts bool // the open circuit was opened by timeouts
+	openedAt   time.Time
+	lastErr    string
 }
 
 // CircuitState is a circuit's state as operators see it.
@@ -32,17 +42,51 @@ const (
 	StateHalfOpen CircuitState = "half-open"
 )
 
+// success records a passed probe (or connection): it closes a circuit that
+// failures opened, not one that timeouts did.
 func (c *circuit) success() {
 	c.mu.Lock()
-	c.failures, c.open, c.lastErr = 0, false, ""
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	c.failures = 0
+	if !c.open || !c.byTimeouts {
+		c.open, c.lastErr = false, ""
+	}
 }
 
-// failure records one failure and reports whether it opened the circuit.
+// answered records a request whose first byte arrived: the backend serves.
+func (c *circuit) answered() {
+	if !c.timedOut.Load() {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.timedOut.Store(false)
+	c.timeouts = 0
+	if c.open && c.byTimeouts {
+		c.open, c.byTimeouts, c.failures, c.lastErr = false, false, 0, ""
+	}
+}
+
+// failure records one failed probe or connect and reports whether it
+// opened the circuit.
 func (c *circuit) failure(err error) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.failures++
+	return c.countLocked(err, c.failures, false)
+}
+
+// timeout records a request whose first byte did not come in time and
+// reports whether it opened the circuit.
+func (c *circuit) timeout(err error) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.timeouts++
+	c.timedOut.Store(true)
+	return c.countLocked(err, c.timeouts, true)
+}
+
+func (c *circuit) countLocked(err error, consecutive int, byTimeouts bool) bool {
 	if err != nil {
 		c.lastErr = err.Error()
 	}
@@ -52,8 +96,8 @@ func (c *circuit) failure(err error) bool {
 		}
 		return false
 	}
-	if c.failures >= c.threshold {
-		c.open, c.openedAt = true, c.now()
+	if consecutive >= c.threshold {
+		c.open, c.byTimeouts, c.openedAt = true, byTimeouts, c.now()
 		return true
 	}
 	return false

@@ -7,9 +7,13 @@
 // reached through an Upstream, a keep-alive transport that owns each
 // connection so that cancelling a request closes it and the backend aborts.
 // Each Backend has a circuit (closed → open after FailThreshold consecutive
-// failures of health probes or transport errors → half-open after Cooldown,
-// closed again on the first success) and the latest KVReport scraped from its
-// /metrics with vLLM's metric names. A Pool routes a model's requests to the
+// failed health probes or failures to connect, or as many consecutive
+// first-byte timeouts the gateway reports → half-open after Cooldown →
+// closed again on the first success; a circuit that timeouts opened needs
+// an answered request, not a probe) and the latest KVReport scraped from
+// its /metrics with vLLM's metric names. A request's own failure — a 4xx,
+// a body the backend refused, a reset while sending it — never counts: one
+// client must not take a backend away from everyone. A Pool routes a model's requests to the
 // available backend with the most free admission budget, ties broken
 // round-robin.
 //

@@ -205,8 +205,8 @@ func TestUpstreamRefused(t *testing.T) {
 	ln.Close()
 	u := NewUpstream(addr, UpstreamOptions{})
 	_, err := u.Do(context.Background(), post(addr, "/", "{}"))
-	if !errors.Is(err, ErrUpstream) {
-		t.Fatalf("err = %v, want ErrUpstream", err)
+	if !errors.Is(err, ErrUpstream) || !errors.Is(err, ErrConnect) {
+		t.Fatalf("err = %v, want ErrUpstream and ErrConnect", err)
 	}
 }
 

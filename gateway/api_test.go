@@ -149,7 +149,8 @@ tenants:
 		{"stream not bool", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","stream":"yes"}`, auth, 400, "", "stream"},
 		{"no prompt", "/v1/completions", `{"model":"llama-3-8b"}`, auth, 400, "", "prompt"},
 		{"unknown model", "/v1/chat/completions", strings.Replace(chatBody("hi", 5, false), "llama-3-8b", "gpt-9", 1), auth, 404, "model_not_found", "model"},
-		{"over max_model_len", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":9000}`, auth, 400, "context_length_exceeded", "prompt"},
+		{"over max_model_len", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":9000}`, auth, 400, "context_length_exceeded", "max_tokens"},
+		{"prompt and output over max_model_len", "/v1/completions", `{"model":"llama-3-8b","prompt":[1,2,3],"max_tokens":8190}`, auth, 400, "context_length_exceeded", "prompt"},
 		{"bigger than the budget", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":8000,"n":16}`, auth, 400, "kv_budget_exceeded", "max_tokens"},
 		{"bad priority", "/v1/chat/completions", chatBody("hi", 5, false), append([]string{"X-Priority", "vip"}, auth...), 400, "", "X-Priority"},
 		{"body too large", "/v1/chat/completions", big, auth, 413, "request_too_large", ""},
@@ -170,6 +171,11 @@ tenants:
 			}
 			if tt.param != "" && (e.Error.Param == nil || *e.Error.Param != tt.param) {
 				t.Errorf("param %v, want %s", e.Error.Param, tt.param)
+			}
+			// The official clients retry 5xx and 429 unless told not to;
+			// a request that can never fit is a 400, and says so too.
+			if tt.code == "kv_budget_exceeded" && r.header.Get("X-Should-Retry") != "false" {
+				t.Errorf("X-Should-Retry %q", r.header.Get("X-Should-Retry"))
 			}
 		})
 	}
@@ -292,10 +298,11 @@ tenants:
 		if e.Error.Code == nil || *e.Error.Code != c.code || e.Error.Type != typeRateLimit {
 			t.Errorf("%s: %+v", c.name, e.Error)
 		}
-		if s, err := strconv.Atoi(r.retryAfter); c.retry && (err != nil || s < 1) {
-			t.Errorf("%s: Retry-After %q", c.name, r.retryAfter)
-		} else if !c.retry && r.retryAfter != "" {
-			t.Errorf("%s: Retry-After %q on a refusal that waiting cannot cure", c.name, r.retryAfter)
+		ms, msErr := strconv.Atoi(r.header.Get("Retry-After-Ms"))
+		if s, err := strconv.Atoi(r.retryAfter); c.retry && (err != nil || s < 1 || msErr != nil || ms < 1 || ms > 1000*s) {
+			t.Errorf("%s: Retry-After %q, Retry-After-Ms %q", c.name, r.retryAfter, r.header.Get("Retry-After-Ms"))
+		} else if !c.retry && (r.retryAfter != "" || r.header.Get("X-Should-Retry") != "false") {
+			t.Errorf("%s: Retry-After %q, X-Should-Retry %q on a refusal that waiting cannot cure", c.name, r.retryAfter, r.header.Get("X-Should-Retry"))
 		}
 	}
 	// Shutting down past its timeout cancels what is still running; the

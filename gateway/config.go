@@ -44,6 +44,8 @@ type Config struct {
 	// beginning, is the key. Default X-Session-Id.
 	SessionHeader string    `yaml:"session_header"`
 	Log           LogConfig `yaml:"log"`
+	// Admin guards the operators' views. A reload may change it.
+	Admin AdminConfig `yaml:"admin"`
 	// SharedBudget shares each GPU's budget with other gateway replicas
 	// through Redis (fleet_config.go). Default: none, the budget is this
 	// process's alone.
@@ -57,6 +59,13 @@ type Config struct {
 type ServerConfig struct {
 	// MaxBodyBytes is the largest request body accepted (413 beyond). Default 8MiB.
 	MaxBodyBytes Size `yaml:"max_body_bytes"`
+	// MaxHeaderBytes bounds a request's line and headers together (431
+	// beyond). Default 16KiB; at least 1KiB.
+	MaxHeaderBytes Size `yaml:"max_header_bytes"`
+	// MaxSSELineBytes bounds one line of a backend's event stream; a longer
+	// line ends the stream with an error event, so a runaway backend cannot
+	// grow the gateway's memory. Default 4MiB; at least 64KiB.
+	MaxSSELineBytes Size `yaml:"max_sse_line_bytes"`
 	// ReadTimeout bounds reading one request, headers and body. Default 30s.
 	ReadTimeout Duration `yaml:"read_timeout"`
 	// WriteTimeout bounds writing one response, a whole stream included.
@@ -142,7 +151,9 @@ type AdmissionConfig struct {
 	// DrainWindow is how far back the release rate behind Retry-After is
 	// measured. Default 10s.
 	DrainWindow Duration `yaml:"drain_window"`
-	// MaxRetryAfter caps Retry-After. Default 60s.
+	// MaxRetryAfter caps Retry-After. Default 60s; at most 120s, the longest
+	// Retry-After the official OpenAI clients wait for (openai-python waits
+	// up to 60s and backs off on its own past that).
 	MaxRetryAfter Duration `yaml:"max_retry_after"`
 	// Feedback shrinks a budget while its backend reports more KV in use
 	// than the gateway predicted, and grows it back slowly.
@@ -233,8 +244,13 @@ type ModelConfig struct {
 	// Tokenizer is how prompt tokens are counted: backend (the backend's
 	// /tokenize, exact) or estimate (bytes × a calibrated ratio). Default
 	// backend.
-	Tokenizer string         `yaml:"tokenizer"`
-	Estimate  EstimateConfig `yaml:"estimate"`
+	Tokenizer string `yaml:"tokenizer"`
+	// TokenizeCache is how many /tokenize answers (tokenizer: backend) are
+	// remembered, so that a prompt seen before is counted without a round
+	// trip. Each entry takes about 64 bytes, whatever the prompt's length.
+	// Default 16384; negative: no cache.
+	TokenizeCache int            `yaml:"tokenize_cache"`
+	Estimate      EstimateConfig `yaml:"estimate"`
 }
 
 // GeometryConfig gives a model's KV geometry inline instead of a config.json.
@@ -282,6 +298,15 @@ type BackendConfig struct {
 	Scrape ScrapeConfig `yaml:"metrics"`
 	// MaxConnections to the backend. Default 1024.
 	MaxConnections int `yaml:"max_connections"`
+	// FirstByteTimeout bounds the wait for a streamed request's first event
+	// (vLLM sends it once prefill is done): past it the request gets 504
+	// upstream_timeout, its reservation is released, and the timeout counts
+	// towards the backend's circuit. Non-streamed answers arrive whole and
+	// are bounded by server.request_timeout alone. Default 60s.
+	FirstByteTimeout Duration `yaml:"first_byte_timeout"`
+	// TokenizeTimeout bounds one /tokenize call; past it (or on any failure)
+	// the prompt is estimated instead. Default 2s.
+	TokenizeTimeout Duration `yaml:"tokenize_timeout"`
 	// MaxConcurrency is its limit in admission mode count. Default
 	// admission.max_concurrency.
 	MaxConcurrency int `yaml:"max_concurrency"`
@@ -309,6 +334,14 @@ type HealthConfig struct {
 	Timeout  Duration `yaml:"timeout"`  // default 2s
 	Failures int      `yaml:"failures"` // consecutive failures that open the circuit; default 3
 	Cooldown Duration `yaml:"cooldown"` // before a half-open retry; default 5s
+}
+
+// AdminConfig guards /status and /metrics.
+type AdminConfig struct {
+	// APIKeys, when any is set, are required (Authorization: Bearer KEY) on
+	// /status and /metrics; a tenant's key does not open them. Default
+	// none: both are open. /healthz and /readyz always are (probes).
+	APIKeys []string `yaml:"api_keys"`
 }
 
 // ScrapeConfig is a backend's /metrics scrape.
@@ -384,8 +417,15 @@ func LoadFile(path string) (*Config, error) {
 // Parse reads and validates a config; dir resolves relative paths.
 func Parse(data []byte, dir string) (*Config, error) {
 	c := &Config{dir: dir}
+	var doc yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("yaml: %w", err)
+	}
+	if err := checkShape(&doc); err != nil {
+		return nil, err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
+	dec.KnownFields(true) // checkShape found every unknown key; this is a safety net
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("yaml: %w", err)
 	}
@@ -407,6 +447,10 @@ func (c *Config) Path(p string) string {
 const (
 	defaultListen          = "127.0.0.1:8080"
 	defaultMaxBody         = 8 << 20
+	defaultMaxHeader       = 16 << 10
+	defaultMaxSSELine      = 4 << 20
+	defaultFirstByte       = 60 * time.Second
+	defaultTokenize        = 2 * time.Second
 	defaultReadTimeout     = 30 * time.Second
 	defaultIdleTimeout     = 2 * time.Minute
 	defaultMaxConns        = 10000
@@ -414,8 +458,12 @@ const (
 	defaultShutdownTimeout = 30 * time.Second
 	defaultPriorityHeader  = "X-Priority"
 	defaultMaxModelLen     = 8192
-	defaultMaxConcurrency  = 16
-	defaultSessionHeader   = "X-Session-Id"
+	// maxClientRetryAfter is openai-go's cap on a Retry-After it honours.
+	maxClientRetryAfter   = 2 * time.Minute
+	defaultMaxConcurrency = 16
+	defaultSessionHeader  = "X-Session-Id"
+	defaultTokenizeCache  = 16384
+	maxTokenizeCache      = 1 << 24
 )
 
 // validate fills defaults and checks every field, reporting all problems.
@@ -455,6 +503,20 @@ func (c *Config) validate() error {
 	if s.MaxBodyBytes.Bytes == 0 {
 		s.MaxBodyBytes.Bytes = defaultMaxBody
 	}
+	size("server.max_header_bytes", s.MaxHeaderBytes)
+	if s.MaxHeaderBytes.Bytes == 0 {
+		s.MaxHeaderBytes.Bytes = defaultMaxHeader
+	}
+	if s.MaxHeaderBytes.Bytes < 1<<10 || s.MaxHeaderBytes.Bytes > 1<<30 {
+		bad("server.max_header_bytes", "%s is not in [1KiB, 1GiB]", kvbudget.FormatBytes(s.MaxHeaderBytes.Bytes))
+	}
+	size("server.max_sse_line_bytes", s.MaxSSELineBytes)
+	if s.MaxSSELineBytes.Bytes == 0 {
+		s.MaxSSELineBytes.Bytes = defaultMaxSSELine
+	}
+	if s.MaxSSELineBytes.Bytes < 64<<10 || s.MaxSSELineBytes.Bytes > 1<<30 {
+		bad("server.max_sse_line_bytes", "%s is not in [64KiB, 1GiB]", kvbudget.FormatBytes(s.MaxSSELineBytes.Bytes))
+	}
 	dur("server.read_timeout", s.ReadTimeout)
 	dur("server.write_timeout", s.WriteTimeout)
 	dur("server.idle_timeout", s.IdleTimeout)
@@ -490,6 +552,10 @@ func (c *Config) validate() error {
 	dur("admission.max_retry_after", a.MaxRetryAfter)
 	if a.MaxRetryAfter.D != 0 && a.MaxRetryAfter.D < time.Second {
 		bad("admission.max_retry_after", "must be at least 1s")
+	}
+	if a.MaxRetryAfter.D > maxClientRetryAfter {
+		bad("admission.max_retry_after", "%s is above %s: the official OpenAI clients do not wait past their own cap (openai-go gives up on a longer Retry-After), so every 429 beyond it becomes a failure",
+			a.MaxRetryAfter.D, maxClientRetryAfter)
 	}
 	if a.PriorityHeader == "" {
 		a.PriorityHeader = defaultPriorityHeader
@@ -591,6 +657,15 @@ func (c *Config) validate() error {
 		}
 	}
 
+	for i, k := range c.Admin.APIKeys {
+		f := fmt.Sprintf("admin.api_keys[%d]", i)
+		if k == "" {
+			bad(f, "empty key")
+		} else if t, dup := keys[k]; dup {
+			bad(f, "also a key of tenant %q: give operators keys of their own", t)
+		}
+	}
+
 	if len(c.Models) == 0 {
 		bad("models", "at least one model is required")
 	}
@@ -647,6 +722,12 @@ func (c *Config) validate() error {
 		default:
 			bad(f+".tokenizer", "%q is not backend or estimate", m.Tokenizer)
 		}
+		if m.TokenizeCache == 0 {
+			m.TokenizeCache = defaultTokenizeCache
+		}
+		if m.TokenizeCache > maxTokenizeCache {
+			bad(f+".tokenize_cache", "%d entries is more than %d", m.TokenizeCache, maxTokenizeCache)
+		}
 		e := &m.Estimate
 		if e.BytesPerToken == 0 {
 			e.BytesPerToken = 4
@@ -698,7 +779,7 @@ func (c *Config) validate() error {
 		if b.GPUMemory == "" && b.KVBudget.Bytes == 0 {
 			bad(f+".gpu_memory", "required (a size such as 24GiB, or nvml[:index]) unless kv_budget is given")
 		} else if b.GPUMemory != "" && !strings.HasPrefix(b.GPUMemory, "nvml") {
-			if _, err := kvbudget.ParseSize(b.GPUMemory); err != nil {
+			if _, err := kvbudget.ParseMemory(b.GPUMemory); err != nil {
 				bad(f+".gpu_memory", "%v", err)
 			}
 		}
@@ -720,6 +801,8 @@ func (c *Config) validate() error {
 		if b.MaxConnections < 0 {
 			bad(f+".max_connections", "must be >= 0")
 		}
+		dur(f+".first_byte_timeout", b.FirstByteTimeout)
+		dur(f+".tokenize_timeout", b.TokenizeTimeout)
 		if b.MaxConcurrency < 0 {
 			bad(f+".max_concurrency", "must be >= 1")
 		}
@@ -763,7 +846,8 @@ func (c *Config) validate() error {
 
 // sameAs compares the resolved limits of two server sections.
 func (s ServerConfig) sameAs(o ServerConfig) bool {
-	return s.MaxBodyBytes.Bytes == o.MaxBodyBytes.Bytes && s.ReadTimeout.D == o.ReadTimeout.D && s.WriteTimeout.D == o.WriteTimeout.D &&
+	return s.MaxBodyBytes.Bytes == o.MaxBodyBytes.Bytes && s.MaxHeaderBytes.Bytes == o.MaxHeaderBytes.Bytes &&
+		s.MaxSSELineBytes.Bytes == o.MaxSSELineBytes.Bytes && s.ReadTimeout.D == o.ReadTimeout.D && s.WriteTimeout.D == o.WriteTimeout.D &&
 		s.IdleTimeout.D == o.IdleTimeout.D && s.MaxConnections == o.MaxConnections && s.RequestTimeout.D == o.RequestTimeout.D &&
 		s.ShutdownTimeout.D == o.ShutdownTimeout.D
 }
@@ -771,6 +855,12 @@ func (s ServerConfig) sameAs(o ServerConfig) bool {
 // maxBody, timeouts: the server's resolved limits.
 func (s ServerConfig) requestTimeout() time.Duration {
 	return s.RequestTimeout.or(defaultRequestTimeout)
+}
+
+// DrainTimeout is how long a shutdown waits for in-flight requests:
+// shutdown_timeout, or its default.
+func (s ServerConfig) DrainTimeout() time.Duration {
+	return s.ShutdownTimeout.or(defaultShutdownTimeout)
 }
 
 func (s ServerConfig) writeTimeout() time.Duration {

@@ -54,7 +54,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	tests := []struct {
 		name, yaml, want string
 	}{
-		{"unknown key", "listen: x:1\nlisten_addr: y\n" + minimal, "field listen_addr not found"},
+		{"unknown key", "listen: x:1\nlisten_addr: y\n" + minimal, "listen_addr: unknown key (line 2)"},
 		{"bad listen", "listen: nope\n" + minimal, "listen: \"nope\" is not host:port"},
 		{"ceiling", "admission: {ceiling: 1.5}\n" + minimal, "admission.ceiling"},
 		{"queue timeout", "admission: {queue: {timeout: soon}}\n" + minimal, "admission.queue.timeout: invalid duration \"soon\""},
@@ -95,7 +95,7 @@ func TestBuildErrors(t *testing.T) {
 	tests := []struct {
 		name, yaml, want string
 	}{
-		{"missing model config", strings.Replace(minimal, "../examples/llama-3-8b.json", "nope.json", 1), "models[0] (m): config: read model config"},
+		{"missing model config", strings.Replace(minimal, "../examples/llama-3-8b.json", "nope.json", 1), "models[0] (m): config nope.json: read model config"},
 		{"weights do not fit", strings.Replace(minimal, "24GiB", "16GiB", 1), "backends[0]: gpu \"b\": weights do not fit"},
 		{"tp not dividing", strings.Replace(minimal, "config: ../examples/llama-3-8b.json", "config: ../examples/llama-3-8b.json\n    tp: 3", 1), "models[0] (m): 32 attention heads are not divisible by tensor parallel size 3"},
 		{"inline geometry needs weights", "models: [{name: m, geometry: {layers: 32, kv_heads: 8, head_dim: 128}}]\nbackends: [{name: b, url: 'http://x:1', models: [m], gpu_memory: 24GiB}]\n", "weights_bytes: required"},

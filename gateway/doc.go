@@ -4,16 +4,26 @@
 //
 // One request, end to end: the handler reads only the fields that decide
 // admission (model, messages or prompt, max_tokens / max_completion_tokens,
-// n / best_of, stream, stream_options) and forwards the body otherwise
-// byte for byte. It counts the prompt's tokens (the backend's /tokenize, or
-// an estimate calibrated against the usage backends report), adds the
-// output it may generate (max_tokens, else the model's default, else the
-// rest of the context), and reserves ceil(tokens / block size) blocks per
-// sequence, prompt blocks shared across n, in bytes of one GPU
-// (package kvbudget). It picks the healthy backend with the most free
-// budget, waits for admission there (package admission: priority classes,
-// tenants, bounded queue, early shedding with Retry-After), forwards, and
-// relays the answer — SSE event by event, flushed as it arrives.
+// n / best_of, stream, stream_options), exactly as vLLM will read them — a
+// body parsers could read two ways (a repeated field, a length field the
+// endpoint does not have, a number past int64) is refused or rewritten to
+// the backend's reading — and forwards the body otherwise byte for byte.
+// It counts the prompt's tokens (a backend's /tokenize, remembered per
+// prompt in a bounded cache, or an estimate calibrated against the usage
+// backends report), and describes the request
+// to the admission scheduler as a shape: per prompt its tokens, the output
+// it may generate (max_tokens, else the model's default, else the rest of
+// the context) and its sequences, in the model's KV blocks (package
+// kvbudget). It waits in its model's queue (package admission: priority
+// classes, tenants, bounded queue, early shedding with Retry-After) until
+// one of the model's GPUs has room for it — under the predicted policy,
+// room for the forecast of its growth beside the others' — and is bound
+// there; it is forwarded to a backend of that GPU and the answer relayed,
+// SSE event by event, flushed as it arrives, the 200 promised only once the
+// first event is here (a backend that sends none within first_byte_timeout
+// gives a 504), while the relay reports each choice's progress and end to
+// its ticket. A stream is a success once [DONE] reached the client; one
+// that ends otherwise gets a final error event and is a failure.
 //
 // Invariants. Every request leaves through exactly one finish, which
 // releases its reservation, stops watching its client and cancels its
@@ -26,8 +36,12 @@
 // reload swaps in a new one, keeping the budgets and backends that persist,
 // so reservations in flight survive it.
 //
-// What it does not do: retry after the first byte reached the client,
-// share budgets across gateway replicas (each replica must be given its own
-// share of a GPU today), or enforce separate pools for several vLLM
-// processes that share one GPU budget.
+// A request whose backend fails before the first byte is retried on another
+// backend of its GPU, and once on another GPU (its ticket moved, never held
+// twice). After every probe the gateway tells the scheduler which GPUs may
+// take each model's requests.
+//
+// What it does not do: retry after the first byte reached the client, or
+// enforce separate pools for several vLLM processes that share one GPU
+// budget.
 package gateway

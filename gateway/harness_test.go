@@ -127,6 +127,7 @@ var httpClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 51
 type result struct {
 	status     int
 	retryAfter string
+	header     http.Header
 	body       string
 	err        error
 }
@@ -146,7 +147,7 @@ func postJSON(url, path, body string, header ...string) result {
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return result{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: string(b), err: err}
+	return result{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), header: resp.Header, body: string(b), err: err}
 }
 
 // errorBody decodes an OpenAI error body.

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -48,10 +49,56 @@ type metrics struct {
 	ttft             *prometheus.HistogramVec
 	duration         *prometheus.HistogramVec
 	upstreamErrors   *prometheus.CounterVec
+	tokenizeFalls    *prometheus.CounterVec
 	reloads          *prometheus.CounterVec
 	lastReloadOK     prometheus.Gauge
 	lastReloadTime   prometheus.Gauge
 	inflight         prometheus.Gauge
+
+	// series caches each configured model's children of the request
+	// path's vectors (model name → *modelSeries). WithLabelValues hashes
+	// its labels and takes the vector's lock on every call, and an answered
+	// request made about ten such calls.
+	series sync.Map
+}
+
+// modelSeries are one model's series that every answered request updates.
+type modelSeries struct {
+	ok           prometheus.Counter  // requests{outcome="ok", reason=""}
+	okDur        prometheus.Observer // duration{outcome="ok"}
+	predicted    [2]prometheus.Counter
+	actual       [2]prometheus.Counter // [0] prompt, [1] output
+	outPredicted prometheus.Counter
+	outGenerated prometheus.Counter
+	ttft         prometheus.Observer
+	ratio        map[string]prometheus.Observer // by the count's source; read-only
+}
+
+// promptSources are the values of kvgate_prompt_tokens_actual_over_predicted's
+// tokenizer label: where a request's prompt count came from.
+var promptSources = []string{sourceBackend, sourceCache, sourceEstimate}
+
+// forModel returns the series of a configured model (never of a name a
+// client sent: those are not bounded).
+func (m *metrics) forModel(name string) *modelSeries {
+	if v, ok := m.series.Load(name); ok {
+		return v.(*modelSeries)
+	}
+	s := &modelSeries{
+		ok:           m.requests.WithLabelValues(name, outcomeOK, ""),
+		okDur:        m.duration.WithLabelValues(name, outcomeOK),
+		predicted:    [2]prometheus.Counter{m.tokensPredicted.WithLabelValues(name, "prompt"), m.tokensPredicted.WithLabelValues(name, "output")},
+		actual:       [2]prometheus.Counter{m.tokensActual.WithLabelValues(name, "prompt"), m.tokensActual.WithLabelValues(name, "output")},
+		outPredicted: m.outPredicted.WithLabelValues(name),
+		outGenerated: m.outGenerated.WithLabelValues(name),
+		ttft:         m.ttft.WithLabelValues(name),
+		ratio:        map[string]prometheus.Observer{},
+	}
+	for _, src := range promptSources {
+		s.ratio[src] = m.promptRatio.WithLabelValues(name, src)
+	}
+	v, _ := m.series.LoadOrStore(name, s)
+	return v.(*modelSeries)
 }
 
 // Request outcomes: every request leaves through exactly one.
@@ -71,7 +118,8 @@ var requestReasons = map[string][]string{
 	outcomeOK:       {""},
 	outcomeShed:     {admission.ReasonQueueFull, admission.ReasonQueueTimeout, admission.ReasonOverloaded, admission.ReasonTenantQuota},
 	outcomeRejected: {"unauthorized", "invalid_request", "unknown_model", "context_length_exceeded", "kv_budget_exceeded"},
-	outcomeFailed:   {"no_backend", "upstream_error", "request_timeout", "shutdown", "backend_stream_error", "internal"},
+	outcomeFailed: {"no_backend", "upstream_error", "request_timeout", "first_byte_timeout", "shutdown", "backend_stream_error",
+		"upstream_incomplete", "upstream_event_too_large", "internal"},
 	outcomeCanceled: {"client_disconnect"},
 }
 
@@ -80,6 +128,7 @@ var (
 	tokenKinds          = []string{"prompt", "output"}
 	upstreamErrorKinds  = []string{"transport", "status", "tokenize"}
 	reloadResults       = []string{"ok", "error"}
+	tokenizeFallbacks   = []string{"timeout", "error"}
 	circuitStates       = []backends.CircuitState{backends.StateClosed, backends.StateHalfOpen, backends.StateOpen}
 	waitResultsSeeded   = []string{"admitted", admission.ReasonQueueTimeout, admission.ReasonCanceled}
 	admissionRejections = append(admission.Reasons(), admission.ReasonCanceled)
@@ -116,10 +165,11 @@ var (
 	defOutGenerated     = def{"kvgate_output_tokens_generated_total", "Output tokens the same requests really generated.", []string{"model"}}
 	defTokensPredicted  = def{"kvgate_tokens_predicted_total", "Tokens the gateway reserved KV for: prompt (predicted) and output (max_tokens), of answered requests.", []string{"model", "kind"}}
 	defTokensActual     = def{"kvgate_tokens_actual_total", "Tokens backends reported in usage for the same requests.", []string{"model", "kind"}}
-	defPromptRatio      = def{"kvgate_prompt_tokens_actual_over_predicted", "Actual / predicted prompt tokens per request: above 1 the prediction was low.", []string{"model", "tokenizer"}}
+	defPromptRatio      = def{"kvgate_prompt_tokens_actual_over_predicted", "Actual / predicted prompt tokens per request: above 1 the prediction was low. tokenizer is where the count came from: backend (its /tokenize, asked now), cache (an earlier /tokenize answer), estimate.", []string{"model", "tokenizer"}}
 	defTTFT             = def{"kvgate_time_to_first_token_seconds", "Arrival to the first streamed event relayed to the client, queueing included.", []string{"model"}}
 	defDuration         = def{"kvgate_request_duration_seconds", "Arrival to last byte, by outcome.", []string{"model", "outcome"}}
 	defUpstreamErrors   = def{"kvgate_upstream_errors_total", "Failures talking to backends: transport, status (5xx answers), tokenize.", []string{"backend", "kind"}}
+	defTokenizeFalls    = def{"kvgate_tokenize_fallbacks_total", "Prompts estimated because the backend's /tokenize failed, by reason (timeout: past backends[].tokenize_timeout; error).", []string{"model", "reason"}}
 	defReloads          = def{"kvgate_config_reloads_total", "Configuration reloads by result (ok, error); a file that fails to load counts as error.", []string{"result"}}
 	defLastReloadOK     = def{"kvgate_config_last_reload_successful", "1 if the last configuration reload (or the start) succeeded, 0 while the running config is older than a file that failed to load.", nil}
 	defLastReloadTime   = def{"kvgate_config_last_reload_success_timestamp_seconds", "Unix time of the last successful configuration load (the start counts).", nil}
@@ -151,6 +201,9 @@ var (
 	descRunning    = def{"kvgate_backend_requests_running", "Requests the backend reports running.", []string{"backend"}}.desc()
 	descWaiting    = def{"kvgate_backend_requests_waiting", "Requests the backend reports waiting.", []string{"backend"}}.desc()
 	descPreempt    = def{"kvgate_backend_preemptions_total", "Preemptions the backend reports (its vllm:num_preemptions_total, so it resets when the backend restarts).", []string{"backend"}}.desc()
+	descTokLookups = def{"kvgate_tokenize_cache_lookups_total", "Prompts looked up in a model's cache of /tokenize answers, by result: hit (counted without a round trip) or miss (the backend was asked).", []string{"model", "result"}}.desc()
+	descTokStale   = def{"kvgate_tokenize_cache_stale_total", "Cached prompt counts dropped because the backend's usage reported another length (its tokenizer changed).", []string{"model"}}.desc()
+	descTokEntries = def{"kvgate_tokenize_cache_entries", "Prompt counts a model's tokenize cache holds.", []string{"model"}}.desc()
 )
 
 func newMetrics(current func() *runtime, now func() time.Time) *metrics {
@@ -172,6 +225,7 @@ func newMetrics(current func() *runtime, now func() time.Time) *metrics {
 		ttft:             defTTFT.histogramVec(latency),
 		duration:         defDuration.histogramVec(latency),
 		upstreamErrors:   defUpstreamErrors.counterVec(),
+		tokenizeFalls:    defTokenizeFalls.counterVec(),
 		reloads:          defReloads.counterVec(),
 		lastReloadOK:     defLastReloadOK.gauge(),
 		lastReloadTime:   defLastReloadTime.gauge(),
@@ -213,7 +267,7 @@ func (c *seededCollector) vecs() []prometheus.Collector {
 	m := c.m
 	return []prometheus.Collector{m.requests, m.admissions, m.admissionRejects, m.queueWait, m.backfilled,
 		m.outPredicted, m.outGenerated, m.tokensPredicted, m.tokensActual, m.promptRatio, m.ttft, m.duration,
-		m.upstreamErrors, m.reloads}
+		m.upstreamErrors, m.tokenizeFalls, m.reloads}
 }
 
 func (c *seededCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -257,8 +311,13 @@ func (m *metrics) seed(rt *runtime) {
 		}
 		m.outPredicted.WithLabelValues(name)
 		m.outGenerated.WithLabelValues(name)
-		m.promptRatio.WithLabelValues(name, md.tokenizer)
+		for _, src := range md.promptSources() {
+			m.promptRatio.WithLabelValues(name, src)
+		}
 		m.ttft.WithLabelValues(name)
+		for _, r := range tokenizeFallbacks {
+			m.tokenizeFalls.WithLabelValues(name, r)
+		}
 		for _, cl := range rt.cfg.Admission.Classes {
 			for _, r := range waitResultsSeeded {
 				m.queueWait.WithLabelValues(name, cl.Name, r)
@@ -346,7 +405,8 @@ type stateCollector struct{ current func() *runtime }
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descCommitted, descUsed, descBound, descGated,
 		descDrain, descQueued, descDepth, descClassHeld, descPredicting, descSamples, descEpsilon, descTenantHeld, descTenantQ,
-		descUp, descState, descScraped, descUsage, descRunning, descWaiting, descPreempt} {
+		descUp, descState, descScraped, descUsage, descRunning, descWaiting, descPreempt,
+		descTokLookups, descTokStale, descTokEntries} {
 		ch <- d
 	}
 }
@@ -412,6 +472,14 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descRunning, kv.Running, b.Name())
 		gauge(descWaiting, kv.Waiting, b.Name())
 		ch <- prometheus.MustNewConstMetric(descPreempt, prometheus.CounterValue, kv.Preemptions, b.Name())
+	}
+	for _, name := range rt.modelOrder {
+		if tc := rt.models[name].tokens; tc != nil {
+			ch <- prometheus.MustNewConstMetric(descTokLookups, prometheus.CounterValue, float64(tc.hits.Load()), name, "hit")
+			ch <- prometheus.MustNewConstMetric(descTokLookups, prometheus.CounterValue, float64(tc.misses.Load()), name, "miss")
+			ch <- prometheus.MustNewConstMetric(descTokStale, prometheus.CounterValue, float64(tc.stale.Load()), name)
+			gauge(descTokEntries, float64(tc.len()), name)
+		}
 	}
 }
 

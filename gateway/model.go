@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/kvgate/kvgate/kvbudget"
@@ -20,6 +21,7 @@ type model struct {
 	defaultMax int
 	tokenizer  string // "backend" or "estimate"
 	est        *estimator
+	tokens     *tokenCache // /tokenize answers; nil unless tokenizer is backend with a cache
 }
 
 func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
@@ -29,7 +31,9 @@ func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
 		var err error
 		km, err = kvbudget.ReadModelConfig(os.DirFS(filepath.Dir(p)), filepath.Base(p))
 		if err != nil {
-			return nil, fmt.Errorf("config: %w", err)
+			// The resolved path: a relative one is read from the config
+			// file's directory, which the operator may not expect.
+			return nil, fmt.Errorf("config %s: %w", p, err)
 		}
 	} else {
 		g := mc.Geometry
@@ -52,6 +56,9 @@ func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
 	}
 	m := &model{name: mc.Name, layout: l, tokenizer: mc.Tokenizer, defaultMax: mc.DefaultMaxTokens}
 	m.weights = mc.WeightsBytes.Bytes
+	if m.weights == 0 && !km.WeightsKnown() {
+		return nil, fmt.Errorf("weights_bytes: required: the model config lacks %s, which the weight estimate needs", strings.Join(km.WeightKeysMissing, ", "))
+	}
 	if m.weights == 0 {
 		m.weights = km.WeightBytes(km.ServedDType())
 	}
@@ -67,6 +74,13 @@ func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
 		m.est = prev.est // keep what calibration has learnt across reloads
 	} else {
 		m.est = newEstimator(e)
+	}
+	if m.tokenizer == "backend" && mc.TokenizeCache > 0 {
+		if prev != nil && prev.tokens != nil && prev.tokens.capacity == mc.TokenizeCache {
+			m.tokens = prev.tokens // same model name, same backends' tokenizer: what it learnt holds
+		} else {
+			m.tokens = newTokenCache(mc.TokenizeCache)
+		}
 	}
 	return m, nil
 }

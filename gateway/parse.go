@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"math"
 	"strconv"
 
 	"github.com/valyala/fastjson"
@@ -31,8 +33,13 @@ type request struct {
 	stream       bool
 	includeUsage bool // the client itself asked for the usage chunk
 	maxTokens    int  // 0: absent
-	n            int  // choices returned per prompt
-	seqs         int  // sequences run per prompt: max(n, best_of)
+	// maxTokensParam is the field maxTokens came from, for errors.
+	maxTokensParam string
+	// dropMaxCompletion: a /v1/completions body carries
+	// max_completion_tokens, which the forwarded body must not.
+	dropMaxCompletion bool
+	n                 int // choices returned per prompt
+	seqs              int // sequences run per prompt: max(n, best_of)
 
 	// The prompt, as the estimate tokenizer sees it. A batch completion
 	// request has one shape per prompt.
@@ -61,6 +68,13 @@ func badParam(param, format string, a ...any) *parseError {
 
 // parseRequest reads body with p. The returned request does not refer to
 // p's memory (p can be reused at once).
+//
+// It reads the body as vLLM will (see "One reading of the body" in the
+// design): a field that appears twice is refused, since the gateway would
+// reserve by one occurrence and the backend (Python's json) serve the last;
+// each endpoint's length field is the one its backend generates by; numbers
+// are integers as pydantic reads them (10.0 is 10), and one past int64 is a
+// 400 naming the field, never a wrapped value.
 func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, error) {
 	v, err := p.ParseBytes(body)
 	if err != nil {
@@ -68,6 +82,9 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	}
 	if v.Type() != fastjson.TypeObject {
 		return nil, &parseError{msg: "The request body must be a JSON object."}
+	}
+	if err := noDuplicates(v, "", topLevelKeys); err != nil {
+		return nil, err
 	}
 	r := &request{kind: kind, n: 1, seqs: 1}
 	mv := v.Get("model")
@@ -87,40 +104,67 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 		if so.Type() != fastjson.TypeObject {
 			return nil, badParam("stream_options", "stream_options must be an object")
 		}
-		if iu := so.Get("include_usage"); iu != nil && iu.Type() != fastjson.TypeNull {
-			b, err := iu.Bool()
-			if err != nil {
-				return nil, badParam("stream_options.include_usage", "include_usage must be a boolean")
+		if err := noDuplicates(so, "stream_options.", streamOptionKeys); err != nil {
+			return nil, err
+		}
+		// vLLM's StreamOptions.include_usage defaults to true: an object
+		// without it asks for the usage chunk.
+		r.includeUsage = true
+		if iu := so.Get("include_usage"); iu != nil {
+			r.includeUsage = false
+			if iu.Type() != fastjson.TypeNull {
+				b, err := iu.Bool()
+				if err != nil {
+					return nil, badParam("stream_options.include_usage", "include_usage must be a boolean")
+				}
+				r.includeUsage = b
 			}
-			r.includeUsage = b
 		}
 	}
-	for _, key := range []string{"max_completion_tokens", "max_tokens"} {
+	// Chat generates max_completion_tokens, else max_tokens (vLLM:
+	// `max_completion_tokens or max_tokens`). /v1/completions has only
+	// max_tokens; a max_completion_tokens there is dropped from the
+	// forwarded body (dropMaxCompletion), so that no backend version can
+	// generate by a field the reservation did not count.
+	keys := []string{"max_completion_tokens", "max_tokens"}
+	if kind == completions {
+		keys = keys[1:]
+		if mc := v.Get("max_completion_tokens"); mc != nil {
+			r.dropMaxCompletion = true
+		}
+	}
+	for _, key := range keys {
 		mt := v.Get(key)
 		if mt == nil || mt.Type() == fastjson.TypeNull {
 			continue
 		}
-		n, err := mt.Int()
-		if err != nil || n <= 0 {
-			return nil, badParam(key, "%s must be a positive integer", key)
+		n, err := intParam(mt, key)
+		if err != nil {
+			return nil, err
 		}
-		r.maxTokens = n
+		if n <= 0 {
+			return nil, badParam(key, "%s must be a positive integer, got %d", key, n)
+		}
+		if n > math.MaxInt {
+			return nil, badParam(key, "%s is out of range: %d", key, n)
+		}
+		r.maxTokens, r.maxTokensParam = int(n), key
 		break
 	}
 	if nv := v.Get("n"); nv != nil && nv.Type() != fastjson.TypeNull {
-		n, err := nv.Int()
+		n, err := intParam(nv, "n")
 		if err != nil || n < 1 || n > 128 {
 			return nil, badParam("n", "n must be an integer between 1 and 128")
 		}
-		r.n = n
+		r.n = int(n)
 	}
 	r.seqs = r.n
 	if best := v.Get("best_of"); best != nil && best.Type() != fastjson.TypeNull {
-		b, err := best.Int()
+		b, err := intParam(best, "best_of")
 		if err != nil || b < 1 || b > 128 {
 			return nil, badParam("best_of", "best_of must be an integer between 1 and 128")
 		}
-		r.seqs = max(r.n, b) // vLLM runs best_of sequences and returns n
+		r.seqs = max(r.n, int(b)) // vLLM runs best_of sequences and returns n
 	}
 
 	if kind == chatCompletions {
@@ -133,6 +177,82 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	}
 	r.readAffinity(v)
 	return r, nil
+}
+
+// outOfRange refuses a length no request to a model of maxLen tokens could
+// be served with: more output than the whole context. (One that merely
+// does not fit beside its prompt is context_length_exceeded, from the
+// reservation.)
+func (r *request) outOfRange(maxLen int) *apiError {
+	if r.maxTokens <= maxLen {
+		return nil
+	}
+	return &apiError{status: 400, typ: typeInvalidRequest, code: "context_length_exceeded", param: r.maxTokensParam,
+		message: fmt.Sprintf("%s is too large: %d. This model's maximum context length is %d tokens.", r.maxTokensParam, r.maxTokens, maxLen)}
+}
+
+// The keys the gateway reads, per object: a duplicate of one of them would
+// let the gateway and the backend read different requests.
+var (
+	topLevelKeys     = []string{"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "n", "best_of", "stream", "stream_options", "tools"}
+	streamOptionKeys = []string{"include_usage"}
+	messageKeys      = []string{"role", "content", "tool_calls"}
+	partKeys         = []string{"type", "text"}
+)
+
+// noDuplicates refuses an object in which one of keys appears more than
+// once; prefix is the object's path in the body, for the error.
+func noDuplicates(v *fastjson.Value, prefix string, keys []string) error {
+	o, err := v.Object()
+	if err != nil {
+		return nil
+	}
+	var seen uint64 // bit i: keys[i] met
+	var dup string
+	o.Visit(func(k []byte, _ *fastjson.Value) {
+		if dup != "" {
+			return
+		}
+		for i, want := range keys {
+			if string(k) == want {
+				if seen&(1<<i) != 0 {
+					dup = want
+				}
+				seen |= 1 << i
+				return
+			}
+		}
+	})
+	if dup != "" {
+		return badParam(prefix+dup, "duplicate key %q: give each field once (JSON parsers disagree on which occurrence counts)", prefix+dup)
+	}
+	return nil
+}
+
+// intParam reads an integer parameter the way pydantic does: a JSON integer,
+// or a number with no fractional part (10.0, 1e3). A value past int64 is out
+// of range, not wrapped.
+func intParam(v *fastjson.Value, name string) (int64, error) {
+	if v.Type() != fastjson.TypeNumber {
+		return 0, badParam(name, "%s must be an integer", name)
+	}
+	raw := string(v.MarshalTo(nil))
+	n, err := strconv.ParseInt(raw, 10, 64)
+	if err == nil {
+		return n, nil
+	}
+	if errors.Is(err, strconv.ErrRange) {
+		return 0, badParam(name, "%s is out of range: %s", name, raw)
+	}
+	f, err := strconv.ParseFloat(raw, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) || math.IsNaN(f) || f != math.Trunc(f) {
+		return 0, badParam(name, "%s must be an integer, got %s", name, raw)
+	}
+	// 2^63 is exactly representable; anything at or past it is not an int64.
+	if f >= 1<<63 || f < -(1<<63) {
+		return 0, badParam(name, "%s is out of range: %s", name, raw)
+	}
+	return int64(f), nil
 }
 
 func (r *request) readMessages(v *fastjson.Value) error {
@@ -150,6 +270,9 @@ func (r *request) readMessages(v *fastjson.Value) error {
 		if m.Type() != fastjson.TypeObject {
 			return badParam(fmt.Sprintf("messages[%d]", i), "each message must be an object")
 		}
+		if err := noDuplicates(m, fmt.Sprintf("messages[%d].", i), messageKeys); err != nil {
+			return err
+		}
 		if role := m.Get("role"); role == nil || role.Type() != fastjson.TypeString {
 			return badParam(fmt.Sprintf("messages[%d].role", i), "each message needs a role")
 		}
@@ -160,7 +283,10 @@ func (r *request) readMessages(v *fastjson.Value) error {
 			s.textBytes += len(c.GetStringBytes())
 		case c.Type() == fastjson.TypeArray:
 			parts, _ := c.Array()
-			for _, part := range parts {
+			for j, part := range parts {
+				if err := noDuplicates(part, fmt.Sprintf("messages[%d].content[%d].", i, j), partKeys); err != nil {
+					return err
+				}
 				if t := part.GetStringBytes("text"); t != nil {
 					s.textBytes += len(t)
 				} else {
@@ -265,19 +391,22 @@ func appendJSONString(dst []byte, s string) []byte {
 	return a.NewString(s).MarshalTo(dst)
 }
 
-// rewriteBody returns body with what the gateway must add: with usage,
-// stream_options.include_usage (so it learns the real token counts of a
-// stream); with maxTokens > 0, max_tokens (the model's default_max_tokens,
-// which the reservation assumed). Keys the body lacks are spliced in after
-// its opening brace, every other byte staying as the client sent it; a body
-// that already has one of them (as null, false, ...) is re-serialised.
-func rewriteBody(p *fastjson.Parser, body []byte, usage bool, maxTokens int) ([]byte, error) {
+// rewriteBody returns body with what the gateway must add or remove: with
+// usage, stream_options.include_usage (so it learns the real token counts
+// of a stream); with maxTokens > 0, max_tokens (the model's
+// default_max_tokens, which the reservation assumed); with dropMaxCompletion,
+// no max_completion_tokens (a /v1/completions body, whose reservation
+// followed max_tokens). Keys the body lacks are spliced in after its opening
+// brace, every other byte staying as the client sent it; a body that
+// already has one of them (as null, false, ...) is re-serialised.
+func rewriteBody(p *fastjson.Parser, body []byte, usage bool, maxTokens int, dropMaxCompletion bool) ([]byte, error) {
 	v, err := p.ParseBytes(body)
 	if err != nil {
 		return nil, err
 	}
 	so := v.Get("stream_options")
-	present := (usage && so != nil) || (maxTokens > 0 && (v.Get("max_tokens") != nil || v.Get("max_completion_tokens") != nil))
+	present := (usage && so != nil) || (maxTokens > 0 && (v.Get("max_tokens") != nil || v.Get("max_completion_tokens") != nil)) ||
+		(dropMaxCompletion && v.Get("max_completion_tokens") != nil)
 	if !present {
 		var add []byte
 		if usage {
@@ -299,8 +428,10 @@ func rewriteBody(p *fastjson.Parser, body []byte, usage bool, maxTokens int) ([]
 		}
 		so.Set("include_usage", a.NewTrue())
 	}
-	if maxTokens > 0 {
+	if maxTokens > 0 || dropMaxCompletion {
 		v.Del("max_completion_tokens")
+	}
+	if maxTokens > 0 {
 		v.Set("max_tokens", a.NewNumberInt(maxTokens))
 	}
 	return v.MarshalTo(nil), nil

@@ -23,19 +23,34 @@ func TestParseRequest(t *testing.T) {
 		{name: "chat full", kind: chatCompletions,
 			body: `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":50,"n":3,
 				"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"x"}}]}]}`,
-			want: request{model: "m", stream: true, includeUsage: true, maxTokens: 50, n: 3, shapes: []promptShape{{textBytes: 12, messages: 2, images: 1}}}},
+			want: request{model: "m", stream: true, includeUsage: true, maxTokens: 50, maxTokensParam: "max_completion_tokens", n: 3, shapes: []promptShape{{textBytes: 12, messages: 2, images: 1}}}},
 		{name: "max_completion_tokens wins", kind: chatCompletions,
 			body: `{"model":"m","max_tokens":10,"max_completion_tokens":20,"messages":[{"role":"user","content":""}]}`,
-			want: request{model: "m", maxTokens: 20, n: 1, shapes: []promptShape{{messages: 1}}}},
+			want: request{model: "m", maxTokens: 20, maxTokensParam: "max_completion_tokens", n: 1, shapes: []promptShape{{messages: 1}}}},
 		{name: "nulls are absent", kind: chatCompletions,
 			body: `{"model":"m","max_tokens":null,"n":null,"stream":null,"stream_options":null,"messages":[{"role":"assistant","content":null}]}`,
 			want: request{model: "m", n: 1, shapes: []promptShape{{messages: 1}}}},
 		{name: "best_of runs more sequences", kind: completions,
 			body: `{"model":"m","prompt":"hi","n":2,"best_of":5}`,
 			want: request{kind: completions, model: "m", n: 2, seqs: 5, shapes: []promptShape{{textBytes: 2}}}},
+		{name: "completions read max_tokens only", kind: completions,
+			body: `{"model":"m","prompt":"x","max_completion_tokens":1,"max_tokens":900}`,
+			want: request{kind: completions, model: "m", maxTokens: 900, maxTokensParam: "max_tokens", dropMaxCompletion: true, n: 1, shapes: []promptShape{{textBytes: 1}}}},
+		{name: "completions without max_tokens", kind: completions,
+			body: `{"model":"m","prompt":"x","max_completion_tokens":1}`,
+			want: request{kind: completions, model: "m", dropMaxCompletion: true, n: 1, shapes: []promptShape{{textBytes: 1}}}},
+		{name: "integral floats are integers", kind: completions,
+			body: `{"model":"m","prompt":"x","max_tokens":10.0,"n":2e0,"best_of":3.00}`,
+			want: request{kind: completions, model: "m", maxTokens: 10, maxTokensParam: "max_tokens", n: 2, seqs: 3, shapes: []promptShape{{textBytes: 1}}}},
+		{name: "empty stream_options asks for usage", kind: chatCompletions,
+			body: `{"model":"m","stream":true,"stream_options":{},"messages":[{"role":"user","content":""}]}`,
+			want: request{model: "m", stream: true, includeUsage: true, n: 1, shapes: []promptShape{{messages: 1}}}},
+		{name: "a repeated unread field", kind: chatCompletions,
+			body: `{"model":"m","top_p":1,"top_p":0.5,"messages":[{"role":"user","content":"","name":"a","name":"b"}]}`,
+			want: request{model: "m", n: 1, shapes: []promptShape{{messages: 1}}}},
 		{name: "completion string", kind: completions,
 			body: `{"model":"m","prompt":"héllo","max_tokens":7}`,
-			want: request{kind: completions, model: "m", maxTokens: 7, n: 1, shapes: []promptShape{{textBytes: 6}}}},
+			want: request{kind: completions, model: "m", maxTokens: 7, maxTokensParam: "max_tokens", n: 1, shapes: []promptShape{{textBytes: 6}}}},
 		{name: "completion batch", kind: completions,
 			body: `{"model":"m","prompt":["a","bcd"]}`,
 			want: request{kind: completions, model: "m", n: 1, shapes: []promptShape{{textBytes: 1}, {textBytes: 3}}}},
@@ -64,6 +79,21 @@ func TestParseRequest(t *testing.T) {
 		{name: "prompt empty array", kind: completions, body: `{"model":"m","prompt":[]}`, param: "prompt"},
 		{name: "prompt mixed batch", kind: completions, body: `{"model":"m","prompt":["a",1]}`, param: "prompt[1]"},
 		{name: "prompt object", kind: completions, body: `{"model":"m","prompt":{}}`, param: "prompt"},
+		{name: "duplicate model", kind: completions, body: `{"model":"m","prompt":"x","model":"n"}`, param: "model"},
+		{name: "duplicate max_tokens", kind: completions, body: `{"max_tokens":1,"model":"m","prompt":"x","max_tokens":2}`, param: "max_tokens"},
+		{name: "duplicate max_completion_tokens", kind: chatCompletions, body: `{"max_completion_tokens":1,"model":"m","messages":[],"max_completion_tokens":2}`, param: "max_completion_tokens"},
+		{name: "duplicate n", kind: completions, body: `{"n":1,"model":"m","prompt":"x","n":2}`, param: "n"},
+		{name: "duplicate best_of", kind: completions, body: `{"best_of":1,"model":"m","prompt":"x","best_of":9}`, param: "best_of"},
+		{name: "duplicate stream", kind: completions, body: `{"stream":false,"model":"m","prompt":"x","stream":true}`, param: "stream"},
+		{name: "duplicate messages", kind: chatCompletions, body: `{"model":"m","messages":[],"messages":[{"role":"user","content":"x"}]}`, param: "messages"},
+		{name: "duplicate tools", kind: chatCompletions, body: `{"model":"m","tools":[],"tools":[{}],"messages":[{"role":"user","content":"x"}]}`, param: "tools"},
+		{name: "duplicate role", kind: chatCompletions, body: `{"model":"m","messages":[{"role":"user","content":"x","role":"system"}]}`, param: "messages[0].role"},
+		{name: "duplicate tool_calls", kind: chatCompletions, body: `{"model":"m","messages":[{"role":"assistant","tool_calls":[],"tool_calls":[{}]}]}`, param: "messages[0].tool_calls"},
+		{name: "duplicate part text", kind: chatCompletions, body: `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","text":"bb"}]}]}`, param: "messages[0].content[0].text"},
+		{name: "max_tokens past int64", kind: completions, body: `{"model":"m","prompt":"x","max_tokens":9223372036854775808}`, param: "max_tokens"},
+		{name: "max_tokens huge float", kind: completions, body: `{"model":"m","prompt":"x","max_tokens":1e19}`, param: "max_tokens"},
+		{name: "max_tokens NaN-like", kind: completions, body: `{"model":"m","prompt":"x","max_tokens":1e999}`, param: "max_tokens"},
+		{name: "best_of fractional", kind: completions, body: `{"model":"m","prompt":"x","best_of":2.5}`, param: "best_of"},
 	}
 	var p fastjson.Parser
 	for _, tt := range tests {
@@ -138,20 +168,23 @@ func TestRewriteBody(t *testing.T) {
 		usage     bool
 		maxTokens int
 		want      string
+		drop      bool
 	}{
-		{`{"model":"m","stream":true}`, true, 0, `{"stream_options":{"include_usage":true},"model":"m","stream":true}`},
-		{` {"model":"m"}`, true, 0, ` {"stream_options":{"include_usage":true},"model":"m"}`},
-		{`{"model":"m"}`, false, 16, `{"max_tokens":16,"model":"m"}`},
-		{`{"model":"m"}`, true, 16, `{"stream_options":{"include_usage":true},"max_tokens":16,"model":"m"}`},
-		{`{"model":"m","stream_options":{"include_usage":false}}`, true, 0, `{"model":"m","stream_options":{"include_usage":true}}`},
-		{`{"model":"m","stream_options":{"continuous_usage_stats":true}}`, true, 0, `{"model":"m","stream_options":{"continuous_usage_stats":true,"include_usage":true}}`},
-		{`{"model":"m","stream_options":null}`, true, 0, `{"model":"m","stream_options":{"include_usage":true}}`},
-		{`{"model":"m","max_tokens":null}`, false, 16, `{"model":"m","max_tokens":16}`},
-		{`{"model":"m","max_completion_tokens":null,"stream_options":null}`, true, 8, `{"model":"m","stream_options":{"include_usage":true},"max_tokens":8}`},
+		{`{"model":"m","stream":true}`, true, 0, `{"stream_options":{"include_usage":true},"model":"m","stream":true}`, false},
+		{` {"model":"m"}`, true, 0, ` {"stream_options":{"include_usage":true},"model":"m"}`, false},
+		{`{"model":"m"}`, false, 16, `{"max_tokens":16,"model":"m"}`, false},
+		{`{"model":"m"}`, true, 16, `{"stream_options":{"include_usage":true},"max_tokens":16,"model":"m"}`, false},
+		{`{"model":"m","stream_options":{"include_usage":false}}`, true, 0, `{"model":"m","stream_options":{"include_usage":true}}`, false},
+		{`{"model":"m","stream_options":{"continuous_usage_stats":true}}`, true, 0, `{"model":"m","stream_options":{"continuous_usage_stats":true,"include_usage":true}}`, false},
+		{`{"model":"m","stream_options":null}`, true, 0, `{"model":"m","stream_options":{"include_usage":true}}`, false},
+		{`{"model":"m","max_tokens":null}`, false, 16, `{"model":"m","max_tokens":16}`, false},
+		{`{"model":"m","max_completion_tokens":null,"stream_options":null}`, true, 8, `{"model":"m","stream_options":{"include_usage":true},"max_tokens":8}`, false},
+		{`{"model":"m","max_completion_tokens":3,"max_tokens":9}`, false, 0, `{"model":"m","max_tokens":9}`, true},
+		{`{"model":"m","max_tokens":9}`, false, 0, `{"model":"m","max_tokens":9}`, true},
 	}
 	var p fastjson.Parser
 	for _, tt := range tests {
-		got, err := rewriteBody(&p, []byte(tt.in), tt.usage, tt.maxTokens)
+		got, err := rewriteBody(&p, []byte(tt.in), tt.usage, tt.maxTokens, tt.drop)
 		if err != nil || string(got) != tt.want {
 			t.Errorf("rewriteBody(%s, %v, %d) = %s, %v; want %s", tt.in, tt.usage, tt.maxTokens, got, err, tt.want)
 		}
@@ -210,7 +243,7 @@ func FuzzParseRequest(f *testing.F) {
 			}
 		}
 		if r.stream {
-			out, err := rewriteBody(&p, body, true, 7)
+			out, err := rewriteBody(&p, body, true, 7, r.dropMaxCompletion)
 			if err != nil || !json.Valid(out) || !strings.Contains(string(out), `"include_usage":true`) || !strings.Contains(string(out), `"max_tokens":7`) {
 				t.Fatalf("rewriteBody(%q) = %q, %v", body, out, err)
 			}

@@ -24,6 +24,9 @@ var (
 	errClientGone     = errors.New("client disconnected")
 	errRequestTimeout = errors.New("request timeout")
 	errShutdown       = errors.New("gateway shutting down")
+	// errFirstByteTimeout: a streamed request's backend sent no event
+	// within its first_byte_timeout.
+	errFirstByteTimeout = errors.New("first byte timeout")
 )
 
 // exchange is one proxied request from arrival to its last byte. It holds
@@ -56,15 +59,26 @@ type exchange struct {
 	predicted int // prompt tokens reserved, all prompts
 	injectMax int // max_tokens the gateway adds to the body (the model's default); 0 = none
 	firstTok  bool
+	firstByte *time.Timer // a streamed request's first-byte clock; nil otherwise
 	usage     struct{ prompt, completion int }
 	hasUsage  bool
+
+	// source is how the prompts were counted (sourceBackend, ...); "" for
+	// token ids only. A single prompt counted from the model's tokenize
+	// cache keeps its key, to be checked against the usage reported.
+	source     string
+	cacheHit   bool
+	cacheKey   tokenKey
+	cacheCount int
+
+	body sseBody // a streamed answer, relayed as fasthttp writes it
 
 	done bool
 }
 
 func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
 	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown"}
-	cctx, cancel := context.WithCancelCause(s.base)
+	cctx, cancel := context.WithCancelCause(s.base())
 	x.ctx, x.stopTimer = context.WithTimeoutCause(cctx, rt.cfg.Server.requestTimeout(), errRequestTimeout)
 	x.cancel = cancel
 	if stop, err := s.watch.Watch(ctx.Conn(), func() { cancel(errClientGone) }); err == nil {
@@ -82,6 +96,9 @@ func (x *exchange) finish(outcome, reason string) {
 		return
 	}
 	x.done = true
+	if x.firstByte != nil {
+		x.firstByte.Stop()
+	}
 	if x.stopWatch != nil {
 		x.stopWatch()
 	}
@@ -93,8 +110,14 @@ func (x *exchange) finish(outcome, reason string) {
 	m := x.s.m
 	m.inflight.Dec()
 	x.s.active.Add(-1)
-	m.requests.WithLabelValues(x.label, outcome, reason).Inc()
-	m.duration.WithLabelValues(x.label, outcome).Observe(x.s.now().Sub(x.start).Seconds())
+	if x.m != nil && outcome == outcomeOK && reason == "" {
+		ms := m.forModel(x.m.name)
+		ms.ok.Inc()
+		ms.okDur.Observe(x.s.now().Sub(x.start).Seconds())
+	} else {
+		m.requests.WithLabelValues(x.label, outcome, reason).Inc()
+		m.duration.WithLabelValues(x.label, outcome).Observe(x.s.now().Sub(x.start).Seconds())
+	}
 	if x.hasUsage {
 		x.recordUsage()
 	}
@@ -114,6 +137,13 @@ func (x *exchange) ended() (outcome, reason string, e *apiError) {
 	case errors.Is(cause, errRequestTimeout):
 		return outcomeFailed, "request_timeout", &apiError{status: 504, typ: typeServer, code: "upstream_timeout",
 			message: fmt.Sprintf("The request did not complete within %s.", x.rt.cfg.Server.requestTimeout())}
+	case errors.Is(cause, errFirstByteTimeout):
+		name, d := "", time.Duration(0)
+		if x.backend != nil {
+			name, d = x.backend.Name(), x.backend.FirstByteTimeout()
+		}
+		return outcomeFailed, "first_byte_timeout", &apiError{status: 504, typ: typeServer, code: "upstream_timeout",
+			message: fmt.Sprintf("The backend %q sent nothing within %s (its first_byte_timeout).", name, d)}
 	case errors.Is(cause, errShutdown):
 		return outcomeFailed, "shutdown", &apiError{status: 503, typ: typeServer, code: "shutting_down", message: "The gateway is shutting down."}
 	default:
@@ -150,8 +180,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 
 	tn, ok := rt.authenticate(ctx)
 	if !ok {
-		x.fail(ctx, &apiError{status: 401, typ: typeAuthentication, code: "invalid_api_key",
-			message: "Incorrect or missing API key. Send it as: Authorization: Bearer <key>."}, outcomeRejected, "unauthorized")
+		x.fail(ctx, unauthorized(), outcomeRejected, "unauthorized")
 		return
 	}
 	if tn != nil {
@@ -174,12 +203,17 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 	x.m, x.label = m, m.name
+	if e := req.outOfRange(m.maxLen); e != nil {
+		x.fail(ctx, e, outcomeRejected, "invalid_request")
+		return
+	}
 	if m.tokenizer == "backend" {
 		p := s.parsers.Get()
 		err := tokenizeBodies(p, ctx.PostBody(), req)
 		s.parsers.Put(p)
 		if err != nil {
-			x.fail(ctx, &apiError{status: 500, typ: typeServer, message: err.Error()}, outcomeFailed, "internal")
+			s.log.Error("tokenize bodies of a parsed request", "err", err)
+			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
 			return
 		}
 	}
@@ -198,7 +232,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	prompts, exact, err := x.countPrompts(be)
 	if err != nil {
 		if !x.failEnded(ctx) {
-			x.fail(ctx, &apiError{status: 500, typ: typeServer, message: err.Error()}, outcomeFailed, "internal")
+			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
 		}
 		return
 	}
@@ -234,25 +268,85 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
 	}
 
+	x.armFirstByte(be) // the timeout of the model's backends (be is one of them)
 	resp, err := x.forward(ctx)
 	if err != nil {
-		if !x.failEnded(ctx) {
-			x.fail(ctx, &apiError{status: 502, typ: typeServer, code: "upstream_error", message: err.Error()}, outcomeFailed, "upstream_error")
-		}
+		x.upstreamFailed(ctx, err)
 		return
 	}
 	ctx.Response.Header.Set("X-Kvgate-Backend", x.backend.Name())
 	copyBackendHeaders(ctx, resp)
 	if resp.Status() == fasthttp.StatusOK && req.stream && resp.IsEventStream() {
+		// The client is promised a 200 only once the first event is here:
+		// until then a backend that hangs can still get a 504.
+		er := newEventReader(resp, rt.cfg.Server.MaxSSELineBytes.Bytes)
+		first, err := er.next()
+		if err != nil {
+			er.release()
+			resp.Close()
+			if errors.Is(err, io.EOF) {
+				err = errStreamTruncated
+			}
+			x.upstreamFailed(ctx, err)
+			return
+		}
+		x.answered()
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		ctx.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		streaming = true // from here the relay owns finish
-		ctx.SetBodyStreamWriter(func(w *bufio.Writer) { x.relay(w, resp) })
+		x.body = sseBody{x: x, resp: resp, er: er, first: first}
+		ctx.Response.SetBodyStream(&x.body, -1)
 		return
 	}
+	x.answered()
 	x.passBody(ctx, resp)
+}
+
+// armFirstByte starts a streamed request's first-byte clock: if no event
+// has come from the backend when it runs out, the request's context ends
+// (errFirstByteTimeout), which closes the upstream exchange, releases the
+// reservation and answers 504. A non-streamed answer arrives whole, so only
+// server.request_timeout bounds it.
+func (x *exchange) armFirstByte(be *backends.Backend) {
+	if x.req.stream {
+		x.firstByte = time.AfterFunc(be.FirstByteTimeout(), func() { x.cancel(errFirstByteTimeout) })
+	}
+}
+
+// answered stops the first-byte clock: the backend answers. Unless the
+// clock ran out first, that resets the backend's count of timeouts.
+func (x *exchange) answered() {
+	if x.firstByte != nil && !x.firstByte.Stop() {
+		return
+	}
+	x.backend.ReportAnswered()
+}
+
+// upstreamFailed answers a request whose backend failed before the client
+// got anything: 504 if its first byte timed out (a timeout the backend's
+// circuit counts), the answer for its ended context if it ended otherwise,
+// else 502 naming the backend — never its address, which goes to the log.
+func (x *exchange) upstreamFailed(ctx *fasthttp.RequestCtx, err error) {
+	if x.firstByte != nil {
+		x.firstByte.Stop()
+	}
+	if errors.Is(context.Cause(x.ctx), errFirstByteTimeout) && x.backend != nil {
+		if x.backend.ReportTimeout(errFirstByteTimeout) {
+			x.s.log.Warn("circuit opened: consecutive first-byte timeouts", "backend", x.backend.Name())
+		}
+	}
+	if x.failEnded(ctx) {
+		return
+	}
+	name := ""
+	if x.backend != nil {
+		name = x.backend.Name()
+	}
+	x.s.m.upstreamErrors.WithLabelValues(name, "transport").Inc()
+	x.s.log.Warn("backend failed before answering", "backend", name, "err", err)
+	x.fail(ctx, &apiError{status: 502, typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)}, outcomeFailed, "upstream_error")
 }
 
 // copyBackendHeaders passes on the backend's headers a client may act on.
@@ -275,11 +369,11 @@ func (rt *runtime) authenticate(ctx *fasthttp.RequestCtx) (*tenant, bool) {
 	if !rt.auth {
 		return nil, true
 	}
-	auth := ctx.Request.Header.Peek("Authorization")
-	if len(auth) < 7 || !bytes.EqualFold(auth[:7], []byte("bearer ")) {
+	key := bearer(ctx)
+	if key == nil {
 		return nil, false
 	}
-	t := rt.tenants[string(bytes.TrimSpace(auth[7:]))]
+	t := rt.tenants[string(key)]
 	return t, t != nil
 }
 
@@ -295,7 +389,7 @@ func (x *exchange) countPrompts(be *backends.Backend) (counts []int, exact []boo
 			continue
 		}
 		if x.req.tokenize != nil {
-			n, err := be.Tokenize(x.ctx, x.req.tokenize[i])
+			n, err := x.tokenizeCached(be, i)
 			if err == nil {
 				counts[i], exact[i] = n, true
 				continue
@@ -303,10 +397,16 @@ func (x *exchange) countPrompts(be *backends.Backend) (counts []int, exact []boo
 			if x.ctx.Err() != nil {
 				return nil, nil, err
 			}
+			reason := "error"
+			if errors.Is(err, backends.ErrTokenizeTimeout) {
+				reason = "timeout"
+			}
 			x.s.m.upstreamErrors.WithLabelValues(be.Name(), "tokenize").Inc()
+			x.s.m.tokenizeFalls.WithLabelValues(x.label, reason).Inc()
 			x.s.log.Warn("backend tokenize failed; estimating", "backend", be.Name(), "err", err)
 		}
 		counts[i] = x.m.est.predict(sh)
+		x.noteSource(sourceEstimate)
 	}
 	return counts, exact, nil
 }
@@ -411,9 +511,9 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 // yet, so a retry is safe, and the reservation moves rather than doubles.
 func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error) {
 	body := ctx.PostBody()
-	if usage := x.req.stream && !x.req.includeUsage; usage || x.injectMax > 0 {
+	if usage := x.req.stream && !x.req.includeUsage; usage || x.injectMax > 0 || x.req.dropMaxCompletion {
 		p := x.s.parsers.Get()
-		b, err := rewriteBody(p, body, usage, x.injectMax)
+		b, err := rewriteBody(p, body, usage, x.injectMax, x.req.dropMaxCompletion)
 		x.s.parsers.Put(p)
 		if err != nil {
 			return nil, fmt.Errorf("rewrite body: %w", err)
@@ -450,9 +550,9 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 			ureq.Header.SetBytesV("X-Request-Id", id)
 		}
 		ureq.SetBodyRaw(body)
+		x.backend = be // the backend waited on, for a first-byte timeout
 		resp, err := be.Do(x.ctx, ureq)
 		if err == nil {
-			x.backend = be
 			return resp, nil
 		}
 		if x.ctx.Err() != nil {
@@ -467,11 +567,16 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 // passBody relays a whole (non-streamed) answer: the backend's status and
 // body as they are, its usage read on the way for calibration and metrics.
 func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
-	body, err := resp.ReadAll(x.backend.MaxBody())
-	if err != nil {
-		if !x.failEnded(ctx) {
-			x.fail(ctx, &apiError{status: 502, typ: typeServer, code: "upstream_error", message: err.Error()}, outcomeFailed, "upstream_error")
+	bp := bodyBufs.Get().(*[]byte)
+	body, err := resp.ReadInto((*bp)[:0], x.backend.MaxBody())
+	defer func() {
+		if cap(body) <= maxPooledBody {
+			*bp = body[:0]
+			bodyBufs.Put(bp)
 		}
+	}()
+	if err != nil {
+		x.upstreamFailed(ctx, err)
 		return
 	}
 	status := resp.Status()
@@ -496,6 +601,13 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 		x.finish(outcomeRejected, "backend_"+strconv.Itoa(status))
 	}
 }
+
+// bodyBufs are the buffers non-streamed answers are read into before
+// fasthttp copies them into the response; one of up to maxPooledBody bytes
+// goes back for the next answer.
+var bodyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+const maxPooledBody = 1 << 20
 
 // learnWhole teaches the model's output-length predictor what a
 // non-streamed answer generated: only a single choice's length is known
@@ -523,102 +635,115 @@ func (x *exchange) readUsage(u *fastjson.Value) {
 // recordUsage compares what was reserved with what the backend reports, and
 // calibrates the estimate tokenizer against it.
 func (x *exchange) recordUsage() {
-	m := x.s.m
-	m.tokensPredicted.WithLabelValues(x.label, "prompt").Add(float64(x.predicted))
-	m.tokensActual.WithLabelValues(x.label, "prompt").Add(float64(x.usage.prompt))
-	m.tokensPredicted.WithLabelValues(x.label, "output").Add(float64(x.res.reservedOutput()))
-	m.tokensActual.WithLabelValues(x.label, "output").Add(float64(x.usage.completion))
+	ms := x.s.m.forModel(x.m.name)
+	ms.predicted[0].Add(float64(x.predicted))
+	ms.actual[0].Add(float64(x.usage.prompt))
+	ms.predicted[1].Add(float64(x.res.reservedOutput()))
+	ms.actual[1].Add(float64(x.usage.completion))
 	if x.ticket != nil {
-		m.outPredicted.WithLabelValues(x.label).Add(float64(x.ticket.PredictedOutput()))
-		m.outGenerated.WithLabelValues(x.label).Add(float64(x.usage.completion))
+		ms.outPredicted.Add(float64(x.ticket.PredictedOutput()))
+		ms.outGenerated.Add(float64(x.usage.completion))
 	}
 	if x.predicted > 0 && x.usage.prompt > 0 {
-		m.promptRatio.WithLabelValues(x.label, x.m.tokenizer).Observe(float64(x.usage.prompt) / float64(x.predicted))
+		source := x.source
+		if source == "" {
+			source = x.m.tokenizer
+		}
+		ms.ratio[source].Observe(float64(x.usage.prompt) / float64(x.predicted))
 	}
+	x.checkCached()
 	if len(x.req.shapes) == 1 && !x.req.shapes[0].ids && x.usage.prompt > 0 {
 		x.m.est.observe(x.req.shapes[0], x.usage.prompt)
 	}
 }
 
-var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
-
-// relay streams SSE events from the backend to the client as they arrive:
-// each event is flushed as soon as no further bytes are already buffered
-// (so a burst goes out in one write, and a lone token at once). It counts
-// tokens and finished choices on the way, returns each finished choice's
-// KV at once, and drops the usage chunk the gateway asked for on the
-// client's behalf. It runs in fasthttp's stream-writer goroutine and must
-// not touch the RequestCtx.
-func (x *exchange) relay(w *bufio.Writer, resp *backends.Response) {
+// relay streams SSE events from the backend to the client as they arrive,
+// starting with first (already read, to honour the first-byte timeout
+// before the client was promised a 200): each event is flushed as soon as
+// no further bytes are already buffered (so a burst goes out in one write,
+// and a lone token at once). It counts tokens and finished choices on the
+// way, returns each finished choice's KV at once, and drops the usage chunk
+// the gateway asked for on the client's behalf.
+//
+// How the stream ends decides the outcome: [DONE] relayed is a success,
+// whatever the client does after it; a stream that ends without [DONE],
+// breaks, or sends an event past the size bound gets a final error event
+// on its own line and is a failure. It runs after the handler has
+// returned, while fasthttp writes the body (see sseBody), and must not
+// touch the RequestCtx.
+func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventReader, first []byte) {
 	outcome, reason := outcomeOK, ""
+	done := false // [DONE] reached the client: nothing after changes the outcome
 	defer func() {
 		if p := recover(); p != nil {
 			x.s.log.Error("panic relaying stream", "panic", p)
 			outcome, reason = outcomeFailed, "internal"
 		}
+		er.release()
 		resp.Close()
 		x.finish(outcome, reason)
 	}()
-	br := readerPool.Get().(*bufio.Reader)
-	br.Reset(resp)
-	defer func() { br.Reset(nil); readerPool.Put(br) }()
 	p := x.s.parsers.Get()
 	defer x.s.parsers.Put(p)
 
-	var ev []byte
-	for {
-		line, err := br.ReadSlice('\n')
-		ev = append(ev, line...)
-		if errors.Is(err, bufio.ErrBufferFull) {
-			continue // a line longer than the buffer: keep collecting
+	ev, err := first, error(nil)
+	for ; err == nil; ev, err = er.next() {
+		keep, failed := x.inspect(p, ev)
+		if failed && !done {
+			outcome, reason = outcomeFailed, "backend_stream_error"
 		}
-		complete := len(line) > 0 && (len(bytes.TrimRight(line, "\r\n")) == 0)
-		if complete || (err != nil && len(ev) > 0) {
-			keep, failed := x.inspect(p, ev)
-			if failed {
-				outcome, reason = outcomeFailed, "backend_stream_error"
-			}
-			if keep {
-				if _, werr := w.Write(ev); werr != nil {
-					x.clientGone()
-					outcome, reason = outcomeCanceled, "client_disconnect"
-					return
-				}
-			}
-			ev = ev[:0]
-			if br.Buffered() == 0 {
-				if ferr := w.Flush(); ferr != nil {
-					x.clientGone()
-					outcome, reason = outcomeCanceled, "client_disconnect"
-					return
-				}
+		if keep && !done {
+			if _, werr := w.Write(ev); werr != nil {
+				x.clientGone()
+				outcome, reason = outcomeCanceled, "client_disconnect"
+				return
 			}
 		}
-		if err == nil {
-			continue
-		}
-		if errors.Is(err, io.EOF) {
-			return
-		}
-		// The upstream read failed mid-stream.
-		if o, r, e := x.ended(); o != "" {
-			outcome, reason = o, r
-			if e != nil {
-				writeStreamError(w, e)
+		if !done && !er.buffered() || isDone(ev) {
+			if ferr := w.Flush(); ferr != nil && !done {
+				x.clientGone()
+				outcome, reason = outcomeCanceled, "client_disconnect"
+				return
 			}
-			return
+			if isDone(ev) && !done {
+				done = true
+				// The backend has finished: its blocks are free already,
+				// even if its side of the stream stays open a moment.
+				x.ticket.Release()
+			}
 		}
-		x.s.m.upstreamErrors.WithLabelValues(x.backend.Name(), "transport").Inc()
-		writeStreamError(w, &apiError{typ: typeServer, code: "upstream_error", message: err.Error()})
-		outcome, reason = outcomeFailed, "upstream_error"
+	}
+	if done {
+		return // reading on was only to reuse the connection
+	}
+	// The stream ended without [DONE]: the client gets a final error event.
+	if o, r, e := x.ended(); o != "" {
+		outcome, reason = o, r
+		if e != nil {
+			writeStreamError(w, e)
+		}
 		return
 	}
+	name := x.backend.Name()
+	switch {
+	case errors.Is(err, errEventTooLarge):
+		outcome, reason = outcomeFailed, "upstream_event_too_large"
+	case errors.Is(err, io.EOF), errors.Is(err, errStreamTruncated):
+		outcome, reason = outcomeFailed, "upstream_incomplete"
+		err = errStreamTruncated
+	default:
+		outcome, reason = outcomeFailed, "upstream_error"
+	}
+	x.s.m.upstreamErrors.WithLabelValues(name, "transport").Inc()
+	x.s.log.Warn("backend stream ended badly", "backend", name, "err", err)
+	writeStreamError(w, &apiError{typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)})
 }
 
 func (x *exchange) clientGone() { x.cancel(errClientGone) }
 
 // writeStreamError ends a stream that has already begun with an error event,
-// the way vLLM reports errors mid-stream.
+// the way vLLM reports errors mid-stream. Every event before it ended with
+// its blank line, so the error stands on its own line.
 func writeStreamError(w *bufio.Writer, e *apiError) {
 	var a fastjson.Arena
 	inner := a.NewObject()
@@ -638,6 +763,14 @@ func writeStreamError(w *bufio.Writer, e *apiError) {
 func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
 	data := sseData(ev)
 	if data == nil || bytes.Equal(data, []byte("[DONE]")) {
+		return true, false
+	}
+	if x.firstTok && len(x.res.gen) == 1 && plainToken(data) && firstChoiceToken(data) {
+		// One token of the only choice and nothing else: counted without a
+		// parse.
+		if prompt, furthest, moved := x.res.token(0); moved {
+			x.ticket.Progress(prompt, furthest)
+		}
 		return true, false
 	}
 	v, err := p.ParseBytes(data)
@@ -660,7 +793,7 @@ func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
 			}
 			if len(content) > 0 {
 				x.firstTok = true
-				x.s.m.ttft.WithLabelValues(x.label).Observe(x.s.now().Sub(x.start).Seconds())
+				x.s.m.forModel(x.m.name).ttft.Observe(x.s.now().Sub(x.start).Seconds())
 			}
 		}
 		if content := c.GetStringBytes("delta", "content"); len(content) > 0 || len(c.GetStringBytes("text")) > 0 {

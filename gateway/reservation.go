@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"math"
+
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/kvbudget"
 )
@@ -38,15 +40,33 @@ func (r *reservation) shape() []admission.Group {
 }
 
 // weight is the worst case in bytes: for each prompt, its shared full
-// prompt blocks, plus each sequence's own blocks at its cap.
+// prompt blocks, plus each sequence's own blocks at its cap. The
+// arithmetic saturates: a request too large to count is larger than any
+// budget, and is refused as such rather than wrapped into a small one.
 func (r *reservation) weight() int64 {
 	var blocks int64
 	for i, p := range r.prompts {
 		shared := int64(p / r.layout.BlockSize)
-		own := kvbudget.Blocks(p+r.outs[i], r.layout.BlockSize) - shared
-		blocks += shared + int64(r.seqs)*own
+		own := kvbudget.Blocks(int(satAdd(int64(p), int64(r.outs[i]))), r.layout.BlockSize) - shared
+		blocks = satAdd(blocks, satAdd(shared, satMul(int64(r.seqs), own)))
 	}
-	return blocks * r.layout.BytesPerBlock
+	return satMul(blocks, r.layout.BytesPerBlock)
+}
+
+// satAdd and satMul are a+b and a×b for sizes (non-negative), stopping at
+// math.MaxInt64 instead of wrapping.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+func satMul(a, b int64) int64 {
+	if a != 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
 }
 
 // token notes one generated token of choice idx. It returns the choice's

@@ -346,6 +346,7 @@ func backendSpec(bc BackendConfig) backends.Spec {
 		HealthPath: bc.Health.Path, HealthInterval: bc.Health.Interval.D, HealthTimeout: bc.Health.Timeout.D,
 		FailThreshold: bc.Health.Failures, Cooldown: bc.Health.Cooldown.D,
 		MetricsPath: bc.Scrape.Path, ScrapeInterval: bc.Scrape.Interval.D,
+		FirstByteTimeout: bc.FirstByteTimeout.D, TokenizeTimeout: bc.TokenizeTimeout.D,
 		Upstream: backends.UpstreamOptions{MaxConns: bc.MaxConnections},
 	}
 }
@@ -403,7 +404,7 @@ func gpuMemory(s string, probe func() ([]gpuinfo.Device, error)) (int64, error) 
 		return 0, nil
 	}
 	if !strings.HasPrefix(s, "nvml") {
-		sz, err := kvbudget.ParseSize(s)
+		sz, err := kvbudget.ParseMemory(s)
 		return sz.Bytes, err
 	}
 	idx := 0

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,8 +73,12 @@ type Server struct {
 	closed    bool
 	probes    sync.WaitGroup
 
-	base     context.Context // cancelled (errShutdown) at the end of Shutdown
-	stopBase context.CancelCauseFunc
+	// bases parent every request's context and are cancelled (errShutdown)
+	// at the end of Shutdown. A context registers its children under its own
+	// mutex, so one parent for every request made that the gateway's
+	// busiest lock; requests take the shards in turn.
+	bases    [baseShards]baseContext
+	nextBase atomic.Uint32
 
 	active       atomic.Int64 // exchanges between arrival and finish
 	warnedBlocks sync.Map     // *backends.Backend → true once its block size mismatch is logged
@@ -122,7 +127,9 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		return nil, err
 	}
 	s.watch = w
-	s.base, s.stopBase = context.WithCancelCause(context.Background())
+	for i := range s.bases {
+		s.bases[i].ctx, s.bases[i].stop = context.WithCancelCause(context.Background())
+	}
 	s.rt.Store(rt)
 	if s.fleet != nil {
 		s.fleet.attach(s.sched, func() []string { return s.rt.Load().modelOrder })
@@ -142,6 +149,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		ErrorHandler:                  s.handleServerError,
 		Name:                          "kvgate",
 		MaxRequestBodySize:            int(sc.MaxBodyBytes.Bytes),
+		ReadBufferSize:                int(sc.MaxHeaderBytes.Bytes), // fasthttp's bound on a request's line and headers
 		ReadTimeout:                   sc.ReadTimeout.or(defaultReadTimeout),
 		WriteTimeout:                  sc.writeTimeout(),
 		IdleTimeout:                   sc.IdleTimeout.or(defaultIdleTimeout),
@@ -155,11 +163,24 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	return s, nil
 }
 
-// slogPrintf adapts fasthttp's logger to slog.
+const baseShards = 16
+
+type baseContext struct {
+	ctx  context.Context
+	stop context.CancelCauseFunc
+}
+
+// base is the parent context of a new request.
+func (s *Server) base() context.Context {
+	return s.bases[s.nextBase.Add(1)%baseShards].ctx
+}
+
+// slogPrintf adapts fasthttp's logger to slog, without the request bytes
+// fasthttp quotes in its errors (they carry clients' keys).
 type slogPrintf struct{ l *slog.Logger }
 
 func (p slogPrintf) Printf(format string, args ...any) {
-	p.l.Warn("fasthttp", "msg", fmt.Sprintf(format, args...))
+	p.l.Warn("fasthttp", "msg", redact(fmt.Sprintf(format, args...)))
 }
 
 // Serve serves on ln until Shutdown.
@@ -179,7 +200,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.probes.Wait()
 	s.reloadMu.Unlock()
-	s.stopBase(errShutdown)
+	for _, b := range s.bases {
+		b.stop(errShutdown)
+	}
 	// What was still running is cancelled now; give it a moment to answer
 	// its clients (503) and give its reservations back.
 	for deadline := time.Now().Add(2 * time.Second); s.active.Load() > 0 && time.Now().Before(deadline); {
@@ -340,10 +363,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.serveCompletion(ctx, kind)
 		return
 	case "/v1/models":
-		s.serveModels(ctx)
+		s.serveModels(ctx, "")
 	case "/tokenize":
 		s.serveTokenize(ctx)
 	case "/metrics":
+		if !s.rt.Load().adminAllowed(ctx) {
+			unauthorized().write(ctx)
+			return
+		}
 		s.metricsHandler(ctx)
 	case "/healthz":
 		writeJSON(ctx, 200, map[string]string{"status": "ok"})
@@ -354,8 +381,16 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			(&apiError{status: 503, typ: typeServer, code: "no_healthy_backend", message: "no backend is healthy"}).write(ctx)
 		}
 	case "/status":
+		if !s.rt.Load().adminAllowed(ctx) {
+			unauthorized().write(ctx)
+			return
+		}
 		writeJSON(ctx, 200, s.status())
 	default:
+		if id, ok := strings.CutPrefix(path, "/v1/models/"); ok && id != "" {
+			s.serveModels(ctx, id) // ids may hold slashes (org/model)
+			return
+		}
 		(&apiError{status: 404, typ: typeInvalidRequest, code: "unknown_url",
 			message: fmt.Sprintf("Unknown request URL: %s %s.", method, path)}).write(ctx)
 	}
@@ -368,18 +403,24 @@ func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 }
 
 // handleServerError answers what fasthttp refuses before a handler runs.
+// fasthttp's error text quotes the request it could not read, headers and
+// keys included, so none of it is echoed.
 func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		(&apiError{status: 413, typ: typeInvalidRequest, code: "request_too_large",
-			message: fmt.Sprintf("The request body is larger than the %d bytes this gateway accepts.", s.rt.Load().cfg.Server.MaxBodyBytes.Bytes)}).write(ctx)
-		return
-	}
+	sc := s.rt.Load().cfg.Server
+	var small *fasthttp.ErrSmallBuffer
 	var te interface{ Timeout() bool }
-	if errors.As(err, &te) && te.Timeout() {
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		(&apiError{status: 413, typ: typeInvalidRequest, code: "request_too_large",
+			message: fmt.Sprintf("The request body is larger than the %d bytes this gateway accepts.", sc.MaxBodyBytes.Bytes)}).write(ctx)
+	case errors.As(err, &small) || errors.Is(err, fasthttp.ErrSmallReadBuffer):
+		(&apiError{status: 431, typ: typeInvalidRequest, code: "request_header_too_large",
+			message: fmt.Sprintf("The request line and headers are larger than the %d bytes this gateway accepts (server.max_header_bytes).", sc.MaxHeaderBytes.Bytes)}).write(ctx)
+	case errors.As(err, &te) && te.Timeout():
 		(&apiError{status: 408, typ: typeInvalidRequest, code: "request_timeout", message: "Timed out reading the request."}).write(ctx)
-		return
+	default:
+		(&apiError{status: 400, typ: typeInvalidRequest, code: "bad_request", message: "Malformed HTTP request."}).write(ctx)
 	}
-	(&apiError{status: 400, typ: typeInvalidRequest, code: "bad_request", message: "Malformed HTTP request: " + err.Error()}).write(ctx)
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
@@ -394,13 +435,19 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 }
 
 // serveModels lists the configured models as OpenAI does, with vLLM's
-// max_model_len.
-func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
+// max_model_len; with an id, it answers that model alone (the clients'
+// models.retrieve). Like OpenAI, it needs a key once tenants have keys:
+// clients check a key with models.list().
+func (s *Server) serveModels(ctx *fasthttp.RequestCtx, id string) {
 	if !ctx.IsGet() {
 		methodNotAllowed(ctx, "GET")
 		return
 	}
 	rt := s.rt.Load()
+	if _, ok := rt.authenticate(ctx); !ok {
+		unauthorized().write(ctx)
+		return
+	}
 	type entry struct {
 		ID          string `json:"id"`
 		Object      string `json:"object"`
@@ -408,12 +455,24 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx) {
 		OwnedBy     string `json:"owned_by"`
 		MaxModelLen int    `json:"max_model_len"`
 	}
+	model := func(name string) entry {
+		return entry{ID: name, Object: "model", Created: 0, OwnedBy: "kvgate", MaxModelLen: rt.models[name].maxLen}
+	}
+	if id != "" {
+		if rt.models[id] == nil {
+			(&apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
+				message: fmt.Sprintf("The model `%s` does not exist.", id)}).write(ctx)
+			return
+		}
+		writeJSON(ctx, 200, model(id))
+		return
+	}
 	out := struct {
 		Object string  `json:"object"`
 		Data   []entry `json:"data"`
 	}{Object: "list", Data: []entry{}}
 	for _, name := range rt.modelOrder {
-		out.Data = append(out.Data, entry{ID: name, Object: "model", Created: 0, OwnedBy: "kvgate", MaxModelLen: rt.models[name].maxLen})
+		out.Data = append(out.Data, model(name))
 	}
 	writeJSON(ctx, 200, out)
 }

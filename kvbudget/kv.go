@@ -88,7 +88,11 @@ func Blocks(tokens, blockSize int) int64 {
 	if tokens <= 0 {
 		return 0
 	}
-	return int64((tokens + blockSize - 1) / blockSize)
+	b := int64(tokens / blockSize) // not (tokens+blockSize-1)/blockSize, which wraps near MaxInt
+	if tokens%blockSize != 0 {
+		b++
+	}
+	return b
 }
 
 // RequestBlocks is the blocks a request takes at its largest: n sequences

@@ -172,6 +172,21 @@ func TestResolveKVDType(t *testing.T) {
 	}
 }
 
+// Issue 12, item 10: a GPU's memory without a unit is refused, never read
+// as bytes.
+func TestParseMemory(t *testing.T) {
+	for _, in := range []string{"24", "24.", "24.5", " 80 ", "1e3"} {
+		if _, err := ParseMemory(in); err == nil || !strings.Contains(err.Error(), "has no unit") {
+			t.Errorf("ParseMemory(%q) err = %v", in, err)
+		}
+	}
+	for in, want := range map[string]int64{"24GiB": 24 << 30, "24G": 24 << 30, "80GB": 80e9, "25769803776B": 24 << 30} {
+		if got, err := ParseMemory(in); err != nil || got.Bytes != want {
+			t.Errorf("ParseMemory(%q) = %d, %v", in, got.Bytes, err)
+		}
+	}
+}
+
 func TestDecodeBound(t *testing.T) {
 	// Llama-3-8B on an A100 80GB: 16 GB of weights and 32 sequences of
 	// 4096 tokens × 128 KiB: a step reads 16e9 + 32 × 536,870,912 bytes

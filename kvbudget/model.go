@@ -58,7 +58,20 @@ type Model struct {
 	// QuantBits is the width of quantized linear weights (4 for GPTQ/AWQ int4,
 	// 8 for FP8 checkpoints); 0 when the weights are in DType.
 	QuantBits int
+
+	// WeightKeysMissing lists the config keys the parameter (and so weight)
+	// estimate needs but the config lacks. The KV geometry does not need
+	// them: a config with the attention shapes alone still gives bytes per
+	// token, and its weights are unknown (see WeightsKnown).
+	WeightKeysMissing []string
 }
+
+// WeightsKnown says whether EstimateParams and WeightBytes mean anything:
+// the config has every key they need.
+func (m *Model) WeightsKnown() bool { return len(m.WeightKeysMissing) == 0 }
+
+// lacksForWeights notes a key only the weight estimate needs.
+func (m *Model) lacksForWeights(key string) { m.WeightKeysMissing = append(m.WeightKeysMissing, key) }
 
 // MLA is the latent-attention shape of DeepSeek-V2/V3.
 type MLA struct {
@@ -187,6 +200,9 @@ func (m *Model) readHeadDim(c hfConfig) error {
 		m.HeadDim = hd
 		return nil
 	}
+	if m.Hidden == 0 {
+		return &keyError{keys: []string{"head_dim", "hidden_size"}, reason: "missing"} // the head size is head_dim, else hidden_size / heads
+	}
 	if m.Hidden%m.Heads != 0 {
 		return fmt.Errorf("hidden size %d is not divisible by %d attention heads, and the config gives no head_dim", m.Hidden, m.Heads)
 	}
@@ -194,16 +210,24 @@ func (m *Model) readHeadDim(c hfConfig) error {
 	return nil
 }
 
+// readCommon reads layers (required), and the hidden size and vocabulary,
+// which only the weight estimate needs once the config gives head_dim.
 func (m *Model) readCommon(c hfConfig, layerKeys, hiddenKeys []string) error {
 	var err error
 	if m.Layers, err = c.requireInt(layerKeys...); err != nil {
 		return err
 	}
-	if m.Hidden, err = c.requireInt(hiddenKeys...); err != nil {
+	if m.Hidden, err = c.optInt(0, hiddenKeys...); err != nil {
 		return err
+	}
+	if m.Hidden == 0 {
+		m.lacksForWeights(hiddenKeys[0])
 	}
 	if m.Vocab, err = c.optInt(0, "vocab_size", "padded_vocab_size"); err != nil {
 		return err
+	}
+	if m.Vocab == 0 {
+		m.lacksForWeights("vocab_size")
 	}
 	m.MaxPositions, err = c.optInt(0, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
 	return err
@@ -357,11 +381,15 @@ func (m *Model) readMPT(c hfConfig) error {
 	if m.Family == FamilyDBRX {
 		fc := c.sub("ffn_config")
 		if fc == nil {
-			return &keyError{keys: []string{"ffn_config"}, reason: "missing"}
+			m.lacksForWeights("ffn_config")
+			fc = hfConfig{}
 		}
 		moe := &MoE{}
-		if moe.ExpertIntermediate, err = fc.requireInt("ffn_hidden_size"); err != nil {
+		if moe.ExpertIntermediate, err = fc.optInt(0, "ffn_hidden_size"); err != nil {
 			return fmt.Errorf("ffn_config: %w", err)
+		}
+		if moe.ExpertIntermediate == 0 && c.sub("ffn_config") != nil {
+			m.lacksForWeights("ffn_config.ffn_hidden_size")
 		}
 		if moe.Experts, err = fc.optInt(1, "moe_num_experts"); err != nil {
 			return fmt.Errorf("ffn_config: %w", err)
@@ -414,8 +442,11 @@ func (m *Model) readDeepSeek(c hfConfig) error {
 	// The cache holds one latent per token and layer: vLLM treats it as one
 	// KV head of size kv_lora_rank + qk_rope_head_dim.
 	m.KVHeads, m.HeadDim = 1, mla.KVLoraRank+mla.QKRopeHeadDim
-	if m.Intermediate, err = c.requireInt("intermediate_size"); err != nil {
+	if m.Intermediate, err = c.optInt(0, "intermediate_size"); err != nil {
 		return err
+	}
+	if m.Intermediate == 0 {
+		m.lacksForWeights("intermediate_size")
 	}
 	m.GatedMLP = true
 	m.TiedEmbeddings = c.boolKey(false, "tie_word_embeddings")
@@ -424,8 +455,11 @@ func (m *Model) readDeepSeek(c hfConfig) error {
 		return err
 	}
 	moe := &MoE{Experts: experts}
-	if moe.ExpertIntermediate, err = c.requireInt("moe_intermediate_size"); err != nil {
+	if moe.ExpertIntermediate, err = c.optInt(0, "moe_intermediate_size"); err != nil {
 		return err
+	}
+	if moe.ExpertIntermediate == 0 {
+		m.lacksForWeights("moe_intermediate_size")
 	}
 	shared, err := c.optInt(0, "n_shared_experts")
 	if err != nil {

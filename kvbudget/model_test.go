@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -202,7 +203,6 @@ func TestBadConfigs(t *testing.T) {
 		{"gpt2 no layers", `{"model_type":"gpt2","n_embd":768,"n_head":12}`, `"n_layer"`, true},
 		{"mpt no heads", `{"model_type":"mpt","d_model":4096,"n_layers":32}`, `"n_heads"`, true},
 		{"chatglm no group", `{"model_type":"chatglm","hidden_size":4096,"num_layers":28,"num_attention_heads":32,"multi_query_attention":true}`, `"multi_query_group_num"`, true},
-		{"dbrx no ffn", `{"model_type":"dbrx","d_model":6144,"n_layers":40,"n_heads":48}`, `"ffn_config"`, true},
 		{"deepseek no rope", `{"model_type":"deepseek_v3","hidden_size":7168,"num_hidden_layers":61,"num_attention_heads":128,"kv_lora_rank":512,"intermediate_size":18432}`, `"qk_rope_head_dim"`, true},
 		{"hidden not divisible", `{"model_type":"llama","hidden_size":4096,"num_attention_heads":30,"num_hidden_layers":32}`, "not divisible by 30", false},
 		{"kv heads not dividing", `{"model_type":"llama","hidden_size":4096,"num_attention_heads":32,"num_key_value_heads":6,"num_hidden_layers":32}`, "not a multiple of 6 KV heads", false},
@@ -222,6 +222,49 @@ func TestBadConfigs(t *testing.T) {
 				t.Errorf("errors.Is(err, ErrMissingKey) = %v, want %v", got, tt.missing)
 			}
 		})
+	}
+}
+
+// Issue 12, item 11: a config with the attention geometry but without what
+// the weight estimate needs still gives its KV layout; its weights are
+// unknown, and which keys are lacking is said.
+func TestWeightKeysMissing(t *testing.T) {
+	tests := []struct {
+		name, json    string
+		bytesPerToken int64
+		missing       []string
+	}{
+		{"deepseek without intermediate_size",
+			`{"model_type":"deepseek_v3","hidden_size":7168,"num_hidden_layers":61,"num_attention_heads":128,"kv_lora_rank":512,"qk_rope_head_dim":64,"vocab_size":129280,"torch_dtype":"bfloat16"}`,
+			61 * 576 * 2, []string{"intermediate_size"}},
+		{"deepseek MoE without moe_intermediate_size",
+			`{"model_type":"deepseek_v3","hidden_size":7168,"num_hidden_layers":61,"num_attention_heads":128,"kv_lora_rank":512,"qk_rope_head_dim":64,"vocab_size":129280,"intermediate_size":18432,"n_routed_experts":256,"torch_dtype":"bfloat16"}`,
+			61 * 576 * 2, []string{"moe_intermediate_size"}},
+		{"dbrx without ffn_config",
+			`{"model_type":"dbrx","d_model":6144,"n_layers":40,"n_heads":48,"attn_config":{"kv_n_heads":8},"vocab_size":100352,"torch_dtype":"bfloat16"}`,
+			2 * 40 * 8 * 128 * 2, []string{"ffn_config"}},
+		{"llama with head_dim, without hidden_size and vocab_size",
+			`{"model_type":"llama","num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"head_dim":128,"torch_dtype":"bfloat16"}`,
+			2 * 32 * 8 * 128 * 2, []string{"hidden_size", "vocab_size"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := ParseModelConfig([]byte(tt.json))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := m.KVLayout(KVSpec{})
+			if err != nil || l.BytesPerToken != tt.bytesPerToken {
+				t.Fatalf("bytes per token %d, %v; want %d", l.BytesPerToken, err, tt.bytesPerToken)
+			}
+			if m.WeightsKnown() || !slices.Equal(m.WeightKeysMissing, tt.missing) {
+				t.Errorf("weights known %v, missing %v; want %v", m.WeightsKnown(), m.WeightKeysMissing, tt.missing)
+			}
+		})
+	}
+	m, err := ParseModelConfig([]byte(`{"model_type":"llama","hidden_size":4096,"num_attention_heads":32,"num_hidden_layers":32,"vocab_size":32000}`))
+	if err != nil || !m.WeightsKnown() {
+		t.Errorf("a complete config: known %v, %v", m.WeightsKnown(), err)
 	}
 }
 

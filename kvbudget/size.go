@@ -57,6 +57,17 @@ func ParseSize(s string) (Size, error) {
 	return Size{Bytes: int64(math.Round(b)), Unit: desc}, nil
 }
 
+// ParseMemory reads the memory of a GPU as ParseSize does, but refuses a
+// bare number: "24" is far more likely 24 GiB than 24 bytes, and neither
+// reading should be guessed. Bytes are written with a B ("25769803776B").
+func ParseMemory(s string) (Size, error) {
+	t := strings.TrimSpace(s)
+	if t != "" && (t[len(t)-1] == '.' || t[len(t)-1] >= '0' && t[len(t)-1] <= '9') {
+		return Size{}, fmt.Errorf("memory size %q has no unit: write %sGiB (binary) or %sGB (decimal), or %sB for bytes", s, t, t, t)
+	}
+	return ParseSize(s)
+}
+
 // FormatBytes renders n in binary units with one decimal ("14.9 GiB").
 func FormatBytes(n int64) string {
 	neg := n < 0

@@ -83,9 +83,11 @@ type Config struct {
 	// Seed makes the workload and the arrivals repeat; any value is valid.
 	Seed uint64
 
-	// Ceiling is the highest peak KV-cache usage (0–1] a safe step may show;
+	// MaxKVUsage is the highest peak KV-cache usage (0–1] a safe step may show,
+	// as a share of the backend's KV block pool (not of GPU memory: that is
+	// what the gateway's and plan's ceiling mean);
 	// default 0.75.
-	Ceiling float64
+	MaxKVUsage float64
 	// SLOTTFT and SLOE2E are latency objectives; 0 means none.
 	SLOTTFT time.Duration
 	SLOE2E  time.Duration
@@ -130,7 +132,7 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultCeiling        = 0.75
+	DefaultMaxKVUsage     = 0.75
 	DefaultSLOAttainment  = 0.99
 	DefaultConfidence     = 0.95
 	DefaultMaxReruns      = 2
@@ -258,11 +260,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.OutputTokens == nil {
 		c.OutputTokens = fixed(128)
 	}
-	if c.Ceiling == 0 {
-		c.Ceiling = DefaultCeiling
+	if c.MaxKVUsage == 0 {
+		c.MaxKVUsage = DefaultMaxKVUsage
 	}
-	if !(c.Ceiling > 0 && c.Ceiling <= 1) {
-		return c, fmt.Errorf("Ceiling: must be in (0, 1], got %g", c.Ceiling)
+	if !(c.MaxKVUsage > 0 && c.MaxKVUsage <= 1) {
+		return c, fmt.Errorf("MaxKVUsage: must be in (0, 1], got %g", c.MaxKVUsage)
 	}
 	if c.SLOTTFT < 0 || c.SLOE2E < 0 {
 		return c, errors.New("SLOTTFT, SLOE2E: must be ≥ 0")

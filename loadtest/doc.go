@@ -53,7 +53,7 @@
 //
 // A step is safe when, over its counted requests: none overflowed, failed
 // with a 5xx or another 4xx, timed out or lost its connection; the peak KV
-// usage stayed at or under the ceiling (default 0.75; note this is vLLM's
+// usage stayed at or under --max-kv-usage (default 0.75; note this is vLLM's
 // share of its KV block pool, not of GPU memory); it was not over-saturated;
 // and, when SLOs are given, the share of requests that met every SLO is at
 // or above --slo-attainment (default 0.99, i.e. p99 within the SLO) with

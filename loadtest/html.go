@@ -129,8 +129,8 @@ func htmlView(r *Report) htmlData {
 			return s.KV.PeakUsage, true
 		})
 	kv.yMax = 1
-	ceiling := r.Config.Ceiling
-	kv.hlines = append(kv.hlines, refLine{at: ceiling, color: colorCeiling, label: fmt.Sprintf("ceiling %.0f%%", 100*ceiling)})
+	ceiling := r.Config.MaxKVUsage
+	kv.hlines = append(kv.hlines, refLine{at: ceiling, color: colorCeiling, label: fmt.Sprintf("KV limit %.0f%%", 100*ceiling)})
 	if r.Config.SLOTTFTMs > 0 {
 		ttft.hlines = append(ttft.hlines, refLine{at: r.Config.SLOTTFTMs, color: colorCeiling, label: "SLO " + fmtMs(r.Config.SLOTTFTMs)})
 	}
@@ -142,7 +142,7 @@ func htmlView(r *Report) htmlData {
 	curve := &plot{id: "curve", title: "Memory curve: KV-cache usage through the run",
 		xTitle: fmt.Sprintf("seconds of load (steps end to end), sampled every %s", fmtSeconds(c.ScrapeIntervalS)),
 		yTitle: "KV usage", yFmt: pctFmt, yMax: 1, noMarker: true,
-		hlines: []refLine{{at: ceiling, color: colorCeiling, label: fmt.Sprintf("ceiling %.0f%%", 100*ceiling)}}}
+		hlines: []refLine{{at: ceiling, color: colorCeiling, label: fmt.Sprintf("KV limit %.0f%%", 100*ceiling)}}}
 	for _, t := range r.Targets {
 		series := plotSeries{name: t.Name, color: colors[t.Name]}
 		offset := 0.0
@@ -217,7 +217,7 @@ func htmlView(r *Report) htmlData {
 		per = append(per, "max(100, 4 × level) requests")
 	}
 	add("per step", strings.Join(per, " or ")+fmt.Sprintf(", warm-up %d (0: one per worker)", c.Warmup))
-	add("ceiling", fmt.Sprintf("%.0f%% peak KV usage", 100*c.Ceiling))
+	add("max KV usage", fmt.Sprintf("%.0f%% of the KV pool", 100*c.MaxKVUsage))
 	add("KV sampling", fmt.Sprintf("/metrics every %s", fmtSeconds(c.ScrapeIntervalS)))
 	slo := "none"
 	if c.SLOTTFTMs > 0 || c.SLOE2EMs > 0 {

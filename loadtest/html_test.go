@@ -44,7 +44,7 @@ func TestHTMLIsSelfContained(t *testing.T) {
 		}
 	}
 	// The memory curve says how often it was sampled (the fake run's 10 ms).
-	for _, want := range []string{"ceiling 75%", "safe: 4 (fake)", "Safe concurrency for fake: 4", `class="marker unsafe"`, "<table id=\"steps\">",
+	for _, want := range []string{"KV limit 75%", "safe: 4 (fake)", "Safe concurrency for fake: 4", `class="marker unsafe"`, "<table id=\"steps\">",
 		"sampled every 10 ms"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("report lacks %q", want)
@@ -75,6 +75,7 @@ func TestHTMLCompareOverlaysTargets(t *testing.T) {
 		Concurrency: []int{1, 2, 4, 8}, Requests: 20, Warmup: -1, ScrapeInterval: 10 * time.Millisecond,
 		OutputTokens: fixed(4), PromptTokens: fixed(20),
 	}
+	withGang(&cfg, a, b)
 	rep, err := Run(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)

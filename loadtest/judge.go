@@ -52,7 +52,7 @@ func judge(s *StepReport, c criteria) {
 		fail = append(fail, fmt.Sprintf("%d client errors (4xx other than 429)", n.Client4xx))
 	}
 	if s.KV != nil && s.KV.PeakUsage > c.ceiling {
-		fail = append(fail, fmt.Sprintf("peak KV usage %.1f%% above the ceiling %.0f%%", 100*s.KV.PeakUsage, 100*c.ceiling))
+		fail = append(fail, fmt.Sprintf("peak KV usage %.1f%% above the limit %.0f%%", 100*s.KV.PeakUsage, 100*c.ceiling))
 	}
 	switch s.StoppedEarly {
 	case "":

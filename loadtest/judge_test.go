@@ -142,7 +142,7 @@ func TestJudge(t *testing.T) {
 		{"timeout", func(s *StepReport) { s.Requests.OK, s.Requests.Timeout = 99, 1 }, "unsafe", "timed out (over 1m0s)"},
 		{"connection errors", func(s *StepReport) { s.Requests.OK, s.Requests.ConnError = 98, 2 }, "unsafe", "2 connection errors"},
 		{"4xx", func(s *StepReport) { s.Requests.OK, s.Requests.Client4xx = 99, 1 }, "unsafe", "client errors"},
-		{"KV above the ceiling", func(s *StepReport) { s.KV.PeakUsage = 0.76 }, "unsafe", "peak KV usage 76.0% above the ceiling 75%"},
+		{"KV above the ceiling", func(s *StepReport) { s.KV.PeakUsage = 0.76 }, "unsafe", "peak KV usage 76.0% above the limit 75%"},
 		{"KV at the ceiling is under it", func(s *StepReport) { s.KV.PeakUsage = 0.75 }, "safe", ""},
 		{"KV not measured", func(s *StepReport) { s.KV = nil }, "safe", ""},
 		{"shedding is not failing", func(s *StepReport) { s.Requests.OK, s.Requests.Shed = 40, 60 }, "safe", ""},

@@ -241,7 +241,7 @@ func stepFigures(s *StepReport, c Config) string {
 	}
 	parts = append(parts, "p99 end-to-end "+fmtMs(s.E2E.P99))
 	if s.KV != nil {
-		parts = append(parts, fmt.Sprintf("peak KV %.0f%% (ceiling %.0f%%)", 100*s.KV.PeakUsage, 100*c.Ceiling))
+		parts = append(parts, fmt.Sprintf("peak KV %.0f%% (limit %.0f%%)", 100*s.KV.PeakUsage, 100*c.MaxKVUsage))
 	} else {
 		parts = append(parts, "KV usage not measured")
 	}
@@ -295,7 +295,7 @@ type RunConfig struct {
 	PromptTokens       string         `json:"prompt_tokens"`
 	OutputTokens       string         `json:"output_tokens"`
 	Seed               uint64         `json:"seed"`
-	Ceiling            float64        `json:"ceiling"`
+	MaxKVUsage         float64        `json:"max_kv_usage"`
 	SLOTTFTMs          float64        `json:"slo_ttft_ms"`
 	SLOE2EMs           float64        `json:"slo_e2e_ms"`
 	SLOAttainment      float64        `json:"slo_attainment"`
@@ -324,7 +324,7 @@ func echoConfig(c Config) RunConfig {
 		Mode: c.Mode, Levels: c.levels(), Search: c.Search, KeepGoing: c.KeepGoing,
 		Requests: c.Requests, DurationS: c.Duration.Seconds(), Warmup: c.Warmup,
 		PromptTokens: c.PromptTokens.String(), OutputTokens: c.OutputTokens.String(), Seed: c.Seed,
-		Ceiling: c.Ceiling, SLOTTFTMs: ms(c.SLOTTFT), SLOE2EMs: ms(c.SLOE2E), SLOAttainment: c.SLOAttainment,
+		MaxKVUsage: c.MaxKVUsage, SLOTTFTMs: ms(c.SLOTTFT), SLOE2EMs: ms(c.SLOE2E), SLOAttainment: c.SLOAttainment,
 		Confidence: c.Confidence, MinRequests: c.MinRequests, MaxReruns: c.MaxReruns,
 		RequestTimeoutS: c.RequestTimeout.Seconds(), MaxStepTimeS: c.MaxStepTime.Seconds(), MaxInFlight: c.MaxInFlight,
 		ScrapeIntervalS: c.ScrapeInterval.Seconds(), CooldownS: max(c.Cooldown, 0).Seconds(), SaturationStop: !c.NoSaturationStop,

@@ -234,7 +234,7 @@ func runTarget(ctx context.Context, c Config, ti int, p *prepared, metricsClient
 	aggs := map[float64]*levelAgg{}
 	stepIndex := map[float64]int{}
 	slo := sloLimits{ttft: c.SLOTTFT, e2e: c.SLOE2E}
-	crit := criteria{ceiling: c.Ceiling, slo: slo, minRequests: c.MinRequests, timeout: c.RequestTimeout}
+	crit := criteria{ceiling: c.MaxKVUsage, slo: slo, minRequests: c.MinRequests, timeout: c.RequestTimeout}
 	var scrape func(context.Context) (MetricsSample, error)
 	if p.metricsURL != "" {
 		scrape = func(ctx context.Context) (MetricsSample, error) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/kvbudget"
@@ -186,6 +187,8 @@ func (c Config) resolve() (*settings, error) {
 	s.layout = l
 	s.weights = c.WeightsBytes
 	switch {
+	case s.weights == 0 && !s.geometry.WeightsKnown():
+		return nil, fieldErr("WeightsBytes", "required: the model config lacks %s, which the weight estimate needs", strings.Join(s.geometry.WeightKeysMissing, ", "))
 	case s.weights == 0:
 		s.weights = s.geometry.WeightBytes(s.geometry.ServedDType())
 	case s.weights < 0:

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/kvgate/kvgate/kvbudget"
@@ -28,12 +29,18 @@ type kvReport struct {
 	BlockSize         int    `json:"block_size"`
 	BytesPerToken     int64  `json:"bytes_per_token"`
 	BytesPerBlock     int64  `json:"bytes_per_block"`
-	Params            int64  `json:"params"`
+	Params            int64  `json:"params"` // 0 when unknown
 	WeightDType       string `json:"weight_dtype"`
-	WeightBytes       int64  `json:"weight_bytes"`
-	WeightBytesPerGPU int64  `json:"weight_bytes_per_gpu"`
-	MaxPositions      int    `json:"max_position_embeddings,omitempty"`
+	WeightBytes       int64  `json:"weight_bytes"`         // 0 when unknown
+	WeightBytesPerGPU int64  `json:"weight_bytes_per_gpu"` // 0 when unknown
+	// WeightsUnknown lists the config keys the weight estimate needs and the
+	// config lacks (absent when the weights are known or given).
+	WeightsUnknown []string `json:"weights_unknown_missing_keys,omitempty"`
+	MaxPositions   int      `json:"max_position_embeddings,omitempty"`
 }
+
+// weightsKnown says whether the report has weight figures.
+func (r *kvReport) weightsKnown() bool { return len(r.WeightsUnknown) == 0 }
 
 // modelFlags are the flags kv and plan share: which model, served how.
 type modelFlags struct {
@@ -74,15 +81,20 @@ func (f *modelFlags) resolve() (kvReport, *kvbudget.Model, kvbudget.KVLayout, er
 	if m.QuantBits > 0 {
 		wdName = fmt.Sprintf("%s, linear layers at %d bits", wd, m.QuantBits)
 	}
+	params := m.EstimateParams().Total()
+	var unknown []string
+	if !m.WeightsKnown() {
+		weights, params, unknown = 0, 0, m.WeightKeysMissing
+	}
 	if f.weights.set {
-		weights, wdName = f.weights.size.Bytes, "as given by --weights-bytes"
+		weights, wdName, unknown = f.weights.size.Bytes, "as given by --weights-bytes", nil
 	}
 	r := kvReport{
 		ModelConfig: f.config, ModelType: m.ModelType, Family: string(m.Family),
 		Layers: l.Layers, KVHeads: l.KVHeads, KVHeadsPerGPU: l.KVHeadsPerGPU, HeadDim: l.HeadDim, MLA: l.MLA,
 		KVDType: string(l.DType), DTypeBytes: l.DType.Bytes(), TP: l.TP, BlockSize: l.BlockSize,
 		BytesPerToken: l.BytesPerToken, BytesPerBlock: l.BytesPerBlock,
-		Params: m.EstimateParams().Total(), WeightDType: wdName,
+		Params: params, WeightDType: wdName, WeightsUnknown: unknown,
 		WeightBytes: weights, WeightBytesPerGPU: weights / int64(l.TP), MaxPositions: m.MaxPositions,
 	}
 	return r, m, l, nil
@@ -116,8 +128,16 @@ func runKV(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(tw, "block size\t%d tokens\n", r.BlockSize)
 	fmt.Fprintf(tw, "per token\t%s (%d bytes) on each GPU\n", kvbudget.FormatBytes(r.BytesPerToken), r.BytesPerToken)
 	fmt.Fprintf(tw, "per block\t%s (%d bytes)\n", kvbudget.FormatBytes(r.BytesPerBlock), r.BytesPerBlock)
-	fmt.Fprintf(tw, "params\t%.2f B (estimated from the config)\n", float64(r.Params)/1e9)
-	fmt.Fprintf(tw, "weights\t%s in %s, %s per GPU\n", kvbudget.FormatBytes(r.WeightBytes), r.WeightDType, kvbudget.FormatBytes(r.WeightBytesPerGPU))
+	if r.Params > 0 {
+		fmt.Fprintf(tw, "params\t%.2f B (estimated from the config)\n", float64(r.Params)/1e9)
+	} else {
+		fmt.Fprintf(tw, "params\tunknown\n")
+	}
+	if r.weightsKnown() {
+		fmt.Fprintf(tw, "weights\t%s in %s, %s per GPU\n", kvbudget.FormatBytes(r.WeightBytes), r.WeightDType, kvbudget.FormatBytes(r.WeightBytesPerGPU))
+	} else {
+		fmt.Fprintf(tw, "weights\tunknown: the config lacks %s (pass --weights-bytes to give them)\n", strings.Join(r.WeightsUnknown, ", "))
+	}
 	if err := tw.Flush(); err != nil {
 		return fail(stderr, "kv", exitNo, "write: %v", err)
 	}

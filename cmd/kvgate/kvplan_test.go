@@ -128,7 +128,8 @@ func TestBadInput(t *testing.T) {
 		{[]string{"kv", "--model-config", llama3, "extra"}, `unexpected argument "extra"`},
 		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "-24GiB"}, "negative"},
 		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "lots"}, "invalid memory size"},
-		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "0"}, "gpu memory must be > 0"},
+		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "0GiB"}, "gpu memory must be > 0"},
+		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "24"}, `"24" has no unit: write 24GiB`},
 		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "24GiB", "--utilization", "1.5"}, "--utilization must be in (0, 1]"},
 		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "24GiB", "--context", "0"}, "--context must be >= 1"},
 		{[]string{"plan", "--model-config", llama3, "--gpu-memory", "24GiB", "--reserve", "x"}, "invalid memory size"},
@@ -155,6 +156,45 @@ func TestHelpListsOnlyBuiltCommands(t *testing.T) {
 		if code != exitOK || !strings.Contains(sub, "Usage: kvgate "+c.name) {
 			t.Errorf("%s --help: exit %d\n%s", c.name, code, sub)
 		}
+	}
+}
+
+// Issue 12, item 11: a config with the attention geometry but without the
+// keys the weight estimate needs still gives its KV bytes (exit 0), with
+// the weights marked unknown; plan says which key it needs, and works once
+// the weights are given.
+func TestKVWithoutWeightKeys(t *testing.T) {
+	dir := t.TempDir()
+	for name, cfg := range map[string]string{
+		"deepseek.json": `{"model_type":"deepseek_v3","hidden_size":7168,"num_hidden_layers":61,"num_attention_heads":128,"kv_lora_rank":512,"qk_rope_head_dim":64,"vocab_size":129280,"torch_dtype":"bfloat16"}`,
+		"dbrx.json":     `{"model_type":"dbrx","d_model":6144,"n_layers":40,"n_heads":48,"attn_config":{"kv_n_heads":8},"vocab_size":100352,"torch_dtype":"bfloat16"}`,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(cfg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deepseek, dbrx := filepath.Join(dir, "deepseek.json"), filepath.Join(dir, "dbrx.json")
+
+	code, out, errOut := runCLI(t, "kv", "--model-config", deepseek)
+	if code != exitOK || !strings.Contains(out, "per token") || !strings.Contains(out, "weights     unknown: the config lacks intermediate_size") {
+		t.Fatalf("kv: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = runCLI(t, "kv", "--model-config", dbrx, "--json")
+	var r kvReport
+	if err := json.Unmarshal([]byte(out), &r); code != exitOK || err != nil {
+		t.Fatalf("kv --json: exit %d, %v\n%s%s", code, err, out, errOut)
+	}
+	if r.BytesPerToken != 2*40*8*128*2 || r.WeightBytes != 0 || len(r.WeightsUnknown) != 1 || r.WeightsUnknown[0] != "ffn_config" {
+		t.Errorf("kv --json: %+v", r)
+	}
+
+	code, _, errOut = runCLI(t, "plan", "--model-config", deepseek, "--gpu-memory", "80GiB")
+	if code != exitUsage || !strings.Contains(errOut, "the weight estimate needs intermediate_size") || !strings.Contains(errOut, "--weights-bytes") {
+		t.Errorf("plan without weights: exit %d: %s", code, errOut)
+	}
+	code, out, errOut = runCLI(t, "plan", "--model-config", dbrx, "--gpu-memory", "80GiB", "--tp", "8", "--weights-bytes", "264GB")
+	if code != exitOK || !strings.Contains(out, "KV budget per GPU") || !strings.Contains(out, "params unknown, 245.9 GiB of weights as given by --weights-bytes") {
+		t.Errorf("plan with --weights-bytes: exit %d\n%s%s", code, out, errOut)
 	}
 }
 

@@ -16,7 +16,6 @@ import (
 
 	"github.com/mattn/go-isatty"
 
-	"github.com/kvgate/kvgate/kvbudget"
 	"github.com/kvgate/kvgate/loadtest"
 )
 
@@ -24,7 +23,7 @@ const loadtestSynopsis = `--target URL [--concurrency 1..256x2 | --rate 1,2,5 | 
 
 Finds the safe concurrency (or request rate) of an OpenAI-compatible server:
 the highest load level with no overflow and no server error, peak KV usage
-under --ceiling, and p99 latency within the SLOs. Prints the steps as a table
+under --max-kv-usage, and p99 latency within the SLOs. Prints the steps as a table
 and the answer as one sentence.
 
 Exit codes: 0 a level was safe (for every target compared); 1 none was, the
@@ -42,7 +41,7 @@ type loadtestFlags struct {
 	scrapeInterval, cooldown                      time.Duration
 	promptTokens, outputTokens                    string
 	seed                                          uint64
-	ceiling, sloAttainment, confidence            float64
+	maxKV, sloAttainment, confidence              float64
 	sloTTFT, sloE2E                               time.Duration
 	metricsURL, jsonPath, csvPath, htmlPath, prog string
 	price                                         string
@@ -67,7 +66,10 @@ func (f *loadtestFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.promptTokens, "prompt-tokens", "fixed:512", "prompt length distribution: fixed:N, uniform:A-B, normal:MEAN,SD, lognormal:MEDIAN,SIGMA or file:PATH (one length a line)")
 	fs.StringVar(&f.outputTokens, "output-tokens", "fixed:128", "output length (max_tokens) distribution, same forms as --prompt-tokens")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the lengths, the prompts and the arrivals: the same seed repeats the run")
-	fs.Float64Var(&f.ceiling, "ceiling", kvbudget.DefaultCeiling, "highest peak KV-cache usage (0–1] a safe step may reach, as the server reports it (vllm:kv_cache_usage_perc)")
+	fs.Float64Var(&f.maxKV, "max-kv-usage", loadtest.DefaultMaxKVUsage, "highest peak KV-cache usage a safe step may reach, as a share (0–1] of the backend's KV block pool (vllm:kv_cache_usage_perc) — not the gateway's ceiling, which is a share of GPU memory")
+	fs.Func("ceiling", "renamed --max-kv-usage", func(string) error {
+		return errors.New("renamed --max-kv-usage: it is a share of the backend's KV pool, while kvgate's ceiling is a share of GPU memory")
+	})
 	fs.DurationVar(&f.sloTTFT, "slo-ttft", 0, "time-to-first-token objective, e.g. 500ms (default none)")
 	fs.DurationVar(&f.sloE2E, "slo-e2e", 0, "end-to-end latency objective, e.g. 20s (default none)")
 	fs.Float64Var(&f.sloAttainment, "slo-attainment", loadtest.DefaultSLOAttainment, "share of requests (0–1] that must meet every SLO, proven by the lower Wilson bound")
@@ -203,10 +205,10 @@ func (f *loadtestFlags) config(set map[string]bool) (loadtest.Config, error) {
 		return c, badFlag("output-tokens", "%v", err)
 	}
 	c.Seed = f.seed
-	if !(f.ceiling > 0 && f.ceiling <= 1) {
-		return c, badFlag("ceiling", "must be in (0, 1], got %g", f.ceiling)
+	if !(f.maxKV > 0 && f.maxKV <= 1) {
+		return c, badFlag("max-kv-usage", "must be in (0, 1], got %g", f.maxKV)
 	}
-	c.Ceiling = f.ceiling
+	c.MaxKVUsage = f.maxKV
 	if f.sloTTFT < 0 || (set["slo-ttft"] && f.sloTTFT == 0) {
 		return c, badFlag("slo-ttft", "must be positive, got %s", f.sloTTFT)
 	}

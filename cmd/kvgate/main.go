@@ -52,6 +52,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "-h", "-help", "--help", "help":
 		usage(stdout)
 		return exitOK
+	case "-version", "--version", "version":
+		fmt.Fprintln(stdout, versionString())
+		return exitOK
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {
@@ -68,7 +71,7 @@ func usage(w io.Writer) {
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
-	fmt.Fprint(w, "\nRun 'kvgate <command> --help' for a command's flags.\n"+
+	fmt.Fprint(w, "\nRun 'kvgate <command> --help' for a command's flags, 'kvgate --version' for the build.\n"+
 		"Exit codes: 0 ok, 1 the answer is no or a run-time failure, 2 bad usage or input.\n")
 }
 

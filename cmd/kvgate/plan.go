@@ -74,7 +74,8 @@ func runPlan(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("plan", "--model-config PATH [--gpu-memory 24GiB] [--context 8192] [--tp N] [--utilization 0.75] [--price GPU=PRICE/h,...] [--json]", stdout, stderr)
 	var mf modelFlags
 	mf.register(fs)
-	var gpuMem, reserve, other sizeFlag
+	var reserve, other sizeFlag
+	gpuMem := sizeFlag{gpu: true}
 	fs.Var(&gpuMem, "gpu-memory", "memory of one GPU: 80GiB, 80GB (decimal), 24G (read as GiB); default: read from the local GPU through NVML")
 	fs.Var(&reserve, "reserve", "activation and runtime memory kept per GPU (vLLM's profiled activation peak, CUDA graphs, non-torch allocations) (default 1GiB)")
 	fs.Var(&other, "other-used", "memory used on each GPU by other processes (default 0)")
@@ -94,6 +95,10 @@ func runPlan(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	mr, _, layout, err := mf.resolve()
 	if err != nil {
 		return fail(stderr, "plan", exitUsage, "%v", err)
+	}
+	if !mr.weightsKnown() {
+		return fail(stderr, "plan", exitUsage, "--model-config %s: the weight estimate needs %s, which the config lacks; add it to the config or pass --weights-bytes (the model's weight bytes, e.g. 16GB)",
+			mf.config, strings.Join(mr.WeightsUnknown, " and "))
 	}
 	prices, err := parseGPUPrices(*priceList, kvbudget.CommonGPUs())
 	if err != nil {
@@ -176,8 +181,12 @@ func runPlan(_ context.Context, args []string, stdout, stderr io.Writer) int {
 
 func printPlan(w io.Writer, r *planReport, raw, gpuName string) {
 	m := r.Model
-	fmt.Fprintf(w, "Model:  %s (%s rules), %.2f B params, %s of weights in %s\n",
-		m.ModelConfig, m.Family, float64(m.Params)/1e9, kvbudget.FormatBytes(m.WeightBytes), m.WeightDType)
+	params := "params unknown"
+	if m.Params > 0 {
+		params = fmt.Sprintf("%.2f B params", float64(m.Params)/1e9)
+	}
+	fmt.Fprintf(w, "Model:  %s (%s rules), %s, %s of weights %s\n",
+		m.ModelConfig, m.Family, params, kvbudget.FormatBytes(m.WeightBytes), weightsSource(m.WeightDType))
 	fmt.Fprintf(w, "KV:     %s per token, %s per block of %d tokens, %s cache, on each of %d GPU(s)\n",
 		kvbudget.FormatBytes(m.BytesPerToken), kvbudget.FormatBytes(m.BytesPerBlock), m.BlockSize, m.KVDType, m.TP)
 	if gpuName != "" {
@@ -389,4 +398,13 @@ func minTPThatFits(mf *modelFlags, r planReport) int {
 		}
 	}
 	return 0
+}
+
+// weightsSource says where the weight bytes come from, for the plan's first
+// line: "in bfloat16", or "as given by --weights-bytes".
+func weightsSource(dtype string) string {
+	if strings.HasPrefix(dtype, "as given") {
+		return dtype
+	}
+	return "in " + dtype
 }

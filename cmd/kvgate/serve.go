@@ -12,7 +12,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -149,11 +148,8 @@ send load to %[3]s directly to see it, or through the gateway to see it not happ
 				logger.Info("config reloaded", "file", *cfgPath)
 			}
 		case <-ctx.Done():
-			logger.Info("shutting down: finishing in-flight requests", "timeout", cfg.Server.ShutdownTimeout.D)
-			timeout := cfg.Server.ShutdownTimeout.D
-			if timeout == 0 {
-				timeout = 30 * time.Second
-			}
+			timeout := cfg.Server.DrainTimeout()
+			logger.Info("shutting down: finishing in-flight requests", "drain_timeout", timeout)
 			sctx, cancel := context.WithTimeout(context.Background(), timeout)
 			err := srv.Shutdown(sctx)
 			cancel()

@@ -139,6 +139,11 @@ backends:
 	case <-time.After(10 * time.Second):
 		t.Fatal("serve did not exit after shutdown")
 	}
+	// The log states the drain timeout that applies (the default here),
+	// not the unset field's zero.
+	if !strings.Contains(stderr.String(), "drain_timeout=30s") {
+		t.Errorf("the shutdown log does not state the real drain timeout:\n%s", stderr.String())
+	}
 }
 
 func TestServeBadConfig(t *testing.T) {

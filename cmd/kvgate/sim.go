@@ -39,6 +39,7 @@ type simFlags struct {
 }
 
 func (f *simFlags) register(fs *flag.FlagSet) {
+	f.gpuMemory.gpu = true
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8000", "`address` to serve vLLM's OpenAI API on (port 0: any free port)")
 	fs.StringVar(&f.model, "model", sim.DefaultModel, "served model `name`; requests naming another model get 404")
 	fs.StringVar(&f.modelConfig, "model-config", "", "Hugging Face `config.json` (or its directory) whose KV geometry to simulate (default: built-in Llama-3-8B)")

@@ -1,0 +1,151 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// checkShape walks a YAML document against the Config type before it is
+// decoded, so that a misspelt key or a value of the wrong kind is reported
+// by its path in the file (admission.queue.max_request) in the operator's
+// terms, not as a line number and a Go type name. It finds every such
+// problem, in document order.
+func checkShape(doc *yaml.Node) error {
+	if doc == nil || doc.Kind == 0 {
+		return nil
+	}
+	if doc.Kind == yaml.DocumentNode {
+		if len(doc.Content) == 0 {
+			return nil
+		}
+		doc = doc.Content[0]
+	}
+	var errs []error
+	walkShape(doc, reflect.TypeFor[Config](), "", &errs)
+	return errors.Join(errs...)
+}
+
+var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
+
+func walkShape(n *yaml.Node, t reflect.Type, path string, errs *[]error) {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	bad := func(format string, a ...any) {
+		where := path
+		if where == "" {
+			where = "the file"
+		}
+		*errs = append(*errs, fmt.Errorf("%s: %s (line %d)", where, fmt.Sprintf(format, a...), n.Line))
+	}
+	if isNull(n) {
+		return // an empty value is the default
+	}
+	if reflect.PointerTo(t).Implements(unmarshalerType) {
+		if n.Kind != yaml.ScalarNode {
+			bad("want a single value, got %s", kindName(n))
+		}
+		return // Duration and Size check their text themselves, by path
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		walkShape(n, t.Elem(), path, errs)
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			bad("want a mapping of keys, got %s", kindName(n))
+			return
+		}
+		fields := yamlFields(t)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			f, ok := fields[k.Value]
+			if !ok {
+				*errs = append(*errs, fmt.Errorf("%s: unknown key (line %d); the keys here are %s", join(path, k.Value), k.Line, strings.Join(fieldOrder(t), ", ")))
+				continue
+			}
+			walkShape(v, f, join(path, k.Value), errs)
+		}
+	case reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			bad("want a list, got %s", kindName(n))
+			return
+		}
+		for i, item := range n.Content {
+			walkShape(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i), errs)
+		}
+	case reflect.String:
+		if n.Kind != yaml.ScalarNode {
+			bad("want a string, got %s", kindName(n))
+		}
+	case reflect.Bool:
+		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" {
+			bad("want true or false, got %s", kindName(n))
+		}
+	case reflect.Int, reflect.Int64:
+		if _, err := strconv.ParseInt(n.Value, 0, 64); n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || err != nil {
+			bad("want a whole number, got %s", kindName(n))
+		}
+	case reflect.Float64:
+		if tag := n.ShortTag(); n.Kind != yaml.ScalarNode || (tag != "!!int" && tag != "!!float") {
+			bad("want a number, got %s", kindName(n))
+		}
+	}
+}
+
+func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
+
+// kindName describes a node for an error: a scalar by its text.
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	}
+	return strconv.Quote(n.Value)
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// yamlFields maps a struct's YAML keys to their field types.
+func yamlFields(t reflect.Type) map[string]reflect.Type {
+	m := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		if name := yamlName(t.Field(i)); name != "" {
+			m[name] = t.Field(i).Type
+		}
+	}
+	return m
+}
+
+// fieldOrder is a struct's YAML keys in declaration order.
+func fieldOrder(t reflect.Type) []string {
+	var names []string
+	for i := range t.NumField() {
+		if name := yamlName(t.Field(i)); name != "" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+func yamlName(f reflect.StructField) string {
+	if !f.IsExported() {
+		return ""
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	if name == "-" {
+		return ""
+	}
+	return name
+}
