@@ -20,7 +20,7 @@ const (
 	DefaultAIMDIncrease       = 0.01
 	DefaultAIMDMinFraction    = 0.25
 	DefaultEpsilon            = 1e-4
-	DefaultWarmupSamples      = 200
+	DefaultWarmupSamples      = 100
 	DefaultHeadroom           = 0.02
 	DefaultMaxHeadAge         = 10 * time.Second
 	defaultClassPreferredName = "standard"
@@ -96,7 +96,7 @@ type PolicyConfig struct {
 	Epsilon float64
 	// WarmupSamples is how many finished sequences a queue (or a tenant in
 	// it) must have reported before its requests are predicted rather than
-	// held at their worst case. 0 = DefaultWarmupSamples (200); negative =
+	// held at their worst case. 0 = DefaultWarmupSamples (100); negative =
 	// predict from the first sample.
 	WarmupSamples int
 	// Headroom: while a pool's backend reports more than (1 − Headroom) ×

@@ -118,7 +118,7 @@ type AdmissionConfig struct {
 	Epsilon float64 `yaml:"epsilon"`
 	// WarmupSamples is how many finished sequences a model (or a tenant of
 	// it) must have before its requests are predicted; until then they are
-	// held at their worst case. Default 200; negative: from the first.
+	// held at their worst case. Default 100; negative: from the first.
 	WarmupSamples int `yaml:"warmup_samples"`
 	// Headroom: while a backend reports more than (1 − headroom) × its
 	// budget in use, nothing new is admitted to its GPU (predicted only).
