@@ -15,46 +15,70 @@ var ErrNoMember = errors.New("no such member")
 // match). It checks only as much syntax as it needs to find its way, so
 // the value of a member found in a malformed document may be returned.
 func Member(data []byte, key string) ([]byte, error) {
+	var val []byte
+	err := Members(data, func(name []byte, _, v, end int) bool {
+		if string(name) == key {
+			val = data[v:end]
+			return false
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if val == nil {
+		return nil, fmt.Errorf("%w %q", ErrNoMember, key)
+	}
+	return val, nil
+}
+
+// Members calls fn for each member of the JSON object data, in order, until
+// fn returns false: name is the key as written between its quotes (escapes
+// not decoded), data[start:end] the whole member from the key's opening
+// quote to the end of its value, data[value:end] its value. It checks syntax
+// as Member does.
+func Members(data []byte, fn func(name []byte, start, value, end int) bool) error {
 	i := skipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
-		return nil, errors.New("answer is not a JSON object")
+		return errors.New("answer is not a JSON object")
 	}
 	i = skipSpace(data, i+1)
 	if i < len(data) && data[i] == '}' {
-		return nil, fmt.Errorf("%w %q", ErrNoMember, key)
+		return nil
 	}
 	for i < len(data) {
 		if data[i] != '"' {
-			return nil, fmt.Errorf("malformed JSON at byte %d", i)
+			return fmt.Errorf("malformed JSON at byte %d", i)
 		}
+		start := i
 		end, err := skipString(data, i)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		name := data[i+1 : end-1]
 		i = skipSpace(data, end)
 		if i >= len(data) || data[i] != ':' {
-			return nil, fmt.Errorf("malformed JSON at byte %d", i)
+			return fmt.Errorf("malformed JSON at byte %d", i)
 		}
 		i = skipSpace(data, i+1)
 		end, err = skipValue(data, i)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if string(name) == key {
-			return data[i:end], nil
+		if !fn(name, start, i, end) {
+			return nil
 		}
 		i = skipSpace(data, end)
 		switch {
 		case i < len(data) && data[i] == ',':
 			i = skipSpace(data, i+1)
 		case i < len(data) && data[i] == '}':
-			return nil, fmt.Errorf("%w %q", ErrNoMember, key)
+			return nil
 		default:
-			return nil, fmt.Errorf("malformed JSON at byte %d", i)
+			return fmt.Errorf("malformed JSON at byte %d", i)
 		}
 	}
-	return nil, errors.New("truncated JSON")
+	return errors.New("truncated JSON")
 }
 
 func skipSpace(data []byte, i int) int {

@@ -72,3 +72,33 @@ func FuzzMember(f *testing.F) {
 		}
 	})
 }
+
+func TestMembers(t *testing.T) {
+	data := []byte(` { "a" : 1 ,"b\"c":{"x":[1,"}"]}, "d":"e" } `)
+	type m struct{ name, member, value string }
+	var got []m
+	if err := Members(data, func(name []byte, start, value, end int) bool {
+		got = append(got, m{string(name), string(data[start:end]), string(data[value:end])})
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := []m{{"a", `"a" : 1`, `1`}, {`b\"c`, `"b\"c":{"x":[1,"}"]}`, `{"x":[1,"}"]}`}, {"d", `"d":"e"`, `"e"`}}
+	if len(got) != len(want) {
+		t.Fatalf("Members visited %q; want %q", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("member %d = %q; want %q", i, got[i], want[i])
+		}
+	}
+	n := 0
+	if err := Members(data, func([]byte, int, int, int) bool { n++; return false }); err != nil || n != 1 {
+		t.Errorf("Members stopped by fn: %d calls, %v; want 1 call, no error", n, err)
+	}
+	for _, bad := range []string{`[]`, `{"a":1`, `{"a" 1}`, `{"a":1,}`} {
+		if err := Members([]byte(bad), func([]byte, int, int, int) bool { return true }); err == nil {
+			t.Errorf("Members(%q): no error", bad)
+		}
+	}
+}
