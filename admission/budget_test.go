@@ -303,12 +303,32 @@ func TestCanceledHeadOfLineWakesThoseBehind(t *testing.T) {
 	f.state(0, 0)
 }
 
+// expiring is a context whose deadline passes when the test says so (a real
+// 1 ms deadline could pass before the request even queued, on a busy
+// machine).
+type expiring struct {
+	context.Context
+	done chan struct{}
+}
+
+func (c expiring) Done() <-chan struct{} { return c.done }
+
+func (c expiring) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
 func TestContextDeadlineWhileQueued(t *testing.T) {
 	f := newFixture(t, oneGPU(10, admission.Config{}))
 	hold := f.acquire(std(10))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-	defer cancel()
-	res := <-f.enqueue(ctx, std(5))
+	ctx := expiring{Context: context.Background(), done: make(chan struct{})}
+	ch := f.enqueue(ctx, std(5))
+	close(ctx.done)
+	res := <-ch
 	if !errors.Is(res.err, context.DeadlineExceeded) || admission.ReasonOf(res.err) != admission.ReasonCanceled {
 		t.Fatalf("ctx deadline while queued: %v", res.err)
 	}

@@ -84,9 +84,16 @@ func (s *Scheduler) forecastAddLocked(p *pool, t *Ticket) {
 	} else {
 		t.fc.zero()
 	}
-	for i := range t.groups {
-		g := &t.groups[i]
-		s.groupCurveLocked(t.fc, g.Group, g.live, g.gen, t.opaque, t.lens)
+	if s.freshLocked(t) {
+		// Just admitted: its curve is the one its admission computed.
+		copy(t.fc.mean, s.scratch.mean)
+		copy(t.fc.vari, s.scratch.vari)
+		copy(t.fc.hi, s.scratch.hi)
+	} else {
+		for i := range t.groups {
+			g := &t.groups[i]
+			s.groupCurveLocked(t.fc, g.Group, g.live, g.gen, t.opaque, t.lens)
+		}
 	}
 	if len(t.groups) == 0 {
 		t.fc.addConst(float64(t.weight), 0, float64(t.weight))
@@ -94,6 +101,20 @@ func (s *Scheduler) forecastAddLocked(p *pool, t *Ticket) {
 	p.fc.add(t.fc, 1)
 	t.fc.set = true
 	s.forecastChangedLocked(p)
+}
+
+// freshLocked says whether t has not run yet and the scratch curve is its
+// request's.
+func (s *Scheduler) freshLocked(t *Ticket) bool {
+	if s.scratchSeq != t.seq || t.seq == 0 || s.scratchLens != t.lens || s.scratchOpaque != t.opaque || len(t.groups) == 0 {
+		return false
+	}
+	for i := range t.groups {
+		if g := &t.groups[i]; g.gen != 0 || g.live != g.Seqs {
+			return false
+		}
+	}
+	return true
 }
 
 // forecastSubLocked takes t's curve out of p's forecast and recycles it.
@@ -164,13 +185,8 @@ func (s *Scheduler) groupCurveLocked(c curve, g Group, live, gen int, opaque boo
 		m, v := finalSizeMoments(g, live, lens)
 		c.addConst(m, v, worst)
 	default:
-		it := predict.Item{Prompt: g.Prompt, Generated: gen, Cap: g.Cap, Seqs: live, BlockTokens: g.BlockTokens,
-			BlockBytes: g.BlockBytes, Lead: leadTokens - 1, Lengths: lens}
-		it.AddTo(c.mean, c.vari)
-		// All alive: the same growth with nobody finishing before its cap
-		// (the scratch variance of a deterministic item is zero).
-		it.Lengths = nil
-		it.AddTo(c.hi, c.vari)
+		predict.Item{Prompt: g.Prompt, Generated: gen, Cap: g.Cap, Seqs: live, BlockTokens: g.BlockTokens,
+			BlockBytes: g.BlockBytes, Lead: leadTokens - 1, Lengths: lens}.AddWithAllAlive(c.mean, c.vari, c.hi)
 	}
 }
 
@@ -200,9 +216,15 @@ func finalSizeMoments(g Group, live int, lens *predict.Lengths) (mean, variance 
 }
 
 // waiterCurveLocked is w's curve as it would start now, in the scheduler's
-// scratch curve.
+// scratch curve. It is computed once per request and predictor state: an
+// admission reads it for the charge, to choose the pool, and as the new
+// ticket's own curve.
 func (s *Scheduler) waiterCurveLocked(w *waiter) curve {
 	c := s.scratch
+	if s.scratchSeq == w.seq && s.scratchLens == w.lens && s.scratchOpaque == w.opaque && w.seq != 0 {
+		return c
+	}
+	s.scratchSeq, s.scratchLens, s.scratchOpaque = w.seq, w.lens, w.opaque
 	c.zero()
 	for _, g := range w.shape {
 		s.groupCurveLocked(c, g, g.Seqs, 0, w.opaque, w.lens)
@@ -293,6 +315,7 @@ func (s *Scheduler) lengthsForLocked(q *queue, t *tenantState) *predict.Lengths 
 
 // observeLocked teaches q's predictors one finished sequence.
 func (s *Scheduler) observeLocked(q *queue, tenant string, n int, capped bool) {
+	s.scratchSeq = 0 // the predictor moves: no curve computed before stands
 	q.lengths.Observe(n, capped)
 	if tenant == "" {
 		return // the anonymous tenant is the queue at large

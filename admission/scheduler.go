@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvgate/kvgate/admission/predict"
 )
 
 // Scheduler admits requests to pools (GPU budgets) from queues (one per
@@ -41,11 +43,16 @@ type Scheduler struct {
 	atOnce      int64 // admissions on the fast path (under mu, which it holds anyway)
 	backfilled  int64 // waiters admitted past an earlier waiter that did not fit
 	rng         *rand.Rand
-	scratch     curve     // a candidate's forecast, reused under mu
-	freeCurves  []curve   // released tickets' curve arrays, for reuse
-	cursors     []*waiter // a dispatch pass's positions, one per queue
-	lastHold    *pool     // the pool of the latest admission, for the invariant checks
-	knobs       testingKnobs
+	scratch     curve // a candidate's forecast, reused under mu
+	// scratchSeq, scratchLens and scratchOpaque name whose forecast scratch
+	// holds (0: none); see waiterCurveLocked.
+	scratchSeq    uint64
+	scratchLens   *predict.Lengths
+	scratchOpaque bool
+	freeCurves    []curve   // released tickets' curve arrays, for reuse
+	cursors       []*waiter // a dispatch pass's positions, one per queue
+	lastHold      *pool     // the pool of the latest admission, for the invariant checks
+	knobs         testingKnobs
 }
 
 // testingKnobs are hooks for this package's tests; zero in production.

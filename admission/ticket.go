@@ -178,6 +178,11 @@ func (s *Scheduler) updateLocked(t *Ticket, change func()) {
 	p := t.pool
 	s.forecastSubLocked(p, t)
 	change()
+	if t.lens == nil && len(t.groups) > 0 {
+		// Admitted while its queue was warming up: forecast it like the
+		// rest as soon as the queue has learned enough.
+		t.lens = s.lengthsForLocked(t.line.q, t.tenant)
+	}
 	weight := int64(0)
 	for i := range t.groups {
 		g := &t.groups[i]

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fastjson"
 )
 
 // Spec is one backend as configured. Zero durations and counts take the
@@ -246,34 +245,6 @@ func (b *Backend) Tokenize(ctx context.Context, body []byte) (int, error) {
 		return 0, fmt.Errorf("backend %s: %w after %s", b.spec.Name, ErrTokenizeTimeout, b.spec.TokenizeTimeout)
 	}
 	return n, err
-}
-
-func (b *Backend) tokenize(ctx context.Context, body []byte) (int, error) {
-	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
-	b.NewRequest(req, fasthttp.MethodPost, "/tokenize")
-	req.Header.SetContentType("application/json")
-	req.SetBodyRaw(body)
-	r, err := b.Do(ctx, req)
-	if err != nil {
-		return 0, err
-	}
-	data, err := r.ReadAll(1 << 20)
-	if err != nil {
-		return 0, fmt.Errorf("backend %s: tokenize: %w", b.spec.Name, err)
-	}
-	if r.Status() != fasthttp.StatusOK {
-		return 0, &StatusError{Backend: b.spec.Name, Status: r.Status(), Body: data}
-	}
-	v, err := fastjson.ParseBytes(data)
-	if err != nil {
-		return 0, fmt.Errorf("backend %s: tokenize: %w", b.spec.Name, err)
-	}
-	n := v.GetInt("count")
-	if n <= 0 && v.Get("count") == nil {
-		return 0, fmt.Errorf("backend %s: tokenize: answer has no count", b.spec.Name)
-	}
-	return n, nil
 }
 
 // StatusError is a backend's non-2xx answer to a request the gateway made

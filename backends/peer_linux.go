@@ -3,9 +3,9 @@
 package backends
 
 import (
-	"errors"
 	"net"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -26,8 +26,13 @@ func connClosedByPeer(c net.Conn) bool {
 	closed := false
 	var buf [1]byte
 	_ = rc.Read(func(fd uintptr) bool {
-		n, _, err := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		closed = !errors.Is(err, unix.EAGAIN) || n > 0
+		// recvfrom without a source address: unix.Recvfrom would allocate
+		// one on every call.
+		// Only "nothing to read yet" means open: end of file (0 bytes),
+		// stray bytes and any other error all mean closed.
+		_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), 1,
+			unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		closed = errno != unix.EAGAIN
 		return true
 	})
 	return closed

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http/httputil"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -72,6 +73,11 @@ func NewUpstream(addr string, o UpstreamOptions) *Upstream {
 			// slots admits at most MaxConns exchanges, so the HostClient
 			// always has room; this wait is only a safety net.
 			MaxConnWaitTimeout: time.Second,
+			// A 4k-token prompt is about 16 KiB: with fasthttp's default
+			// 4 KiB buffers it took several system calls each way. The
+			// buffers are pooled per exchange, not held per connection.
+			ReadBufferSize:  16 << 10,
+			WriteBufferSize: 16 << 10,
 		},
 		slots:   semaphore.NewWeighted(int64(o.MaxConns)),
 		maxBody: o.MaxBodyBytes,
@@ -131,18 +137,36 @@ func (r *Response) Close() {
 	r.release(r.eof && !r.Header.ConnectionClose())
 }
 
-// ReadAll reads the whole body, refusing more than the Upstream's limit, and
-// closes the response.
+// ReadAll reads the whole body, refusing more than max bytes, and closes
+// the response.
 func (r *Response) ReadAll(max int64) ([]byte, error) {
+	b, err := r.ReadInto(nil, max)
+	if err != nil && int64(len(b)) > max {
+		return nil, err
+	}
+	return b, err
+}
+
+// ReadInto appends the whole body to dst (a buffer the caller reuses),
+// refusing more than max bytes, and closes the response.
+func (r *Response) ReadInto(dst []byte, max int64) ([]byte, error) {
 	defer r.Close()
-	b, err := io.ReadAll(io.LimitReader(r, max+1))
-	if err != nil {
-		return b, err
+	for {
+		if cap(dst)-len(dst) < 512 {
+			dst = slices.Grow(dst, 512) // grows the way append does
+		}
+		n, err := r.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
+		if int64(len(dst)) > max {
+			return dst, fmt.Errorf("%w: response body over %d bytes", ErrUpstream, max)
+		}
+		if errors.Is(err, io.EOF) {
+			return dst, nil
+		}
+		if err != nil {
+			return dst, err
+		}
 	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("%w: response body over %d bytes", ErrUpstream, max)
-	}
-	return b, nil
 }
 
 // MaxBody is the limit for ReadAll given at construction.

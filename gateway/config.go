@@ -240,8 +240,13 @@ type ModelConfig struct {
 	// Tokenizer is how prompt tokens are counted: backend (the backend's
 	// /tokenize, exact) or estimate (bytes × a calibrated ratio). Default
 	// backend.
-	Tokenizer string         `yaml:"tokenizer"`
-	Estimate  EstimateConfig `yaml:"estimate"`
+	Tokenizer string `yaml:"tokenizer"`
+	// TokenizeCache is how many /tokenize answers (tokenizer: backend) are
+	// remembered, so that a prompt seen before is counted without a round
+	// trip. Each entry takes about 64 bytes, whatever the prompt's length.
+	// Default 16384; negative: no cache.
+	TokenizeCache int            `yaml:"tokenize_cache"`
+	Estimate      EstimateConfig `yaml:"estimate"`
 }
 
 // GeometryConfig gives a model's KV geometry inline instead of a config.json.
@@ -453,6 +458,8 @@ const (
 	maxClientRetryAfter   = 2 * time.Minute
 	defaultMaxConcurrency = 16
 	defaultSessionHeader  = "X-Session-Id"
+	defaultTokenizeCache  = 16384
+	maxTokenizeCache      = 1 << 24
 )
 
 // validate fills defaults and checks every field, reporting all problems.
@@ -710,6 +717,12 @@ func (c *Config) validate() error {
 		case "backend", "estimate":
 		default:
 			bad(f+".tokenizer", "%q is not backend or estimate", m.Tokenizer)
+		}
+		if m.TokenizeCache == 0 {
+			m.TokenizeCache = defaultTokenizeCache
+		}
+		if m.TokenizeCache > maxTokenizeCache {
+			bad(f+".tokenize_cache", "%d entries is more than %d", m.TokenizeCache, maxTokenizeCache)
 		}
 		e := &m.Estimate
 		if e.BytesPerToken == 0 {

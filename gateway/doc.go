@@ -8,8 +8,9 @@
 // body parsers could read two ways (a repeated field, a length field the
 // endpoint does not have, a number past int64) is refused or rewritten to
 // the backend's reading — and forwards the body otherwise byte for byte.
-// It counts the prompt's tokens (a backend's /tokenize, or an estimate
-// calibrated against the usage backends report), and describes the request
+// It counts the prompt's tokens (a backend's /tokenize, remembered per
+// prompt in a bounded cache, or an estimate calibrated against the usage
+// backends report), and describes the request
 // to the admission scheduler as a shape: per prompt its tokens, the output
 // it may generate (max_tokens, else the model's default, else the rest of
 // the context) and its sequences, in the model's KV blocks (package

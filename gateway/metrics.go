@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,6 +54,51 @@ type metrics struct {
 	lastReloadOK     prometheus.Gauge
 	lastReloadTime   prometheus.Gauge
 	inflight         prometheus.Gauge
+
+	// series caches each configured model's children of the request
+	// path's vectors (model name → *modelSeries). WithLabelValues hashes
+	// its labels and takes the vector's lock on every call, and an answered
+	// request made about ten such calls.
+	series sync.Map
+}
+
+// modelSeries are one model's series that every answered request updates.
+type modelSeries struct {
+	ok           prometheus.Counter  // requests{outcome="ok", reason=""}
+	okDur        prometheus.Observer // duration{outcome="ok"}
+	predicted    [2]prometheus.Counter
+	actual       [2]prometheus.Counter // [0] prompt, [1] output
+	outPredicted prometheus.Counter
+	outGenerated prometheus.Counter
+	ttft         prometheus.Observer
+	ratio        map[string]prometheus.Observer // by the count's source; read-only
+}
+
+// promptSources are the values of kvgate_prompt_tokens_actual_over_predicted's
+// tokenizer label: where a request's prompt count came from.
+var promptSources = []string{sourceBackend, sourceCache, sourceEstimate}
+
+// forModel returns the series of a configured model (never of a name a
+// client sent: those are not bounded).
+func (m *metrics) forModel(name string) *modelSeries {
+	if v, ok := m.series.Load(name); ok {
+		return v.(*modelSeries)
+	}
+	s := &modelSeries{
+		ok:           m.requests.WithLabelValues(name, outcomeOK, ""),
+		okDur:        m.duration.WithLabelValues(name, outcomeOK),
+		predicted:    [2]prometheus.Counter{m.tokensPredicted.WithLabelValues(name, "prompt"), m.tokensPredicted.WithLabelValues(name, "output")},
+		actual:       [2]prometheus.Counter{m.tokensActual.WithLabelValues(name, "prompt"), m.tokensActual.WithLabelValues(name, "output")},
+		outPredicted: m.outPredicted.WithLabelValues(name),
+		outGenerated: m.outGenerated.WithLabelValues(name),
+		ttft:         m.ttft.WithLabelValues(name),
+		ratio:        map[string]prometheus.Observer{},
+	}
+	for _, src := range promptSources {
+		s.ratio[src] = m.promptRatio.WithLabelValues(name, src)
+	}
+	v, _ := m.series.LoadOrStore(name, s)
+	return v.(*modelSeries)
 }
 
 // Request outcomes: every request leaves through exactly one.
@@ -119,7 +165,7 @@ var (
 	defOutGenerated     = def{"kvgate_output_tokens_generated_total", "Output tokens the same requests really generated.", []string{"model"}}
 	defTokensPredicted  = def{"kvgate_tokens_predicted_total", "Tokens the gateway reserved KV for: prompt (predicted) and output (max_tokens), of answered requests.", []string{"model", "kind"}}
 	defTokensActual     = def{"kvgate_tokens_actual_total", "Tokens backends reported in usage for the same requests.", []string{"model", "kind"}}
-	defPromptRatio      = def{"kvgate_prompt_tokens_actual_over_predicted", "Actual / predicted prompt tokens per request: above 1 the prediction was low.", []string{"model", "tokenizer"}}
+	defPromptRatio      = def{"kvgate_prompt_tokens_actual_over_predicted", "Actual / predicted prompt tokens per request: above 1 the prediction was low. tokenizer is where the count came from: backend (its /tokenize, asked now), cache (an earlier /tokenize answer), estimate.", []string{"model", "tokenizer"}}
 	defTTFT             = def{"kvgate_time_to_first_token_seconds", "Arrival to the first streamed event relayed to the client, queueing included.", []string{"model"}}
 	defDuration         = def{"kvgate_request_duration_seconds", "Arrival to last byte, by outcome.", []string{"model", "outcome"}}
 	defUpstreamErrors   = def{"kvgate_upstream_errors_total", "Failures talking to backends: transport, status (5xx answers), tokenize.", []string{"backend", "kind"}}
@@ -155,6 +201,9 @@ var (
 	descRunning    = def{"kvgate_backend_requests_running", "Requests the backend reports running.", []string{"backend"}}.desc()
 	descWaiting    = def{"kvgate_backend_requests_waiting", "Requests the backend reports waiting.", []string{"backend"}}.desc()
 	descPreempt    = def{"kvgate_backend_preemptions_total", "Preemptions the backend reports (its vllm:num_preemptions_total, so it resets when the backend restarts).", []string{"backend"}}.desc()
+	descTokLookups = def{"kvgate_tokenize_cache_lookups_total", "Prompts looked up in a model's cache of /tokenize answers, by result: hit (counted without a round trip) or miss (the backend was asked).", []string{"model", "result"}}.desc()
+	descTokStale   = def{"kvgate_tokenize_cache_stale_total", "Cached prompt counts dropped because the backend's usage reported another length (its tokenizer changed).", []string{"model"}}.desc()
+	descTokEntries = def{"kvgate_tokenize_cache_entries", "Prompt counts a model's tokenize cache holds.", []string{"model"}}.desc()
 )
 
 func newMetrics(current func() *runtime, now func() time.Time) *metrics {
@@ -262,7 +311,9 @@ func (m *metrics) seed(rt *runtime) {
 		}
 		m.outPredicted.WithLabelValues(name)
 		m.outGenerated.WithLabelValues(name)
-		m.promptRatio.WithLabelValues(name, md.tokenizer)
+		for _, src := range md.promptSources() {
+			m.promptRatio.WithLabelValues(name, src)
+		}
 		m.ttft.WithLabelValues(name)
 		for _, r := range tokenizeFallbacks {
 			m.tokenizeFalls.WithLabelValues(name, r)
@@ -354,7 +405,8 @@ type stateCollector struct{ current func() *runtime }
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descCommitted, descUsed, descBound, descGated,
 		descDrain, descQueued, descDepth, descClassHeld, descPredicting, descSamples, descEpsilon, descTenantHeld, descTenantQ,
-		descUp, descState, descScraped, descUsage, descRunning, descWaiting, descPreempt} {
+		descUp, descState, descScraped, descUsage, descRunning, descWaiting, descPreempt,
+		descTokLookups, descTokStale, descTokEntries} {
 		ch <- d
 	}
 }
@@ -420,6 +472,14 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descRunning, kv.Running, b.Name())
 		gauge(descWaiting, kv.Waiting, b.Name())
 		ch <- prometheus.MustNewConstMetric(descPreempt, prometheus.CounterValue, kv.Preemptions, b.Name())
+	}
+	for _, name := range rt.modelOrder {
+		if tc := rt.models[name].tokens; tc != nil {
+			ch <- prometheus.MustNewConstMetric(descTokLookups, prometheus.CounterValue, float64(tc.hits.Load()), name, "hit")
+			ch <- prometheus.MustNewConstMetric(descTokLookups, prometheus.CounterValue, float64(tc.misses.Load()), name, "miss")
+			ch <- prometheus.MustNewConstMetric(descTokStale, prometheus.CounterValue, float64(tc.stale.Load()), name)
+			gauge(descTokEntries, float64(tc.len()), name)
+		}
 	}
 }
 

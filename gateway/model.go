@@ -21,6 +21,7 @@ type model struct {
 	defaultMax int
 	tokenizer  string // "backend" or "estimate"
 	est        *estimator
+	tokens     *tokenCache // /tokenize answers; nil unless tokenizer is backend with a cache
 }
 
 func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
@@ -73,6 +74,13 @@ func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
 		m.est = prev.est // keep what calibration has learnt across reloads
 	} else {
 		m.est = newEstimator(e)
+	}
+	if m.tokenizer == "backend" && mc.TokenizeCache > 0 {
+		if prev != nil && prev.tokens != nil && prev.tokens.capacity == mc.TokenizeCache {
+			m.tokens = prev.tokens // same model name, same backends' tokenizer: what it learnt holds
+		} else {
+			m.tokens = newTokenCache(mc.TokenizeCache)
+		}
 	}
 	return m, nil
 }

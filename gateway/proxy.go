@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -62,12 +63,22 @@ type exchange struct {
 	usage     struct{ prompt, completion int }
 	hasUsage  bool
 
+	// source is how the prompts were counted (sourceBackend, ...); "" for
+	// token ids only. A single prompt counted from the model's tokenize
+	// cache keeps its key, to be checked against the usage reported.
+	source     string
+	cacheHit   bool
+	cacheKey   tokenKey
+	cacheCount int
+
+	body sseBody // a streamed answer, relayed as fasthttp writes it
+
 	done bool
 }
 
 func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
 	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown"}
-	cctx, cancel := context.WithCancelCause(s.base)
+	cctx, cancel := context.WithCancelCause(s.base())
 	x.ctx, x.stopTimer = context.WithTimeoutCause(cctx, rt.cfg.Server.requestTimeout(), errRequestTimeout)
 	x.cancel = cancel
 	if stop, err := s.watch.Watch(ctx.Conn(), func() { cancel(errClientGone) }); err == nil {
@@ -99,8 +110,14 @@ func (x *exchange) finish(outcome, reason string) {
 	m := x.s.m
 	m.inflight.Dec()
 	x.s.active.Add(-1)
-	m.requests.WithLabelValues(x.label, outcome, reason).Inc()
-	m.duration.WithLabelValues(x.label, outcome).Observe(x.s.now().Sub(x.start).Seconds())
+	if x.m != nil && outcome == outcomeOK && reason == "" {
+		ms := m.forModel(x.m.name)
+		ms.ok.Inc()
+		ms.okDur.Observe(x.s.now().Sub(x.start).Seconds())
+	} else {
+		m.requests.WithLabelValues(x.label, outcome, reason).Inc()
+		m.duration.WithLabelValues(x.label, outcome).Observe(x.s.now().Sub(x.start).Seconds())
+	}
 	if x.hasUsage {
 		x.recordUsage()
 	}
@@ -279,7 +296,8 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		streaming = true // from here the relay owns finish
-		ctx.SetBodyStreamWriter(func(w *bufio.Writer) { x.relay(w, resp, er, first) })
+		x.body = sseBody{x: x, resp: resp, er: er, first: first}
+		ctx.Response.SetBodyStream(&x.body, -1)
 		return
 	}
 	x.answered()
@@ -371,7 +389,7 @@ func (x *exchange) countPrompts(be *backends.Backend) (counts []int, exact []boo
 			continue
 		}
 		if x.req.tokenize != nil {
-			n, err := be.Tokenize(x.ctx, x.req.tokenize[i])
+			n, err := x.tokenizeCached(be, i)
 			if err == nil {
 				counts[i], exact[i] = n, true
 				continue
@@ -388,6 +406,7 @@ func (x *exchange) countPrompts(be *backends.Backend) (counts []int, exact []boo
 			x.s.log.Warn("backend tokenize failed; estimating", "backend", be.Name(), "err", err)
 		}
 		counts[i] = x.m.est.predict(sh)
+		x.noteSource(sourceEstimate)
 	}
 	return counts, exact, nil
 }
@@ -548,7 +567,14 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 // passBody relays a whole (non-streamed) answer: the backend's status and
 // body as they are, its usage read on the way for calibration and metrics.
 func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
-	body, err := resp.ReadAll(x.backend.MaxBody())
+	bp := bodyBufs.Get().(*[]byte)
+	body, err := resp.ReadInto((*bp)[:0], x.backend.MaxBody())
+	defer func() {
+		if cap(body) <= maxPooledBody {
+			*bp = body[:0]
+			bodyBufs.Put(bp)
+		}
+	}()
 	if err != nil {
 		x.upstreamFailed(ctx, err)
 		return
@@ -576,6 +602,13 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 	}
 }
 
+// bodyBufs are the buffers non-streamed answers are read into before
+// fasthttp copies them into the response; one of up to maxPooledBody bytes
+// goes back for the next answer.
+var bodyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+const maxPooledBody = 1 << 20
+
 // learnWhole teaches the model's output-length predictor what a
 // non-streamed answer generated: only a single choice's length is known
 // (usage counts all choices together).
@@ -602,18 +635,23 @@ func (x *exchange) readUsage(u *fastjson.Value) {
 // recordUsage compares what was reserved with what the backend reports, and
 // calibrates the estimate tokenizer against it.
 func (x *exchange) recordUsage() {
-	m := x.s.m
-	m.tokensPredicted.WithLabelValues(x.label, "prompt").Add(float64(x.predicted))
-	m.tokensActual.WithLabelValues(x.label, "prompt").Add(float64(x.usage.prompt))
-	m.tokensPredicted.WithLabelValues(x.label, "output").Add(float64(x.res.reservedOutput()))
-	m.tokensActual.WithLabelValues(x.label, "output").Add(float64(x.usage.completion))
+	ms := x.s.m.forModel(x.m.name)
+	ms.predicted[0].Add(float64(x.predicted))
+	ms.actual[0].Add(float64(x.usage.prompt))
+	ms.predicted[1].Add(float64(x.res.reservedOutput()))
+	ms.actual[1].Add(float64(x.usage.completion))
 	if x.ticket != nil {
-		m.outPredicted.WithLabelValues(x.label).Add(float64(x.ticket.PredictedOutput()))
-		m.outGenerated.WithLabelValues(x.label).Add(float64(x.usage.completion))
+		ms.outPredicted.Add(float64(x.ticket.PredictedOutput()))
+		ms.outGenerated.Add(float64(x.usage.completion))
 	}
 	if x.predicted > 0 && x.usage.prompt > 0 {
-		m.promptRatio.WithLabelValues(x.label, x.m.tokenizer).Observe(float64(x.usage.prompt) / float64(x.predicted))
+		source := x.source
+		if source == "" {
+			source = x.m.tokenizer
+		}
+		ms.ratio[source].Observe(float64(x.usage.prompt) / float64(x.predicted))
 	}
+	x.checkCached()
 	if len(x.req.shapes) == 1 && !x.req.shapes[0].ids && x.usage.prompt > 0 {
 		x.m.est.observe(x.req.shapes[0], x.usage.prompt)
 	}
@@ -630,8 +668,9 @@ func (x *exchange) recordUsage() {
 // How the stream ends decides the outcome: [DONE] relayed is a success,
 // whatever the client does after it; a stream that ends without [DONE],
 // breaks, or sends an event past the size bound gets a final error event
-// on its own line and is a failure. It runs in fasthttp's stream-writer
-// goroutine and must not touch the RequestCtx.
+// on its own line and is a failure. It runs after the handler has
+// returned, while fasthttp writes the body (see sseBody), and must not
+// touch the RequestCtx.
 func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventReader, first []byte) {
 	outcome, reason := outcomeOK, ""
 	done := false // [DONE] reached the client: nothing after changes the outcome
@@ -726,6 +765,14 @@ func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
 	if data == nil || bytes.Equal(data, []byte("[DONE]")) {
 		return true, false
 	}
+	if x.firstTok && len(x.res.gen) == 1 && plainToken(data) && firstChoiceToken(data) {
+		// One token of the only choice and nothing else: counted without a
+		// parse.
+		if prompt, furthest, moved := x.res.token(0); moved {
+			x.ticket.Progress(prompt, furthest)
+		}
+		return true, false
+	}
 	v, err := p.ParseBytes(data)
 	if err != nil {
 		return true, false
@@ -746,7 +793,7 @@ func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
 			}
 			if len(content) > 0 {
 				x.firstTok = true
-				x.s.m.ttft.WithLabelValues(x.label).Observe(x.s.now().Sub(x.start).Seconds())
+				x.s.m.forModel(x.m.name).ttft.Observe(x.s.now().Sub(x.start).Seconds())
 			}
 		}
 		if content := c.GetStringBytes("delta", "content"); len(content) > 0 || len(c.GetStringBytes("text")) > 0 {

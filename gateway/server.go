@@ -69,8 +69,12 @@ type Server struct {
 	closed    bool
 	probes    sync.WaitGroup
 
-	base     context.Context // cancelled (errShutdown) at the end of Shutdown
-	stopBase context.CancelCauseFunc
+	// bases parent every request's context and are cancelled (errShutdown)
+	// at the end of Shutdown. A context registers its children under its own
+	// mutex, so one parent for every request made that the gateway's
+	// busiest lock; requests take the shards in turn.
+	bases    [baseShards]baseContext
+	nextBase atomic.Uint32
 
 	active       atomic.Int64 // exchanges between arrival and finish
 	warnedBlocks sync.Map     // *backends.Backend → true once its block size mismatch is logged
@@ -105,7 +109,9 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	s.watch = w
-	s.base, s.stopBase = context.WithCancelCause(context.Background())
+	for i := range s.bases {
+		s.bases[i].ctx, s.bases[i].stop = context.WithCancelCause(context.Background())
+	}
 	s.rt.Store(rt)
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	sc := cfg.Server
@@ -126,6 +132,18 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	}
 	s.startProbes(rt)
 	return s, nil
+}
+
+const baseShards = 16
+
+type baseContext struct {
+	ctx  context.Context
+	stop context.CancelCauseFunc
+}
+
+// base is the parent context of a new request.
+func (s *Server) base() context.Context {
+	return s.bases[s.nextBase.Add(1)%baseShards].ctx
 }
 
 // slogPrintf adapts fasthttp's logger to slog, without the request bytes
@@ -153,7 +171,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.probes.Wait()
 	s.reloadMu.Unlock()
-	s.stopBase(errShutdown)
+	for _, b := range s.bases {
+		b.stop(errShutdown)
+	}
 	// What was still running is cancelled now; give it a moment to answer
 	// its clients (503) and give its reservations back.
 	for deadline := time.Now().Add(2 * time.Second); s.active.Load() > 0 && time.Now().Before(deadline); {

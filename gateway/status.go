@@ -114,6 +114,17 @@ type modelView struct {
 	BytesPerBlock int64   `json:"bytes_per_block"`
 	WeightBytes   int64   `json:"weight_bytes"`
 	EstimateRatio float64 `json:"estimate_bytes_per_token"`
+	// TokenizeCache is the cache of /tokenize answers; absent without one.
+	TokenizeCache *tokenCacheView `json:"tokenize_cache,omitempty"`
+}
+
+type tokenCacheView struct {
+	Entries  int     `json:"entries"`
+	Capacity int     `json:"capacity"`
+	Hits     int64   `json:"hits"`
+	Misses   int64   `json:"misses"`
+	HitRate  float64 `json:"hit_rate"`
+	Stale    int64   `json:"stale"`
 }
 
 func (s *Server) status() statusView {
@@ -188,11 +199,19 @@ func (s *Server) status() statusView {
 	}
 	for _, name := range rt.modelOrder {
 		m := rt.models[name]
-		v.ModelInfo = append(v.ModelInfo, modelView{
+		mv := modelView{
 			Name: name, MaxModelLen: m.maxLen, Tokenizer: m.tokenizer, TP: m.layout.TP, BlockSize: m.layout.BlockSize,
 			BytesPerToken: m.layout.BytesPerToken, BytesPerBlock: m.layout.BytesPerBlock, WeightBytes: m.weights,
 			EstimateRatio: m.est.bytesPerToken(),
-		})
+		}
+		if c := m.tokens; c != nil {
+			tv := &tokenCacheView{Entries: c.len(), Capacity: c.capacity, Hits: c.hits.Load(), Misses: c.misses.Load(), Stale: c.stale.Load()}
+			if n := tv.Hits + tv.Misses; n > 0 {
+				tv.HitRate = float64(tv.Hits) / float64(n)
+			}
+			mv.TokenizeCache = tv
+		}
+		v.ModelInfo = append(v.ModelInfo, mv)
 	}
 	return v
 }

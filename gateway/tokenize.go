@@ -47,7 +47,7 @@ func (s *Server) serveTokenize(ctx *fasthttp.RequestCtx) {
 		noBackend(model).write(ctx)
 		return
 	}
-	cctx, cancel := context.WithTimeout(s.base, rt.cfg.Server.requestTimeout())
+	cctx, cancel := context.WithTimeout(s.base(), rt.cfg.Server.requestTimeout())
 	defer cancel()
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)

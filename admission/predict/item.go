@@ -112,7 +112,17 @@ func (it Item) AddTo(mean, variance []float64) { it.add(mean, variance, 1) }
 // ignores a variance below zero).
 func (it Item) SubFrom(mean, variance []float64) { it.add(mean, variance, -1) }
 
-func (it Item) add(mean, variance []float64, sign float64) {
+// AddWithAllAlive is AddTo, and also adds to hi the item's all-alive curve:
+// what AddTo adds with Lengths nil (every sequence alive until its cap), a
+// hard bound on what it can hold that the normal bound may exceed when
+// there are few items. One pass instead of two.
+func (it Item) AddWithAllAlive(mean, variance, hi []float64) {
+	it.addCurves(mean, variance, hi[:GridLen], 1)
+}
+
+func (it Item) add(mean, variance []float64, sign float64) { it.addCurves(mean, variance, nil, sign) }
+
+func (it Item) addCurves(mean, variance, hi []float64, sign float64) {
 	mean, variance = mean[:GridLen], variance[:GridLen]
 	it = it.clamped()
 	g, m := it.Generated, it.Cap
@@ -135,22 +145,32 @@ func (it Item) add(mean, variance []float64, sign float64) {
 	if it.Seqs == 1 {
 		held, inSeq = 0, held
 	}
+	dead := false // survival reached 0: it never rises again
 	for k := range GridLen {
 		t := grid[k]
 		if k > 0 && g+t >= m {
 			break
 		}
 		p := 1.0
-		if l != nil && k > 0 {
+		if l != nil && k > 0 && !dead {
 			if p = min(l.Survival(g+t)*inv, 1); p <= 0 {
-				break // survival never rises again
+				dead = true
 			}
+		}
+		if dead && hi == nil {
+			break
 		}
 		gen := m
 		if k+1 < GridLen {
 			gen = min(g+it.Lead+grid[k+1], m) // the size at step t_{k+1}−1
 		}
 		seq := float64(int64((tokens+gen)/it.BlockTokens)-shared)*bb + inSeq
+		if hi != nil {
+			hi[k] += sign * (held + n*seq)
+		}
+		if dead {
+			continue
+		}
 		mean[k] += sign * (held + n*p*seq)
 		if p < 1 {
 			variance[k] += sign * n * p * (1 - p) * seq * seq

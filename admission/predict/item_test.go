@@ -3,6 +3,7 @@ package predict_test
 import (
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -335,5 +336,28 @@ func TestAddToDoesNotAllocate(t *testing.T) {
 	mean, variance := make([]float64, predict.GridLen), make([]float64, predict.GridLen)
 	if n := testing.AllocsPerRun(100, func() { it.AddTo(mean, variance); it.SubFrom(mean, variance) }); n != 0 {
 		t.Fatalf("AddTo+SubFrom allocate %v times", n)
+	}
+}
+
+// AddWithAllAlive is AddTo and, in hi, AddTo without Lengths, in one pass.
+func TestAddWithAllAliveIsBothCurves(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	l := learnChat(t, rng)
+	for i := range 500 {
+		it := predict.Item{Prompt: rng.IntN(5000), Generated: rng.IntN(1100), Cap: 1 + rng.IntN(1200), Seqs: 1 + rng.IntN(3),
+			BlockTokens: 16, BlockBytes: 1 << 17, Lead: rng.IntN(3), Lengths: l}
+		if i%5 == 0 {
+			it.Lengths = nil
+		}
+		wantM, wantV, wantH, scratch := make([]float64, predict.GridLen), make([]float64, predict.GridLen), make([]float64, predict.GridLen), make([]float64, predict.GridLen)
+		it.AddTo(wantM, wantV)
+		det := it
+		det.Lengths = nil
+		det.AddTo(wantH, scratch)
+		m, v, h := make([]float64, predict.GridLen), make([]float64, predict.GridLen), make([]float64, predict.GridLen)
+		it.AddWithAllAlive(m, v, h)
+		if !reflect.DeepEqual(m, wantM) || !reflect.DeepEqual(v, wantV) || !reflect.DeepEqual(h, wantH) {
+			t.Fatalf("item %+v: AddWithAllAlive differs from AddTo", it)
+		}
 	}
 }

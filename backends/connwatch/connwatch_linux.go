@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -15,15 +16,23 @@ import (
 
 // Watcher watches many connections with one epoll instance and one
 // goroutine.
+//
+// Locking: no lock is held across a system call that others wait on.
+// life is read-held by Watch and stop for their epoll_ctl calls (so any
+// number run at once) and write-held by Close to mark the Watcher closed,
+// so the epoll fd is never closed under them; mu guards only the entries map and is held for map
+// operations alone. Lock order: life, then mu.
 type Watcher struct {
 	epfd int
 	// wake is an eventfd that unblocks the loop on Close.
 	wake int
+	gen  atomic.Uint32
 
-	mu      sync.Mutex // guards entries, gen, closed
+	life   sync.RWMutex // guards closed and the epoll fd's validity
+	closed bool
+
+	mu      sync.Mutex // guards entries
 	entries map[int32]*entry
-	gen     uint32
-	closed  bool
 
 	done chan struct{}
 }
@@ -32,7 +41,7 @@ type entry struct {
 	fd       int32
 	gen      uint32
 	onHangup func()
-	// fired is closed once the callback has run (or will never run).
+	// once runs onHangup, or is spent by stop so that it never runs.
 	once sync.Once
 }
 
@@ -71,46 +80,58 @@ func (w *Watcher) Watch(c net.Conn, onHangup func()) (stop func() bool, err erro
 	if err != nil {
 		return nil, errors.Join(ErrUnsupported, err)
 	}
-	w.mu.Lock()
+	w.life.RLock()
+	defer w.life.RUnlock()
 	if w.closed {
-		w.mu.Unlock()
 		return nil, ErrClosed
 	}
-	w.gen++
-	e := &entry{gen: w.gen, onHangup: onHangup}
+	e := &entry{gen: w.gen.Add(1), onHangup: onHangup}
 	var ctlErr error
 	cerr := rc.Control(func(fd uintptr) {
 		e.fd = int32(fd)
+		// In the map before the kernel can report anything for it. An
+		// entry left under this fd number by a missed stop is replaced.
+		w.mu.Lock()
+		w.entries[e.fd] = e
+		w.mu.Unlock()
 		ev := unix.EpollEvent{Events: unix.EPOLLRDHUP | unix.EPOLLHUP | unix.EPOLLERR | unix.EPOLLONESHOT, Fd: e.fd, Pad: int32(e.gen)}
 		ctlErr = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev)
 		if errors.Is(ctlErr, unix.EEXIST) {
-			// A stale registration of a previous connection on this fd
-			// number: the kernel drops registrations when the file closes,
-			// so this only happens if a stop was missed. Replace it.
+			// A registration of this file left behind: one whose callback
+			// fired (a one-shot registration stays, disabled, until the
+			// file closes) or a missed stop. Replace it.
 			ctlErr = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_MOD, int(fd), &ev)
 		}
 	})
-	if cerr == nil && ctlErr == nil {
-		w.entries[e.fd] = e
-	}
-	w.mu.Unlock()
-	if cerr != nil {
-		return nil, errors.Join(ErrUnsupported, cerr)
-	}
-	if ctlErr != nil {
+	if cerr != nil || ctlErr != nil {
+		w.mu.Lock()
+		if cur, ok := w.entries[e.fd]; ok && cur == e {
+			delete(w.entries, e.fd)
+		}
+		w.mu.Unlock()
+		if cerr != nil {
+			return nil, errors.Join(ErrUnsupported, cerr)
+		}
 		return nil, fmt.Errorf("connwatch: epoll_ctl: %w", ctlErr)
 	}
 	return func() bool { return w.stop(e) }, nil
 }
 
 func (w *Watcher) stop(e *entry) bool {
+	w.life.RLock()
 	w.mu.Lock()
+	mine := false
 	if cur, ok := w.entries[e.fd]; ok && cur == e {
 		delete(w.entries, e.fd)
-		// The fd is still open here (stop runs before the conn closes).
-		_ = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, int(e.fd), nil)
+		mine = true
 	}
 	w.mu.Unlock()
+	if mine && !w.closed {
+		// The fd is still this connection's: stop runs before the conn
+		// closes, so its number cannot have been reused.
+		_ = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, int(e.fd), nil)
+	}
+	w.life.RUnlock()
 	stopped := false
 	// Either we win and the callback never runs, or the loop won and we wait
 	// for its callback to finish.
@@ -134,11 +155,15 @@ func (w *Watcher) loop() {
 			if int(ev.Fd) == w.wake {
 				return
 			}
+			// The one-shot registration is disabled now; it goes when the
+			// connection closes (or a later Watch of it replaces it), so
+			// the loop makes no system call for it. Deleting it here could
+			// race with a close and delete another file's registration
+			// under a reused fd number.
 			w.mu.Lock()
 			e, ok := w.entries[ev.Fd]
 			if ok && e.gen == uint32(ev.Pad) {
 				delete(w.entries, ev.Fd)
-				_ = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, int(ev.Fd), nil)
 			} else {
 				e = nil
 			}
@@ -153,13 +178,16 @@ func (w *Watcher) loop() {
 // Close stops the Watcher. Registered callbacks never run after Close
 // returns; their stop functions remain safe to call.
 func (w *Watcher) Close() error {
-	w.mu.Lock()
+	// Once closed is set under the write lock, no Watch or stop touches
+	// the epoll fd again; the lock is not held while the loop finishes, so
+	// a callback may still call stop.
+	w.life.Lock()
 	if w.closed {
-		w.mu.Unlock()
+		w.life.Unlock()
 		return nil
 	}
 	w.closed = true
-	w.mu.Unlock()
+	w.life.Unlock()
 	var one = [8]byte{1}
 	if _, err := unix.Write(w.wake, one[:]); err != nil {
 		return fmt.Errorf("connwatch: wake: %w", os.NewSyscallError("write", err))

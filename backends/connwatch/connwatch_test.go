@@ -227,3 +227,27 @@ func TestConcurrent(t *testing.T) {
 		t.Fatalf("%d callbacks, want %d", got, n/2)
 	}
 }
+
+// A fired registration stays in the epoll set, disabled, while its
+// connection lives; watching the same connection again replaces it and
+// reports the hang-up again.
+func TestWatchAgainAfterFiring(t *testing.T) {
+	w, ln := newWatcher(t), listen(t)
+	srv, cli := pair(t, ln)
+	defer srv.Close()
+	defer cli.Close()
+	for round := range 2 {
+		fired := make(chan struct{})
+		stop, err := w.Watch(srv, func() { close(fired) })
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if round == 0 {
+			cli.(*net.TCPConn).CloseWrite() // the peer's side is shut from now on
+		}
+		<-fired
+		if stop() {
+			t.Errorf("round %d: stop after the callback reported it stopped the watch", round)
+		}
+	}
+}

@@ -144,11 +144,14 @@ func (w *workload) run(ctx context.Context, o options, kit *benchkit.Kit) ([]row
 	if err != nil {
 		return nil, err
 	}
+	// The best safe limit is the highest level below the first that
+	// overflowed: a higher one that got through its run was lucky.
 	best := row{}
 	for _, r := range sweep {
-		if r.Overflow == 0 && r.Failed == 0 && r.Goodput > best.Goodput {
-			best = r
+		if r.Overflow > 0 || r.Failed > 0 {
+			break
 		}
+		best = r
 	}
 	if best.Level == 0 {
 		return nil, fmt.Errorf("%s: every level of the sweep %s overflowed; try lower levels", w.name, o.sweep)
@@ -156,7 +159,7 @@ func (w *workload) run(ctx context.Context, o options, kit *benchkit.Kit) ([]row
 	best.name, best.note = "direct, best safe limit", fmt.Sprintf("limit %d (of %s)", best.Level, o.sweep)
 	rows = append(rows, best)
 	for _, r := range sweep {
-		if r.Level > best.Level && (r.Overflow > 0 || r.Failed > 0) {
+		if r.Level > best.Level {
 			r.name, r.note = "direct, next limit", "overflowed"
 			rows = append(rows, r)
 			break

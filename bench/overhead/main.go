@@ -1,0 +1,311 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fastjson"
+)
+
+type options struct {
+	direct, nginx, kvgate string
+	conns                 []int
+	missConns             int
+	duration, warmup      time.Duration
+	rounds                int
+	model                 string
+	maxTokens, longTokens int
+	notes                 []string
+	ready                 time.Duration
+}
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	var o options
+	fs := flag.NewFlagSet("overhead", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.direct, "direct", "", "`URL` of the backend itself (required)")
+	fs.StringVar(&o.nginx, "nginx", "", "`URL` of nginx in front of it (required)")
+	fs.StringVar(&o.kvgate, "kvgate", "", "`URL` of kvgate in front of it (required)")
+	conns := fs.String("conns", "1,64,256", "connection counts, comma-separated")
+	fs.IntVar(&o.missConns, "miss-conns", 64, "connections of the extra rows where every prompt is unique (no prompt cache can answer); 0 = none")
+	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured time per cell, target and round")
+	fs.DurationVar(&o.warmup, "warmup", 300*time.Millisecond, "time per cell, target and round before measuring")
+	fs.IntVar(&o.rounds, "rounds", 3, "times the whole sweep runs; each target's samples are pooled")
+	fs.StringVar(&o.model, "model", "llama-3-8b", "model `name` to request")
+	fs.IntVar(&o.maxTokens, "max-tokens", 16, "output tokens per request")
+	fs.IntVar(&o.longTokens, "long-tokens", 4096, "prompt tokens of the long prompt (as the backend counts them)")
+	fs.DurationVar(&o.ready, "ready-timeout", 20*time.Second, "how long to wait for every target to answer before measuring")
+	freePorts := fs.Int("free-ports", 0, "print `N` free loopback TCP ports, one a line, and exit (for the script that starts the servers)")
+	fs.Func("note", "a line for the table's header (repeatable), e.g. the versions under test", func(s string) error {
+		o.notes = append(o.notes, s)
+		return nil
+	})
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *freePorts > 0 {
+		return printFreePorts(*freePorts, stdout, stderr)
+	}
+	if err := o.check(*conns); err != nil {
+		fmt.Fprintf(stderr, "overhead: %v\n", err)
+		return 2
+	}
+	if err := sweep(o, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "overhead: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func (o *options) check(conns string) error {
+	for name, u := range map[string]string{"--direct": o.direct, "--nginx": o.nginx, "--kvgate": o.kvgate} {
+		if u == "" {
+			return fmt.Errorf("%s is required", name)
+		}
+	}
+	for _, f := range strings.Split(conns, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("--conns %q: want positive integers, comma-separated", conns)
+		}
+		o.conns = append(o.conns, n)
+	}
+	switch {
+	case o.missConns < 0:
+		return fmt.Errorf("--miss-conns must be >= 0, got %d", o.missConns)
+	case o.duration <= 0:
+		return fmt.Errorf("--duration must be > 0, got %v", o.duration)
+	case o.warmup < 0:
+		return fmt.Errorf("--warmup must be >= 0, got %v", o.warmup)
+	case o.rounds < 1:
+		return fmt.Errorf("--rounds must be >= 1, got %d", o.rounds)
+	case o.maxTokens < 1:
+		return fmt.Errorf("--max-tokens must be >= 1, got %d", o.maxTokens)
+	case o.longTokens < 1:
+		return fmt.Errorf("--long-tokens must be >= 1, got %d", o.longTokens)
+	}
+	return nil
+}
+
+// cell is one row of the table.
+type cell struct {
+	conns  int
+	w      workload
+	label  string // prompt column
+	result [3]sample
+}
+
+const shortPrompt = "What is a KV cache? Answer in one line."
+
+// paragraph is ordinary English; the long prompt repeats it.
+const paragraph = " A key value cache holds the attention keys and values of every token a model has already seen," +
+	" so that each new token is computed from them instead of from the whole text again. Its size grows with" +
+	" the prompt and with every generated token, and a server that admits too many long requests at once runs" +
+	" out of memory for it before it runs out of compute."
+
+func sweep(o options, stdout, stderr io.Writer) error {
+	maxConns := max(o.missConns, 1)
+	for _, c := range o.conns {
+		maxConns = max(maxConns, c)
+	}
+	var seq atomic.Uint64
+	var targets [3]*target
+	for i, tu := range [3][2]string{{"direct", o.direct}, {"nginx", o.nginx}, {"kvgate", o.kvgate}} {
+		t, err := newTarget(tu[0], tu[1], maxConns, &seq)
+		if err != nil {
+			return err
+		}
+		targets[i] = t
+	}
+	started := time.Now()
+	load := loadAverage()
+
+	if err := waitReady(targets[:], o.model, o.ready); err != nil {
+		return err
+	}
+	// Size the long prompt by the backend's own count, then check that
+	// every target answers every workload before measuring anything.
+	short := workload{model: o.model, prompt: shortPrompt, maxTokens: o.maxTokens}
+	shortTokens, err := promptTokens(targets[0], short)
+	if err != nil {
+		return err
+	}
+	long := short
+	long.prompt = strings.Repeat(paragraph, 4*o.longTokens/len(paragraph)+1)
+	n, err := promptTokens(targets[0], long)
+	if err != nil {
+		return err
+	}
+	long.prompt = fitPrompt(long.prompt, n-shortTokens, o.longTokens-shortTokens)
+	longTokens, err := promptTokens(targets[0], long)
+	if err != nil {
+		return err
+	}
+
+	var cells []*cell
+	for _, c := range o.conns {
+		for _, stream := range []bool{false, true} {
+			for _, p := range []struct {
+				label string
+				w     workload
+			}{{"short", short}, {"long", long}} {
+				w := p.w
+				w.stream = stream
+				cells = append(cells, &cell{conns: c, w: w, label: p.label})
+			}
+		}
+	}
+	if o.missConns > 0 {
+		for _, p := range []struct {
+			label string
+			w     workload
+		}{{"short unique", short}, {"long unique", long}} {
+			w := p.w
+			w.unique = true
+			cells = append(cells, &cell{conns: o.missConns, w: w, label: p.label})
+		}
+	}
+	if err := preflight(targets[:], cells); err != nil {
+		return err
+	}
+
+	total := time.Duration(o.rounds*len(cells)*len(targets)) * (o.warmup + o.duration)
+	fmt.Fprintf(stderr, "overhead: %d cells × %d targets × %d rounds, about %s\n", len(cells), len(targets), o.rounds, total.Round(time.Second))
+	for r := range o.rounds {
+		for i, c := range cells {
+			// Rotate who goes first, so that no target always follows the
+			// same one.
+			for k := range targets {
+				j := (k + r + i) % len(targets)
+				s := targets[j].drive(c.w, c.conns, o.warmup, o.duration)
+				if s.errors > 0 {
+					return fmt.Errorf("%d requests failed at %d connections, %s: %w", s.errors, c.conns, c.name(), s.lastErr)
+				}
+				c.result[j].add(s)
+			}
+		}
+		fmt.Fprintf(stderr, "overhead: round %d of %d done\n", r+1, o.rounds)
+	}
+
+	h := header{
+		machine: machine(), load: load, started: started, notes: o.notes,
+		shortTokens: shortTokens, longTokens: longTokens, maxTokens: o.maxTokens,
+		rounds: o.rounds, duration: o.duration,
+	}
+	writeTable(stdout, h, cells)
+	return nil
+}
+
+func (c *cell) name() string {
+	s := "not streamed"
+	if c.w.stream {
+		s = "streamed"
+	}
+	return c.label + " prompt, " + s
+}
+
+// waitReady waits until every target answers a short request, for the
+// servers the script has just started.
+func waitReady(targets []*target, model string, timeout time.Duration) error {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	deadline := time.Now().Add(timeout)
+	w := workload{model: model, prompt: shortPrompt, maxTokens: 1}
+	for _, t := range targets {
+		for {
+			err := t.do(req, resp, w.body(nil, 0), false)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("not ready after %s: %w", timeout, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// printFreePorts prints n loopback ports that were free a moment ago.
+func printFreePorts(n int, stdout, stderr io.Writer) int {
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			fmt.Fprintf(stderr, "overhead: %v\n", err)
+			return 1
+		}
+		lns = append(lns, ln)
+		fmt.Fprintln(stdout, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return 0
+}
+
+// preflight sends every cell's request once to every target.
+func preflight(targets []*target, cells []*cell) error {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	for _, t := range targets {
+		for _, c := range cells {
+			if err := t.do(req, resp, c.w.body(nil, t.seq.Add(1)), c.w.stream); err != nil {
+				return fmt.Errorf("before measuring, %s: %w", c.name(), err)
+			}
+		}
+	}
+	return nil
+}
+
+// promptTokens asks t for one non-streamed answer to w and returns the
+// prompt tokens its usage reports.
+func promptTokens(t *target, w workload) (int, error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	w.stream = false
+	if err := t.do(req, resp, w.body(nil, 0), false); err != nil {
+		return 0, err
+	}
+	v, err := fastjson.ParseBytes(resp.Body())
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", t.name, err)
+	}
+	n := v.GetInt("usage", "prompt_tokens")
+	if n <= 0 {
+		return 0, fmt.Errorf("%s: no usage.prompt_tokens in %.200s", t.name, resp.Body())
+	}
+	return n, nil
+}
+
+// fitPrompt cuts p, which counts have tokens, to about want tokens, at a
+// word boundary.
+func fitPrompt(p string, have, want int) string {
+	if have <= want || have <= 0 {
+		return p
+	}
+	cut := len(p) * want / have
+	if i := strings.LastIndexByte(p[:cut], ' '); i > 0 {
+		cut = i
+	}
+	return p[:cut]
+}

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Proxy overhead: kvgate against nginx, both in front of the same instant
+# backend (kvgate sim --time-scale 0), measured in one run. Prints one table:
+# requests/s and the latency each proxy adds over the backend alone (p50,
+# p99), and the kvgate/nginx ratios, at 1, 64 and 256 connections, streamed
+# and not, short and 4k-token prompts.
+#
+#   bench/overhead/run.sh [flags of the load generator, e.g. --rounds 5 --duration 3s]
+#
+# It builds kvgate and the load generator, installs nginx (Debian package)
+# when it is missing, starts the three servers on free loopback ports and
+# stops them when it ends. Anything that cannot be had or started fails the
+# run: it never measures a subset.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
+# go-nvml's header marks old calls deprecated; the warnings are harmless noise.
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
+
+die() { echo "bench/overhead: $*" >&2; exit 1; }
+
+if ! command -v nginx >/dev/null 2>&1; then
+	echo "bench/overhead: nginx is missing; installing the Debian package" >&2
+	sudo_=""
+	[ "$(id -u)" -ne 0 ] && sudo_="sudo"
+	$sudo_ apt-get update -qq || die "apt-get update failed; install nginx by hand"
+	DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq nginx >/dev/null || die "could not install nginx"
+	command -v nginx >/dev/null 2>&1 || die "nginx is still missing after installing it"
+fi
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	status=$?
+	for pid in "${pids[@]}"; do
+		kill "$pid" 2>/dev/null || true
+	done
+	for pid in "${pids[@]}"; do
+		wait "$pid" 2>/dev/null || true
+	done
+	if [ "$status" -ne 0 ]; then
+		for log in "$work"/*.log; do
+			[ -s "$log" ] && { echo "--- $(basename "$log") (last lines)" >&2; tail -n 20 "$log" >&2; }
+		done
+	fi
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "bench/overhead: building" >&2
+go build -o "$work/kvgate" ./cmd/kvgate
+go build -o "$work/overhead" ./bench/overhead
+mapfile -t ports < <("$work/overhead" --free-ports 3)
+[ "${#ports[@]}" -eq 3 ] || die "could not find free ports"
+sim_port=${ports[0]} nginx_port=${ports[1]} kvgate_port=${ports[2]}
+
+# The backend: an engine that costs nothing, on a GPU large enough that 256
+# concurrent 4k-token requests never wait for KV blocks.
+"$work/kvgate" sim --listen "127.0.0.1:$sim_port" --time-scale 0 --gpu-memory 512GiB \
+	--max-num-seqs 1024 >"$work/sim.log" 2>&1 &
+pids+=($!)
+
+# nginx as a plain keep-alive reverse proxy, as many workers as cores, SSE
+# passed through unbuffered (as kvgate does).
+user_line=""
+[ "$(id -u)" -eq 0 ] && user_line="user root;"
+mkdir -p "$work/nginx"
+cat >"$work/nginx.conf" <<EOF
+$user_line
+worker_processes auto;
+error_log $work/nginx-error.log warn;
+pid $work/nginx.pid;
+events { worker_connections 8192; }
+http {
+	access_log off;
+	client_body_temp_path $work/nginx/body;
+	proxy_temp_path $work/nginx/proxy;
+	client_max_body_size 8m;
+	client_body_buffer_size 1m;
+	keepalive_requests 1000000;
+	keepalive_timeout 120s;
+	upstream backend {
+		server 127.0.0.1:$sim_port;
+		keepalive 1024;
+		keepalive_requests 1000000;
+	}
+	server {
+		listen 127.0.0.1:$nginx_port;
+		location / {
+			proxy_pass http://backend;
+			proxy_http_version 1.1;
+			proxy_set_header Connection "";
+			proxy_buffering off;
+		}
+	}
+}
+EOF
+nginx -t -q -c "$work/nginx.conf" -p "$work/nginx" 2>"$work/nginx-test.log" || { cat "$work/nginx-test.log" >&2; die "nginx refused its configuration"; }
+nginx -c "$work/nginx.conf" -p "$work/nginx" -g 'daemon off;' >"$work/nginx.log" 2>&1 &
+pids+=($!)
+
+# kvgate with its defaults (tokenizer: backend), a budget that never queues.
+cat >"$work/kvgate.yaml" <<EOF
+listen: 127.0.0.1:$kvgate_port
+log: {level: warn}
+models:
+  - name: llama-3-8b
+    geometry: {layers: 32, kv_heads: 8, head_dim: 128, dtype: bfloat16}
+    weights_bytes: 16060522496
+    max_model_len: 8192
+    tokenizer: backend
+backends:
+  - name: sim
+    url: http://127.0.0.1:$sim_port
+    models: [llama-3-8b]
+    gpu_memory: 512GiB
+EOF
+"$work/kvgate" serve --config "$work/kvgate.yaml" >"$work/kvgate.log" 2>&1 &
+pids+=($!)
+
+rev=$(git describe --always --dirty 2>/dev/null || echo unknown)
+"$work/overhead" \
+	--direct "http://127.0.0.1:$sim_port" \
+	--nginx "http://127.0.0.1:$nginx_port" \
+	--kvgate "http://127.0.0.1:$kvgate_port" \
+	--note "$(nginx -v 2>&1 | sed 's/^nginx version: //') ($(nproc) workers, keep-alive upstream, proxy_buffering off); kvgate $rev (tokenizer: backend)" \
+	"$@"

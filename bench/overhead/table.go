@@ -1,0 +1,122 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// header is what the table says about how it was measured.
+type header struct {
+	machine     string
+	load        string
+	started     time.Time
+	notes       []string
+	shortTokens int
+	longTokens  int
+	maxTokens   int
+	rounds      int
+	duration    time.Duration
+}
+
+func writeTable(out io.Writer, h header, cells []*cell) {
+	fmt.Fprintf(out, "direct, nginx and kvgate in front of the same instant backend (kvgate sim --time-scale 0), %s\n", h.started.UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(out, "machine: %s; load average %s before the run\n", h.machine, h.load)
+	for _, n := range h.notes {
+		fmt.Fprintln(out, n)
+	}
+	fmt.Fprintf(out, "prompts: short %d tokens, long %d tokens; %d output tokens; %d rounds × %s measured per row and target\n",
+		h.shortTokens, h.longTokens, h.maxTokens, h.rounds, h.duration)
+	fmt.Fprintln(out, "latency to the last byte; +p50 and +p99 are the proxy's percentile minus direct's in the same row")
+	fmt.Fprintln(out)
+
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\t\t\tdirect\t\t\tnginx\t\t\tkvgate\t\t\tkvgate/nginx\t\t")
+	fmt.Fprintln(tw, "conns\tstream\tprompt\treq/s\tp50\tp99\treq/s\t+p50\t+p99\treq/s\t+p50\t+p99\t+p50\treq/s\t")
+	for _, c := range cells {
+		d, n, k := &c.result[0], &c.result[1], &c.result[2]
+		d50, d99 := percentile(d.lat, 0.50), percentile(d.lat, 0.99)
+		n50, n99 := percentile(n.lat, 0.50)-d50, percentile(n.lat, 0.99)-d99
+		k50, k99 := percentile(k.lat, 0.50)-d50, percentile(k.lat, 0.99)-d99
+		stream := "no"
+		if c.w.stream {
+			stream = "yes"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%.0f\t%s\t%s\t%.0f\t%s\t%s\t%.0f\t%s\t%s\t%s\t%s\t\n",
+			c.conns, stream, c.label,
+			d.rps(), fmtDur(d50), fmtDur(d99),
+			n.rps(), fmtDur(n50), fmtDur(n99),
+			k.rps(), fmtDur(k50), fmtDur(k99),
+			ratio(float64(k50), float64(n50)), ratio(k.rps(), n.rps()))
+	}
+	tw.Flush()
+}
+
+// percentile is the nearest-rank p-quantile of d (sorted in place); 0 for
+// no samples.
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	i := int(float64(len(d))*p+0.5) - 1
+	return d[min(max(i, 0), len(d)-1)]
+}
+
+// ratio is a/b as "1.23×", or "-" when b is not positive (an added latency
+// within the noise).
+func ratio(a, b float64) string {
+	if b <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
+
+func fmtDur(d time.Duration) string {
+	switch a := d.Abs(); {
+	case a < time.Millisecond:
+		return fmt.Sprintf("%dµs", d.Microseconds())
+	case a < 10*time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond))
+	case a < time.Second:
+		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.2fs", d.Seconds())
+	}
+}
+
+// machine describes where the run happened: CPU model and count, OS and
+// kernel, Go version.
+func machine() string {
+	cpu := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	osName := runtime.GOOS
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		osName += " " + strings.TrimSpace(string(b))
+	}
+	return fmt.Sprintf("%s, %d CPUs, %s, %s", cpu, runtime.NumCPU(), osName, runtime.Version())
+}
+
+// loadAverage is the 1-minute load average, where the system tells it.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "unknown"
+}

@@ -1,0 +1,253 @@
+package gateway
+
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvgate/kvgate/backends"
+)
+
+// tokenCache remembers the backend's /tokenize answers, so that a prompt
+// seen before is counted without a round trip: chat clients resend the
+// same system prompt and history on every turn, and benchmarks and agents
+// repeat whole prompts.
+//
+// Key. A 128-bit hash of the /tokenize request body, which carries the
+// model and the prompt exactly as the backend would count them (messages
+// and tools, or the prompt). Two seeded maphash functions make collisions
+// astronomically unlikely, and, being seeded at random per process, keep a
+// client from crafting a prompt whose hash collides with another's count.
+//
+// Accuracy. A hit returns the count the backend gave for the identical body
+// earlier, so it is as exact as asking again while the backend's tokenizer
+// and chat template stay the same. If they change under the same model
+// name (a redeployed backend), entries go stale: the usage the backend
+// reports with each answer catches that, and an entry it contradicts is
+// dropped (counted in stale), so the next request asks the backend again.
+// Misses cost what no cache costs: one /tokenize round trip.
+//
+// Bound. At most capacity entries, least recently used evicted first; an
+// entry is a few dozen bytes whatever the prompt's length. Entries live in
+// a slice (grown as entries come, up to capacity) threaded by a doubly
+// linked list of indices, so a full cache allocates nothing.
+type tokenCache struct {
+	seeds    [2]maphash.Seed
+	capacity int
+
+	hits, misses, stale atomic.Int64
+
+	mu    sync.Mutex // guards index, slots, head and tail
+	index map[tokenKey]int32
+	slots []tokenSlot
+	head  int32 // most recently used; -1 when empty
+	tail  int32 // least recently used; -1 when empty
+}
+
+type tokenKey [2]uint64
+
+type tokenSlot struct {
+	key        tokenKey
+	count      int
+	prev, next int32 // neighbours in recency order; -1 at the ends
+}
+
+func newTokenCache(capacity int) *tokenCache {
+	return &tokenCache{
+		seeds:    [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
+		capacity: capacity,
+		index:    map[tokenKey]int32{},
+		head:     -1, tail: -1,
+	}
+}
+
+func (c *tokenCache) key(body []byte) tokenKey {
+	return tokenKey{maphash.Bytes(c.seeds[0], body), maphash.Bytes(c.seeds[1], body)}
+}
+
+// get returns the count cached under k and marks it recently used.
+func (c *tokenCache) get(k tokenKey) (int, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i, ok := c.index[k]
+	if !ok {
+		c.misses.Add(1)
+		return 0, false
+	}
+	c.hits.Add(1)
+	c.moveToFrontLocked(i)
+	return c.slots[i].count, true
+}
+
+// put caches count under k, evicting the least recently used entry when
+// full.
+func (c *tokenCache) put(k tokenKey, count int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if i, ok := c.index[k]; ok {
+		c.slots[i].count = count
+		c.moveToFrontLocked(i)
+		return
+	}
+	var i int32
+	if len(c.slots) < c.capacity {
+		i = int32(len(c.slots))
+		c.slots = append(c.slots, tokenSlot{prev: -1, next: -1})
+	} else {
+		i = c.tail
+		c.unlinkLocked(i)
+		delete(c.index, c.slots[i].key)
+	}
+	c.slots[i].key, c.slots[i].count = k, count
+	c.index[k] = i
+	c.pushFrontLocked(i)
+}
+
+// forget drops the entry under k if it still holds count: the backend's
+// usage said the prompt has another length.
+func (c *tokenCache) forget(k tokenKey, count int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i, ok := c.index[k]
+	if !ok || c.slots[i].count != count {
+		return
+	}
+	c.stale.Add(1)
+	c.unlinkLocked(i)
+	delete(c.index, k)
+	// Move the last slot into the hole, so that slots stay dense.
+	last := int32(len(c.slots) - 1)
+	if i != last {
+		c.slots[i] = c.slots[last]
+		c.index[c.slots[i].key] = i
+		c.relinkLocked(last, i)
+	}
+	c.slots = c.slots[:last]
+}
+
+// len is the number of entries.
+func (c *tokenCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.slots)
+}
+
+func (c *tokenCache) moveToFrontLocked(i int32) {
+	if c.head == i {
+		return
+	}
+	c.unlinkLocked(i)
+	c.pushFrontLocked(i)
+}
+
+func (c *tokenCache) pushFrontLocked(i int32) {
+	s := &c.slots[i]
+	s.prev, s.next = -1, c.head
+	if c.head >= 0 {
+		c.slots[c.head].prev = i
+	}
+	c.head = i
+	if c.tail < 0 {
+		c.tail = i
+	}
+}
+
+func (c *tokenCache) unlinkLocked(i int32) {
+	s := &c.slots[i]
+	if s.prev >= 0 {
+		c.slots[s.prev].next = s.next
+	} else {
+		c.head = s.next
+	}
+	if s.next >= 0 {
+		c.slots[s.next].prev = s.prev
+	} else {
+		c.tail = s.prev
+	}
+	s.prev, s.next = -1, -1
+}
+
+// relinkLocked points the neighbours (and head or tail) of the slot that
+// moved from index from to index to.
+func (c *tokenCache) relinkLocked(from, to int32) {
+	s := &c.slots[to]
+	if s.prev >= 0 {
+		c.slots[s.prev].next = to
+	} else if c.head == from {
+		c.head = to
+	}
+	if s.next >= 0 {
+		c.slots[s.next].prev = to
+	} else if c.tail == from {
+		c.tail = to
+	}
+}
+
+// Sources of a request's prompt count, the tokenizer label of the
+// prediction-error histogram.
+const (
+	sourceBackend  = "backend"  // the backend's /tokenize, asked now
+	sourceCache    = "cache"    // the backend's /tokenize, answered earlier
+	sourceEstimate = "estimate" // the calibrated estimate
+)
+
+// promptSources are where the model's prompt counts can come from.
+func (m *model) promptSources() []string {
+	switch {
+	case m.tokenizer == "estimate":
+		return []string{sourceEstimate}
+	case m.tokens != nil:
+		return []string{sourceBackend, sourceCache, sourceEstimate}
+	default:
+		return []string{sourceBackend, sourceEstimate} // the estimate stands in when /tokenize fails
+	}
+}
+
+// tokenizeCached counts prompt i of the request through the model's cache,
+// asking the backend on a miss. For a single prompt, it remembers the key
+// of a hit so that recordUsage can check it against the backend's usage.
+func (x *exchange) tokenizeCached(be *backends.Backend, i int) (int, error) {
+	body := x.req.tokenize[i]
+	c := x.m.tokens
+	if c == nil {
+		n, err := be.Tokenize(x.ctx, body)
+		if err == nil {
+			x.noteSource(sourceBackend)
+		}
+		return n, err
+	}
+	k := c.key(body)
+	if n, ok := c.get(k); ok {
+		x.noteSource(sourceCache)
+		if len(x.req.shapes) == 1 {
+			x.cacheHit, x.cacheKey, x.cacheCount = true, k, n
+		}
+		return n, nil
+	}
+	n, err := be.Tokenize(x.ctx, body)
+	if err != nil {
+		return 0, err
+	}
+	x.noteSource(sourceBackend)
+	c.put(k, n)
+	return n, nil
+}
+
+// noteSource records how a prompt of the request was counted; an estimate
+// anywhere makes the whole request's count an estimate, else any cached
+// count makes it a cached one.
+func (x *exchange) noteSource(s string) {
+	switch {
+	case x.source == sourceEstimate:
+	case s == sourceEstimate, x.source == "", x.source == sourceBackend:
+		x.source = s
+	}
+}
+
+// checkCached drops a cached count that the backend's own usage
+// contradicts.
+func (x *exchange) checkCached() {
+	if x.cacheHit && x.usage.prompt > 0 && x.usage.prompt != x.cacheCount {
+		x.m.tokens.forget(x.cacheKey, x.cacheCount)
+	}
+}
