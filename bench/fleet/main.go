@@ -137,6 +137,7 @@ func run(ctx context.Context, o options) (bool, error) {
 type result struct {
 	setup
 	clients int
+	load    string        // the machine's load average as the run ended (Linux)
 	step    benchkit.Step // kvgate loadtest's, over its whole step
 	poolFit float64       // requests a pool holds at their worst case, on average
 
@@ -203,6 +204,7 @@ func measure(ctx context.Context, kit *benchkit.Kit, o options, s setup, prompts
 	if err != nil {
 		return nil, err
 	}
+	r.load = loadAverage()
 	if s.kill && smp.killed < 0 {
 		return nil, fmt.Errorf("%s: the run ended before %.0f requests were answered: nothing was killed", s.name, smp.killAfter)
 	}
@@ -210,6 +212,9 @@ func measure(ctx context.Context, kit *benchkit.Kit, o options, s setup, prompts
 	end, err := benchkit.Scrape(ctx, client, gw.URL+"/metrics")
 	if err != nil {
 		return nil, fmt.Errorf("%s: gateway metrics at the end: %w", s.name, err)
+	}
+	if err := smp.writeCSV(kit.Path(slug + "-samples.csv")); err != nil {
+		return nil, err
 	}
 	if err := r.read(smp, end); err != nil {
 		return nil, fmt.Errorf("%s: %w", s.name, err)
@@ -285,11 +290,15 @@ func poolFit(ctx context.Context, c *http.Client, simURL, prompts string) (float
 type sample struct {
 	at       time.Duration
 	inflight float64
-	ok       float64 // requests answered, warm-up included
-	tokens   float64 // output tokens of answered requests
-	kv       []float64
+	ok       float64   // requests answered, warm-up included
+	tokens   float64   // output tokens of answered requests
+	kv       []float64 // each simulator's own KV use (share of its pool); NaN once dead
 	routed   []float64 // kvgate_backend_up per backend
 	admitted []float64 // kvgate_admissions_total per GPU
+	// The gateway's view of each GPU: what it has committed (the forecast
+	// peak) and what its backend last reported in use, as shares of its
+	// budget.
+	committed, used []float64
 }
 
 // sampler scrapes the gateway and every simulator each interval, and kills
@@ -317,8 +326,9 @@ func (s *sampler) run(ctx context.Context) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		sm := sample{at: time.Since(s.start), kv: make([]float64, len(s.sims)),
-			routed: make([]float64, len(s.sims)), admitted: make([]float64, len(s.sims))}
+		n := len(s.sims)
+		sm := sample{at: time.Since(s.start), kv: make([]float64, n), routed: make([]float64, n),
+			admitted: make([]float64, n), committed: make([]float64, n), used: make([]float64, n)}
 		gm, err := benchkit.Scrape(ctx, s.client, s.gateway+"/metrics")
 		if err == nil {
 			sm.inflight = gm.Sum("kvgate_requests_in_flight")
@@ -326,7 +336,12 @@ func (s *sampler) run(ctx context.Context) {
 			sm.tokens = gm.Sum("kvgate_tokens_actual_total", `kind="output"`)
 			for i := range s.sims {
 				sm.routed[i] = gm.Sum("kvgate_backend_up", fmt.Sprintf(`backend="sim%d"`, i))
-				sm.admitted[i] = gm.Sum("kvgate_admissions_total", fmt.Sprintf(`gpu="sim%d"`, i))
+				gpu := fmt.Sprintf(`gpu="sim%d"`, i)
+				sm.admitted[i] = gm.Sum("kvgate_admissions_total", gpu)
+				if c := gm.Sum("kvgate_kv_capacity_bytes", gpu); c > 0 {
+					sm.committed[i] = gm.Sum("kvgate_kv_committed_bytes", gpu) / c
+					sm.used[i] = gm.Sum("kvgate_kv_used_bytes", gpu) / c
+				}
 			}
 		}
 		for i, p := range s.sims {
@@ -361,6 +376,24 @@ func (s *sampler) run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// writeCSV writes the samples, one a line, for a closer look at a run.
+func (s *sampler) writeCSV(path string) error {
+	var b strings.Builder
+	b.WriteString("t_s,in_flight,answered,output_tokens")
+	for i := range s.sims {
+		fmt.Fprintf(&b, ",sim%[1]d_kv,sim%[1]d_routed,sim%[1]d_admitted,sim%[1]d_committed,sim%[1]d_used", i)
+	}
+	b.WriteByte('\n')
+	for _, sm := range s.samples {
+		fmt.Fprintf(&b, "%.3f,%g,%g,%g", sm.at.Seconds(), sm.inflight, sm.ok, sm.tokens)
+		for i := range s.sims {
+			fmt.Fprintf(&b, ",%.4f,%g,%g,%.4f,%.4f", sm.kv[i], sm.routed[i], sm.admitted[i], sm.committed[i], sm.used[i])
+		}
+		b.WriteByte('\n')
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 // read turns the samples and the gateway's final metrics into r's figures.
@@ -478,6 +511,17 @@ func bucketAtMost(m benchkit.Metrics, want string, limit float64) float64 {
 	return count
 }
 
+// loadAverage is the machine's load average over the last minute, "?"
+// where /proc/loadavg cannot say: other work on the machine slows the
+// simulators' steps and the gateway, and the figures with them.
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(data)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
 // countLines counts the lines of a log that contain s.
 func countLines(path, s string) (int, error) {
 	data, err := os.ReadFile(path)
@@ -491,21 +535,22 @@ func printTable(w io.Writer, o options, rows []*result) {
 	fmt.Fprintf(w, "Llama-3-8B on simulated 24 GiB GPUs (pool at 0.9, ceiling 0.9, --on-overflow oom); prompts 90%% ≈256, 10%% ≈4000 tokens;\n")
 	fmt.Fprintf(w, "outputs lognormal (median 200, σ 0.8) under max_tokens %d; a pool holds %.0f requests at their worst case, the clients are %.1f× that\n",
 		maxTokens, rows[0].poolFit, float64(o.perBackend)/rows[0].poolFit)
-	fmt.Fprintf(w, "%-26s %5s %7s %9s %6s %10s %8s %7s %8s %6s %5s %5s %6s\n",
-		"configuration", "GPUs", "clients", "goodput", "×one", "whole step", "KV mean", "KV peak", "overflow", "ok", "429", "503", "failed")
+	fmt.Fprintf(w, "%-26s %5s %7s %9s %6s %10s %8s %7s %8s %6s %5s %5s %6s %5s\n",
+		"configuration", "GPUs", "clients", "goodput", "×one", "whole step", "KV mean", "KV peak", "overflow", "ok", "429", "503", "failed", "load")
 	base := rows[0].goodput
 	for _, r := range rows {
 		gpus := strconv.Itoa(r.backends)
 		if r.kill {
 			gpus = fmt.Sprintf("%d→%d", r.backends, r.backends-1)
 		}
-		fmt.Fprintf(w, "%-26s %5s %7d %9.0f %5.2f× %10.0f %7.1f%% %6.1f%% %8.0f %6d %5d %5.0f %6d\n",
+		fmt.Fprintf(w, "%-26s %5s %7d %9.0f %5.2f× %10.0f %7.1f%% %6.1f%% %8.0f %6d %5d %5.0f %6d %5s\n",
 			r.name, gpus, r.clients, r.goodput, r.goodput/base, r.step.Goodput, 100*r.kvMean, 100*r.kvPeak,
-			r.overflow, r.step.OK, r.step.Shed, r.noBackend, r.step.Failed)
+			r.overflow, r.step.OK, r.step.Shed, r.noBackend, r.step.Failed, r.load)
 	}
 	fmt.Fprintln(w, "goodput: answered output tokens/s over the saturated window (the gateway's count; after the kill for the last row);")
 	fmt.Fprintln(w, "whole step: kvgate loadtest's figure, first request sent to last answered; KV: the simulators' own use of their pools;")
-	fmt.Fprintln(w, "overflow: the simulators' out-of-memory events (or answers failed by one, if more); failed: every answer neither 200 nor 429 (the 503s among them)")
+	fmt.Fprintln(w, "overflow: the simulators' out-of-memory events (or answers failed by one, if more); failed: every answer neither 200 nor 429 (the 503s among them);")
+	fmt.Fprintln(w, "load: the machine's 1-minute load average as the configuration's run ended")
 }
 
 // printChecks states the issue's acceptance bars; it returns whether all
