@@ -25,16 +25,18 @@ type engine struct {
 }
 
 type running struct {
-	tk    *admission.Ticket
-	steps int
-	g     int
-	name  string
+	tk     *admission.Ticket
+	steps  int
+	g      int
+	prompt int
+	name   string
 }
 
 type pending struct {
-	ch    <-chan result
-	steps int
-	name  string
+	ch     <-chan result
+	steps  int
+	prompt int
+	name   string
 }
 
 // arrive submits r; it may be admitted at once or queue.
@@ -44,7 +46,7 @@ func (e *engine) arrive(name string, r admission.Request) {
 		tk, err := e.f.b.Acquire(context.Background(), r)
 		ch <- result{tk, err}
 	}()
-	e.pending = append(e.pending, pending{ch, r.Shape[0].Cap, name})
+	e.pending = append(e.pending, pending{ch, r.Shape[0].Cap, r.Shape[0].Prompt, name})
 	e.settle()
 }
 
@@ -60,7 +62,7 @@ func (e *engine) settle() {
 				if res.err != nil {
 					e.f.t.Fatalf("%s refused: %v", p.name, res.err)
 				}
-				e.running = append(e.running, &running{tk: res.tk, steps: p.steps, name: p.name})
+				e.running = append(e.running, &running{tk: res.tk, steps: p.steps, prompt: p.prompt, name: p.name})
 				e.admitted = append(e.admitted, p.name)
 			default:
 				left = append(left, p)

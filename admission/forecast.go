@@ -186,9 +186,19 @@ func (s *Scheduler) groupCurveLocked(c curve, g Group, live, gen int, opaque boo
 		c.addConst(m, v, worst)
 	default:
 		predict.Item{Prompt: g.Prompt, Generated: gen, Cap: g.Cap, Seqs: live, BlockTokens: g.BlockTokens,
-			BlockBytes: g.BlockBytes, Lead: leadTokens - 1, Lengths: lens}.AddWithAllAlive(c.mean, c.vari, c.hi)
+			BlockBytes: g.BlockBytes, Lead: forecastLead(g), Lengths: lens}.AddWithAllAlive(c.mean, c.vari, c.hi)
 	}
 }
+
+// forecastLead is how many tokens a sequence may be ahead of the
+// generated count its forecast was computed with: Progress recomputes a
+// ticket's curve only when a sequence enters a new block, so a curve is up
+// to a block stale (a sequence crosses its next boundary that much sooner
+// than the curve says), plus what the backend has computed and the gateway
+// not yet seen (leadTokens). Without it a forecast whose lengths are known
+// exactly — outputs pinned to max_tokens, all samples cut by their cap —
+// has no margin at all, and the staleness alone overflowed a pool.
+func forecastLead(g Group) int { return g.BlockTokens + leadTokens - 1 }
 
 // finalSizeMoments are the mean and variance of a group's final size when
 // each live sequence's length is min(L, Cap), L drawn from lens: the shared

@@ -180,3 +180,44 @@ func TestPredictedPerTenantLengths(t *testing.T) {
 		t.Fatalf("charge of a long-output tenant's request %d, of the queue's %d", essayCharge, shortCharge)
 	}
 }
+
+// When every output runs to its cap (max_tokens pinned), the learned
+// lengths are all censored at the caps and the forecast is exact: it has no
+// margin of variance. The real memory must still never pass the pool,
+// although a ticket's curve is recomputed only when a sequence enters a new
+// block (so it is up to a block stale) — a step by step engine checks it.
+func TestPredictedExactLengthsNeverOverflow(t *testing.T) {
+	const blocks = 1000
+	f := newFixture(t, predicted(blocks*16, 20)) // blocks of 16 tokens, a byte each
+	for range 20 {
+		f.acquire(chat(100, 128)).Done(0, 128, true)
+	}
+	e := &engine{f: f}
+	realBlocks := func() int {
+		n := 0
+		for _, r := range e.running {
+			n += (r.prompt + r.g + 1 + 15) / 16 // the token being computed has its slot
+		}
+		return n
+	}
+	x := uint32(7)
+	peak := 0
+	for step := range 3000 {
+		for len(e.pending) < 4 { // a queue that never empties
+			x = x*1103515245 + 12345
+			e.arrive("chat", chat(20+int(x>>8)%400, []int{128, 512}[(x>>4)%2]))
+		}
+		e.settle()
+		e.admitted = nil
+		if b := realBlocks(); b > blocks {
+			t.Fatalf("step %d: %d requests really hold %d blocks of the pool's %d", step, len(e.running), b, blocks)
+		} else {
+			peak = max(peak, b)
+		}
+		e.step()
+	}
+	t.Logf("peak %d of %d blocks", peak, blocks)
+	if peak < blocks*8/10 {
+		t.Fatalf("the pool was never filled: peak %d of %d blocks", peak, blocks)
+	}
+}

@@ -10,7 +10,8 @@ import (
 )
 
 // leadTokens is how far a backend may be ahead of what the gateway has seen
-// of a stream: the token being sent and the one being computed.
+// of a stream: the token being sent and the one being computed. (Forecasts
+// add the staleness of the last Progress: see forecastLead.)
 const leadTokens = 2
 
 // Ticket is an admission: a request bound to a pool. Give it back exactly
