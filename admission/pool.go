@@ -167,7 +167,10 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 		t = s.newTicketLocked()
 		w.t = t
 	}
-	*t = Ticket{s: s, pool: p, line: w.line, tenant: w.tenant, weight: w.weight, charge: w.charge,
+	if t.s != s {
+		t.s = s // never rewritten when a moved ticket binds again: see Ticket
+	}
+	t.binding = binding{pool: p, line: w.line, tenant: w.tenant, weight: w.weight, charge: w.charge,
 		opaque: w.opaque, lens: w.lens, waited: waited, seq: w.seq, affinity: w.affinity,
 		class: w.line.name, queue: w.line.q.name, poolName: p.name}
 	if len(w.shape) > 0 {

@@ -333,7 +333,7 @@ type HealthConfig struct {
 	Interval Duration `yaml:"interval"` // default 1s
 	Timeout  Duration `yaml:"timeout"`  // default 2s
 	Failures int      `yaml:"failures"` // consecutive failures that open the circuit; default 3
-	Cooldown Duration `yaml:"cooldown"` // before a half-open retry; default 5s
+	Cooldown Duration `yaml:"cooldown"` // before a circuit that timeouts opened lets requests try again; default 5s
 }
 
 // AdminConfig guards /status and /metrics.
