@@ -14,13 +14,13 @@ import (
 // its output-length predictor has learned; backends with their circuits and
 // KV reports; and the admission counters.
 type statusView struct {
-	Policy    policyView              `json:"policy"`
-	GPUs      []gpuView               `json:"gpus"`
-	Models    []modelQueueView        `json:"queues"`
-	Backends  []backendView           `json:"backends"`
-	ModelInfo []modelView             `json:"models"`
-	Tenants   []admission.TenantStats `json:"tenants"`
-	Counters  counterView             `json:"admission"`
+	Policy    policyView       `json:"policy"`
+	GPUs      []gpuView        `json:"gpus"`
+	Models    []modelQueueView `json:"queues"`
+	Backends  []backendView    `json:"backends"`
+	ModelInfo []modelView      `json:"models"`
+	Tenants   []tenantView     `json:"tenants"`
+	Counters  counterView      `json:"admission"`
 
 	// SharedBudget is this replica's part of a fleet sharing the budgets
 	// (fleet_status.go); absent when the budget is this process's alone.
@@ -65,15 +65,29 @@ type gpuView struct {
 }
 
 type modelQueueView struct {
-	Model        string                 `json:"model"`
-	Queued       int                    `json:"queued"`
-	QueuedBytes  int64                  `json:"queued_bytes"`
-	Classes      []classView            `json:"classes"`
-	GPUs         []admission.RouteStats `json:"gpus"`
-	Predicting   bool                   `json:"predicting"`
-	Samples      float64                `json:"length_samples"`
-	MedianLength int                    `json:"median_output_tokens,omitempty"`
-	P90Length    int                    `json:"p90_output_tokens,omitempty"`
+	Model        string      `json:"model"`
+	Queued       int         `json:"queued"`
+	QueuedBytes  int64       `json:"queued_bytes"`
+	Classes      []classView `json:"classes"`
+	GPUs         []routeView `json:"gpus"`
+	Predicting   bool        `json:"predicting"`
+	Samples      float64     `json:"length_samples"`
+	MedianLength int         `json:"median_output_tokens,omitempty"`
+	P90Length    int         `json:"p90_output_tokens,omitempty"`
+}
+
+// routeView is one GPU a model may be bound to, and whether it takes binds
+// now (its circuit closed, its backend configured).
+type routeView struct {
+	GPU string `json:"gpu"`
+	Up  bool   `json:"up"`
+}
+
+type tenantView struct {
+	Name        string `json:"name"`
+	HeldBytes   int64  `json:"held_bytes"`
+	Queued      int    `json:"queued"`
+	QueuedBytes int64  `json:"queued_bytes"`
 }
 
 type classView struct {
@@ -190,14 +204,17 @@ func (s *Server) status() statusView {
 			mv.Classes = append(mv.Classes, classView(c))
 		}
 		for _, r := range q.Pools {
+			name := r.Pool
 			if g := rt.poolGroup[r.Pool]; g != nil {
-				r.Pool = g.name
+				name = g.name
 			}
-			mv.GPUs = append(mv.GPUs, r)
+			mv.GPUs = append(mv.GPUs, routeView{GPU: name, Up: r.Up})
 		}
 		v.Models = append(v.Models, mv)
 	}
-	v.Tenants = st.Tenants
+	for _, t := range st.Tenants {
+		v.Tenants = append(v.Tenants, tenantView{Name: t.Name, HeldBytes: t.Held, Queued: t.Queued, QueuedBytes: t.QueuedBytes})
+	}
 	v.SharedBudget = s.fleetStatus()
 	v.Counters = counterView{Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Backfilled: st.Backfilled,
 		Rejected: st.Rejected, Canceled: st.Canceled}
