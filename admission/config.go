@@ -20,7 +20,7 @@ const (
 	DefaultAIMDIncrease       = 0.01
 	DefaultAIMDMinFraction    = 0.25
 	DefaultEpsilon            = 1e-4
-	DefaultWarmupSamples      = 200
+	DefaultWarmupSamples      = 100
 	DefaultHeadroom           = 0.02
 	DefaultMaxHeadAge         = 10 * time.Second
 	defaultClassPreferredName = "standard"
@@ -96,7 +96,7 @@ type PolicyConfig struct {
 	Epsilon float64
 	// WarmupSamples is how many finished sequences a queue (or a tenant in
 	// it) must have reported before its requests are predicted rather than
-	// held at their worst case. 0 = DefaultWarmupSamples (200); negative =
+	// held at their worst case. 0 = DefaultWarmupSamples (100); negative =
 	// predict from the first sample.
 	WarmupSamples int
 	// Headroom: while a pool's backend reports more than (1 − Headroom) ×
@@ -170,6 +170,19 @@ type Config struct {
 	Observer Observer
 	// Seed seeds the jitter of Retry-After. 0 = a fixed seed.
 	Seed uint64
+	// Limited starts every pool (at New, and each one Reconfigure adds) with
+	// a limit of 0 instead of none, so that nothing is admitted to it until
+	// SetLimit opens it: the pool of a budget shared with other processes
+	// must not admit a whole budget of its own before its share is known.
+	// Fixed at New: Reconfigure ignores it. See limit.go.
+	Limited bool
+	// OnDemand, if set, is called with a pool's name when a request queues
+	// for lack of room on it and when weight held on it is given back: the
+	// moments an external limiter (SetLimit) may want to grow or shrink. It
+	// is called after the scheduler's lock is released, from the goroutine
+	// that caused it (a request's), so it must return at once (a
+	// non-blocking channel send). Fixed at New: Reconfigure ignores it.
+	OnDemand func(pool string)
 }
 
 // DefaultClasses are critical, standard and sheddable, in that order.

@@ -252,7 +252,7 @@ func (s *Scheduler) shadowLocked(head *waiter) (best *pool, at float64, spare in
 		if !eligible(head, r) {
 			continue
 		}
-		free := p.effective - p.charge
+		free := p.admitCap() - p.charge
 		rs = rs[:0]
 		for t := p.first; t != nil; t = t.next {
 			rs = append(rs, release{s.ticketRemainingLocked(t), t.charge})
@@ -300,7 +300,7 @@ func (s *Scheduler) needLocked(w *waiter, arriving bool) int64 {
 		if !eligible(w, r) {
 			continue
 		}
-		room += max(0, r.p.effective-s.committedLocked(r.p))
+		room += max(0, r.p.admitCap()-s.committedLocked(r.p))
 		tHeld += t.heldOn(r.p)
 		tCap += t.capOn(r.p)
 	}

@@ -283,3 +283,33 @@ func TestReconfigureFleet(t *testing.T) {
 		t.Fatalf("removed queue: %v", err)
 	}
 }
+
+// Issue 11 test finding: a moved ticket is bound again by whichever
+// goroutine's release lets it in, while its owner may call Release at any
+// moment — the gateway does when the client hangs up mid-move — and
+// Release read the ticket's scheduler while the grant rewrote the whole
+// ticket, a data race (-race catches it). Either order leaves the ticket
+// held at most once.
+func TestMoveAndReleaseFromItsOwner(t *testing.T) {
+	f := newFixture(t, fleet([]admission.PoolConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
+		map[string][]string{"m": {"a", "b"}}, admission.Config{}))
+	x := f.acquire(in("m", 10))
+	y := f.acquire(in("m", 10))
+	moved := make(chan error, 1)
+	go func() { moved <- x.Move(context.Background()) }()
+	admissiontest.WaitQueued(f.b.Scheduler, 1)
+	start, released := make(chan struct{}), make(chan struct{})
+	go func() {
+		<-start
+		x.Release()
+		close(released)
+	}()
+	close(start)
+	y.Release() // lets x in where y was, while its owner releases it
+	<-released
+	if err := <-moved; err != nil {
+		t.Fatal(err)
+	}
+	x.Release()
+	f.held("a=0 b=0")
+}

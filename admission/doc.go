@@ -135,6 +135,21 @@
 // walks the waiters in order up to maxBackfillScan past the first that does
 // not fit, at a cost of one forecast per candidate pool each.
 //
+// # Sharing a GPU with other processes
+//
+// Several gateway replicas in front of one GPU each run a scheduler. An
+// external limiter (package backends/leases) leases each replica's part of
+// the GPU's budget and sets it as the pool's limit (SetLimit): admissions
+// are measured against min(E, limit), and a lower limit revokes nothing,
+// like a shrink. It reads what to lease from Demand (what the pool has
+// committed, and the charge waiting for it) and is hurried by OnDemand when
+// a request queues for lack of room or weight is given back. With
+// Config.Limited every pool starts at limit 0, so that nothing is admitted
+// before the replica's part is known. The replicas' learned lengths are
+// exchanged as deltas (LengthsDelta, MergeLengths), so that each predicts
+// from the whole fleet's traffic. See limit.go and lengths.go.
+//
 // What the package does not do: measure KV usage itself (SetUsage), talk to
-// backends, or share a budget across processes.
+// backends, or talk to other processes (the caller carries limits and
+// deltas).
 package admission

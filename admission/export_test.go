@@ -83,8 +83,8 @@ func (s *Scheduler) invariantsLocked(op string) error {
 				}
 			}
 		}
-		if (op == opAdmit || op == opGrant) && p == s.lastHold && s.committedLocked(p) > p.effective {
-			bad("pool %q committed %d > effective %d at an admission", p.name, s.committedLocked(p), p.effective)
+		if (op == opAdmit || op == opGrant) && p == s.lastHold && s.committedLocked(p) > p.admitCap() {
+			bad("pool %q committed %d > effective %d (limit %d) at an admission", p.name, s.committedLocked(p), p.effective, p.limitOrNone())
 		}
 	}
 

@@ -292,7 +292,7 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve) (room float64, fits 
 		return 0, false
 	}
 	if !s.set.policy.predicted {
-		room = float64(p.effective) - float64(p.held) - float64(w.weight)
+		room = float64(p.admitCap()) - float64(p.held) - float64(w.weight)
 		return room, room >= 0
 	}
 	base := p.fc
@@ -303,7 +303,7 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve) (room float64, fits 
 	// The worst case is never less safe than the forecast: with few
 	// requests the normal bound can exceed it.
 	peak := min(base.peakWith(c, s.set.policy.z), float64(satAdd64(p.held, w.weight)))
-	room = float64(p.effective) - peak
+	room = float64(p.admitCap()) - peak
 	return room, room >= 0
 }
 
@@ -327,6 +327,7 @@ func (s *Scheduler) lengthsForLocked(q *queue, t *tenantState) *predict.Lengths 
 func (s *Scheduler) observeLocked(q *queue, tenant string, n int, capped bool) {
 	s.scratchSeq = 0 // the predictor moves: no curve computed before stands
 	q.lengths.Observe(n, capped)
+	q.tallyLocked(tenant, n, capped)
 	if tenant == "" {
 		return // the anonymous tenant is the queue at large
 	}

@@ -49,6 +49,9 @@ type PoolStats struct {
 	Name      string
 	Capacity  int64 // nominal
 	Effective int64 // after the AIMD loop; <= Capacity
+	// Limit is the external cap SetLimit put on what it may commit (-1:
+	// none); admissions are measured against min(Effective, Limit).
+	Limit int64
 	// Held is the worst case of what is bound to it; it may exceed Effective
 	// under Predicted, and after a shrink, never through an admission under
 	// WorstCase.
@@ -129,7 +132,7 @@ func (s *Scheduler) Stats() Stats {
 	now := s.clock.Now()
 	st := Stats{Queued: s.queued, Admitted: s.atOnce, Backfilled: s.backfilled}
 	for _, p := range s.pools {
-		ps := PoolStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Held: p.held,
+		ps := PoolStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Held: p.held,
 			Committed: s.committedLocked(p), Charge: p.charge, Tickets: p.tickets,
 			Used: p.used, UsedKnown: p.usedKnown, Gated: s.gatedLocked(p)}
 		ps.DrainRate, ps.Releases = p.drain.rate(now)

@@ -28,6 +28,12 @@ type pool struct {
 	used      int64 // KV in use as its backends last reported it
 	usedKnown bool
 
+	// limited says limit caps what it may commit (SetLimit); noted that
+	// OnDemand is due for it once the lock is released (limit.go).
+	limited bool
+	limit   int64
+	noted   bool
+
 	drain drainEstimator
 	// res is the reservation the last dispatch pass left on the pool for
 	// the first waiter that did not fit (see dispatch.go).
@@ -161,7 +167,10 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 		t = s.newTicketLocked()
 		w.t = t
 	}
-	*t = Ticket{s: s, pool: p, line: w.line, tenant: w.tenant, weight: w.weight, charge: w.charge,
+	if t.s != s {
+		t.s = s // never rewritten when a moved ticket binds again: see Ticket
+	}
+	t.binding = binding{pool: p, line: w.line, tenant: w.tenant, weight: w.weight, charge: w.charge,
 		opaque: w.opaque, lens: w.lens, waited: waited, seq: w.seq, affinity: w.affinity,
 		class: w.line.name, queue: w.line.q.name, poolName: p.name}
 	if len(w.shape) > 0 {
@@ -225,6 +234,7 @@ func (s *Scheduler) unholdLocked(t *Ticket, drained bool) {
 		p.drain.busy(s.clock.Now(), false)
 	}
 	t.weight, t.charge = 0, 0
+	s.noteDemandLocked(p)
 }
 
 // ticketSlab is how many tickets one allocation makes.
@@ -254,5 +264,5 @@ func (s *Scheduler) Free(pool string) int64 {
 	if p == nil {
 		return 0
 	}
-	return p.effective - s.committedLocked(p)
+	return p.admitCap() - s.committedLocked(p)
 }

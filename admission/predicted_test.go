@@ -187,10 +187,24 @@ func TestPredictedPerTenantLengths(t *testing.T) {
 // although a ticket's curve is recomputed only when a sequence enters a new
 // block (so it is up to a block stale) — a step by step engine checks it.
 func TestPredictedExactLengthsNeverOverflow(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		taught, capAt int
+	}{
+		{"learned at the caps", 20, 128},
+		// A client that asks for 4 tokens at a time teaches only that outputs
+		// run past 4: that must not make longer requests look short.
+		{"learned from tiny caps", 250, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) { exactLengths(t, tc.taught, tc.capAt) })
+	}
+}
+
+func exactLengths(t *testing.T, taught, capAt int) {
 	const blocks = 1000
 	f := newFixture(t, predicted(blocks*16, 20)) // blocks of 16 tokens, a byte each
-	for range 20 {
-		f.acquire(chat(100, 128)).Done(0, 128, true)
+	for range taught {
+		f.acquire(chat(100, capAt)).Done(0, capAt, true)
 	}
 	e := &engine{f: f}
 	realBlocks := func() int {

@@ -19,6 +19,10 @@ type queue struct {
 	// byTenant the same per tenant (bounded: see lengthsForLocked).
 	lengths  *predict.Lengths
 	byTenant map[string]*predict.Lengths
+	// tally and tallyTenants count what this scheduler learned since
+	// LengthsDelta last took it; nil until the first call (lengths.go).
+	tally        *predict.Tally
+	tallyTenants map[string]*predict.Tally
 
 	// promised are the refusals told to come back at a time still to come,
 	// so that the next refusal's Retry-After counts them as ahead of it.

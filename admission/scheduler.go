@@ -53,6 +53,7 @@ type Scheduler struct {
 	cursors       []*waiter // a dispatch pass's positions, one per queue
 	lastHold      *pool     // the pool of the latest admission, for the invariant checks
 	knobs         testingKnobs
+	limits        limitState // see limit.go
 }
 
 // testingKnobs are hooks for this package's tests; zero in production.
@@ -103,6 +104,7 @@ func New(cfg Config) (*Scheduler, error) {
 	if s.clock == nil {
 		s.clock = SystemClock()
 	}
+	s.limits.limited, s.limits.onDemand = cfg.Limited, cfg.OnDemand
 	s.mu.Lock()
 	s.applyLocked(set, s.clock.Now())
 	s.mu.Unlock()
@@ -145,6 +147,7 @@ func (s *Scheduler) applyLocked(set settings, now time.Time) {
 		p := s.poolByName[pc.Name]
 		if p == nil {
 			p = newPool(pc.Name, pc.Capacity, now, set.drainWindow)
+			p.limited = s.limits.limited
 		} else if pc.Capacity != p.nominal {
 			s.resizePoolLocked(p, pc.Capacity)
 		}
@@ -461,7 +464,8 @@ func (s *Scheduler) enqueue(ctx context.Context, done <-chan struct{}, w *waiter
 	}
 	s.checkLocked(opEnqueue)
 	s.dispatchLocked() // it may pass a head that does not fit, or be one
-	s.mu.Unlock()
+	s.noteWaitingLocked(w)
+	s.unlockNotify()
 	return s.wait(ctx, done, w)
 }
 

@@ -20,9 +20,19 @@ const leadTokens = 2
 // hold follows what it really uses. A nil or zero Ticket holds nothing.
 //
 // Its accounting fields are guarded by the scheduler's mu; the names and
-// waited are set before the ticket is handed out and never change.
+// waited are set before the ticket is handed out, and change only while
+// Move binds it again (Move's caller reads them once it returns). s is set
+// once, at the first admission, and never written again: Release reads it
+// without the lock, and may run — the owner giving the request up — while
+// a moved ticket is being bound again.
 type Ticket struct {
-	s      *Scheduler
+	s *Scheduler
+	binding
+}
+
+// binding is what a Ticket's admission sets, all of it at each (the first,
+// and each Move's).
+type binding struct {
 	pool   *pool
 	line   *line
 	tenant *tenantState
@@ -116,7 +126,7 @@ func (s *Scheduler) settleUnlock(op string) {
 	if s.queued > 0 {
 		s.dispatchLocked()
 	}
-	s.mu.Unlock()
+	s.unlockNotify()
 }
 
 // Progress reports that each live sequence of group gi has generated
@@ -194,6 +204,7 @@ func (s *Scheduler) updateLocked(t *Ticket, change func()) {
 	t.weight, t.charge = weight, charge
 	if dc < 0 {
 		p.drain.add(-dc, s.clock)
+		s.noteDemandLocked(p)
 	}
 	s.forecastAddLocked(p, t)
 }
@@ -253,7 +264,8 @@ func (t *Ticket) Move(ctx context.Context) error {
 	s.enqueueLocked(w)
 	s.checkLocked(opMove)
 	s.dispatchLocked()
-	s.mu.Unlock()
+	s.noteWaitingLocked(w)
+	s.unlockNotify()
 	_, err := s.wait(ctx, ctx.Done(), w)
 	return err
 }

@@ -9,11 +9,19 @@ import (
 // circuit tracks a backend's health from probes and from two passive
 // signals: failures to connect, and requests whose first byte did not come
 // in time. It is closed (healthy) until threshold consecutive failures —
-// or threshold consecutive first-byte timeouts — open it; after cooldown it
-// is half-open: traffic and probes are let through, a success closes it and
-// a failure opens it again for another cooldown. A circuit opened by
-// timeouts is closed only by a request that was answered, not by a probe: a
-// backend that answers /health while its completions hang is not healthy.
+// or threshold consecutive first-byte timeouts — open it.
+//
+// A circuit that failures opened is closed by the next passing probe: the
+// health check is its trial, so it never half-opens to traffic. Letting
+// traffic try a backend that failed to connect would, behind a dispatcher
+// that binds waiters late, send it every waiter that fits its empty GPU at
+// once, to fail together.
+//
+// A circuit that timeouts opened is closed only by a request that was
+// answered, not by a probe (a backend that answers /health while its
+// completions hang is not healthy), so after cooldown it is half-open:
+// traffic is let through, an answered request closes it and another
+// timeout (or failure) opens it again for another cooldown.
 type circuit struct {
 	threshold int
 	cooldown  time.Duration
@@ -113,7 +121,7 @@ func (c *circuit) stateLocked() CircuitState {
 	switch {
 	case !c.open:
 		return StateClosed
-	case c.now().Sub(c.openedAt) >= c.cooldown:
+	case c.byTimeouts && c.now().Sub(c.openedAt) >= c.cooldown:
 		return StateHalfOpen
 	}
 	return StateOpen

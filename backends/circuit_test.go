@@ -32,8 +32,9 @@ func TestCircuitTimeouts(t *testing.T) {
 		{"a half-open trial that times out opens it again", []step{
 			{"timeout", StateClosed}, {"timeout", StateOpen}, {"advance", StateHalfOpen}, {"timeout", StateOpen},
 		}},
-		{"failures still open and close as before", []step{
-			{"probe-fail", StateClosed}, {"probe-fail", StateOpen}, {"advance", StateHalfOpen}, {"probe-ok", StateClosed},
+		{"failures open it; a passing probe, not the cooldown, closes it", []step{
+			{"probe-fail", StateClosed}, {"probe-fail", StateOpen}, {"advance", StateOpen}, {"probe-fail", StateOpen},
+			{"advance", StateOpen}, {"probe-ok", StateClosed},
 		}},
 	}
 	for _, tt := range tests {

@@ -7,10 +7,10 @@
 // reached through an Upstream, a keep-alive transport that owns each
 // connection so that cancelling a request closes it and the backend aborts.
 // Each Backend has a circuit (closed → open after FailThreshold consecutive
-// failed health probes or failures to connect, or as many consecutive
-// first-byte timeouts the gateway reports → half-open after Cooldown →
-// closed again on the first success; a circuit that timeouts opened needs
-// an answered request, not a probe) and the latest KVReport scraped from
+// failed health probes or failures to connect → closed again by the first
+// passing probe; or open after as many consecutive first-byte timeouts the
+// gateway reports → half-open to traffic after Cooldown → closed by an
+// answered request, not by a probe) and the latest KVReport scraped from
 // its /metrics with vLLM's metric names. A request's own failure — a 4xx,
 // a body the backend refused, a reset while sending it — never counts: one
 // client must not take a backend away from everyone. A Pool routes a model's requests to the

@@ -68,8 +68,10 @@ func TestPickMostFreeThenRoundRobin(t *testing.T) {
 	}
 }
 
-// State stepping, as Caddy's tests do: mark a backend down, it is skipped;
-// after the cooldown it is tried again; a success brings it back.
+// State stepping, as Caddy's tests do: mark a backend down, it is skipped,
+// after the cooldown too (its probes are its trial); a success brings it
+// back. One that first-byte timeouts took down is tried again after the
+// cooldown, since only an answered request can bring it back.
 func TestCircuitSkipsOpenBackend(t *testing.T) {
 	c := &clock{}
 	a := mustBackend(t, "a", []string{"m"}, budgetOf(500), c.now)
@@ -97,20 +99,30 @@ func TestCircuitSkipsOpenBackend(t *testing.T) {
 		t.Fatalf("all open: err %v, ready %v, serves %v", err, p.Ready(), p.Serves("m"))
 	}
 	c.advance(5 * time.Second)
-	if a.State() != StateHalfOpen {
-		t.Fatalf("after cooldown: %s", a.State())
+	if _, err := p.Pick("m", nil); a.State() != StateOpen || !errors.Is(err, ErrNoBackend) {
+		t.Fatalf("after the cooldown a backend that failed is tried before a probe passed: %s, %v", a.State(), err)
 	}
-	if got, _ := p.Pick("m", nil); got != a {
-		t.Fatal("half-open backend not tried")
-	}
-	a.ReportFailure(errors.New("still down")) // the trial fails: open for another cooldown
-	if a.State() != StateOpen {
-		t.Fatalf("failed trial: %s", a.State())
-	}
-	c.advance(5 * time.Second)
 	a.ReportSuccess()
 	if a.State() != StateClosed || a.LastError() != "" {
 		t.Fatalf("after success: %s %q", a.State(), a.LastError())
+	}
+	if got, _ := p.Pick("m", nil); got != a {
+		t.Fatal("a recovered backend was not picked")
+	}
+
+	for range 2 {
+		a.ReportTimeout(errors.New("first byte timeout"))
+	}
+	if got, _ := p.Pick("m", nil); a.State() != StateOpen || got == a {
+		t.Fatalf("after two timeouts: %s, picked %v", a.State(), got)
+	}
+	c.advance(5 * time.Second)
+	if got, _ := p.Pick("m", nil); a.State() != StateHalfOpen || got != a {
+		t.Fatalf("a backend that timed out not tried after the cooldown: %s", a.State())
+	}
+	a.ReportTimeout(errors.New("still hangs")) // the trial fails: open for another cooldown
+	if a.State() != StateOpen {
+		t.Fatalf("failed trial: %s", a.State())
 	}
 }
 

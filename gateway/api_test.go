@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -384,11 +386,21 @@ func TestModelsAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st statusView
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+	raw, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
+	var st statusView
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	// Every key of the operator's JSON is snake_case, however deep: a Go
+	// field name leaking through (a struct without tags) would break the
+	// scripts that read it when the field is renamed.
+	var tree any
+	_ = json.Unmarshal(raw, &tree)
+	snakeKeys(t, "status", tree)
 	if len(st.GPUs) != 1 || st.GPUs[0].Capacity != 2193088512 || len(st.Models) != 1 || len(st.Models[0].Classes) != 3 || st.ModelInfo[0].BytesPerToken != 131072 {
 		t.Errorf("status: %+v", st)
 	}
@@ -430,5 +442,22 @@ func TestPanicIsRecovered(t *testing.T) {
 	}
 	if r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 2, false)); r.status != 200 {
 		t.Fatalf("after the panic: %d %s", r.status, r.body)
+	}
+}
+
+func snakeKeys(t *testing.T, path string, v any) {
+	t.Helper()
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			if strings.Trim(k, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" && !strings.HasPrefix(path, "status.admission.rejected") {
+				t.Errorf("%s.%s: not a snake_case key", path, k)
+			}
+			snakeKeys(t, path+"."+k, e)
+		}
+	case []any:
+		for i, e := range v {
+			snakeKeys(t, fmt.Sprintf("%s[%d]", path, i), e)
+		}
 	}
 }

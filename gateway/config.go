@@ -46,6 +46,10 @@ type Config struct {
 	Log           LogConfig `yaml:"log"`
 	// Admin guards the operators' views. A reload may change it.
 	Admin AdminConfig `yaml:"admin"`
+	// SharedBudget shares each GPU's budget with other gateway replicas
+	// through Redis (fleet_config.go). Default: none, the budget is this
+	// process's alone.
+	SharedBudget *SharedBudgetConfig `yaml:"shared_budget"`
 
 	// dir is the directory of the file, against which relative paths resolve.
 	dir string
@@ -114,7 +118,7 @@ type AdmissionConfig struct {
 	Epsilon float64 `yaml:"epsilon"`
 	// WarmupSamples is how many finished sequences a model (or a tenant of
 	// it) must have before its requests are predicted; until then they are
-	// held at their worst case. Default 200; negative: from the first.
+	// held at their worst case. Default 100; negative: from the first.
 	WarmupSamples int `yaml:"warmup_samples"`
 	// Headroom: while a backend reports more than (1 − headroom) × its
 	// budget in use, nothing new is admitted to its GPU (predicted only).
@@ -329,7 +333,7 @@ type HealthConfig struct {
 	Interval Duration `yaml:"interval"` // default 1s
 	Timeout  Duration `yaml:"timeout"`  // default 2s
 	Failures int      `yaml:"failures"` // consecutive failures that open the circuit; default 3
-	Cooldown Duration `yaml:"cooldown"` // before a half-open retry; default 5s
+	Cooldown Duration `yaml:"cooldown"` // before a circuit that timeouts opened lets requests try again; default 5s
 }
 
 // AdminConfig guards /status and /metrics.
@@ -833,6 +837,9 @@ func (c *Config) validate() error {
 	case "", "text", "json":
 	default:
 		bad("log.format", "%q is not text or json", c.Log.Format)
+	}
+	if c.SharedBudget != nil {
+		c.SharedBudget.validate(bad)
 	}
 	return errors.Join(errs...)
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fastjson"
 )
 
 // apiError is an error in OpenAI's shape:
@@ -44,22 +43,28 @@ func (e *apiError) write(ctx *fasthttp.RequestCtx) {
 	if e.noRetry {
 		ctx.Response.Header.Set("X-Should-Retry", "false")
 	}
-	var a fastjson.Arena
-	inner := a.NewObject()
-	inner.Set("message", a.NewString(e.message))
-	inner.Set("type", a.NewString(e.typ))
-	inner.Set("param", nullOr(&a, e.param))
-	inner.Set("code", nullOr(&a, e.code))
-	outer := a.NewObject()
-	outer.Set("error", inner)
-	ctx.SetBody(outer.MarshalTo(nil))
+	ctx.SetBody(e.appendJSON(nil, true))
 }
 
-func nullOr(a *fastjson.Arena, s string) *fastjson.Value {
-	if s == "" {
-		return a.NewNull()
+// appendJSON appends e in OpenAI's error shape. A message may quote what the
+// client sent (a model name with any bytes in it), so it is written with
+// JSON's own escapes. A stream's error event carries no param, as vLLM's
+// does not.
+func (e *apiError) appendJSON(dst []byte, withParam bool) []byte {
+	dst = appendJSONString(append(dst, `{"error":{"message":`...), e.message)
+	dst = appendJSONString(append(dst, `,"type":`...), e.typ)
+	if withParam {
+		dst = appendNullOr(append(dst, `,"param":`...), e.param)
 	}
-	return a.NewString(s)
+	dst = appendNullOr(append(dst, `,"code":`...), e.code)
+	return append(dst, "}}"...)
+}
+
+func appendNullOr(dst []byte, s string) []byte {
+	if s == "" {
+		return append(dst, "null"...)
+	}
+	return appendJSONString(dst, s)
 }
 
 // retryAfterSeconds rounds up to whole seconds, at least 1: a client told

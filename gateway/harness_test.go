@@ -24,6 +24,13 @@ import (
 // changes it) at 100× real time.
 func startSim(t testing.TB, mut func(*sim.Config)) (*sim.Server, string) {
 	t.Helper()
+	s := newSim(t, mut)
+	return s, serveLoopback(t, s.Serve, s.Shutdown)
+}
+
+// newSim is startSim's simulator, not yet serving.
+func newSim(t testing.TB, mut func(*sim.Config)) *sim.Server {
+	t.Helper()
 	cfg := sim.Config{TimeScale: 0.01, Seed: 1}
 	if mut != nil {
 		mut(&cfg)
@@ -32,7 +39,7 @@ func startSim(t testing.TB, mut func(*sim.Config)) (*sim.Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, serveLoopback(t, s.Serve, s.Shutdown)
+	return s
 }
 
 // serveLoopback serves on a fresh loopback port until the test ends.
@@ -53,8 +60,15 @@ func serveLoopback(t testing.TB, serve func(net.Listener) error, shutdown func(c
 
 // baseConfig is a gateway config for one Llama-3-8B backend at url; extra
 // is YAML appended at the top level (admission:, tenants:, ...).
-func baseConfig(url, extra string) string {
-	return fmt.Sprintf(`listen: 127.0.0.1:0
+func baseConfig(url, extra string) string { return fleetConfig(extra, url) }
+
+// fleetConfig is a gateway config for one Llama-3-8B model served by a
+// backend at each URL, on a GPU of its own: gpu0, gpu1, ... A URL may be
+// followed by a space and its GPU's memory ("http://... 80GiB"; 24GiB
+// otherwise). extra is YAML appended at the top level.
+func fleetConfig(extra string, urls ...string) string {
+	var b strings.Builder
+	b.WriteString(`listen: 127.0.0.1:0
 models:
   - name: llama-3-8b
     geometry: {layers: 32, kv_heads: 8, head_dim: 128, dtype: bfloat16}
@@ -62,13 +76,22 @@ models:
     max_model_len: 8192
     tokenizer: backend
 backends:
-  - name: gpu0
+`)
+	for i, u := range urls {
+		url, memory, ok := strings.Cut(u, " ")
+		if !ok {
+			memory = "24GiB"
+		}
+		fmt.Fprintf(&b, `  - name: gpu%d
     url: %s
     models: [llama-3-8b]
-    gpu_memory: 24GiB
+    gpu_memory: %s
     health: {interval: 50ms, failures: 2, cooldown: 200ms}
     metrics: {interval: 50ms}
-%s`, url, extra)
+`, i, url, memory)
+	}
+	b.WriteString(extra)
+	return b.String()
 }
 
 // startGateway serves cfgYAML on a loopback port.
@@ -86,6 +109,26 @@ func startGateway(t testing.TB, cfgYAML string, opt Options) (*Server, string) {
 		t.Fatal(err)
 	}
 	return s, serveLoopback(t, s.Serve, s.Shutdown)
+}
+
+// gpuPool is the stats of the GPU named gpu (its group in the config).
+func gpuPool(s *Server, gpu string) admission.PoolStats {
+	rt := s.rt.Load()
+	st, _ := rt.sched.Pool(rt.groups[gpu].pool)
+	return st
+}
+
+// heldEverywhere is the worst-case bytes reserved on every GPU together,
+// those a reload removed (whose tickets are still draining) included: what
+// every model's classes hold.
+func heldEverywhere(s *Server) int64 {
+	var h int64
+	for _, q := range s.rt.Load().sched.Stats().Queues {
+		for _, c := range q.Classes {
+			h += c.Held
+		}
+	}
+	return h
 }
 
 // onlyPool is the stats of the gateway's only GPU.

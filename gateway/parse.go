@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"bytes"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/valyala/fastjson"
 
@@ -85,6 +88,9 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	}
 	if v.Type() != fastjson.TypeObject {
 		return nil, &parseError{msg: "The request body must be a JSON object."}
+	}
+	if at, what := badString(body); at >= 0 {
+		return nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %s at offset %d", what, at)}
 	}
 	if dup := duplicate(v, topLevelKeys); dup != "" {
 		return nil, duplicateKey(dup)
@@ -381,7 +387,7 @@ func promptTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
 		keys = completionPromptKeys
 	}
 	var found [2][]byte
-	if err := jsonscan.Members(body, keys, found[:len(keys)]); err != nil {
+	if err := jsonscan.Lookup(body, keys, found[:len(keys)]); err != nil {
 		p := pp.Get()
 		defer pp.Put(p)
 		return r.promptTextsFromTree(p, body)
@@ -432,7 +438,10 @@ func (r *request) promptTextsFromTree(p *fastjson.Parser, body []byte) error {
 	r.prompts = make([]promptText, len(r.shapes))
 	for i, sh := range r.shapes {
 		if !sh.ids {
-			r.prompts[i].text = items[i].MarshalTo(nil)
+			// fastjson unescapes a string it was asked the type of, and
+			// would quote it again the Go way: re-quoted here with JSON's
+			// escapes.
+			r.prompts[i].text = appendJSONString(nil, string(items[i].GetStringBytes()))
 		}
 	}
 	return nil
@@ -455,9 +464,117 @@ func tokenizeBody(dst []byte, r *request, i int) []byte {
 	return append(dst, '}')
 }
 
+// appendJSONString appends s as a JSON string. fastjson quotes a string with
+// special characters by strconv.AppendQuote, whose \x00, \a and \U escapes
+// are Go, not JSON; this writes JSON's escapes only, and invalid UTF-8 as
+// U+FFFD, as encoding/json does.
 func appendJSONString(dst []byte, s string) []byte {
-	var a fastjson.Arena
-	return a.NewString(s).MarshalTo(dst)
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	done := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				dst = append(append(dst, s[done:i]...), `\ufffd`...)
+				done = i + 1
+			}
+			i += size
+			continue
+		}
+		if c >= 0x20 && c != '"' && c != '\\' {
+			i++
+			continue
+		}
+		dst = append(dst, s[done:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		}
+		i++
+		done = i
+	}
+	return append(append(dst, s[done:]...), '"')
+}
+
+// badString returns the offset of the first byte inside a string of the JSON
+// text body that JSON forbids there — a control character (below U+0020)
+// written raw, or a backslash that starts no valid escape — with what is
+// wrong, or -1. Python's json, which reads the body for vLLM, refuses both;
+// fastjson lets them through, and a string copied from the body into a
+// /tokenize body or a rewritten one would carry them into invalid JSON.
+func badString(body []byte) (int, string) {
+	if !hasControl(body) && bytes.IndexByte(body, '\\') < 0 {
+		return -1, ""
+	}
+	in := false
+	for i := 0; i < len(body); i++ {
+		switch c := body[i]; {
+		case c == '"':
+			in = !in
+		case !in:
+		case c < 0x20:
+			return i, fmt.Sprintf("control character U+%04X inside a string (write it as \\u%04x)", c, c)
+		case c == '\\':
+			if !validEscape(body[i+1:]) {
+				return i, "invalid escape sequence in a string"
+			}
+			i++
+		}
+	}
+	return -1, ""
+}
+
+// validEscape reports whether esc, what follows a backslash, is one of
+// JSON's escapes.
+func validEscape(esc []byte) bool {
+	if len(esc) == 0 {
+		return false
+	}
+	switch esc[0] {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		return true
+	case 'u':
+		if len(esc) < 5 {
+			return false
+		}
+		for _, h := range esc[1:5] {
+			if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// hasControl reports whether b holds any byte below 0x20, eight bytes at a
+// time: most bodies (compact JSON from the SDKs) have none and pay only
+// this.
+func hasControl(b []byte) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		if (x-ones*0x20)&^x&highs != 0 {
+			return true
+		}
+	}
+	for ; i < len(b); i++ {
+		if b[i] < 0x20 {
+			return true
+		}
+	}
+	return false
 }
 
 // rewriteBody returns body with what the gateway must add or remove: with
@@ -465,43 +582,73 @@ func appendJSONString(dst []byte, s string) []byte {
 // of a stream); with maxTokens > 0, max_tokens (the model's
 // default_max_tokens, which the reservation assumed); with dropMaxCompletion,
 // no max_completion_tokens (a /v1/completions body, whose reservation
-// followed max_tokens). Keys the body lacks are spliced in after its opening
-// brace, every other byte staying as the client sent it; a body that
-// already has one of them (as null, false, ...) is re-serialised.
+// followed max_tokens). Members are added after the opening brace and
+// removed by their bytes; every other byte stays as the client sent it (a
+// re-serialised body would re-quote keys, and fastjson's quoting is not
+// always JSON's).
 func rewriteBody(p *fastjson.Parser, body []byte, usage bool, maxTokens int, dropMaxCompletion bool) ([]byte, error) {
 	v, err := p.ParseBytes(body)
 	if err != nil {
 		return nil, err
 	}
 	so := v.Get("stream_options")
-	present := (usage && so != nil) || (maxTokens > 0 && (v.Get("max_tokens") != nil || v.Get("max_completion_tokens") != nil)) ||
-		(dropMaxCompletion && v.Get("max_completion_tokens") != nil)
-	if !present {
-		var add []byte
-		if usage {
-			add = append(add, `"stream_options":{"include_usage":true},`...)
-		}
-		if maxTokens > 0 {
-			add = append(strconv.AppendInt(append(add, `"max_tokens":`...), int64(maxTokens), 10), ',')
-		}
-		i := bytes.IndexByte(body, '{')
-		out := make([]byte, 0, len(body)+len(add))
-		out = append(append(append(out, body[:i+1]...), add...), body[i+1:]...)
-		return out, nil
-	}
-	var a fastjson.Arena
+	var add []byte
 	if usage {
-		if so == nil || so.Type() != fastjson.TypeObject {
-			so = a.NewObject()
-			v.Set("stream_options", so)
+		add = append(add, `"stream_options":{"include_usage":true`...)
+		if so != nil && so.Type() == fastjson.TypeObject {
+			// Keep the client's other stream options (continuous usage
+			// stats, ...).
+			raw, err := jsonscan.Member(body, "stream_options")
+			if err != nil {
+				return nil, fmt.Errorf("stream_options: %w", err)
+			}
+			if err := jsonscan.Members(raw, func(name []byte, start, _, end int) bool {
+				if !keyIs(name, "include_usage") {
+					add = append(append(add, ','), raw[start:end]...)
+				}
+				return true
+			}); err != nil {
+				return nil, fmt.Errorf("stream_options: %w", err)
+			}
 		}
-		so.Set("include_usage", a.NewTrue())
-	}
-	if maxTokens > 0 || dropMaxCompletion {
-		v.Del("max_completion_tokens")
+		add = append(add, "},"...)
 	}
 	if maxTokens > 0 {
-		v.Set("max_tokens", a.NewNumberInt(maxTokens))
+		add = append(strconv.AppendInt(append(add, `"max_tokens":`...), int64(maxTokens), 10), ',')
 	}
-	return v.MarshalTo(nil), nil
+	drop := func(name []byte) bool {
+		return (usage && keyIs(name, "stream_options")) ||
+			(maxTokens > 0 && keyIs(name, "max_tokens")) ||
+			((maxTokens > 0 || dropMaxCompletion) && keyIs(name, "max_completion_tokens"))
+	}
+	open := bytes.IndexByte(body, '{')
+	out := append(append(make([]byte, 0, len(body)+len(add)), body[:open+1]...), add...)
+	kept := 0
+	if err := jsonscan.Members(body, func(name []byte, start, _, end int) bool {
+		if !drop(name) {
+			if kept > 0 {
+				out = append(out, ',')
+			}
+			out = append(out, body[start:end]...)
+			kept++
+		}
+		return true
+	}); err != nil {
+		return nil, err
+	}
+	if kept == 0 && len(add) > 0 {
+		out = out[:len(out)-1] // the added members' trailing comma
+	}
+	return append(out, '}'), nil
+}
+
+// keyIs reports whether a key, as written between its quotes, names want:
+// a key spelled with escapes (max\u005ftokens) is the same key to the
+// backend's parser.
+func keyIs(raw []byte, want string) bool {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw) == want
+	}
+	var k string
+	return json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &k) == nil && k == want
 }

@@ -147,7 +147,7 @@ func TestTokenizeBodies(t *testing.T) {
 	for _, c := range []struct{ body, want string }{
 		{`{"model":"m","prompt":["one", "two"]}`, `{"model":"m","prompt":"two"}`},
 		{`{"model":"m","prompt":[[1,2],[3]]}`, ``},
-		{`{"model":"m","pr\u006fmpt":["one","tw\u006f"]}`, `{"model":"m","prompt":"tw\u006f"}`}, // read from the tree
+		{`{"model":"m","pr\u006fmpt":["one","tw\u006f"]}`, `{"model":"m","prompt":"two"}`}, // read from the tree, quoted anew
 	} {
 		p := pp.Get()
 		r, err := parseRequest(p, []byte(c.body), completions)
@@ -220,11 +220,17 @@ func TestRewriteBody(t *testing.T) {
 		{` {"model":"m"}`, true, 0, ` {"stream_options":{"include_usage":true},"model":"m"}`, false},
 		{`{"model":"m"}`, false, 16, `{"max_tokens":16,"model":"m"}`, false},
 		{`{"model":"m"}`, true, 16, `{"stream_options":{"include_usage":true},"max_tokens":16,"model":"m"}`, false},
-		{`{"model":"m","stream_options":{"include_usage":false}}`, true, 0, `{"model":"m","stream_options":{"include_usage":true}}`, false},
-		{`{"model":"m","stream_options":{"continuous_usage_stats":true}}`, true, 0, `{"model":"m","stream_options":{"continuous_usage_stats":true,"include_usage":true}}`, false},
-		{`{"model":"m","stream_options":null}`, true, 0, `{"model":"m","stream_options":{"include_usage":true}}`, false},
-		{`{"model":"m","max_tokens":null}`, false, 16, `{"model":"m","max_tokens":16}`, false},
-		{`{"model":"m","max_completion_tokens":null,"stream_options":null}`, true, 8, `{"model":"m","stream_options":{"include_usage":true},"max_tokens":8}`, false},
+		{`{"model":"m","stream_options":{"include_usage":false}}`, true, 0, `{"stream_options":{"include_usage":true},"model":"m"}`, false},
+		{`{"model":"m","stream_options":{"continuous_usage_stats":true}}`, true, 0, `{"stream_options":{"include_usage":true,"continuous_usage_stats":true},"model":"m"}`, false},
+		{`{"model":"m","stream_options":null}`, true, 0, `{"stream_options":{"include_usage":true},"model":"m"}`, false},
+		{`{"model":"m","max_tokens":null}`, false, 16, `{"max_tokens":16,"model":"m"}`, false},
+		{`{"model":"m","max_completion_tokens":null,"stream_options":null}`, true, 8, `{"stream_options":{"include_usage":true},"max_tokens":8,"model":"m"}`, false},
+		// Keys as the backend reads them; every kept byte as the client wrote it.
+		{`{"model":"m","max\u005ftokens":3}`, false, 16, `{"max_tokens":16,"model":"m"}`, false},
+		{`{"model":"m","\u0001\"":[1, 2],"max_tokens":2}`, false, 16, `{"max_tokens":16,"model":"m","\u0001\"":[1, 2]}`, false},
+		{` { "model" : "m\n" , "stream_options" : { "include_usage" : null , "x" : 1 } } `, true, 0, ` {"stream_options":{"include_usage":true,"x" : 1},"model" : "m\n"}`, false},
+		{`{"max_tokens":1}`, false, 16, `{"max_tokens":16}`, false},
+		{`{"max_completion_tokens":1}`, false, 0, `{}`, true},
 		{`{"model":"m","max_completion_tokens":3,"max_tokens":9}`, false, 0, `{"model":"m","max_tokens":9}`, true},
 		{`{"model":"m","max_tokens":9}`, false, 0, `{"model":"m","max_tokens":9}`, true},
 	}
@@ -260,6 +266,8 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","prompt":[[1,2],[3]]}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"image_url"}]}],"stream_options":{"include_usage":true}}`,
 		`{"model":"m","messages":null}`, `[]`, `{`, `""`,
+		"{\"model\":\"\x00\",\"prompt\":[\"\"]}", `{"model":"\u0000\u007f\ud800","prompt":"\u0001"}`,
+		`{"model":"m","prompt":"a","stream":true,"\u0007":1,"max\u005ftokens":null}`,
 	} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
@@ -272,10 +280,18 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		r, err := parseRequest(&p, body, kind)
 		if err != nil {
-			if _, ok := err.(*parseError); !ok || err.Error() == "" {
+			pe, ok := err.(*parseError)
+			if !ok || err.Error() == "" {
 				t.Fatalf("error of type %T: %v", err, err)
 			}
+			e := &apiError{status: 400, typ: typeInvalidRequest, param: pe.param, message: pe.msg}
+			if out := e.appendJSON(nil, true); !json.Valid(out) {
+				t.Fatalf("error body not JSON: %q from %q", out, body)
+			}
 			return
+		}
+		if e := (&apiError{message: "The model `" + r.model + "` does not exist.", code: r.model}); !json.Valid(e.appendJSON(nil, false)) {
+			t.Fatalf("error event naming model %q not JSON", r.model)
 		}
 		if r.model == "" || r.n < 1 || r.n > 128 || r.seqs < r.n || r.maxTokens < 0 || len(r.shapes) == 0 {
 			t.Fatalf("insane request %+v from %q", r, body)
@@ -298,6 +314,81 @@ func BenchmarkParseRequest(b *testing.B) {
 	for b.Loop() {
 		if _, err := parseRequest(&p, body, chatCompletions); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+func TestAppendJSONString(t *testing.T) {
+	for _, in := range []string{
+		"", "plain", `q"uote\back`, "\x00\x01\a\b\f\n\r\t\v\x1f", "\x7f del", "é ✓ 𝄞 \U000e0001",
+		"bad \xff\xfe utf-8", "\u2028\u2029", "\xed\xa0\x80 surrogate",
+	} {
+		out := appendJSONString([]byte("x"), in)
+		if out[0] != 'x' {
+			t.Fatalf("appendJSONString overwrote dst: %q", out)
+		}
+		var back string
+		if err := json.Unmarshal(out[1:], &back); err != nil {
+			t.Errorf("appendJSONString(%q) = %s: not JSON: %v", in, out[1:], err)
+			continue
+		}
+		want, _ := json.Marshal(in) // encoding/json's reading of the same string
+		var wantBack string
+		_ = json.Unmarshal(want, &wantBack)
+		if back != wantBack {
+			t.Errorf("appendJSONString(%q) reads back as %q; want %q", in, back, wantBack)
+		}
+	}
+}
+
+func TestBadString(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want int
+	}{
+		{`{"a":"b"}`, -1},
+		{"{\n\t\"a\" :\r\n \"b\"\n}", -1}, // whitespace between tokens is JSON
+		{"{\"a\":\"b\nc\"}", 7},
+		{"{\"a\":\"\\\"\x00\"}", 8}, // after an escaped quote, still inside
+		{"{\"a\":\"\\\\\"\n}", -1},  // an escaped backslash ends the string
+		{"{\"k\x1f\":1}", 3},
+		{strings.Repeat(" ", 13) + "\"\x01\"", 14},
+		{`{"a":"\"\\\/\b\f\n\r\t\u00e9\uD83D\uDE00"}`, -1},
+		{`{"\0":1}`, 2},
+		{`{"a":"x\u12G4"}`, 7},
+		{`{"a":"x\u12"}`, 7},
+		{`{"a":"x\`, 7},
+	} {
+		if got, what := badString([]byte(tt.in)); got != tt.want || (got >= 0) != (what != "") {
+			t.Errorf("badString(%q) = %d, %q; want %d", tt.in, got, what, tt.want)
+		}
+	}
+}
+
+func TestParseRefusesWhatJSONForbidsInStrings(t *testing.T) {
+	var p fastjson.Parser
+	_, err := parseRequest(&p, []byte("{\"model\":\"m\",\"prompt\":\"a\x00b\"}"), completions)
+	if err == nil || !strings.Contains(err.Error(), "U+0000") || !strings.Contains(err.Error(), "offset 24") {
+		t.Errorf("raw NUL in a prompt: %v; want a 400 naming U+0000 at offset 24", err)
+	}
+	if _, err := parseRequest(&p, []byte(`{"model":"m","prompt":"a","\0":1}`), completions); err == nil || !strings.Contains(err.Error(), "invalid escape") {
+		t.Errorf(`key "\0": %v; want a 400 naming the invalid escape`, err)
+	}
+	// The same character escaped is JSON, and the /tokenize body carries it
+	// escaped, whether the prompt is found by its bytes or (a key written
+	// with escapes) from a parse tree.
+	for _, body := range []string{`{"model":"m\u0000","prompt":"a\u0000b"}`, `{"model":"m\u0000","pro\u006dpt":"a\u0000b"}`} {
+		r, err := parseRequest(&p, []byte(body), completions)
+		if err == nil {
+			var pp fastjson.ParserPool
+			err = promptTexts(&pp, []byte(body), r)
+		}
+		if err != nil {
+			t.Errorf("escaped NUL in %s: %v", body, err)
+			continue
+		}
+		if got := tokenizeBody(nil, r, 0); string(got) != `{"model":"m\u0000","prompt":"a\u0000b"}` {
+			t.Errorf("escaped NUL in %s: /tokenize body %s", body, got)
 		}
 	}
 }

@@ -797,15 +797,8 @@ func (x *exchange) clientGone() { x.rctx.cancel(errClientGone) }
 // the way vLLM reports errors mid-stream. Every event before it ended with
 // its blank line, so the error stands on its own line.
 func writeStreamError(w *bufio.Writer, e *apiError) {
-	var a fastjson.Arena
-	inner := a.NewObject()
-	inner.Set("message", a.NewString(e.message))
-	inner.Set("type", a.NewString(e.typ))
-	inner.Set("code", nullOr(&a, e.code))
-	outer := a.NewObject()
-	outer.Set("error", inner)
 	w.WriteString("data: ")
-	w.Write(outer.MarshalTo(nil))
+	w.Write(e.appendJSON(nil, false))
 	w.WriteString("\n\ndata: [DONE]\n\n")
 	w.Flush()
 }

@@ -285,6 +285,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 	commit := func() (*admission.Scheduler, error) {
 		if sched == nil {
 			acfg.Observer = opt.observer()
+			acfg.OnDemand = opt.onDemand
 			var err error
 			sched, err = admission.New(acfg)
 			if err != nil {
@@ -387,6 +388,7 @@ func admissionConfig(cfg *Config, opt *Options) admission.Config {
 		}
 	}
 	return admission.Config{
+		Limited: cfg.SharedBudget != nil, // a replica admits nothing before its lease is known
 		Classes: classes, DefaultClass: a.DefaultClass, Tenants: tenants,
 		DefaultTenantShare: a.DefaultTenantShare, PressureThreshold: a.Pressure,
 		DrainWindow: a.DrainWindow.D, MaxRetryAfter: a.MaxRetryAfter.D, Clock: opt.Clock,

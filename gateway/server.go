@@ -36,7 +36,8 @@ type Options struct {
 	// for tests that drive backends by hand. Backends then start healthy.
 	DisableProbes bool
 
-	metrics *metrics
+	metrics  *metrics
+	onDemand func(pool string) // the scheduler's OnDemand: the fleet's wake (shared_budget)
 }
 
 func (o *Options) observer() admission.Observer { return observer{m: o.metrics} }
@@ -63,6 +64,9 @@ type Server struct {
 	rt atomic.Pointer[runtime]
 	// sched is the admission scheduler every runtime shares; set once by New.
 	sched *admission.Scheduler
+	// fleet shares the budgets with other replicas (shared_budget); nil
+	// when the budget is this process's alone. Set once by New.
+	fleet *fleet
 
 	reloadMu  sync.Mutex // serialises Reload and Shutdown; guards probeStop and closed
 	probeStop context.CancelFunc
@@ -105,22 +109,47 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	s := &Server{opt: opt, log: opt.Logger, now: opt.Now}
 	s.m = newMetrics(s.rt.Load, opt.Now)
 	s.opt.metrics = s.m
+	if sb := cfg.SharedBudget; sb != nil {
+		rtt := newRedisRTT()
+		s.fleet = newFleet(sb, &s.opt, s.log, cfg.Server.requestTimeout(), rtt)
+		s.opt.onDemand = s.fleet.wake
+		s.m.reg.MustRegister(rtt.h, fleetCollector{f: s.fleet})
+	}
 	rt, commit, err := buildRuntime(cfg, nil, &s.opt, nil)
+	if err == nil {
+		s.sched, err = commit()
+		if err != nil {
+			err = fmt.Errorf("gateway: admission: %w", err)
+		}
+	}
+	var w *connwatch.Watcher
+	if err == nil {
+		if w, err = connwatch.New(); err != nil {
+			err = fmt.Errorf("gateway: %w", err)
+		}
+	}
 	if err != nil {
+		if s.fleet != nil {
+			s.fleet.close()
+		}
 		return nil, err
-	}
-	if s.sched, err = commit(); err != nil {
-		return nil, fmt.Errorf("gateway: admission: %w", err)
-	}
-	w, err := connwatch.New()
-	if err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	s.watch = w
 	s.life, s.endLife = context.WithCancelCause(context.Background())
 	s.wake, s.sweepStop, s.sweepDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
 	go s.sweepLoop(s.sweepStop)
 	s.rt.Store(rt)
+	if s.fleet != nil {
+		s.fleet.attach(s.sched, func() []string { return s.rt.Load().modelOrder })
+		if err := s.fleet.sync(rt); err != nil {
+			s.fleet.close()
+			w.Close()
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		sb := cfg.SharedBudget
+		s.log.Info("sharing GPU budgets with the fleet through Redis", "replica", sb.Replica, "replicas", sb.Replicas,
+			"redis", redactURL(sb.Redis), "lease_ttl", sb.LeaseTTL.D, "chunk", sb.Chunk.String())
+	}
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	sc := cfg.Server
 	s.srv = &fasthttp.Server{
@@ -156,6 +185,14 @@ func (s *Server) Serve(ln net.Listener) error {
 	return s.srv.Serve(ln)
 }
 
+// endRequests ends every request in flight, and any that arrives after,
+// with errShutdown.
+func (s *Server) endRequests() {
+	s.stopping.Store(true)
+	s.flights.each(func(x *exchange) { x.rctx.cancel(errShutdown) })
+	s.endLife(errShutdown)
+}
+
 // Shutdown stops accepting connections, waits for in-flight requests
 // (streams included) until ctx ends, then stops the background probes.
 func (s *Server) Shutdown(ctx context.Context) error {
@@ -167,13 +204,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.probes.Wait()
 	s.reloadMu.Unlock()
-	s.stopping.Store(true)
-	s.flights.each(func(x *exchange) { x.rctx.cancel(errShutdown) })
-	s.endLife(errShutdown)
+	s.endRequests()
 	// What was still running is cancelled now; give it a moment to answer
 	// its clients (503) and give its reservations back.
 	for deadline := time.Now().Add(2 * time.Second); s.active.Load() > 0 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
+	}
+	if s.fleet != nil {
+		s.fleet.close() // drained: give the leases back
 	}
 	s.stopOnce.Do(func() {
 		close(s.sweepStop)
@@ -203,6 +241,10 @@ func (s *Server) Reload(cfg *Config) error {
 		s.log.Warn("server.* changes need a restart; keeping the running server section")
 		cfg.Server = old.cfg.Server
 	}
+	if !cfg.SharedBudget.sameAs(old.cfg.SharedBudget) {
+		s.log.Warn("shared_budget changes need a restart; keeping the running shared_budget section")
+	}
+	cfg.SharedBudget = old.cfg.SharedBudget // the running replica's name too
 	rt, commit, err := buildRuntime(cfg, old, &s.opt, s.sched)
 	if err == nil {
 		_, err = commit()
@@ -213,6 +255,11 @@ func (s *Server) Reload(cfg *Config) error {
 	}
 	s.rt.Store(rt)
 	s.m.reloaded(true, s.now())
+	if s.fleet != nil {
+		if err := s.fleet.sync(rt); err != nil {
+			s.log.Error("shared budget: a new GPU's lease could not start; it admits nothing", "err", err)
+		}
+	}
 	s.startProbesLocked(rt)
 	return nil
 }
@@ -277,6 +324,9 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 		}
 	}
 	want := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
+	if s.fleet != nil {
+		s.fleet.setBudget(g.pool, want)
+	}
 	if st, _ := rt.sched.Pool(g.pool); st.Capacity != want {
 		if err := rt.sched.Resize(g.pool, want); err == nil {
 			s.log.Info("budget follows the backend's pool", "gpu", g.name, "configured", g.nominal, "pool", pool, "capacity", want)

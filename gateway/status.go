@@ -14,13 +14,17 @@ import (
 // its output-length predictor has learned; backends with their circuits and
 // KV reports; and the admission counters.
 type statusView struct {
-	Policy    policyView              `json:"policy"`
-	GPUs      []gpuView               `json:"gpus"`
-	Models    []modelQueueView        `json:"queues"`
-	Backends  []backendView           `json:"backends"`
-	ModelInfo []modelView             `json:"models"`
-	Tenants   []admission.TenantStats `json:"tenants"`
-	Counters  counterView             `json:"admission"`
+	Policy    policyView       `json:"policy"`
+	GPUs      []gpuView        `json:"gpus"`
+	Models    []modelQueueView `json:"queues"`
+	Backends  []backendView    `json:"backends"`
+	ModelInfo []modelView      `json:"models"`
+	Tenants   []tenantView     `json:"tenants"`
+	Counters  counterView      `json:"admission"`
+
+	// SharedBudget is this replica's part of a fleet sharing the budgets
+	// (fleet_status.go); absent when the budget is this process's alone.
+	SharedBudget *sharedBudgetView `json:"shared_budget,omitempty"`
 }
 
 type policyView struct {
@@ -54,18 +58,36 @@ type gpuView struct {
 	Gated        bool    `json:"headroom_gate"`
 	DrainRate    float64 `json:"drain_rate_bytes_per_second"`
 	Reserved     *string `json:"reserved_for,omitempty"` // the model whose head request holds a reservation
+
+	// Limit is this replica's lease under a shared budget: admissions are
+	// measured against the smaller of it and Effective.
+	Limit *int64 `json:"limit_bytes,omitempty"`
 }
 
 type modelQueueView struct {
-	Model        string                 `json:"model"`
-	Queued       int                    `json:"queued"`
-	QueuedBytes  int64                  `json:"queued_bytes"`
-	Classes      []classView            `json:"classes"`
-	GPUs         []admission.RouteStats `json:"gpus"`
-	Predicting   bool                   `json:"predicting"`
-	Samples      float64                `json:"length_samples"`
-	MedianLength int                    `json:"median_output_tokens,omitempty"`
-	P90Length    int                    `json:"p90_output_tokens,omitempty"`
+	Model        string      `json:"model"`
+	Queued       int         `json:"queued"`
+	QueuedBytes  int64       `json:"queued_bytes"`
+	Classes      []classView `json:"classes"`
+	GPUs         []routeView `json:"gpus"`
+	Predicting   bool        `json:"predicting"`
+	Samples      float64     `json:"length_samples"`
+	MedianLength int         `json:"median_output_tokens,omitempty"`
+	P90Length    int         `json:"p90_output_tokens,omitempty"`
+}
+
+// routeView is one GPU a model may be bound to, and whether it takes binds
+// now (its circuit closed, its backend configured).
+type routeView struct {
+	GPU string `json:"gpu"`
+	Up  bool   `json:"up"`
+}
+
+type tenantView struct {
+	Name        string `json:"name"`
+	HeldBytes   int64  `json:"held_bytes"`
+	Queued      int    `json:"queued"`
+	QueuedBytes int64  `json:"queued_bytes"`
 }
 
 type classView struct {
@@ -147,6 +169,10 @@ func (s *Server) status() statusView {
 		if g.pool != g.name {
 			gv.Pool = g.pool
 		}
+		if p.Limit >= 0 {
+			limit := p.Limit
+			gv.Limit = &limit
+		}
 		if p.UsedKnown {
 			used := p.Used
 			gv.Used = &used
@@ -178,14 +204,18 @@ func (s *Server) status() statusView {
 			mv.Classes = append(mv.Classes, classView(c))
 		}
 		for _, r := range q.Pools {
+			name := r.Pool
 			if g := rt.poolGroup[r.Pool]; g != nil {
-				r.Pool = g.name
+				name = g.name
 			}
-			mv.GPUs = append(mv.GPUs, r)
+			mv.GPUs = append(mv.GPUs, routeView{GPU: name, Up: r.Up})
 		}
 		v.Models = append(v.Models, mv)
 	}
-	v.Tenants = st.Tenants
+	for _, t := range st.Tenants {
+		v.Tenants = append(v.Tenants, tenantView{Name: t.Name, HeldBytes: t.Held, Queued: t.Queued, QueuedBytes: t.QueuedBytes})
+	}
+	v.SharedBudget = s.fleetStatus()
 	v.Counters = counterView{Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Backfilled: st.Backfilled,
 		Rejected: st.Rejected, Canceled: st.Canceled}
 	for _, b := range rt.pool.Backends() {

@@ -18,29 +18,25 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kvgate/kvgate/bench/internal/benchkit"
 )
 
 // The simulated GPU: Llama-3-8B on 24 GiB, its pool at vLLM's default
 // utilization 0.9 (2888 blocks of 16 tokens, 46k tokens), the gateway's
 // ceiling at the same 0.9 so that its budget is the whole pool.
 const (
-	model       = "llama-3-8b"
+	model       = benchkit.Model
 	utilization = "0.9"
 )
 
@@ -75,35 +71,19 @@ func main() {
 }
 
 func run(ctx context.Context, o options) error {
-	if o.out == "" {
-		dir, err := os.MkdirTemp("", "kvgate-goodput-")
-		if err != nil {
-			return err
-		}
-		o.out = dir
-	}
-	if err := os.MkdirAll(o.out, 0o755); err != nil {
+	kit, err := benchkit.New(ctx, "kvgate-goodput-", o.out, o.kvgate)
+	if err != nil {
 		return err
-	}
-	if o.kvgate == "" {
-		o.kvgate = filepath.Join(o.out, "kvgate")
-		fmt.Fprintf(os.Stderr, "building kvgate into %s\n", o.kvgate)
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", o.kvgate, "./cmd/kvgate")
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("go build ./cmd/kvgate (run from the repository root): %w", err)
-		}
 	}
 	fmt.Printf("kvgate goodput benchmark: %s, %d CPUs, %s; %d requests a step, %d clients, simulator time scale %g\n",
 		runtime.GOOS+"/"+runtime.GOARCH, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"), o.requests, o.clients, o.timeScale)
-	fmt.Printf("reports and logs: %s\n\n", o.out)
+	fmt.Printf("reports and logs: %s\n\n", kit.Dir)
 	for _, w := range strings.Split(o.workloads, ",") {
-		wl, err := workloadNamed(w, o)
+		wl, err := workloadNamed(w, o, kit)
 		if err != nil {
 			return err
 		}
-		rows, err := wl.run(ctx, o)
+		rows, err := wl.run(ctx, o, kit)
 		if err != nil {
 			return err
 		}
@@ -126,18 +106,9 @@ type workload struct {
 	prompts     string   // file of prompt lengths
 }
 
-func workloadNamed(name string, o options) (*workload, error) {
-	prompts := filepath.Join(o.out, "prompts.txt")
-	r := rand.New(rand.NewPCG(o.seed, 1))
-	var b strings.Builder
-	for range 4096 {
-		if r.IntN(10) == 0 {
-			fmt.Fprintln(&b, 3800+r.IntN(401))
-		} else {
-			fmt.Fprintln(&b, 224+r.IntN(65))
-		}
-	}
-	if err := os.WriteFile(prompts, []byte(b.String()), 0o644); err != nil {
+func workloadNamed(name string, o options, kit *benchkit.Kit) (*workload, error) {
+	prompts := kit.Path("prompts.txt")
+	if err := benchkit.WritePromptLengths(prompts, o.seed); err != nil {
 		return nil, err
 	}
 	switch name {
@@ -145,7 +116,7 @@ func workloadNamed(name string, o options) (*workload, error) {
 		return &workload{name: name, title: "outputs that stop early (lognormal median 200, σ 0.8, max_tokens 1024)",
 			simArgs: []string{"--output-len", "lognormal:200,0.8"}, outputs: "fixed:1024", strict: true, prompts: prompts}, nil
 	case "fixed":
-		outs := filepath.Join(o.out, "outputs-fixed.txt")
+		outs := kit.Path("outputs-fixed.txt")
 		var ob strings.Builder
 		for i := range 4096 {
 			fmt.Fprintln(&ob, []int{128, 512}[(i*7+int(o.seed))%2])
@@ -161,24 +132,15 @@ func workloadNamed(name string, o options) (*workload, error) {
 
 // row is one configuration's figures.
 type row struct {
-	name, note   string
-	level        int
-	goodput      float64 // output tokens/s of answered requests
-	kvMean       float64 // real KV use over the saturated part (share of the pool)
-	kvPeak       float64
-	overflow     float64 // the simulator's out-of-memory events
-	preemptions  float64
-	preemptedPct float64 // preemptions per answered request
-	ok, shed     int
-	failed       int
-	window       float64
+	name, note string
+	benchkit.Step
 }
 
-func (w *workload) run(ctx context.Context, o options) ([]row, error) {
+func (w *workload) run(ctx context.Context, o options, kit *benchkit.Kit) ([]row, error) {
 	var rows []row
 	// (a) Straight at an oom simulator, a sweep of concurrency limits: the
 	// best level that never overflowed is what a fixed limit gives.
-	sweep, err := w.direct(ctx, o, "direct-sweep", "oom", o.sweep, nil)
+	sweep, err := w.direct(ctx, o, kit, "direct-sweep", "oom", o.sweep, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -186,18 +148,18 @@ func (w *workload) run(ctx context.Context, o options) ([]row, error) {
 	// overflowed: a higher one that got through its run was lucky.
 	best := row{}
 	for _, r := range sweep {
-		if r.overflow > 0 || r.failed > 0 {
+		if r.Overflow > 0 || r.Failed > 0 {
 			break
 		}
 		best = r
 	}
-	if best.level == 0 {
+	if best.Level == 0 {
 		return nil, fmt.Errorf("%s: every level of the sweep %s overflowed; try lower levels", w.name, o.sweep)
 	}
-	best.name, best.note = "direct, best safe limit", fmt.Sprintf("limit %d (of %s)", best.level, o.sweep)
+	best.name, best.note = "direct, best safe limit", fmt.Sprintf("limit %d (of %s)", best.Level, o.sweep)
 	rows = append(rows, best)
 	for _, r := range sweep {
-		if r.level > best.level {
+		if r.Level > best.Level {
 			r.name, r.note = "direct, next limit", "overflowed"
 			rows = append(rows, r)
 			break
@@ -207,13 +169,13 @@ func (w *workload) run(ctx context.Context, o options) ([]row, error) {
 	gw := []struct {
 		name, note, extra, overflow string
 	}{
-		{"gateway count", fmt.Sprintf("max_concurrency %d", best.level), fmt.Sprintf("  mode: count\n  max_concurrency: %d\n", best.level), "oom"},
+		{"gateway count", fmt.Sprintf("max_concurrency %d", best.Level), fmt.Sprintf("  mode: count\n  max_concurrency: %d\n", best.Level), "oom"},
 		{"gateway worst_case", "", "  reservation: worst_case\n", "oom"},
 		{"gateway predicted", "default config", "", "oom"},
 		{"gateway predicted", "preempt simulator", "", "preempt"},
 	}
 	for _, g := range gw {
-		rs, err := w.gateway(ctx, o, g.name+" "+g.overflow, g.overflow, conc, g.extra)
+		rs, err := w.gateway(ctx, o, kit, g.name+" "+g.overflow, g.overflow, conc, g.extra)
 		if err != nil {
 			return nil, err
 		}
@@ -221,13 +183,13 @@ func (w *workload) run(ctx context.Context, o options) ([]row, error) {
 		r.name, r.note = g.name, g.note
 		rows = append(rows, r)
 	}
-	pre, err := w.direct(ctx, o, "direct-preempt", "preempt", conc, nil)
+	pre, err := w.direct(ctx, o, kit, "direct-preempt", "preempt", conc, nil)
 	if err != nil {
 		return nil, err
 	}
 	pre[0].name, pre[0].note = "direct, vLLM preempt", "no gateway"
 	rows = append(rows, pre[0])
-	unb, err := w.direct(ctx, o, "direct-unbounded", "preempt", conc, []string{"--gpu-memory", "320GiB"})
+	unb, err := w.direct(ctx, o, kit, "direct-unbounded", "preempt", conc, []string{"--gpu-memory", "320GiB"})
 	if err != nil {
 		return nil, err
 	}
@@ -237,23 +199,23 @@ func (w *workload) run(ctx context.Context, o options) ([]row, error) {
 }
 
 // direct runs the load straight at a simulator.
-func (w *workload) direct(ctx context.Context, o options, name, overflow, levels string, extra []string) ([]row, error) {
-	sim, err := startSim(ctx, o, w, name, overflow, extra)
+func (w *workload) direct(ctx context.Context, o options, kit *benchkit.Kit, name, overflow, levels string, extra []string) ([]row, error) {
+	sim, err := w.startSim(ctx, o, kit, name, overflow, extra)
 	if err != nil {
 		return nil, err
 	}
-	defer sim.stop()
-	return w.load(ctx, o, name, sim.url, sim.url+"/metrics", levels)
+	defer sim.Stop()
+	return w.load(ctx, o, kit, name, sim.URL, sim.URL+"/metrics", levels)
 }
 
 // gateway runs the load through a gateway in front of a simulator.
-func (w *workload) gateway(ctx context.Context, o options, name, overflow, levels, admission string) ([]row, error) {
-	sim, err := startSim(ctx, o, w, name, overflow, nil)
+func (w *workload) gateway(ctx context.Context, o options, kit *benchkit.Kit, name, overflow, levels, admission string) ([]row, error) {
+	sim, err := w.startSim(ctx, o, kit, name, overflow, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer sim.stop()
-	port, err := freePort()
+	defer sim.Stop()
+	port, err := benchkit.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -262,145 +224,54 @@ server: {request_timeout: 30m}
 admission:
   ceiling: %s
   queue: {timeout: 20m}
-%smodels:
-  - name: %s
-    geometry: {layers: 32, kv_heads: 8, head_dim: 128, dtype: bfloat16}
-    weights_bytes: 16060522496
-    max_model_len: 8192
-backends:
+%s%sbackends:
   - name: sim0
     url: %s
     models: [%s]
     gpu_memory: 24GiB
-`, port, utilization, admission, model, sim.url, model)
-	path := filepath.Join(o.out, slug(name)+".yaml")
+`, port, utilization, admission, benchkit.ModelsYAML, sim.URL, model)
+	path := kit.Path(benchkit.Slug(name) + ".yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		return nil, err
 	}
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	g, err := startProcess(ctx, o, slug(name)+"-gateway", url, "serve", "--config", path)
+	g, err := kit.Start(ctx, benchkit.Slug(name)+"-gateway", url, "serve", "--config", path)
 	if err != nil {
 		return nil, err
 	}
-	defer g.stop()
-	return w.load(ctx, o, name, url, sim.url+"/metrics", levels)
+	defer g.Stop()
+	return w.load(ctx, o, kit, name, url, sim.URL+"/metrics", levels)
 }
 
-// load runs kvgate loadtest against url at levels and reads its report.
-func (w *workload) load(ctx context.Context, o options, name, url, metrics, levels string) ([]row, error) {
-	report := filepath.Join(o.out, slug(w.name+"-"+name)+".json")
-	args := []string{"loadtest", "--target", url, "--metrics-url", metrics, "--model", model,
-		"--concurrency", levels, "--requests", strconv.Itoa(o.requests), "--keep-going", "--no-saturation-stop",
-		"--prompt-tokens", "file:" + w.prompts, "--output-tokens", w.outputs, "--seed", strconv.FormatUint(o.seed, 10),
-		"--max-kv-usage", "1", "--max-reruns", "0", "--scrape-interval", "250ms", "--request-timeout", "30m",
-		"--progress", "none", "--json", report}
-	if w.strict {
-		args = append(args, "--strict-openai")
-	}
-	cmd := exec.CommandContext(ctx, o.kvgate, args...)
-	logf, err := os.Create(filepath.Join(o.out, slug(w.name+"-"+name)+"-loadtest.log"))
+// load runs kvgate loadtest against url at levels.
+func (w *workload) load(ctx context.Context, o options, kit *benchkit.Kit, name, url, metrics, levels string) ([]row, error) {
+	steps, err := kit.Load(ctx, benchkit.Load{Name: w.name + "-" + name, Target: url, MetricsURL: metrics, Model: model,
+		Levels: levels, Requests: o.requests, Prompts: w.prompts, Outputs: w.outputs, Seed: o.seed, Strict: w.strict})
 	if err != nil {
 		return nil, err
 	}
-	defer logf.Close()
-	cmd.Stdout, cmd.Stderr = logf, logf
-	fmt.Fprintf(os.Stderr, "%s: %s at %s ...\n", w.name, name, levels)
-	// Exit status 1 only says no level was "safe" by the load tester's
-	// criteria; the figures are what this benchmark reads.
-	if err := cmd.Run(); err != nil && cmd.ProcessState.ExitCode() != 1 {
-		return nil, fmt.Errorf("%s: loadtest: %w (see %s)", name, err, logf.Name())
-	}
-	return readReport(report)
-}
-
-// readReport turns the load tester's JSON into rows, one a step.
-func readReport(path string) ([]row, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var rep struct {
-		Steps []struct {
-			Concurrency      int     `json:"concurrency"`
-			WindowS          float64 `json:"window_s"`
-			OutputTokensPerS float64 `json:"output_tokens_per_s"`
-			Requests         struct {
-				OK             int `json:"ok"`
-				Shed           int `json:"shed_429"`
-				Client4xx      int `json:"client_4xx"`
-				Server5xx      int `json:"server_5xx"`
-				Overflow       int `json:"overflow"`
-				ConnError      int `json:"conn_error"`
-				Timeout        int `json:"timeout"`
-				WarmupOverflow int `json:"warmup_overflow"`
-				WarmupFailed   int `json:"warmup_failed"`
-			} `json:"requests"`
-			KV *struct {
-				PeakUsage   float64      `json:"peak_usage"`
-				Preemptions float64      `json:"preemptions"`
-				OOMEvents   float64      `json:"oom_events"`
-				Curve       []curvePoint `json:"curve"`
-			} `json:"kv"`
-		} `json:"steps"`
-	}
-	if err := json.Unmarshal(data, &rep); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	var rows []row
-	for _, s := range rep.Steps {
-		q := s.Requests
-		r := row{level: s.Concurrency, goodput: s.OutputTokensPerS, ok: q.OK, shed: q.Shed, window: s.WindowS,
-			failed: q.Client4xx + q.Server5xx + q.Overflow + q.ConnError + q.Timeout + q.WarmupOverflow + q.WarmupFailed}
-		if kv := s.KV; kv != nil {
-			r.kvPeak, r.overflow, r.preemptions = kv.PeakUsage, kv.OOMEvents, kv.Preemptions
-			r.kvMean = saturatedMean(kv.Curve)
-		}
-		if q.OK > 0 {
-			r.preemptedPct = 100 * r.preemptions / float64(q.OK)
-		}
-		rows = append(rows, r)
-	}
-	if len(rows) == 0 {
-		return nil, fmt.Errorf("%s: no steps", path)
+	rows := make([]row, len(steps))
+	for i, s := range steps {
+		rows[i].Step = s
 	}
 	return rows, nil
 }
 
-// curvePoint is one scrape of the simulator's KV use during a step.
-type curvePoint struct {
-	T       float64 `json:"t_s"`
-	KVUsage float64 `json:"kv_usage"`
-}
-
-// saturatedMean is the mean KV use over the middle of the step — from 20 %
-// to 80 % of its time, past the ramp-up and before the last requests drain.
-func saturatedMean(curve []curvePoint) float64 {
-	if len(curve) == 0 {
-		return 0
-	}
-	end := curve[len(curve)-1].T
-	var sum float64
-	n := 0
-	for _, p := range curve {
-		if p.T >= 0.2*end && p.T <= 0.8*end {
-			sum += p.KVUsage
-			n++
-		}
-	}
-	if n == 0 {
-		return 0
-	}
-	return sum / float64(n)
+func (w *workload) startSim(ctx context.Context, o options, kit *benchkit.Kit, name, overflow string, extra []string) (*benchkit.Process, error) {
+	args := []string{"--on-overflow", overflow, "--gpu-memory-utilization", utilization,
+		"--time-scale", strconv.FormatFloat(o.timeScale, 'g', -1, 64), "--seed", strconv.FormatUint(o.seed, 10), "--model", model}
+	args = append(append(args, w.simArgs...), extra...)
+	return kit.StartSim(ctx, benchkit.Slug(w.name+"-"+name)+"-sim", args...)
 }
 
 func printTable(w io.Writer, wl *workload, rows []row) {
 	fmt.Fprintf(w, "Workload %s: %s; prompts 90%% ≈256, 10%% ≈4000 tokens\n", wl.name, wl.title)
 	fmt.Fprintf(w, "%-26s %-20s %6s %10s %7s %8s %7s %8s %8s %6s %6s %6s\n",
 		"configuration", "", "conc", "goodput", "×best", "KV mean", "KV peak", "overflow", "preempt", "ok", "429", "failed")
-	base := rows[0].goodput
+	base := rows[0].Goodput
 	for _, r := range rows {
 		fmt.Fprintf(w, "%-26s %-20s %6d %10.0f %6.2f× %7.1f%% %6.1f%% %8.0f %8.0f %6d %6d %6d\n",
-			r.name, r.note, r.level, r.goodput, r.goodput/base, 100*r.kvMean, 100*r.kvPeak, r.overflow, r.preemptions, r.ok, r.shed, r.failed)
+			r.name, r.note, r.Level, r.Goodput, r.Goodput/base, 100*r.KVMean, 100*r.KVPeak, r.Overflow, r.Preemptions, r.OK, r.Shed, r.Failed)
 	}
 	fmt.Fprintln(w, "goodput: output tokens/s of answered requests; KV mean: the simulator's KV use (share of its pool, = the gateway's budget) from 20% to 80% of the step's time; overflow: the simulator's out-of-memory events")
 }
@@ -422,110 +293,14 @@ func printChecks(w io.Writer, rows []row) {
 	if best == nil || worst == nil || pred == nil || predPre == nil || pre == nil || unb == nil {
 		return
 	}
-	check := func(ok bool, format string, a ...any) {
-		mark := "PASS"
-		if !ok {
-			mark = "FAIL"
-		}
-		fmt.Fprintf(w, "  [%s] %s\n", mark, fmt.Sprintf(format, a...))
-	}
+	check := func(ok bool, format string, a ...any) { benchkit.Check(w, ok, format, a...) }
 	fmt.Fprintln(w, "Acceptance (issue \"Fill the pool\"), default config, early-stopping workload:")
-	check(pred.kvMean >= 0.85, "real KV use %.1f%% of the budget over the saturated part (≥ 85%%)", 100*pred.kvMean)
-	check(pred.overflow == 0 && predPre.overflow == 0, "zero overflow on the oom simulator (%.0f)", pred.overflow)
-	check(predPre.preemptedPct <= 1, "preemptions on the preempt simulator %.0f, %.2f%% of requests (≤ 1%%)", predPre.preemptions, predPre.preemptedPct)
-	check(pred.failed == 0 && pred.shed == 0, "every answer a 200 (%d sheds, %d failures)", pred.shed, pred.failed)
-	check(pred.goodput >= 1.3*worst.goodput, "predicted %.2f× worst_case (≥ 1.3×)", pred.goodput/worst.goodput)
-	check(pred.goodput >= 1.6*best.goodput, "gateway %.2f× the best safe limit straight at the simulator (≥ 1.6×)", pred.goodput/best.goodput)
-	check(pred.goodput >= 0.95*pre.goodput, "gateway %.0f%% of vLLM's preempt mode driven directly (≥ 95%%)", 100*pred.goodput/pre.goodput)
-	check(pred.goodput >= 0.8*unb.goodput, "gateway %.0f%% of the unbounded pool (≥ 80%%)", 100*pred.goodput/unb.goodput)
-}
-
-type process struct {
-	url  string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func (p *process) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(30 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func startSim(ctx context.Context, o options, w *workload, name, overflow string, extra []string) (*process, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	args := []string{"sim", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--on-overflow", overflow,
-		"--gpu-memory-utilization", utilization, "--time-scale", strconv.FormatFloat(o.timeScale, 'g', -1, 64),
-		"--seed", strconv.FormatUint(o.seed, 10), "--model", model}
-	args = append(append(args, w.simArgs...), extra...)
-	return startProcess(ctx, o, slug(w.name+"-"+name)+"-sim", url, args...)
-}
-
-// startProcess starts kvgate with args and waits until url answers
-// /health (the simulator) or /readyz (the gateway).
-func startProcess(ctx context.Context, o options, logName, url string, args ...string) (*process, error) {
-	logf, err := os.Create(filepath.Join(o.out, logName+".log"))
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.CommandContext(ctx, o.kvgate, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, err
-	}
-	p := &process{url: url, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logf.Close(); close(p.done) }()
-	path := "/health"
-	if args[0] == "serve" {
-		path = "/readyz"
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get(url + path)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return p, nil
-			}
-		}
-		select {
-		case <-p.done:
-			return nil, fmt.Errorf("kvgate %s exited at start; see %s", strings.Join(args, " "), logf.Name())
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			p.stop()
-			return nil, fmt.Errorf("kvgate %s: %s did not answer within a minute", args[0], url+path)
-		}
-	}
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-func slug(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' {
-			return r
-		}
-		if r >= 'A' && r <= 'Z' {
-			return r + 'a' - 'A'
-		}
-		return '-'
-	}, s)
+	check(pred.KVMean >= 0.85, "real KV use %.1f%% of the budget over the saturated part (≥ 85%%)", 100*pred.KVMean)
+	check(pred.Overflow == 0 && predPre.Overflow == 0, "zero overflow on the oom simulator (%.0f)", pred.Overflow)
+	check(predPre.PreemptedPct <= 1, "preemptions on the preempt simulator %.0f, %.2f%% of requests (≤ 1%%)", predPre.Preemptions, predPre.PreemptedPct)
+	check(pred.Failed == 0 && pred.Shed == 0, "every answer a 200 (%d sheds, %d failures)", pred.Shed, pred.Failed)
+	check(pred.Goodput >= 1.3*worst.Goodput, "predicted %.2f× worst_case (≥ 1.3×)", pred.Goodput/worst.Goodput)
+	check(pred.Goodput >= 1.6*best.Goodput, "gateway %.2f× the best safe limit straight at the simulator (≥ 1.6×)", pred.Goodput/best.Goodput)
+	check(pred.Goodput >= 0.95*pre.Goodput, "gateway %.0f%% of vLLM's preempt mode driven directly (≥ 95%%)", 100*pred.Goodput/pre.Goodput)
+	check(pred.Goodput >= 0.8*unb.Goodput, "gateway %.0f%% of the unbounded pool (≥ 80%%)", 100*pred.Goodput/unb.Goodput)
 }

@@ -2,8 +2,9 @@
 // that it comes back to where it started: nothing held, nothing queued, no
 // request in flight, goroutines back to their baseline and memory flat.
 //
-// It builds kvgate (or uses --kvgate), starts two simulated backends and
-// the gateway in front of them as separate processes, and sends --requests
+// It builds kvgate (or uses --kvgate), starts three simulated backends of
+// one model, each on a GPU of its own, and the gateway in front of them as
+// separate processes, and sends --requests
 // requests from --concurrency clients: chat and completions, streamed and
 // not, n up to 3, random prompt and output lengths, two tenants, a few
 // wrong keys. Meanwhile a share of clients hang up at a random moment
@@ -17,7 +18,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -38,6 +38,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/kvgate/kvgate/bench/internal/benchkit"
 )
 
 type options struct {
@@ -78,8 +80,8 @@ type soak struct {
 	bin    string
 	cfg    string
 	gwURL  string
-	sims   [2]*proc
-	simAt  [2]string
+	sims   [3]*proc
+	simAt  [3]string
 	gw     *proc
 	client *http.Client
 
@@ -216,21 +218,23 @@ admission:
 %stenants:
   - {name: alpha, api_keys: [key-alpha], share: 0.7}
   - {name: beta, api_keys: [key-beta], share: 0.7, class: sheddable}
-models:
-  - name: llama-3-8b
-    geometry: {layers: 32, kv_heads: 8, head_dim: 128, dtype: bfloat16}
-    weights_bytes: 16060522496
-    max_model_len: 8192
-backends:
-  - {name: sim0, url: 'http://%s', models: [llama-3-8b], gpu_memory: 24GiB, health: {interval: 200ms, failures: 2, cooldown: 1s}, metrics: {interval: 200ms}}
-  - {name: sim1, url: 'http://%s', models: [llama-3-8b], gpu_memory: 24GiB, health: {interval: 200ms, failures: 2, cooldown: 1s}, metrics: {interval: 200ms}}
-log: {level: warn}
-`, strings.TrimPrefix(s.gwURL, "http://"), 20+gen%2, extra, s.simAt[0], s.simAt[1])
+%sbackends:
+%slog: {level: warn}
+`, strings.TrimPrefix(s.gwURL, "http://"), 20+gen%2, extra, benchkit.ModelsYAML, s.backendsYAML())
 	tmp := s.cfg + ".tmp"
 	if err := os.WriteFile(tmp, []byte(y), 0o644); err != nil {
 		return err
 	}
 	return os.Rename(tmp, s.cfg)
+}
+
+// backendsYAML lists the simulators, each on a GPU of its own.
+func (s *soak) backendsYAML() string {
+	var b strings.Builder
+	for i, at := range s.simAt {
+		fmt.Fprintf(&b, "  - {name: sim%d, url: 'http://%s', models: [llama-3-8b], gpu_memory: 24GiB, health: {interval: 200ms, failures: 2, cooldown: 1s}, metrics: {interval: 200ms}}\n", i, at)
+	}
+	return b.String()
 }
 
 func (s *soak) run() error {
@@ -346,7 +350,7 @@ func (s *soak) run() error {
 		}
 		if i > warm && i%sampleEvery == 0 {
 			if m, err := s.metrics(); err == nil {
-				rssSeries = append(rssSeries, sample{at: i, rss: m.get("process_resident_memory_bytes"), goroutines: m.get("go_goroutines")})
+				rssSeries = append(rssSeries, sample{at: i, rss: m["process_resident_memory_bytes"], goroutines: m["go_goroutines"]})
 			}
 		}
 	}
@@ -372,7 +376,7 @@ func (s *soak) hup(result string, want int) error {
 	s.gw.cmd.Process.Signal(syscall.SIGHUP)
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if m, err := s.metrics(); err == nil && m.sum("kvgate_config_reloads_total", result) >= float64(want) {
+		if m, err := s.metrics(); err == nil && m.Sum("kvgate_config_reloads_total", result) >= float64(want) {
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -481,60 +485,15 @@ func (s *soak) one(ctx context.Context, rng *rand.Rand) {
 	}
 }
 
-// metricsText is a scrape of /metrics: series → value.
-type metricsText map[string]float64
-
-func (m metricsText) get(series string) float64 { return m[series] }
-
-// sum adds every series of a metric whose labels contain all of want.
-func (m metricsText) sum(name string, want ...string) float64 {
-	var t float64
-	for k, v := range m {
-		if k != name && !strings.HasPrefix(k, name+"{") {
-			continue
-		}
-		all := true
-		for _, w := range want {
-			all = all && strings.Contains(k, w)
-		}
-		if all {
-			t += v
-		}
-	}
-	return t
-}
-
-func (s *soak) metrics() (metricsText, error) {
-	resp, err := s.client.Get(s.gwURL + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	m := metricsText{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err == nil {
-			m[line[:i]] = v
-		}
-	}
-	return m, sc.Err()
+func (s *soak) metrics() (benchkit.Metrics, error) {
+	return benchkit.Scrape(context.Background(), s.client, s.gwURL+"/metrics")
 }
 
 // atRest is the gateway once its clients are idle.
 type atRest struct {
 	goroutines, rss, inflight float64
 	held, queued, bound       int64
-	metrics                   metricsText
+	metrics                   benchkit.Metrics
 }
 
 // rest waits for the gateway to be idle — nothing in flight, idle client
@@ -558,7 +517,7 @@ func (s *soak) rest(ctx context.Context) (atRest, error) {
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}
-		r = atRest{goroutines: m.get("go_goroutines"), rss: m.get("process_resident_memory_bytes"), inflight: m.get("kvgate_requests_in_flight"), metrics: m}
+		r = atRest{goroutines: m["go_goroutines"], rss: m["process_resident_memory_bytes"], inflight: m["kvgate_requests_in_flight"], metrics: m}
 		for _, g := range st.GPUs {
 			r.held += g.Held + g.Committed
 			r.bound += int64(g.Bound)
@@ -613,7 +572,7 @@ func (s *soak) settledGoroutines() float64 {
 		if err != nil {
 			continue
 		}
-		g = m.get("go_goroutines")
+		g = m["go_goroutines"]
 		if low < 0 || g < low {
 			low, lowAt = g, time.Now()
 		}
@@ -628,7 +587,7 @@ func (s *soak) report(base, end atRest, series []sample, reloadsOK, reloadsBad i
 	m := end.metrics
 	end.goroutines = s.settledGoroutines()
 	if final, err := s.metrics(); err == nil {
-		end.rss = final.get("process_resident_memory_bytes")
+		end.rss = final["process_resident_memory_bytes"]
 	}
 	statuses := map[int]int64{}
 	var codes []int
@@ -646,15 +605,15 @@ func (s *soak) report(base, end atRest, series []sample, reloadsOK, reloadsBad i
 		rssRef = series[0].rss
 	}
 	rssFlat := end.rss <= rssRef*1.25+32<<20
-	internal := m.sum("kvgate_requests_total", `reason="internal"`)
+	internal := m.Sum("kvgate_requests_total", `reason="internal"`)
 	s.check("gateway alive", s.gw.alive(), "pid %d", s.gw.cmd.Process.Pid)
 	s.check("nothing held", end.held == 0 && end.bound == 0, "%d bytes held or committed, %d requests bound", end.held, end.bound)
 	s.check("queues empty", end.queued == 0, "%d queued", end.queued)
 	s.check("nothing in flight", end.inflight == 0, "%g", end.inflight)
 	s.check("goroutines back to baseline", end.goroutines <= base.goroutines+4, "%d at the end, %d at baseline", int(end.goroutines), int(base.goroutines))
 	s.check("RSS flat", rssFlat, "%s at the end, %s after the first tenth, %s at baseline", mib(end.rss), mib(rssRef), mib(base.rss))
-	s.check("good reloads applied", m.sum("kvgate_config_reloads_total", `result="ok"`) == float64(reloadsOK), "%g of %d", m.sum("kvgate_config_reloads_total", `result="ok"`), reloadsOK)
-	s.check("broken reload refused and counted", m.sum("kvgate_config_reloads_total", `result="error"`) == float64(reloadsBad), "%g of %d", m.sum("kvgate_config_reloads_total", `result="error"`), reloadsBad)
+	s.check("good reloads applied", m.Sum("kvgate_config_reloads_total", `result="ok"`) == float64(reloadsOK), "%g of %d", m.Sum("kvgate_config_reloads_total", `result="ok"`), reloadsOK)
+	s.check("broken reload refused and counted", m.Sum("kvgate_config_reloads_total", `result="error"`) == float64(reloadsBad), "%g of %d", m.Sum("kvgate_config_reloads_total", `result="error"`), reloadsBad)
 	s.check("no internal errors", internal == 0, "%g", internal)
 	s.check("no broken 200 streams", s.broken.Load() == 0, "%d streams ended without [DONE] or an error event", s.broken.Load())
 	s.check("no transport errors but our own hang-ups", s.netErrs.Load() == 0, "%d", s.netErrs.Load())
@@ -668,8 +627,8 @@ func (s *soak) report(base, end atRest, series []sample, reloadsOK, reloadsBad i
 	}
 	fmt.Printf(", %d hung up on purpose\n", s.canceled.Load())
 	fmt.Printf("  gateway counted: ok %g, shed %g, rejected %g, failed %g, canceled %g\n",
-		m.sum("kvgate_requests_total", `outcome="ok"`), m.sum("kvgate_requests_total", `outcome="shed"`), m.sum("kvgate_requests_total", `outcome="rejected"`),
-		m.sum("kvgate_requests_total", `outcome="failed"`), m.sum("kvgate_requests_total", `outcome="canceled"`))
+		m.Sum("kvgate_requests_total", `outcome="ok"`), m.Sum("kvgate_requests_total", `outcome="shed"`), m.Sum("kvgate_requests_total", `outcome="rejected"`),
+		m.Sum("kvgate_requests_total", `outcome="failed"`), m.Sum("kvgate_requests_total", `outcome="canceled"`))
 	fmt.Printf("  faults: sim1 killed at 25%%, restarted at 40%%; %d reloads, 1 broken\n", reloadsOK+reloadsBad)
 	fmt.Printf("  RSS: baseline %s", mib(base.rss))
 	for _, x := range series {

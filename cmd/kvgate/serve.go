@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/kvgate/kvgate/backends/sim"
 	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/kvbudget"
@@ -93,6 +95,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return fail(stderr, "serve", exitUsage, "%v", err)
 	}
+	// go-redis (shared_budget) logs through a process-wide logger of its own.
+	redis.SetLogger(redisLogger{logger})
 	srv, err := gateway.New(cfg, gateway.Options{Logger: logger})
 	if err != nil {
 		return fail(stderr, "serve", exitUsage, "%v", err)
@@ -177,6 +181,16 @@ func startDemoSim(addr string) (*sim.Server, string, error) {
 	}
 	go s.Serve(ln)
 	return s, "http://" + ln.Addr().String(), nil
+}
+
+// redisLogger routes go-redis's log lines into the gateway's slog logger,
+// at debug level: they repeat on every failed dial while Redis is down,
+// and the shared budget logs each change of state itself (unreachable,
+// fallback, back).
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.DebugContext(ctx, "redis client", "msg", fmt.Sprintf(format, v...))
 }
 
 func newLogger(w io.Writer, c gateway.LogConfig) (*slog.Logger, error) {

@@ -9,83 +9,48 @@ import (
 // ErrNoMember is returned when the object has no member of that name.
 var ErrNoMember = errors.New("no such member")
 
-// ErrEscapedKey is returned by Members for an object with a key written
-// with escapes: a JSON parser would match it to a name Members cannot.
-var ErrEscapedKey = errors.New("object has a key written with escapes")
-
 // Member returns the raw value of the first member named key of the JSON
 // object data, skipping every other member's value without decoding it.
 // Keys are compared as written (a key spelled with escapes does not
 // match). It checks only as much syntax as it needs to find its way, so
 // the value of a member found in a malformed document may be returned.
 func Member(data []byte, key string) ([]byte, error) {
-	var found []byte
-	err := object(data, func(name, value []byte) bool {
+	var val []byte
+	err := Members(data, func(name []byte, _, v, end int) bool {
 		if string(name) == key {
-			found = value
+			val = data[v:end]
 			return false
 		}
 		return true
 	})
-	if found != nil {
-		return found, nil
+	if err != nil {
+		return nil, err
 	}
-	if err == nil {
-		err = fmt.Errorf("%w %q", ErrNoMember, key)
+	if val == nil {
+		return nil, fmt.Errorf("%w %q", ErrNoMember, key)
 	}
-	return nil, err
+	return val, nil
 }
 
-// Members finds, in one pass over the JSON object data, the raw value of
-// the first member named keys[i], into out[i] (nil where there is none).
-// Unlike Member it walks the whole object and fails on malformed syntax
-// anywhere at its top level, and on a key written with escapes
-// (ErrEscapedKey), which a parser could read as one of keys.
-func Members(data []byte, keys []string, out [][]byte) error {
-	clear(out[:len(keys)])
-	escaped := false
-	err := object(data, func(name, value []byte) bool {
-		if bytes.IndexByte(name, '\\') >= 0 {
-			escaped = true
-			return false
-		}
-		for i, k := range keys {
-			if out[i] == nil && string(name) == k {
-				out[i] = value
-			}
-		}
-		return true
-	})
-	if escaped {
-		return ErrEscapedKey
+// Members calls fn for each member of the JSON object data, in order, until
+// fn returns false: name is the key as written between its quotes (escapes
+// not decoded), data[start:end] the whole member from the key's opening
+// quote to the end of its value, data[value:end] its value. It checks syntax
+// as Member does.
+func Members(data []byte, fn func(name []byte, start, value, end int) bool) error {
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return errors.New("answer is not a JSON object")
 	}
-	return err
-}
-
-// Elements calls fn with the raw value of each element of the JSON array
-// data, in order, skipping their insides.
-func Elements(data []byte, fn func(value []byte)) error {
-	i, done, err := open(data, '[', ']')
-	for ; err == nil && !done; i, done, err = next(data, i, ']') {
-		end, err := skipValue(data, i)
-		if err != nil {
-			return err
-		}
-		fn(data[i:end])
-		i = end
+	i = skipSpace(data, i+1)
+	if i < len(data) && data[i] == '}' {
+		return nil
 	}
-	return err
-}
-
-// object calls fn with the raw name (between its quotes) and the raw value
-// of each member of the JSON object data, in order, until fn returns
-// false.
-func object(data []byte, fn func(name, value []byte) bool) error {
-	i, done, err := open(data, '{', '}')
-	for ; err == nil && !done; i, done, err = next(data, i, '}') {
+	for i < len(data) {
 		if data[i] != '"' {
 			return fmt.Errorf("malformed JSON at byte %d", i)
 		}
+		start := i
 		end, err := skipString(data, i)
 		if err != nil {
 			return err
@@ -100,50 +65,86 @@ func object(data []byte, fn func(name, value []byte) bool) error {
 		if err != nil {
 			return err
 		}
-		if !fn(name, data[i:end]) {
+		if !fn(name, start, i, end) {
 			return nil
 		}
-		i = end
+		i = skipSpace(data, end)
+		switch {
+		case i < len(data) && data[i] == ',':
+			i = skipSpace(data, i+1)
+		case i < len(data) && data[i] == '}':
+			return nil
+		default:
+			return fmt.Errorf("malformed JSON at byte %d", i)
+		}
+	}
+	return errors.New("truncated JSON")
+}
+
+// ErrEscapedKey is returned by Lookup for an object with a key written
+// with escapes: a JSON parser would match it to a name Lookup cannot.
+var ErrEscapedKey = errors.New("object has a key written with escapes")
+
+// Lookup finds, in one pass over the JSON object data, the raw value of the
+// first member named keys[i], into out[i] (nil where there is none). Unlike
+// Member it walks the whole object and fails on malformed syntax anywhere
+// at its top level, and on a key written with escapes (ErrEscapedKey),
+// which a parser could read as one of keys.
+func Lookup(data []byte, keys []string, out [][]byte) error {
+	clear(out[:len(keys)])
+	escaped := false
+	err := Members(data, func(name []byte, _, value, end int) bool {
+		if bytes.IndexByte(name, '\\') >= 0 {
+			escaped = true
+			return false
+		}
+		for i, k := range keys {
+			if out[i] == nil && string(name) == k {
+				out[i] = data[value:end]
+			}
+		}
+		return true
+	})
+	if escaped {
+		return ErrEscapedKey
 	}
 	return err
 }
 
-// open finds the container that data holds, opened by opener: i is where
-// its first item starts, done says it is empty.
-func open(data []byte, opener, closer byte) (i int, done bool, err error) {
-	i = skipSpace(data, 0)
-	if i >= len(data) || data[i] != opener {
-		return i, false, fmt.Errorf("not a JSON %s", map[byte]string{'{': "object", '[': "array"}[opener])
+// Elements calls fn with the raw value of each element of the JSON array
+// data, in order, skipping their insides.
+func Elements(data []byte, fn func(value []byte)) error {
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '[' {
+		return errors.New("not a JSON array")
 	}
 	i = skipSpace(data, i+1)
-	if i < len(data) && data[i] == closer {
-		return i, true, nil
+	if i < len(data) && data[i] == ']' {
+		return nil
 	}
-	if i >= len(data) {
-		return i, false, errors.New("truncated JSON")
+	for i < len(data) {
+		end, err := skipValue(data, i)
+		if err != nil {
+			return err
+		}
+		fn(data[i:end])
+		i = skipSpace(data, end)
+		switch {
+		case i < len(data) && data[i] == ',':
+			i = skipSpace(data, i+1)
+		case i < len(data) && data[i] == ']':
+			return nil
+		default:
+			return fmt.Errorf("malformed JSON at byte %d", i)
+		}
 	}
-	return i, false, nil
+	return errors.New("truncated JSON")
 }
 
-// next reads what follows an item that ended at end in a container closed
-// by closer: i is where the next item starts, done says the container
-// ended.
-func next(data []byte, end int, closer byte) (i int, done bool, err error) {
-	i = skipSpace(data, end)
-	switch {
-	case i < len(data) && data[i] == ',':
-		i = skipSpace(data, i+1)
-		if i >= len(data) {
-			return i, false, errors.New("truncated JSON")
-		}
-		return i, false, nil
-	case i < len(data) && data[i] == closer:
-		return i, true, nil
-	case i >= len(data):
-		return i, false, errors.New("truncated JSON")
-	}
-	return i, false, fmt.Errorf("malformed JSON at byte %d", i)
-}
+// Skip returns the index just past the JSON value that starts at
+// data[i], checking only as much as it needs to find its end: for a
+// scanner of its own that walks a document's known shape.
+func Skip(data []byte, i int) (int, error) { return skipValue(data, i) }
 
 func skipSpace(data []byte, i int) int {
 	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
@@ -171,11 +172,6 @@ func skipString(data []byte, i int) (int, error) {
 		j = q + 1
 	}
 }
-
-// Skip returns the index just past the JSON value that starts at
-// data[i], checking only as much as it needs to find its end: for a
-// scanner of its own that walks a document's known shape.
-func Skip(data []byte, i int) (int, error) { return skipValue(data, i) }
 
 // skipValue returns the index just past the value that starts at i.
 func skipValue(data []byte, i int) (int, error) {

@@ -76,6 +76,36 @@ func FuzzMember(f *testing.F) {
 }
 
 func TestMembers(t *testing.T) {
+	data := []byte(` { "a" : 1 ,"b\"c":{"x":[1,"}"]}, "d":"e" } `)
+	type m struct{ name, member, value string }
+	var got []m
+	if err := Members(data, func(name []byte, start, value, end int) bool {
+		got = append(got, m{string(name), string(data[start:end]), string(data[value:end])})
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := []m{{"a", `"a" : 1`, `1`}, {`b\"c`, `"b\"c":{"x":[1,"}"]}`, `{"x":[1,"}"]}`}, {"d", `"d":"e"`, `"e"`}}
+	if len(got) != len(want) {
+		t.Fatalf("Members visited %q; want %q", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("member %d = %q; want %q", i, got[i], want[i])
+		}
+	}
+	n := 0
+	if err := Members(data, func([]byte, int, int, int) bool { n++; return false }); err != nil || n != 1 {
+		t.Errorf("Members stopped by fn: %d calls, %v; want 1 call, no error", n, err)
+	}
+	for _, bad := range []string{`[]`, `{"a":1`, `{"a" 1}`, `{"a":1,}`} {
+		if err := Members([]byte(bad), func([]byte, int, int, int) bool { return true }); err == nil {
+			t.Errorf("Members(%q): no error", bad)
+		}
+	}
+}
+
+func TestLookup(t *testing.T) {
 	keys := []string{"messages", "tools"}
 	for _, c := range []struct {
 		in                string
@@ -93,13 +123,13 @@ func TestMembers(t *testing.T) {
 		{`[{"messages":[1]}]`, ``, ``, true, false},
 	} {
 		out := make([][]byte, 2)
-		err := Members([]byte(c.in), keys, out)
+		err := Lookup([]byte(c.in), keys, out)
 		if (err != nil) != c.err || errors.Is(err, ErrEscapedKey) != c.escapedError {
-			t.Errorf("Members(%s): error %v, want error %v (escaped key %v)", c.in, err, c.err, c.escapedError)
+			t.Errorf("Lookup(%s): error %v, want error %v (escaped key %v)", c.in, err, c.err, c.escapedError)
 			continue
 		}
 		if !c.err && (string(out[0]) != c.messages || string(out[1]) != c.tools) {
-			t.Errorf("Members(%s) = %q %q; want %q %q", c.in, out[0], out[1], c.messages, c.tools)
+			t.Errorf("Lookup(%s) = %q %q; want %q %q", c.in, out[0], out[1], c.messages, c.tools)
 		}
 	}
 }
@@ -125,16 +155,16 @@ func TestElements(t *testing.T) {
 }
 
 // On every JSON object fastjson accepts whose keys have no escapes,
-// Members finds each key's first value; on every array, Elements gives
+// Lookup finds each key's first value; on every array, Elements gives
 // fastjson's elements.
-func FuzzMembersElements(f *testing.F) {
+func FuzzLookupElements(f *testing.F) {
 	for _, s := range []string{`{"messages":[{"role":"user"}],"tools":[1],"x":"\""}`, `["a",1,{"b":[2]},null]`, `{"tools":null}`, `[]`} {
 		f.Add([]byte(s))
 	}
 	keys := []string{"messages", "tools"}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		out := make([][]byte, 2)
-		merr := Members(data, keys, out)
+		merr := Lookup(data, keys, out)
 		var got []string
 		eerr := Elements(data, func(v []byte) { got = append(got, string(v)) })
 		v, perr := fastjson.ParseBytes(data)
@@ -156,20 +186,20 @@ func FuzzMembersElements(f *testing.F) {
 			})
 			if escaped {
 				if !errors.Is(merr, ErrEscapedKey) {
-					t.Fatalf("Members(%q): %v; want ErrEscapedKey", data, merr)
+					t.Fatalf("Lookup(%q): %v; want ErrEscapedKey", data, merr)
 				}
 				return
 			}
 			if merr != nil {
-				t.Fatalf("Members(%q): %v", data, merr)
+				t.Fatalf("Lookup(%q): %v", data, merr)
 			}
 			for i := range keys {
 				if (want[i] == nil) != (out[i] == nil) {
-					t.Fatalf("Members(%q)[%s] = %q; want %v", data, keys[i], out[i], want[i])
+					t.Fatalf("Lookup(%q)[%s] = %q; want %v", data, keys[i], out[i], want[i])
 				}
 				if want[i] != nil {
 					if gv, err := fastjson.ParseBytes(out[i]); err != nil || gv.String() != want[i].String() {
-						t.Fatalf("Members(%q)[%s] = %q; want %s", data, keys[i], out[i], want[i])
+						t.Fatalf("Lookup(%q)[%s] = %q; want %s", data, keys[i], out[i], want[i])
 					}
 				}
 			}

@@ -1,0 +1,122 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvgate/kvgate/admission/predict"
+)
+
+// Learned lengths shared across a fleet. Each replica's scheduler learns
+// from the requests it finishes; to predict from the whole fleet's traffic,
+// each hands out what it learned since it last did (LengthsDelta) and adds
+// in what the others handed out (MergeLengths). A queue's predictor is then
+// its own samples plus everyone else's, each counted once — a replica never
+// merges its own deltas, and a delta holds only samples observed here, never
+// merged ones — and decayed together by the predictor's window, so that a
+// replica that left fades out as new samples come in.
+
+// LengthsDelta is what a queue learned from its own finished sequences
+// since the previous call, in the layout of its predictors.
+type LengthsDelta struct {
+	// All counts every finished sequence, whoever the tenant.
+	All predict.Snapshot `json:"all"`
+	// Tenants counts those of each named tenant (at most
+	// maxTenantLengths of them; the anonymous tenant is in All only).
+	Tenants map[string]predict.Snapshot `json:"tenants,omitempty"`
+}
+
+// LengthsDelta takes what queue learned from its own finished sequences
+// since the previous call; ok is false when that is nothing. A queue starts
+// counting at its first call (which returns nothing): what it learned
+// before, and what it merged, is never handed out. A queue whose layout
+// changed (a reload changed its MaxLen, so its predictors started over)
+// starts counting again.
+func (s *Scheduler) LengthsDelta(queue string) (d LengthsDelta, ok bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queueByName[queue]
+	if q == nil {
+		return LengthsDelta{}, false, fmt.Errorf("admission: lengths delta: unknown queue %q", queue)
+	}
+	if q.tally == nil || q.tally.Layout() != q.lengths.Layout() {
+		q.tally, q.tallyTenants = q.lengths.NewTally(), map[string]*predict.Tally{}
+		return LengthsDelta{}, false, nil
+	}
+	if q.tally.Samples() == 0 {
+		return LengthsDelta{}, false, nil
+	}
+	d.All = q.tally.Take()
+	for name, t := range q.tallyTenants {
+		if t.Samples() == 0 {
+			delete(q.tallyTenants, name) // an idle tenant's tally goes; it comes back with its next sample
+			continue
+		}
+		if d.Tenants == nil {
+			d.Tenants = map[string]predict.Snapshot{}
+		}
+		d.Tenants[name] = t.Take()
+	}
+	return d, true, nil
+}
+
+// tallyLocked counts one finished sequence of tenant for LengthsDelta.
+func (q *queue) tallyLocked(tenant string, n int, capped bool) {
+	if q.tally == nil {
+		return
+	}
+	q.tally.Observe(n, capped)
+	if tenant == "" {
+		return
+	}
+	t := q.tallyTenants[tenant]
+	if t == nil && len(q.tallyTenants) < maxTenantLengths {
+		t = q.lengths.NewTally()
+		q.tallyTenants[tenant] = t
+	}
+	if t != nil {
+		t.Observe(n, capped)
+	}
+}
+
+// MergeLengths adds another replica's delta to queue's predictors: All to
+// the queue's, each tenant's to that tenant's (created for it if the queue
+// has room for another). A delta of another layout (the other replica
+// configures another MaxLen for the model) is refused, changing nothing.
+// Waiters are dispatched again: what the predictors now say may let them
+// in.
+func (s *Scheduler) MergeLengths(queue string, d LengthsDelta) error {
+	s.mu.Lock()
+	q := s.queueByName[queue]
+	if q == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("admission: merge lengths: unknown queue %q", queue)
+	}
+	if err := q.lengths.Merge(d.All); err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("admission: merge lengths into queue %q: %w", queue, err)
+	}
+	s.scratchSeq = 0 // the predictor moved: no waiter's curve computed before stands (as in observeLocked)
+	var errs []error
+	for name, snap := range d.Tenants {
+		l := q.byTenant[name]
+		if l == nil && len(q.byTenant) < maxTenantLengths && name != "" {
+			l, _ = predict.NewLengths(predict.LengthsConfig{MaxLen: q.spec.maxLen})
+			q.byTenant[name] = l
+		}
+		if l == nil {
+			continue
+		}
+		if err := l.Merge(snap); err != nil {
+			errs = append(errs, fmt.Errorf("tenant %q: %w", name, err))
+		}
+	}
+	if s.queued > 0 {
+		s.dispatchLocked()
+	}
+	s.unlockNotify()
+	if len(errs) > 0 {
+		return fmt.Errorf("admission: merge lengths into queue %q: %w", queue, errors.Join(errs...))
+	}
+	return nil
+}

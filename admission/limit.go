@@ -1,0 +1,161 @@
+package admission
+
+import (
+	"fmt"
+)
+
+// An external limit on a pool: the part of a GPU's budget this process may
+// use when several processes (gateway replicas) share the GPU. Something
+// outside the package — a lessee of package backends/leases — leases that
+// part from a shared store, reads the pool's Demand to know how much to
+// lease, and sets the pool's limit to what it holds. The pool never revokes:
+// a lower limit only stops admissions, exactly as a shrink of the effective
+// capacity does (see doc.go, "Invariants"); a higher one dispatches waiters
+// at once.
+//
+// The limit and the AIMD loop are independent: admissions are measured
+// against min(effective, limit). The pressure threshold (sheddable classes)
+// and the headroom gate stay measured against the effective capacity: a
+// lease follows demand, so a busy replica's commitments sit near its limit
+// whatever the GPU's state, and the backend's reported use is the whole
+// GPU's, not this replica's part.
+
+// limitState is the scheduler's part of the limits: fixed at New.
+type limitState struct {
+	limited  bool              // new pools start limited at 0 (Config.Limited)
+	onDemand func(pool string) // Config.OnDemand; nil = none
+	notes    []*pool           // pools whose OnDemand is due at the next unlockNotify; guarded by mu
+}
+
+// admitCap is what admissions to p are measured against: its effective
+// capacity, or its external limit if that is lower.
+func (p *pool) admitCap() int64 {
+	if p.limited && p.limit < p.effective {
+		return p.limit
+	}
+	return p.effective
+}
+
+// limitOrNone is p's limit for Stats: -1 when it has none.
+func (p *pool) limitOrNone() int64 {
+	if !p.limited {
+		return -1
+	}
+	return p.limit
+}
+
+// SetLimit caps what the pool may commit (Stats' Committed: the held worst
+// case, or under Predicted the forecast peak) at limit, on top of the
+// effective capacity: admissions are measured against the smaller of the
+// two. A negative limit removes the cap (the default, unless
+// Config.Limited). Lowering it revokes nothing: admissions to the pool stop
+// until its commitments are back under it. Raising it admits the waiters
+// that fit before it returns. The limit is in force when SetLimit returns,
+// so that a caller that then reads Demand sees every admission made under
+// the old one.
+func (s *Scheduler) SetLimit(pool string, limit int64) error {
+	s.mu.Lock()
+	p := s.poolByName[pool]
+	if p == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("admission: limit: unknown pool %q", pool)
+	}
+	old := p.admitCap()
+	p.limited, p.limit = limit >= 0, max(limit, 0)
+	if p.admitCap() > old {
+		s.dispatchLocked()
+	} else {
+		s.checkLocked(opLimit)
+	}
+	s.unlockNotify()
+	return nil
+}
+
+// opLimit names SetLimit in the invariant checks.
+const opLimit = "limit"
+
+// Demand is what the pool is asked for, in the units of its commitments:
+// held is what it has committed now (Stats' Committed), queued the Σ charge
+// of the requests waiting in every queue that may be bound to it (an
+// available route, not excluded by a Move). A waiter whose queue has
+// several pools counts in full on each of them — it is not known which will
+// take it — so the queued demand of pools that share queues is
+// over-counted: a limiter leases ahead of what will be bound, never behind.
+// An unknown pool has no demand.
+func (s *Scheduler) Demand(pool string) (held, queued int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.poolByName[pool]
+	if p == nil {
+		return 0, 0
+	}
+	held = s.committedLocked(p)
+	for _, q := range s.queues {
+		if !q.mayUseLocked(p) {
+			continue
+		}
+		for _, l := range q.lines {
+			for w := l.head; w != nil; w = w.next {
+				if w.exclude != p {
+					queued = satAdd64(queued, w.charge)
+				}
+			}
+		}
+	}
+	return held, queued
+}
+
+// mayUseLocked says whether q's waiters may be bound to p now.
+func (q *queue) mayUseLocked(p *pool) bool {
+	for _, r := range q.routes {
+		if r.p == p {
+			return r.up
+		}
+	}
+	return false
+}
+
+// noteDemandLocked makes OnDemand due for p at the next unlockNotify.
+func (s *Scheduler) noteDemandLocked(p *pool) {
+	if s.limits.onDemand == nil || p.noted {
+		return
+	}
+	p.noted = true
+	s.limits.notes = append(s.limits.notes, p)
+}
+
+// noteWaitingLocked makes OnDemand due for every pool w may use, if w is
+// still waiting after the dispatch that followed its arrival: none had room.
+func (s *Scheduler) noteWaitingLocked(w *waiter) {
+	if s.limits.onDemand == nil || w.state != waiting {
+		return
+	}
+	for _, r := range w.line.q.routes {
+		if eligible(w, r) {
+			s.noteDemandLocked(r.p)
+		}
+	}
+}
+
+// unlockNotify releases mu, then calls OnDemand for every pool noted since
+// the last call, each once. Notes made before a plain mu.Unlock wait for the
+// next unlockNotify: OnDemand hurries a limiter that also runs on its own
+// timers, so a late call costs time, not safety.
+func (s *Scheduler) unlockNotify() {
+	if len(s.limits.notes) == 0 {
+		s.mu.Unlock()
+		return
+	}
+	var buf [8]string // a pool per GPU: a handful, kept off the heap
+	names := buf[:0]
+	for i, p := range s.limits.notes {
+		p.noted = false
+		names = append(names, p.name)
+		s.limits.notes[i] = nil
+	}
+	s.limits.notes = s.limits.notes[:0]
+	s.mu.Unlock()
+	for _, name := range names {
+		s.limits.onDemand(name)
+	}
+}

@@ -1,0 +1,233 @@
+package admission_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/kvgate/kvgate/admission"
+)
+
+func (f *fixture) setLimit(pool string, limit int64) {
+	f.t.Helper()
+	if err := f.b.SetLimit(pool, limit); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) demand(pool string, held, queued int64) {
+	f.t.Helper()
+	if h, q := f.b.Demand(pool); h != held || q != queued {
+		f.t.Fatalf("Demand(%q) = %d held, %d queued; want %d, %d", pool, h, q, held, queued)
+	}
+}
+
+// Admissions are measured against min(effective, limit): whichever is lower
+// binds, a negative limit is none, and the fixture's invariant check
+// verifies every admission against the same bound.
+func TestSetLimitCapsAdmissions(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		over     int   // Feedback(true) calls before: each halves the effective capacity of 100
+		limit    int64 // SetLimit before
+		held     []int64
+		w        int64
+		atOnce   bool
+		wantFree int64
+	}{
+		{name: "no limit", limit: -1, held: []int64{60}, w: 40, atOnce: true, wantFree: 40},
+		{name: "limit binds", limit: 50, held: []int64{30}, w: 30, atOnce: false, wantFree: 20},
+		{name: "fits the limit exactly", limit: 50, held: []int64{30}, w: 20, atOnce: true, wantFree: 20},
+		{name: "effective binds", over: 1, limit: 80, held: []int64{40}, w: 20, atOnce: false, wantFree: 10},
+		{name: "limit zero closes the pool", limit: 0, w: 1, atOnce: false, wantFree: 0},
+		{name: "a limit above capacity changes nothing", limit: 1000, held: []int64{90}, w: 20, atOnce: false, wantFree: 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, oneGPU(100, admission.Config{AIMD: admission.AIMDConfig{Decrease: 0.5}}))
+			for range tc.over {
+				f.b.Feedback(true)
+			}
+			f.setLimit(gpu, tc.limit)
+			var tks []*admission.Ticket
+			for _, w := range tc.held {
+				tks = append(tks, f.acquire(std(w)))
+			}
+			if free := f.b.Scheduler.Free(gpu); free != tc.wantFree {
+				t.Errorf("Free = %d, want %d", free, tc.wantFree)
+			}
+			if tc.atOnce {
+				tks = append(tks, f.acquire(std(tc.w)))
+			} else {
+				ctx, cancel := context.WithCancel(context.Background())
+				ch := f.enqueue(ctx, std(tc.w))
+				cancel()
+				if res := <-ch; res.err == nil {
+					t.Fatal("the queued request was admitted after its context ended")
+				}
+			}
+			for _, tk := range tks {
+				tk.Release()
+			}
+			f.state(0, 0)
+		})
+	}
+}
+
+// Raising the limit admits the waiters that now fit before SetLimit
+// returns; lowering it revokes nothing, and admissions stop until what is
+// held is back under it.
+func TestSetLimitRaisesAtOnceAndNeverRevokes(t *testing.T) {
+	f := newFixture(t, oneGPU(100, admission.Config{}))
+	f.setLimit(gpu, 40)
+	a := f.acquire(std(40))
+	w1 := f.enqueue(context.Background(), std(30))
+	w2 := f.enqueue(context.Background(), std(30))
+	f.setLimit(gpu, 70)
+	f.state(70, 1) // exact on return: w1 is bound, w2 still waits
+	b := f.admitted(w1)
+	f.stillQueued(w2)
+
+	f.setLimit(gpu, 20) // below the 70 held: nothing is taken back
+	f.state(70, 1)
+	if st, _ := f.b.Pool(gpu); st.Limit != 20 || st.Held != 70 {
+		t.Fatalf("after lowering: %+v", st)
+	}
+	a.Release() // 30 held, still over 20: w2 waits
+	f.state(30, 1)
+	f.stillQueued(w2)
+	f.setLimit(gpu, -1) // no limit: the capacity of 100 binds
+	f.admitted(w2).Release()
+	b.Release()
+	if st, _ := f.b.Pool(gpu); st.Limit != -1 {
+		t.Fatalf("limit after SetLimit(-1) = %d, want -1 (none)", st.Limit)
+	}
+	if err := f.b.SetLimit("nope", 1); err == nil {
+		t.Fatal("SetLimit on an unknown pool: no error")
+	}
+}
+
+// Demand is held (what the pool has committed) and queued (the charge of
+// every waiter that may be bound to it). A waiter of a queue with two pools
+// counts on both; a queue whose route to the pool is down counts on none.
+func TestDemand(t *testing.T) {
+	f := newFixture(t, fleet(
+		[]admission.PoolConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
+		map[string][]string{"both": {"a", "b"}, "onlyA": {"a"}, "onlyB": {"b"}},
+		admission.Config{Limited: true}))
+	type want struct{ aHeld, aQueued, bHeld, bQueued int64 }
+	check := func(step string, w want) {
+		t.Helper()
+		for _, p := range []struct {
+			name         string
+			held, queued int64
+		}{{"a", w.aHeld, w.aQueued}, {"b", w.bHeld, w.bQueued}} {
+			if h, q := f.b.Demand(p.name); h != p.held || q != p.queued {
+				t.Fatalf("%s: Demand(%q) = %d, %d; want %d, %d", step, p.name, h, q, p.held, p.queued)
+			}
+		}
+	}
+	check("empty", want{})
+	// Limited: both pools start closed, so everything queues.
+	both := f.enqueue(context.Background(), in("both", 10))
+	onlyA := f.enqueue(context.Background(), in("onlyA", 20))
+	onlyB := f.enqueue(context.Background(), in("onlyB", 40))
+	check("three waiters", want{0, 30, 0, 50})
+	f.setLimit("a", 25) // binds "both" (first come) on a; onlyA's 20 no longer fits
+	f.admitted(both)
+	check("a opened to 25", want{10, 20, 0, 40})
+	if err := f.b.SetAvailable("onlyB", "b", false); err != nil { // its waiter is refused: no route
+		t.Fatal(err)
+	}
+	f.refused(onlyB, admission.ErrNoRoute)
+	check("onlyB's route down", want{10, 20, 0, 0})
+	f.setLimit("a", -1)
+	f.admitted(onlyA)
+	check("everything bound", want{30, 0, 0, 0})
+	if h, q := f.b.Demand("nope"); h != 0 || q != 0 {
+		t.Fatalf("Demand of an unknown pool = %d, %d", h, q)
+	}
+}
+
+// Under Predicted, Demand is in the units admissions are measured in: the
+// forecast peak, below the worst case held.
+func TestDemandIsCommittedUnderPredicted(t *testing.T) {
+	f := newFixture(t, predicted(1<<20, 10))
+	f.teach(10, 100)
+	tk := f.acquire(chat(16, 1024))
+	st, _ := f.b.Pool(gpu)
+	if st.Committed >= st.Held {
+		t.Fatalf("committed %d, held %d: the test needs a forecast below the worst case", st.Committed, st.Held)
+	}
+	f.demand(gpu, st.Committed, 0)
+	tk.Release()
+	f.demand(gpu, 0, 0)
+}
+
+// OnDemand runs outside the lock (the hook below calls back into the
+// scheduler, which would deadlock under it), once per pool per event: when
+// a request queues for lack of room there, and when weight is given back —
+// not when a request is admitted at once.
+func TestOnDemand(t *testing.T) {
+	calls := make(chan string, 16)
+	var s *admission.Scheduler
+	cfg := fleet([]admission.PoolConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
+		map[string][]string{"both": {"a", "b"}}, admission.Config{Limited: true})
+	cfg.OnDemand = func(pool string) {
+		s.Demand(pool) // deadlocks if called under the scheduler's lock
+		calls <- pool
+	}
+	f := newFixture(t, cfg)
+	s = f.b.Scheduler
+	// take receives the calls want expects (the one after a queued request
+	// comes from that request's goroutine, so it is waited for), then
+	// checks that there is no other: every other call is made before the
+	// method that causes it returns.
+	take := func(step string, want ...string) {
+		t.Helper()
+		var got []string
+		for range want {
+			got = append(got, <-calls)
+		}
+		select {
+		case c := <-calls:
+			got = append(got, c)
+		default:
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: OnDemand calls %q, want %q", step, got, want)
+		}
+	}
+	w := f.enqueue(context.Background(), in("both", 30))
+	take("a request queued on two closed pools", "a", "b")
+	f.setLimit("a", 50)
+	tk := f.admitted(w)
+	take("SetLimit: the limiter's own call") // nothing: it knows
+	tk2 := f.acquire(in("both", 20))
+	take("admitted at once")
+	tk.Release()
+	take("a release", "a")
+	tk2.Release()
+	tk.Release() // the second Release does nothing
+	take("the last release", "a")
+}
+
+// With Limited, a pool that Reconfigure adds starts closed too; pools that
+// stay keep their limit.
+func TestLimitedPoolsAddedByReconfigure(t *testing.T) {
+	cfg := fleet([]admission.PoolConfig{{Name: "a", Capacity: 100}}, map[string][]string{"q": {"a"}}, admission.Config{Limited: true})
+	f := newFixture(t, cfg)
+	if st, _ := f.b.Pool("a"); st.Limit != 0 {
+		t.Fatalf("a new pool of a Limited scheduler has limit %d, want 0", st.Limit)
+	}
+	f.setLimit("a", 60)
+	if err := f.b.Reconfigure(fleet([]admission.PoolConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
+		map[string][]string{"q": {"a", "b"}}, admission.Config{})); err != nil {
+		t.Fatal(err)
+	}
+	for pool, want := range map[string]int64{"a": 60, "b": 0} {
+		if st, _ := f.b.Pool(pool); st.Limit != want {
+			t.Errorf("after Reconfigure: pool %q limit %d, want %d", pool, st.Limit, want)
+		}
+	}
+}

@@ -1,0 +1,198 @@
+package gateway
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvgate/kvgate/kvbudget"
+)
+
+// SharedBudgetConfig makes the gateway one replica of a fleet that shares
+// each GPU's budget through Redis: every replica in front of the same
+// backends leases its part of the budget there, so that together they
+// admit what the GPU holds, not that many times over. Without it (the
+// default) the budget is this process's alone. A reload cannot change it.
+type SharedBudgetConfig struct {
+	// Redis is the server keeping the leases:
+	// redis://[user:password@]host:port/db, or rediss:// for TLS.
+	// Required.
+	Redis string `yaml:"redis"`
+	// Replicas is how many gateway replicas share the budgets. While Redis
+	// is unreachable each admits at most budget / replicas (its static
+	// share), never the whole budget. Required, at least 1.
+	Replicas int `yaml:"replicas"`
+	// LeaseTTL is how long a lease lives without renewal: a replica that
+	// dies (kill -9) gives its part back after it. Renewal runs every
+	// LeaseTTL/3. Default 3s; at least 100ms.
+	LeaseTTL Duration `yaml:"lease_ttl"`
+	// Chunk is the unit in which a replica leases and gives back capacity:
+	// a percentage of each GPU's configured budget ("2%") or a size
+	// ("64MiB"). A replica leaves less than a chunk idle per GPU, and each
+	// change of its demand by a chunk costs one round trip to Redis.
+	// Default 2%: at most 2% of a GPU per replica leased but unused, and a
+	// round trip per 2% of the budget that demand moves.
+	Chunk Chunk `yaml:"chunk"`
+	// KeyPrefix namespaces the Redis keys, so that several fleets can share
+	// one Redis. Default "kvgate:".
+	KeyPrefix string `yaml:"key_prefix"`
+	// Replica names this process in the fleet, in Redis and on /status. It
+	// must be unique per running process: two processes with one name
+	// would hold one lease between them. Default hostname-pid-random.
+	Replica string `yaml:"replica"`
+	// LengthsInterval is how often the output lengths this replica learned
+	// are sent to the fleet and the others' read back. Default 2s.
+	LengthsInterval Duration `yaml:"lengths_interval"`
+
+	// redisOpts is Redis parsed.
+	redisOpts *redis.Options
+}
+
+// Defaults of the shared budget.
+const (
+	defaultLeaseTTL        = 3 * time.Second
+	minLeaseTTL            = 100 * time.Millisecond
+	defaultChunkPercent    = 2
+	defaultKeyPrefix       = "kvgate:"
+	defaultLengthsInterval = 2 * time.Second
+	minLengthsInterval     = 10 * time.Millisecond
+)
+
+// Chunk is a size or a percentage of a budget ("2%", "64MiB").
+type Chunk struct {
+	Percent float64 // > 0 for a percentage
+	Bytes   int64   // > 0 for a size
+	raw     string
+	err     error
+}
+
+// UnmarshalYAML keeps any parse error for validation.
+func (c *Chunk) UnmarshalYAML(n *yaml.Node) error {
+	c.raw = strings.TrimSpace(n.Value)
+	if p, ok := strings.CutSuffix(c.raw, "%"); ok {
+		v, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+		if err != nil || !(v > 0 && v <= 100) {
+			c.err = fmt.Errorf("%q: a percentage must be in (0%%, 100%%]", n.Value)
+			return nil
+		}
+		c.Percent = v
+		return nil
+	}
+	sz, err := kvbudget.ParseSize(c.raw)
+	switch {
+	case err != nil:
+		c.err = fmt.Errorf("%w (or a percentage of the budget, e.g. 2%%)", err)
+	case sz.Bytes <= 0:
+		c.err = fmt.Errorf("%q: must be more than 0 bytes", n.Value)
+	default:
+		c.Bytes = sz.Bytes
+	}
+	return nil
+}
+
+// of is the chunk for a budget (at least 1: in admission mode count a
+// budget is a few requests).
+func (c Chunk) of(budget int64) int64 {
+	if c.Bytes > 0 {
+		return c.Bytes
+	}
+	p := c.Percent
+	if p == 0 {
+		p = defaultChunkPercent
+	}
+	return max(1, int64(float64(budget)*p/100+0.999999))
+}
+
+func (c Chunk) String() string {
+	if c.Bytes > 0 {
+		return kvbudget.FormatBytes(c.Bytes)
+	}
+	p := c.Percent
+	if p == 0 {
+		p = defaultChunkPercent
+	}
+	return strconv.FormatFloat(p, 'g', -1, 64) + "%"
+}
+
+// validate fills the section's defaults and reports its problems through
+// bad, each with its field's path.
+func (sb *SharedBudgetConfig) validate(bad func(field, format string, a ...any)) {
+	const f = "shared_budget"
+	if sb.Redis == "" {
+		bad(f+".redis", "required (redis://host:6379/0)")
+	} else if o, err := redis.ParseURL(sb.Redis); err != nil {
+		// go-redis's message may quote the URL: never echo a password.
+		bad(f+".redis", "%s is not a redis:// or rediss:// URL of a server (redis://[user:password@]host:port/db)", redactURL(sb.Redis))
+	} else {
+		sb.redisOpts = o
+	}
+	if sb.Replicas < 1 {
+		bad(f+".replicas", "required: how many replicas share the budgets (at least 1); each falls back to budget/replicas while Redis is unreachable")
+	}
+	// duration fills d's default, or reports it bad or below least.
+	duration := func(field string, d *Duration, def, least time.Duration) {
+		switch {
+		case d.err != nil:
+			bad(field, "%v", d.err)
+		case d.D == 0:
+			d.D = def
+		case d.D < least:
+			bad(field, "%v is below %v", d.D, least)
+		}
+	}
+	duration(f+".lease_ttl", &sb.LeaseTTL, defaultLeaseTTL, minLeaseTTL)
+	if sb.Chunk.err != nil {
+		bad(f+".chunk", "%v", sb.Chunk.err)
+	}
+	if sb.KeyPrefix == "" {
+		sb.KeyPrefix = defaultKeyPrefix
+	}
+	if sb.Replica == "" {
+		sb.Replica = defaultReplica()
+	} else if strings.ContainsAny(sb.Replica, " \t\r\n") {
+		bad(f+".replica", "%q must not contain white space", sb.Replica)
+	}
+	duration(f+".lengths_interval", &sb.LengthsInterval, defaultLengthsInterval, minLengthsInterval)
+}
+
+// sameAs says whether two resolved sections describe the same fleet
+// membership (a reload keeps the running one otherwise).
+func (sb *SharedBudgetConfig) sameAs(o *SharedBudgetConfig) bool {
+	if sb == nil || o == nil {
+		return sb == o
+	}
+	return sb.Redis == o.Redis && sb.Replicas == o.Replicas && sb.LeaseTTL.D == o.LeaseTTL.D && sb.Chunk.Percent == o.Chunk.Percent &&
+		sb.Chunk.Bytes == o.Chunk.Bytes && sb.KeyPrefix == o.KeyPrefix && sb.LengthsInterval.D == o.LengthsInterval.D
+}
+
+// defaultReplica is hostname-pid-random: unique per process, and telling
+// an operator which machine and process a lease belongs to.
+func defaultReplica() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "kvgate"
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// redactURL hides a URL's password (and user) for logs, errors and
+// /status.
+func redactURL(u string) string {
+	scheme, rest, ok := strings.Cut(u, "://")
+	if !ok {
+		return "the value given"
+	}
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		rest = "***@" + rest[at+1:]
+	}
+	return scheme + "://" + rest
+}

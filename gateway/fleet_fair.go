@@ -1,0 +1,142 @@
+package gateway
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Fair shares. A lease grows only while the budget has room and goes back
+// only when it stays idle, so under saturation the first replica to lease
+// keeps what it got: with requests spread evenly by a load balancer, the
+// others would serve a fraction of what it does, and their clients would
+// wait and be shed. So the replicas also post their demand (held + queued,
+// as the pool reports it) on a board in Redis, and each computes the
+// max-min fair level L of the budget over the live demands: the largest L
+// with Σ min(demand, L) ≤ budget (none while the demands fit), rounded up
+// to whole chunks — leases move by whole chunks, and a level inside one
+// would leave a lease above it by less than a chunk, never given back. A
+// replica then admits at most L (its pool's limit is min(lease, L)) and
+// tells its lessee that it wants no more than L (queued demand is cut at
+// L − held), so a replica above L stops admitting there, drains down to it
+// as its requests finish, and its lessee gives back the idle chunks, which
+// the others, refused until then, lease; the leases, not the levels, keep
+// the sum within the budget. Nothing is revoked: fairness comes at
+// the pace requests finish. A replica that has no demand counts for
+// nothing; one that dies leaves the board with its TTL, the same as its
+// lease. While the board cannot be read the level is lifted and the lessee
+// alone bounds the pool (its fallback share when Redis is down).
+
+// fairScript posts one replica's demand on a GPU's board and returns the
+// live demands. Time is Redis's own, as for the leases.
+//
+// KEYS[1] hash replica -> "demand expiry_ms"; ARGV: replica, demand, ttl ms.
+var fairScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. string.format('%.0f', now + ttl))
+redis.call('PEXPIRE', KEYS[1], ttl)
+local out = {}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local v = all[i + 1]
+  local sep = string.find(v, ' ', 1, true)
+  if sep == nil or tonumber(string.sub(v, sep + 1)) <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    table.insert(out, string.sub(v, 1, sep - 1))
+  end
+end
+return out
+`)
+
+func (f *fleet) boardKey(gpu string) string { return f.cfg.KeyPrefix + "{" + gpu + "}:demand" }
+
+// fairLevel is the max-min fair level of budget over demands: the largest
+// L with Σ min(d, L) ≤ budget, or -1 (none) when they all fit.
+func fairLevel(budget int64, demands []int64) int64 {
+	d := slices.Clone(demands)
+	slices.Sort(d)
+	left := budget
+	for i, v := range d {
+		share := left / int64(len(d)-i)
+		if v > share {
+			return share
+		}
+		left -= v
+	}
+	return -1
+}
+
+// runFair posts this replica's demands and applies the levels every
+// period, until ctx ends.
+func (f *fleet) runFair(ctx context.Context, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, pl := range *f.byPool.Load() {
+			f.fairStep(ctx, pl)
+		}
+	}
+}
+
+// fairStep posts pl's demand and applies the level the board gives.
+func (f *fleet) fairStep(ctx context.Context, pl *poolLease) {
+	held, queued := f.sched.Demand(pl.pool)
+	budget := pl.budget.Load()
+	if b := pl.l.Stats().Budget; b > 0 && b < budget {
+		budget = b // the fleet's budget: the smallest announced
+	}
+	demand := pl.recentDemand(min(held+queued, budget))
+	cctx, cancel := context.WithTimeout(ctx, f.cfg.LeaseTTL.D/3)
+	start := time.Now()
+	v, err := fairScript.Run(cctx, f.client, []string{f.boardKey(pl.gpu)},
+		f.cfg.Replica, demand, f.cfg.LeaseTTL.D.Milliseconds()).StringSlice()
+	cancel()
+	f.rtt.observe("demand", time.Since(start), err)
+	level := int64(-1)
+	if err == nil {
+		demands := make([]int64, 0, len(v))
+		for _, s := range v {
+			if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
+				demands = append(demands, n)
+			}
+		}
+		if level = fairLevel(budget, demands); level >= 0 {
+			level = (level + pl.chunk - 1) / pl.chunk * pl.chunk
+		}
+	}
+	if pl.level.Swap(level) != level {
+		pl.apply(f.sched)
+		pl.l.Wake() // the demand it should lease for changed
+	}
+}
+
+// demandWindow is how many fair steps a demand is remembered: a replica
+// posts the largest of its last ones, so that the moment between a batch
+// finishing and its clients sending the next (a queue briefly empty) does
+// not lift the level and let another replica lease past it.
+const demandWindow = 3
+
+// recentDemand records d and returns the largest of the last demandWindow
+// demands. Only the fair-share loop calls it.
+func (pl *poolLease) recentDemand(d int64) int64 {
+	pl.recent[pl.recentAt%demandWindow] = d
+	pl.recentAt++
+	return slices.Max(pl.recent[:])
+}
+
+// leaveBoard takes this replica off pl's board (at shutdown), so that the
+// others need not wait for its entry's TTL.
+func (f *fleet) leaveBoard(ctx context.Context, pl *poolLease) {
+	_ = f.client.HDel(ctx, f.boardKey(pl.gpu), f.cfg.Replica).Err()
+}

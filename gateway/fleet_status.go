@@ -1,0 +1,99 @@
+package gateway
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+)
+
+// fleetListTimeout bounds the Redis round trip behind /status's fleet
+// view: an operator looking at a Redis outage gets the rest of the page.
+const fleetListTimeout = 500 * time.Millisecond
+
+// sharedBudgetView is /status's shared_budget: who this replica is and,
+// per GPU, its lease and the fleet's, as Redis lists it.
+type sharedBudgetView struct {
+	Replica  string      `json:"replica"`
+	Replicas int         `json:"replicas"`
+	Redis    string      `json:"redis"` // without credentials
+	LeaseTTL string      `json:"lease_ttl"`
+	Chunk    string      `json:"chunk"`
+	GPUs     []leaseView `json:"gpus"`
+}
+
+type leaseView struct {
+	GPU string `json:"gpu"`
+	// Capacity is what this replica may commit on the GPU now: its lease,
+	// or its static share (Share) in a fallback.
+	Capacity    int64 `json:"capacity_bytes"`
+	Leased      int64 `json:"leased_bytes"`
+	FleetLeased int64 `json:"fleet_leased_bytes"`
+	Budget      int64 `json:"budget_bytes"`
+	Share       int64 `json:"static_share_bytes"`
+	// FairShare is the max-min fair level of the budget over the live
+	// replicas' demands, which this replica admits no more than; absent
+	// while the demands fit the budget.
+	FairShare *int64 `json:"fair_share_bytes,omitempty"`
+	// Fallback: Redis is unreachable and the replica admits on its static
+	// share. Rejoining: back from a fallback or a lost lease, re-leasing
+	// what it holds before it grows.
+	Fallback   bool   `json:"fallback"`
+	Rejoining  bool   `json:"rejoining"`
+	Grants     uint64 `json:"grants"`
+	Denials    uint64 `json:"denials"`
+	Releases   uint64 `json:"releases"`
+	Renewals   uint64 `json:"renewals"`
+	Errors     uint64 `json:"errors"`
+	LostLeases uint64 `json:"lost_leases"`
+	LastError  string `json:"last_error,omitempty"`
+	// Fleet is every live replica's lease on the GPU, read from Redis for
+	// this page; FleetError says why it could not be.
+	Fleet      []holderView `json:"fleet"`
+	FleetError string       `json:"fleet_error,omitempty"`
+}
+
+type holderView struct {
+	Replica string `json:"replica"`
+	Self    bool   `json:"self,omitempty"`
+	Bytes   int64  `json:"leased_bytes"`
+	TTLMs   int64  `json:"ttl_ms"`
+	Budget  int64  `json:"announced_budget_bytes"`
+}
+
+// fleetStatus is /status's shared_budget; nil without one.
+func (s *Server) fleetStatus() *sharedBudgetView {
+	f := s.fleet
+	if f == nil {
+		return nil
+	}
+	sb := f.cfg
+	v := &sharedBudgetView{Replica: sb.Replica, Replicas: sb.Replicas, Redis: redactURL(sb.Redis),
+		LeaseTTL: sb.LeaseTTL.D.String(), Chunk: sb.Chunk.String(), GPUs: []leaseView{}}
+	ctx, cancel := context.WithTimeout(context.Background(), fleetListTimeout)
+	defer cancel()
+	for _, ls := range f.statuses() {
+		st := ls.stats
+		lv := leaseView{GPU: ls.gpu, Capacity: st.Capacity, Leased: st.Leased, FleetLeased: st.FleetLeased, Budget: st.Budget,
+			Share: st.Share, Fallback: st.Fallback, Rejoining: st.Rejoining, Grants: st.Grants, Denials: st.Denials,
+			Releases: st.Releases, Renewals: st.Renewals, Errors: st.Failures, LostLeases: st.LostLeases, Fleet: []holderView{}}
+		if ls.level >= 0 {
+			level := ls.level
+			lv.FairShare = &level
+		}
+		if st.LastError != nil {
+			lv.LastError = st.LastError.Error()
+		}
+		if fl, err := f.holders(ctx, ls.gpu); err != nil {
+			lv.FleetError = err.Error()
+		} else {
+			for _, h := range fl.Holders {
+				lv.Fleet = append(lv.Fleet, holderView{Replica: h.Replica, Self: h.Replica == sb.Replica, Bytes: h.Bytes,
+					TTLMs: h.TTL.Milliseconds(), Budget: h.Budget})
+			}
+		}
+		v.GPUs = append(v.GPUs, lv)
+	}
+	slices.SortFunc(v.GPUs, func(a, b leaseView) int { return strings.Compare(a.GPU, b.GPU) })
+	return v
+}
