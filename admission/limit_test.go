@@ -244,16 +244,7 @@ func TestSetMarginScalesTheForecastMargin(t *testing.T) {
 	for i := range 40 {
 		f.teach(1, []int{20, 400}[i%2])
 	}
-	fill := func() []*admission.Ticket {
-		var tks []*admission.Ticket
-		for {
-			tk, err := f.b.Acquire(context.Background(), admission.Request{Shape: chat(16, 1024).Shape, Deadline: t0})
-			if err != nil {
-				return tks
-			}
-			tks = append(tks, tk)
-		}
-	}
+	fill := func() []*admission.Ticket { return f.fillAtOnce(chat(16, 1024)) }
 	full := fill()
 	if st, _ := f.b.Pool(gpu); st.Margin != 1 {
 		t.Fatalf("default margin %v, want 1", st.Margin)
@@ -279,9 +270,8 @@ func TestSetMarginScalesTheForecastMargin(t *testing.T) {
 	if st, _ := f.b.Pool(gpu); st.Committed <= st.Effective {
 		t.Fatalf("the full margin again: committed %d of %d; the test needs it over", st.Committed, st.Effective)
 	}
-	if tk, err := f.b.Acquire(context.Background(), admission.Request{Shape: chat(16, 1024).Shape, Deadline: t0}); err == nil {
-		tk.Release()
-		t.Fatal("admitted over the capacity after the margin went back up")
+	if tks := fill(); len(tks) != 0 {
+		t.Fatalf("admitted %d over the capacity after the margin went back up", len(tks))
 	}
 	for _, tk := range append(full, third...) {
 		tk.Release()
