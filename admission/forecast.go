@@ -278,7 +278,7 @@ func (s *Scheduler) boundLocked(p *pool) float64 {
 	if !p.boundOK {
 		p.bound = 0
 		if p.fc.mean != nil {
-			p.bound = min(max(p.fc.peakWith(curve{}, s.set.policy.z), 0), float64(p.held))
+			p.bound = min(max(p.fc.peakWith(curve{}, s.set.policy.z*p.marginOrOne()), 0), float64(p.held))
 		}
 		p.boundOK = true
 	}
@@ -302,7 +302,7 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve) (room float64, fits 
 	}
 	// The worst case is never less safe than the forecast: with few
 	// requests the normal bound can exceed it.
-	peak := min(base.peakWith(c, s.set.policy.z), float64(satAdd64(p.held, w.weight)))
+	peak := min(base.peakWith(c, s.set.policy.z*p.marginOrOne()), float64(satAdd64(p.held, w.weight)))
 	room = float64(p.admitCap()) - peak
 	return room, room >= 0
 }

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"fmt"
+	"math"
 )
 
 // An external limit on a pool: the part of a GPU's budget this process may
@@ -158,4 +159,52 @@ func (s *Scheduler) unlockNotify() {
 	for _, name := range names {
 		s.limits.onDemand(name)
 	}
+}
+
+// SetMargin scales the safety margin of the pool's forecast (Predicted
+// only): its bound is the forecast mean plus scale × z(epsilon) standard
+// deviations. A process that runs one of k independent batches on a GPU —
+// a replica of a fleet sharing its budget — keeps ε for the GPU as a whole
+// with scale 1/√k: the deviations of independent batches add as squares,
+// so k margins of z/√k each sum to the z·√k the GPU's whole batch needs,
+// where k full margins would keep √k times too much of the GPU empty. The
+// caller sizes k from the batches' shares (see the gateway's fleet); scale
+// is clamped to [1/16, 1], 1 being the default. A lower margin dispatches
+// the waiters that now fit before it returns; a higher one revokes
+// nothing.
+func (s *Scheduler) SetMargin(pool string, scale float64) error {
+	if math.IsNaN(scale) {
+		return fmt.Errorf("admission: margin of %q: scale is NaN", pool)
+	}
+	scale = min(max(scale, minMargin), 1)
+	s.mu.Lock()
+	p := s.poolByName[pool]
+	if p == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("admission: margin: unknown pool %q", pool)
+	}
+	old := p.marginOrOne()
+	p.margin = scale
+	p.boundOK = false
+	if scale < old {
+		s.dispatchLocked()
+	} else {
+		s.checkLocked(opMargin)
+	}
+	s.unlockNotify()
+	return nil
+}
+
+// minMargin bounds SetMargin: 1/√256, a GPU shared by 256 equal batches.
+const minMargin = 1.0 / 16
+
+// opMargin names SetMargin in the invariant checks.
+const opMargin = "margin"
+
+// marginOrOne is p's margin scale; the zero value is the default, 1.
+func (p *pool) marginOrOne() float64 {
+	if p.margin == 0 {
+		return 1
+	}
+	return p.margin
 }

@@ -2,6 +2,7 @@ package admission_test
 
 import (
 	"context"
+	"math"
 	"slices"
 	"testing"
 
@@ -229,5 +230,68 @@ func TestLimitedPoolsAddedByReconfigure(t *testing.T) {
 		if st, _ := f.b.Pool(pool); st.Limit != want {
 			t.Errorf("after Reconfigure: pool %q limit %d, want %d", pool, st.Limit, want)
 		}
+	}
+}
+
+// A replica running one of k equal, independent batches on a GPU keeps the
+// GPU's ε with a margin of 1/√k: the same pool admits more at a lower
+// margin, a waiter that fits under the lower margin is admitted by
+// SetMargin itself, and raising the margin back revokes nothing.
+func TestSetMarginScalesTheForecastMargin(t *testing.T) {
+	const capacity = 40 * 1040 // 40 requests' worst case: 16-token prompt + 1024 output
+	f := newFixture(t, predicted(capacity, 20))
+	// Lengths with spread, so that the margin is a good part of the bound.
+	for i := range 40 {
+		f.teach(1, []int{20, 400}[i%2])
+	}
+	fill := func() []*admission.Ticket { return f.fillAtOnce(chat(16, 1024)) }
+	full := fill()
+	if st, _ := f.b.Pool(gpu); st.Margin != 1 {
+		t.Fatalf("default margin %v, want 1", st.Margin)
+	}
+	w := f.enqueue(context.Background(), chat(16, 1024))
+	if err := f.b.SetMargin(gpu, 1/math.Sqrt(3)); err != nil {
+		t.Fatal(err)
+	}
+	third := append(fill(), f.admitted(w))
+	t.Logf("margin 1: %d admitted; margin 1/√3: %d more", len(full), len(third))
+	if len(third) < 2 {
+		t.Fatalf("a margin of 1/√3 admitted %d more than the full one; want several", len(third))
+	}
+	st, _ := f.b.Pool(gpu)
+	if st.Margin != 1/math.Sqrt(3) || st.Committed > st.Effective {
+		t.Fatalf("after the lower margin: margin %v, committed %d of %d", st.Margin, st.Committed, st.Effective)
+	}
+	// Back to the full margin: the commitments stand over the capacity,
+	// nothing new gets in until they are back under it.
+	if err := f.b.SetMargin(gpu, 1); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := f.b.Pool(gpu); st.Committed <= st.Effective {
+		t.Fatalf("the full margin again: committed %d of %d; the test needs it over", st.Committed, st.Effective)
+	}
+	if tks := fill(); len(tks) != 0 {
+		t.Fatalf("admitted %d over the capacity after the margin went back up", len(tks))
+	}
+	for _, tk := range append(full, third...) {
+		tk.Release()
+	}
+	f.state(0, 0)
+
+	for _, tc := range []struct {
+		scale, want float64
+	}{{0, 1.0 / 16}, {-1, 1.0 / 16}, {2, 1}, {0.5, 0.5}} {
+		if err := f.b.SetMargin(gpu, tc.scale); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := f.b.Pool(gpu); st.Margin != tc.want {
+			t.Errorf("SetMargin(%v): margin %v, want %v", tc.scale, st.Margin, tc.want)
+		}
+	}
+	if err := f.b.SetMargin("nope", 0.5); err == nil {
+		t.Error("SetMargin on an unknown pool: no error")
+	}
+	if err := f.b.SetMargin(gpu, math.NaN()); err == nil {
+		t.Error("SetMargin(NaN): no error")
 	}
 }

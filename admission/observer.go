@@ -52,6 +52,9 @@ type PoolStats struct {
 	// Limit is the external cap SetLimit put on what it may commit (-1:
 	// none); admissions are measured against min(Effective, Limit).
 	Limit int64
+	// Margin is the scale of its forecast's safety margin (SetMargin; 1 by
+	// default).
+	Margin float64
 	// Held is the worst case of what is bound to it; it may exceed Effective
 	// under Predicted, and after a shrink, never through an admission under
 	// WorstCase.
@@ -132,7 +135,7 @@ func (s *Scheduler) Stats() Stats {
 	now := s.clock.Now()
 	st := Stats{Queued: s.queued, Admitted: s.atOnce, Backfilled: s.backfilled}
 	for _, p := range s.pools {
-		ps := PoolStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Held: p.held,
+		ps := PoolStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Margin: p.marginOrOne(), Held: p.held,
 			Committed: s.committedLocked(p), Charge: p.charge, Tickets: p.tickets,
 			Used: p.used, UsedKnown: p.usedKnown, Gated: s.gatedLocked(p)}
 		ps.DrainRate, ps.Releases = p.drain.rate(now)

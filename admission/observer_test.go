@@ -66,7 +66,7 @@ func TestStats(t *testing.T) {
 	want := admission.Stats{
 		Queued: 2, Admitted: 2,
 		Rejected: map[string]int64{"too_large": 0, "queue_full": 0, "queue_timeout": 0, "overloaded": 0, "tenant_quota": 0, "no_route": 0},
-		Pools: []admission.PoolStats{{Name: gpu, Capacity: 100, Effective: 100, Limit: -1, Held: 80, Committed: 80, Charge: 80,
+		Pools: []admission.PoolStats{{Name: gpu, Capacity: 100, Effective: 100, Limit: -1, Margin: 1, Held: 80, Committed: 80, Charge: 80,
 			Tickets: 2, DrainRate: 10, Releases: 1}},
 		Queues: []admission.QueueStats{{Name: "", Queued: 2, QueuedBytes: 45,
 			Classes: []admission.ClassStats{

@@ -33,6 +33,8 @@ type pool struct {
 	limited bool
 	limit   int64
 	noted   bool
+	// margin scales the forecast's safety margin (SetMargin); 0 means 1.
+	margin float64
 
 	drain drainEstimator
 	// res is the reservation the last dispatch pass left on the pool for

@@ -30,6 +30,20 @@ func (f *fixture) teach(n, length int) {
 	}
 }
 
+// fillAtOnce admits copies of r until one does not fit at once (its
+// deadline has passed, so it is refused rather than queued).
+func (f *fixture) fillAtOnce(r admission.Request) []*admission.Ticket {
+	r.Deadline = t0
+	var tks []*admission.Ticket
+	for {
+		tk, err := f.b.Acquire(context.Background(), r)
+		if err != nil {
+			return tks
+		}
+		tks = append(tks, tk)
+	}
+}
+
 // Until a queue has WarmupSamples finished sequences its requests are held
 // at their worst case; once it has learned that outputs stop early, the
 // same pool admits several times as many, while its forecast stays within
@@ -37,18 +51,7 @@ func (f *fixture) teach(n, length int) {
 func TestPredictedAdmitsByLearnedLengths(t *testing.T) {
 	const capacity = 64 * 1040 // 64 requests' worst case: 16-token prompt + 1024 output
 	f := newFixture(t, predicted(capacity, 50))
-	// fill admits requests until one does not fit at once (its deadline has
-	// passed, so it is refused rather than queued).
-	fill := func() []*admission.Ticket {
-		var tks []*admission.Ticket
-		for {
-			tk, err := f.b.Acquire(context.Background(), admission.Request{Shape: chat(16, 1024).Shape, Deadline: t0})
-			if err != nil {
-				return tks
-			}
-			tks = append(tks, tk)
-		}
-	}
+	fill := func() []*admission.Ticket { return f.fillAtOnce(chat(16, 1024)) }
 	release := func(tks []*admission.Ticket) {
 		for _, tk := range tks {
 			tk.Release()

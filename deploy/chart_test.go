@@ -195,20 +195,6 @@ func checkConfig(t *testing.T, cfg string, env []corev1.EnvVar) string {
 		return string(out), err
 	}
 	out, err := run(path)
-	if err != nil && strings.Contains(out, "field shared_budget not found") {
-		// A kvgate without the shared budget yet: check everything else,
-		// and say so. The section itself is checked against the values by
-		// TestChartSharedBudget.
-		t.Logf("this kvgate has no shared_budget section yet; checking the rest of the config without it")
-		var m map[string]any
-		if err := yaml.Unmarshal([]byte(cfg), &m); err != nil {
-			t.Fatal(err)
-		}
-		delete(m, "shared_budget")
-		b, _ := yaml.Marshal(m)
-		os.WriteFile(path, b, 0o644)
-		out, err = run(path)
-	}
 	if err != nil {
 		t.Fatalf("kvgate serve --check-config refused the rendered config: %v\n%s\n%s", err, out, cfg)
 	}

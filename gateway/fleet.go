@@ -67,6 +67,7 @@ type poolLease struct {
 	level    atomic.Int64        // the fair level (fleet_fair.go); < 0: none
 	recent   [demandWindow]int64 // the last demands posted (the fair-share loop's own)
 	recentAt int
+	margin   float64 // the forecast margin last set (the fair-share loop's own; 0: never)
 	applyMu  sync.Mutex
 	stop     context.CancelFunc
 	done     chan struct{}

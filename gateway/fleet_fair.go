@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -105,13 +106,7 @@ func (f *fleet) fairStep(ctx context.Context, pl *poolLease) {
 	f.rtt.observe("demand", time.Since(start), err)
 	level := int64(-1)
 	if err == nil {
-		demands := make([]int64, 0, len(v))
-		for _, s := range v {
-			if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
-				demands = append(demands, n)
-			}
-		}
-		if level = fairLevel(budget, demands); level >= 0 {
+		if level = fairLevel(budget, demandsAt(v, -1)); level >= 0 {
 			level = (level + pl.chunk - 1) / pl.chunk * pl.chunk
 		}
 	}
@@ -119,6 +114,52 @@ func (f *fleet) fairStep(ctx context.Context, pl *poolLease) {
 		pl.apply(f.sched)
 		pl.l.Wake() // the demand it should lease for changed
 	}
+	// The forecast's safety margin is the GPU's, shared by the replicas'
+	// independent batches; without the board (Redis unreachable) each
+	// keeps a whole one.
+	margin := 1.0
+	if err == nil {
+		margin = 1 / math.Sqrt(independentBatches(demandsAt(v, level)))
+	}
+	if margin != pl.margin {
+		pl.margin = margin
+		_ = f.sched.SetMargin(pl.pool, margin) // a pool a reload removed has none to set
+	}
+}
+
+// demandsAt is what each replica on the board runs: its demand, cut at the
+// fair level when there is one.
+func demandsAt(board []string, level int64) []int64 {
+	out := make([]int64, 0, len(board))
+	for _, s := range board {
+		if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
+			if level >= 0 {
+				n = min(n, level)
+			}
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// independentBatches is how many equal, independent batches the replicas'
+// shares of a GPU amount to for the spread of its memory: a batch's
+// standard deviation grows as the square root of its size, so k margins of
+// z/√k cover the GPU's whole batch when k = (Σ√aᵢ)² / Σaᵢ — k for k equal
+// shares, 1 when one replica runs everything. With no share known it is 1:
+// a whole margin.
+func independentBatches(shares []int64) float64 {
+	var roots, sum float64
+	for _, a := range shares {
+		if a > 0 {
+			roots += math.Sqrt(float64(a))
+			sum += float64(a)
+		}
+	}
+	if sum == 0 {
+		return 1
+	}
+	return max(1, roots*roots/sum)
 }
 
 // demandWindow is how many fair steps a demand is remembered: a replica

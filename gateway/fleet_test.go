@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -220,6 +221,11 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 			la, lb := lease(ga).Leased, lease(gb).Leased
 			return la > budget/2-2*chunk && la < budget/2+2*chunk && lb > budget/2-2*chunk && lb < budget/2+2*chunk
 		})
+		// Two like batches on one GPU: each replica's forecast keeps 1/√2
+		// of the safety margin, so that together they keep the GPU's.
+		waitFor(t, "both forecasts to keep 1/√2 of the margin", func() bool {
+			return math.Abs(onlyPool(ga).Margin-1/math.Sqrt2) < 1e-9 && math.Abs(onlyPool(gb).Margin-1/math.Sqrt2) < 1e-9
+		})
 		st := backend.Stats()
 		if st.OOMEvents != 0 || la.oom.Load()+lb.oom.Load() != 0 {
 			t.Fatalf("the backend overflowed behind two replicas sharing its budget: %d OOM events", st.OOMEvents)
@@ -244,6 +250,7 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 		// And b admits into it: more than a budget's worth minus a's
 		// lease is bound on b at once.
 		waitFor(t, "b to bind into a's part", func() bool { return onlyPool(gb).Committed > budget-held })
+		waitFor(t, "b's forecast to keep the whole margin again", func() bool { return onlyPool(gb).Margin == 1 })
 		t.Logf("after a was killed holding %d bytes: b leased %d (from %d) after %v (TTL 2s)", held, lease(gb).Leased, bBefore, took.Round(time.Millisecond))
 		lb.halt()
 		st = backend.Stats()
@@ -254,6 +261,25 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 			t.Fatalf("peak %d blocks over the pool of %d", st.PeakUsedBlocks, st.NumGPUBlocks)
 		}
 	})
+}
+
+func TestIndependentBatches(t *testing.T) {
+	for _, tc := range []struct {
+		board []string
+		level int64
+		want  float64
+	}{
+		{nil, -1, 1},
+		{[]string{"100"}, -1, 1},
+		{[]string{"100", "100", "100"}, -1, 3},
+		{[]string{"300", "500", "100"}, 100, 3},   // all cut at the level: three equal batches
+		{[]string{"900", "100"}, -1, 1.6},         // (30+10)²/1000
+		{[]string{"1000", "0", "x", "-5"}, -1, 1}, // idle and unreadable entries run nothing
+	} {
+		if got := independentBatches(demandsAt(tc.board, tc.level)); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("independentBatches(%v at level %d) = %v, want %v", tc.board, tc.level, got, tc.want)
+		}
+	}
 }
 
 func TestFairLevel(t *testing.T) {

@@ -62,6 +62,10 @@ type gpuView struct {
 	// Limit is this replica's lease under a shared budget: admissions are
 	// measured against the smaller of it and Effective.
 	Limit *int64 `json:"limit_bytes,omitempty"`
+	// MarginScale is the share of the forecast's safety margin this replica
+	// keeps: 1/√k when it runs one of k like batches on the GPU (predicted
+	// reservations under a shared budget); absent when it is 1.
+	MarginScale float64 `json:"margin_scale,omitempty"`
 }
 
 type modelQueueView struct {
@@ -172,6 +176,9 @@ func (s *Server) status() statusView {
 		if p.Limit >= 0 {
 			limit := p.Limit
 			gv.Limit = &limit
+		}
+		if p.Margin != 1 {
+			gv.MarginScale = p.Margin
 		}
 		if p.UsedKnown {
 			used := p.Used
