@@ -101,7 +101,8 @@ type PolicyConfig struct {
 	WarmupSamples int
 	// Headroom: while a pool's backend reports more than (1 − Headroom) ×
 	// its effective capacity in use, nothing new is admitted to it, whatever
-	// the forecast says. In [0, 0.5). 0 = DefaultHeadroom (0.02); negative =
+	// the forecast says (a request whose worst case fits beside everything
+	// held excepted, on a pool without a limit). In [0, 0.5). 0 = DefaultHeadroom (0.02); negative =
 	// no headroom gate.
 	Headroom float64
 }

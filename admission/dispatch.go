@@ -207,7 +207,7 @@ func (s *Scheduler) pickLocked(w *waiter) (best *pool, spare bool) {
 		if !eligible(w, r) || !w.tenant.fitsOn(p, w.charge) {
 			continue
 		}
-		room, fits := s.fitsLocked(p, w, c)
+		room, fits := s.fitsLocked(p, w, c, len(w.line.q.routes) > 1)
 		if !fits {
 			continue
 		}

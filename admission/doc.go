@@ -46,8 +46,11 @@
 // taken at the distribution of its final size throughout; one of a queue
 // still warming up (fewer than WarmupSamples), or without a Shape, at its
 // worst case. While a pool's backend reports more than (1 − Headroom) × E in
-// use, nothing new is admitted to it: the backend's own account is ground
-// truth, and Feedback widens the margin when it is exceeded.
+// use, nothing new is admitted to it on the forecast's word: the backend's
+// own account is ground truth, and Feedback widens the margin when it is
+// exceeded. A request whose worst case fits beside every worst case held
+// needs no forecast and passes the gate (it is safe whatever the report
+// says), except on a pool with a limit, whose report is the whole GPU's.
 //
 // A request's charge is what it counts for against its tenant's cap, pool
 // reservations and the drain rate: its worst case, or under Predicted the

@@ -286,14 +286,25 @@ func (s *Scheduler) boundLocked(p *pool) float64 {
 }
 
 // fitsLocked says whether w (whose curve is c under Predicted) fits p now,
-// and the room p would have left.
-func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve) (room float64, fits bool) {
+// and, when needRoom, the room p would have left.
+func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve, needRoom bool) (room float64, fits bool) {
+	worst := satAdd64(p.held, w.weight)
+	if !s.set.policy.predicted {
+		room = float64(p.admitCap()) - float64(worst)
+		return room, room >= 0
+	}
+	// Every worst case fitting beside the others' is safe whatever the
+	// forecast or the backend's report says: no forecast to compute (a
+	// fifth of the gateway's CPU against a fast backend with a budget that
+	// never fills), and no headroom gate to wait for, which would hold a
+	// request that the worst-case policy admits. Not so for a pool whose
+	// part of the GPU is a lease: the gate is what stops it when another
+	// replica's batch outgrows its forecast.
+	if !needRoom && !p.limited && worst <= p.admitCap() {
+		return 0, true
+	}
 	if s.gatedLocked(p) {
 		return 0, false
-	}
-	if !s.set.policy.predicted {
-		room = float64(p.admitCap()) - float64(p.held) - float64(w.weight)
-		return room, room >= 0
 	}
 	base := p.fc
 	if base.mean == nil {
@@ -302,7 +313,7 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve) (room float64, fits 
 	}
 	// The worst case is never less safe than the forecast: with few
 	// requests the normal bound can exceed it.
-	peak := min(base.peakWith(c, s.set.policy.z*p.marginOrOne()), float64(satAdd64(p.held, w.weight)))
+	peak := min(base.peakWith(c, s.set.policy.z*p.marginOrOne()), float64(worst))
 	room = float64(p.admitCap()) - peak
 	return room, room >= 0
 }

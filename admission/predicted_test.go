@@ -123,12 +123,23 @@ func TestPredictedOpaqueRequests(t *testing.T) {
 }
 
 // The backend's own report is ground truth: while it says the pool is
-// fuller than (1 − headroom) × capacity, nothing new gets in, whatever the
-// forecast says; when it says otherwise, the waiters go.
+// fuller than (1 − headroom) × capacity, nothing new gets in on the
+// forecast's word; when it says otherwise, the waiters go.
 func TestPredictedUsageGate(t *testing.T) {
 	f := newFixture(t, predicted(10000, 10))
 	s := f.b.Scheduler
 	f.teach(10, 100)
+	// Ten long requests: their worst cases (10 × 1040) are past the
+	// capacity, so what comes next is admitted by the forecast alone.
+	var long []*admission.Ticket
+	for range 10 {
+		long = append(long, f.acquire(chat(16, 1024)))
+	}
+	defer func() {
+		for _, tk := range long {
+			tk.Release()
+		}
+	}()
 	if err := s.SetUsage(gpu, 9900, true); err != nil { // over 98%
 		t.Fatal(err)
 	}
@@ -147,6 +158,28 @@ func TestPredictedUsageGate(t *testing.T) {
 	if err := s.SetUsage("nope", 1, true); err == nil {
 		t.Fatal("SetUsage of an unknown pool accepted")
 	}
+}
+
+// A request whose worst case fits beside every worst case held is safe
+// whatever the backend reports, as under WorstCase: the gate does not hold
+// it. A pool whose part of the GPU is a lease (a shared budget) is gated
+// all the same: the report is the whole GPU's, other replicas' forecasts
+// included.
+func TestPredictedWorstCaseFitPassesTheGate(t *testing.T) {
+	f := newFixture(t, predicted(10000, 10))
+	s := f.b.Scheduler
+	f.teach(10, 100)
+	if err := s.SetUsage(gpu, 9900, true); err != nil {
+		t.Fatal(err)
+	}
+	f.acquire(chat(16, 100)).Release()
+	f.setLimit(gpu, 10000)
+	w := f.enqueue(context.Background(), chat(16, 100))
+	if err := s.SetUsage(gpu, 5000, true); err != nil {
+		t.Fatal(err)
+	}
+	f.admitted(w).Release()
+	f.state(0, 0)
 }
 
 // Under WorstCase the backend's report closes nothing: what is held bounds

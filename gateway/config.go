@@ -121,7 +121,9 @@ type AdmissionConfig struct {
 	// held at their worst case. Default 100; negative: from the first.
 	WarmupSamples int `yaml:"warmup_samples"`
 	// Headroom: while a backend reports more than (1 − headroom) × its
-	// budget in use, nothing new is admitted to its GPU (predicted only).
+	// budget in use, nothing new is admitted to its GPU on the forecast
+	// alone (predicted only; a request whose worst case fits beside
+	// everything held still is).
 	// In [0, 0.5); 0 disables the gate. Default 0.02.
 	Headroom *float64 `yaml:"headroom"`
 	// Backfill lets requests that fit start past a head request that does
