@@ -294,9 +294,9 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve, needRoom bool) (room
 		return room, room >= 0
 	}
 	// Every worst case fitting beside the others' is safe whatever the
-	// forecast or the backend's report says: no forecast to compute (a
-	// fifth of the gateway's CPU against a fast backend with a budget that
-	// never fills), and no headroom gate to wait for, which would hold a
+	// forecast or the backend's report says: no forecast to compute (an
+	// eighth of the gateway's CPU against an instant backend with a budget
+	// that never fills), and no headroom gate to wait for, which would hold a
 	// request that the worst-case policy admits. Not so for a pool whose
 	// part of the GPU is a lease: the gate is what stops it when another
 	// replica's batch outgrows its forecast.
