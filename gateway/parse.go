@@ -512,8 +512,26 @@ func appendJSONString(dst []byte, s string) []byte {
 // wrong, or -1. Python's json, which reads the body for vLLM, refuses both;
 // fastjson lets them through, and a string copied from the body into a
 // /tokenize body or a rewritten one would carry them into invalid JSON.
+//
+// body has been parsed by fastjson, so every backslash in it is inside a
+// string, and so is every control character but JSON's whitespace: the
+// escapes are checked by jumping from backslash to backslash, and only a
+// body with a tab, newline or carriage return (pretty-printed JSON) is
+// walked string by string.
 func badString(body []byte) (int, string) {
-	if !hasControl(body) && bytes.IndexByte(body, '\\') < 0 {
+	for j := 0; ; {
+		k := bytes.IndexByte(body[j:], '\\')
+		if k < 0 {
+			break
+		}
+		i := j + k
+		n := escapeLen(body[i+1:])
+		if n == 0 {
+			return i, "invalid escape sequence in a string"
+		}
+		j = i + 1 + n
+	}
+	if !hasControl(body) {
 		return -1, ""
 	}
 	in := false
@@ -525,36 +543,33 @@ func badString(body []byte) (int, string) {
 		case c < 0x20:
 			return i, fmt.Sprintf("control character U+%04X inside a string (write it as \\u%04x)", c, c)
 		case c == '\\':
-			if !validEscape(body[i+1:]) {
-				return i, "invalid escape sequence in a string"
-			}
 			i++
 		}
 	}
 	return -1, ""
 }
 
-// validEscape reports whether esc, what follows a backslash, is one of
-// JSON's escapes.
-func validEscape(esc []byte) bool {
+// escapeLen is the length of the escape that esc, what follows a
+// backslash, starts (1, or 5 for \uXXXX), or 0 if it is none of JSON's.
+func escapeLen(esc []byte) int {
 	if len(esc) == 0 {
-		return false
+		return 0
 	}
 	switch esc[0] {
 	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-		return true
+		return 1
 	case 'u':
 		if len(esc) < 5 {
-			return false
+			return 0
 		}
 		for _, h := range esc[1:5] {
 			if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
-				return false
+				return 0
 			}
 		}
-		return true
+		return 5
 	}
-	return false
+	return 0
 }
 
 // hasControl reports whether b holds any byte below 0x20, eight bytes at a
