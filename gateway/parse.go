@@ -613,9 +613,14 @@ func rewriteBody(p *fastjson.Parser, body []byte, usage bool, maxTokens int, dro
 		if so != nil && so.Type() == fastjson.TypeObject {
 			// Keep the client's other stream options (continuous usage
 			// stats, ...).
-			raw, err := jsonscan.Member(body, "stream_options")
-			if err != nil {
-				return nil, fmt.Errorf("stream_options: %w", err)
+			var raw []byte
+			if err := jsonscan.Members(body, func(name []byte, _, value, end int) bool {
+				if keyIs(name, "stream_options") {
+					raw = body[value:end]
+				}
+				return raw == nil
+			}); err != nil || raw == nil {
+				return nil, fmt.Errorf("stream_options not found as written: %v", err)
 			}
 			if err := jsonscan.Members(raw, func(name []byte, start, _, end int) bool {
 				if !keyIs(name, "include_usage") {

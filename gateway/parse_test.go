@@ -230,6 +230,7 @@ func TestRewriteBody(t *testing.T) {
 		{`{"model":"m","\u0001\"":[1, 2],"max_tokens":2}`, false, 16, `{"max_tokens":16,"model":"m","\u0001\"":[1, 2]}`, false},
 		{` { "model" : "m\n" , "stream_options" : { "include_usage" : null , "x" : 1 } } `, true, 0, ` {"stream_options":{"include_usage":true,"x" : 1},"model" : "m\n"}`, false},
 		{`{"max_tokens":1}`, false, 16, `{"max_tokens":16}`, false},
+		{`{"model":"m","stream\u005foptions":{"x":1}}`, true, 0, `{"stream_options":{"include_usage":true,"x":1},"model":"m"}`, false},
 		{`{"max_completion_tokens":1}`, false, 0, `{}`, true},
 		{`{"model":"m","max_completion_tokens":3,"max_tokens":9}`, false, 0, `{"model":"m","max_tokens":9}`, true},
 		{`{"model":"m","max_tokens":9}`, false, 0, `{"model":"m","max_tokens":9}`, true},
