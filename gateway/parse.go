@@ -600,31 +600,37 @@ func hasControl(b []byte) bool {
 // followed max_tokens). Members are added after the opening brace and
 // removed by their bytes; every other byte stays as the client sent it (a
 // re-serialised body would re-quote keys, and fastjson's quoting is not
-// always JSON's).
-func rewriteBody(p *fastjson.Parser, body []byte, usage bool, maxTokens int, dropMaxCompletion bool) ([]byte, error) {
-	v, err := p.ParseBytes(body)
-	if err != nil {
+// always JSON's). body is one parseRequest accepted: it is read by a scan,
+// not parsed again.
+func rewriteBody(body []byte, usage bool, maxTokens int, dropMaxCompletion bool) ([]byte, error) {
+	drop := func(name []byte) bool {
+		return (usage && keyIs(name, "stream_options")) ||
+			(maxTokens > 0 && keyIs(name, "max_tokens")) ||
+			((maxTokens > 0 || dropMaxCompletion) && keyIs(name, "max_completion_tokens"))
+	}
+	// One pass over the members: the spans kept, and the stream options
+	// (an object or null: parseRequest refused anything else).
+	var kept [][2]int
+	var so []byte
+	if err := jsonscan.Members(body, func(name []byte, start, value, end int) bool {
+		if !drop(name) {
+			kept = append(kept, [2]int{start, end})
+		} else if usage && so == nil && keyIs(name, "stream_options") {
+			so = body[value:end]
+		}
+		return true
+	}); err != nil {
 		return nil, err
 	}
-	so := v.Get("stream_options")
 	var add []byte
 	if usage {
 		add = append(add, `"stream_options":{"include_usage":true`...)
-		if so != nil && so.Type() == fastjson.TypeObject {
+		if len(so) > 0 && so[0] == '{' {
 			// Keep the client's other stream options (continuous usage
 			// stats, ...).
-			var raw []byte
-			if err := jsonscan.Members(body, func(name []byte, _, value, end int) bool {
-				if keyIs(name, "stream_options") {
-					raw = body[value:end]
-				}
-				return raw == nil
-			}); err != nil || raw == nil {
-				return nil, fmt.Errorf("stream_options not found as written: %v", err)
-			}
-			if err := jsonscan.Members(raw, func(name []byte, start, _, end int) bool {
+			if err := jsonscan.Members(so, func(name []byte, start, _, end int) bool {
 				if !keyIs(name, "include_usage") {
-					add = append(append(add, ','), raw[start:end]...)
+					add = append(append(add, ','), so[start:end]...)
 				}
 				return true
 			}); err != nil {
@@ -636,27 +642,15 @@ func rewriteBody(p *fastjson.Parser, body []byte, usage bool, maxTokens int, dro
 	if maxTokens > 0 {
 		add = append(strconv.AppendInt(append(add, `"max_tokens":`...), int64(maxTokens), 10), ',')
 	}
-	drop := func(name []byte) bool {
-		return (usage && keyIs(name, "stream_options")) ||
-			(maxTokens > 0 && keyIs(name, "max_tokens")) ||
-			((maxTokens > 0 || dropMaxCompletion) && keyIs(name, "max_completion_tokens"))
-	}
 	open := bytes.IndexByte(body, '{')
 	out := append(append(make([]byte, 0, len(body)+len(add)), body[:open+1]...), add...)
-	kept := 0
-	if err := jsonscan.Members(body, func(name []byte, start, _, end int) bool {
-		if !drop(name) {
-			if kept > 0 {
-				out = append(out, ',')
-			}
-			out = append(out, body[start:end]...)
-			kept++
+	for k, m := range kept {
+		if k > 0 {
+			out = append(out, ',')
 		}
-		return true
-	}); err != nil {
-		return nil, err
+		out = append(out, body[m[0]:m[1]]...)
 	}
-	if kept == 0 && len(add) > 0 {
+	if len(kept) == 0 && len(add) > 0 {
 		out = out[:len(out)-1] // the added members' trailing comma
 	}
 	return append(out, '}'), nil

@@ -235,9 +235,8 @@ func TestRewriteBody(t *testing.T) {
 		{`{"model":"m","max_completion_tokens":3,"max_tokens":9}`, false, 0, `{"model":"m","max_tokens":9}`, true},
 		{`{"model":"m","max_tokens":9}`, false, 0, `{"model":"m","max_tokens":9}`, true},
 	}
-	var p fastjson.Parser
 	for _, tt := range tests {
-		got, err := rewriteBody(&p, []byte(tt.in), tt.usage, tt.maxTokens, tt.drop)
+		got, err := rewriteBody([]byte(tt.in), tt.usage, tt.maxTokens, tt.drop)
 		if err != nil || string(got) != tt.want {
 			t.Errorf("rewriteBody(%s, %v, %d) = %s, %v; want %s", tt.in, tt.usage, tt.maxTokens, got, err, tt.want)
 		}
@@ -299,7 +298,7 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		checkPromptTexts(t, body, r)
 		if r.stream {
-			out, err := rewriteBody(&p, body, true, 7, r.dropMaxCompletion)
+			out, err := rewriteBody(body, true, 7, r.dropMaxCompletion)
 			if err != nil || !json.Valid(out) || !strings.Contains(string(out), `"include_usage":true`) || !strings.Contains(string(out), `"max_tokens":7`) {
 				t.Fatalf("rewriteBody(%q) = %q, %v", body, out, err)
 			}

@@ -563,9 +563,7 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error) {
 	body := ctx.PostBody()
 	if usage := x.req.stream && !x.req.includeUsage; usage || x.injectMax > 0 || x.req.dropMaxCompletion {
-		p := x.s.parsers.Get()
-		b, err := rewriteBody(p, body, usage, x.injectMax, x.req.dropMaxCompletion)
-		x.s.parsers.Put(p)
+		b, err := rewriteBody(body, usage, x.injectMax, x.req.dropMaxCompletion)
 		if err != nil {
 			return nil, fmt.Errorf("rewrite body: %w", err)
 		}
