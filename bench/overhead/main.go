@@ -26,6 +26,9 @@ type options struct {
 	maxTokens, longTokens int
 	notes                 []string
 	ready                 time.Duration
+	// streamed and prompts select the rows; all of them by default.
+	streamed []bool
+	prompts  map[string]bool
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -45,6 +48,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.model, "model", "llama-3-8b", "model `name` to request")
 	fs.IntVar(&o.maxTokens, "max-tokens", 16, "output tokens per request")
 	fs.IntVar(&o.longTokens, "long-tokens", 4096, "prompt tokens of the long prompt (as the backend counts them)")
+	streamed := fs.String("streamed", "no,yes", "which rows to run: `no`, yes or no,yes (streamed or not), e.g. to profile one")
+	prompts := fs.String("prompts", "short,long", "which prompt `sizes` to run: short, long or both, comma-separated")
 	fs.DurationVar(&o.ready, "ready-timeout", 20*time.Second, "how long to wait for every target to answer before measuring")
 	freePorts := fs.Int("free-ports", 0, "print `N` free loopback TCP ports, one a line, and exit (for the script that starts the servers)")
 	fs.Func("note", "a line for the table's header (repeatable), e.g. the versions under test", func(s string) error {
@@ -60,7 +65,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *freePorts > 0 {
 		return printFreePorts(*freePorts, stdout, stderr)
 	}
-	if err := o.check(*conns); err != nil {
+	if err := o.check(*conns, *streamed, *prompts); err != nil {
 		fmt.Fprintf(stderr, "overhead: %v\n", err)
 		return 2
 	}
@@ -71,7 +76,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func (o *options) check(conns string) error {
+func (o *options) check(conns, streamed, prompts string) error {
 	for name, u := range map[string]string{"--direct": o.direct, "--nginx": o.nginx, "--kvgate": o.kvgate} {
 		if u == "" {
 			return fmt.Errorf("%s is required", name)
@@ -83,6 +88,24 @@ func (o *options) check(conns string) error {
 			return fmt.Errorf("--conns %q: want positive integers, comma-separated", conns)
 		}
 		o.conns = append(o.conns, n)
+	}
+	for _, f := range strings.Split(streamed, ",") {
+		switch strings.TrimSpace(f) {
+		case "no":
+			o.streamed = append(o.streamed, false)
+		case "yes":
+			o.streamed = append(o.streamed, true)
+		default:
+			return fmt.Errorf("--streamed %q: want no, yes or no,yes", streamed)
+		}
+	}
+	o.prompts = map[string]bool{}
+	for _, f := range strings.Split(prompts, ",") {
+		f = strings.TrimSpace(f)
+		if f != "short" && f != "long" {
+			return fmt.Errorf("--prompts %q: want short, long or short,long", prompts)
+		}
+		o.prompts[f] = true
 	}
 	switch {
 	case o.missConns < 0:
@@ -158,11 +181,14 @@ func sweep(o options, stdout, stderr io.Writer) error {
 
 	var cells []*cell
 	for _, c := range o.conns {
-		for _, stream := range []bool{false, true} {
+		for _, stream := range o.streamed {
 			for _, p := range []struct {
 				label string
 				w     workload
 			}{{"short", short}, {"long", long}} {
+				if !o.prompts[p.label] {
+					continue
+				}
 				w := p.w
 				w.stream = stream
 				cells = append(cells, &cell{conns: c, w: w, label: p.label})
@@ -174,6 +200,9 @@ func sweep(o options, stdout, stderr io.Writer) error {
 			label string
 			w     workload
 		}{{"short unique", short}, {"long unique", long}} {
+			if !o.prompts[strings.TrimSuffix(p.label, " unique")] {
+				continue
+			}
 			w := p.w
 			w.unique = true
 			cells = append(cells, &cell{conns: o.missConns, w: w, label: p.label})
