@@ -311,7 +311,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		first, err := er.next()
 		if err != nil {
 			er.release()
-			resp.Close()
+			resp.Release()
 			if errors.Is(err, io.EOF) {
 				err = errStreamTruncated
 			}
@@ -618,6 +618,7 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 // passBody relays a whole (non-streamed) answer: the backend's status and
 // body as they are, its usage read on the way for calibration and metrics.
 func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
+	defer resp.Release()
 	bp := bodyBufs.Get().(*[]byte)
 	body, err := resp.ReadInto((*bp)[:0], x.backend.MaxBody())
 	defer func() {
@@ -764,7 +765,7 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 			outcome, reason = outcomeFailed, "internal"
 		}
 		er.release()
-		resp.Close()
+		resp.Release()
 		x.finish(outcome, reason)
 	}()
 	p := x.s.parsers.Get()
