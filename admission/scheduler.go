@@ -296,7 +296,6 @@ func (s *Scheduler) acquire(ctx context.Context, r Request, into *Ticket) (*Tick
 			return nil, fmt.Errorf("admission: %w", err)
 		}
 	}
-	done := ctx.Done()
 	s.mu.Lock()
 	if into != nil && into.weight != 0 {
 		held := into.weight
@@ -318,15 +317,12 @@ func (s *Scheduler) acquire(ctx context.Context, r Request, into *Ticket) (*Tick
 	var stackW waiter
 	w := &stackW
 	s.initWaiterLocked(w, q, l, r, into)
-	if done != nil {
-		select {
-		case <-done:
-			// ctx ending has happened before the call: fail, as x/sync's
-			// semaphore does, even if the weight is free.
-			s.mu.Unlock()
-			return nil, s.canceledErr(ctx.Err(), w.event(0))
-		default:
-		}
+	// ctx ending has happened before the call: fail, as x/sync's semaphore
+	// does, even if the weight is free. Err, not Done: a request admitted at
+	// once never needs the channel, which a context may make on demand.
+	if err := ctx.Err(); err != nil {
+		s.mu.Unlock()
+		return nil, s.canceledErr(err, w.event(0))
 	}
 	if reason, limit := s.refusalLocked(w); reason != nil {
 		retry := time.Duration(0)
@@ -361,7 +357,7 @@ func (s *Scheduler) acquire(ctx context.Context, r Request, into *Ticket) (*Tick
 	}
 	hw := new(waiter)
 	*hw = *w
-	return s.enqueue(ctx, done, hw, s.clock.Now())
+	return s.enqueue(ctx, hw, s.clock.Now())
 }
 
 // refusalLocked says why w must be refused at once, if it must: it could
@@ -420,7 +416,7 @@ func (s *Scheduler) pressureNeedLocked(w *waiter) int64 {
 
 // enqueue is Acquire's slow path. Called with mu held; returns with it
 // released.
-func (s *Scheduler) enqueue(ctx context.Context, done <-chan struct{}, w *waiter, now time.Time) (*Ticket, error) {
+func (s *Scheduler) enqueue(ctx context.Context, w *waiter, now time.Time) (*Ticket, error) {
 	l := w.line
 	var deadline time.Time
 	if l.spec.timeout > 0 {
@@ -466,7 +462,7 @@ func (s *Scheduler) enqueue(ctx context.Context, done <-chan struct{}, w *waiter
 	s.dispatchLocked() // it may pass a head that does not fit, or be one
 	s.noteWaitingLocked(w)
 	s.unlockNotify()
-	return s.wait(ctx, done, w)
+	return s.wait(ctx, ctx.Done(), w)
 }
 
 // wait blocks until w is granted or refused, or ctx is done.

@@ -254,8 +254,12 @@ func (u *Upstream) MaxBody() int64 { return u.maxBody }
 // processed nothing) is retried on a fresh one. Nothing is retried once the
 // request has been written.
 func (u *Upstream) Do(ctx context.Context, req *fasthttp.Request) (*Response, error) {
-	if err := u.slots.Acquire(ctx, 1); err != nil {
-		return nil, fmt.Errorf("upstream %s: waiting for a connection: %w", u.hc.Addr, context.Cause(ctx))
+	// TryAcquire first: Acquire asks ctx for its Done channel, which a
+	// context may make on demand, even when a slot is free.
+	if !u.slots.TryAcquire(1) {
+		if err := u.slots.Acquire(ctx, 1); err != nil {
+			return nil, fmt.Errorf("upstream %s: waiting for a connection: %w", u.hc.Addr, context.Cause(ctx))
+		}
 	}
 	for attempt := 0; ; attempt++ {
 		r, retry, err := u.try(ctx, req)
