@@ -382,8 +382,12 @@ func (s *Scheduler) refusalLocked(w *waiter) (reason error, limit int64) {
 			continue
 		}
 		anyUp = true
-		if float64(s.committedLocked(p)) <= s.set.pressure*float64(p.effective) {
-			calm = true
+		// Only a sheddable request asks; the forecast's peak (what is
+		// committed) is computed only when the worst case held is over the
+		// threshold, as it never exceeds the worst case.
+		if !calm && w.line.spec.sheddable {
+			limit := s.set.pressure * float64(p.effective)
+			calm = float64(p.held) <= limit || float64(s.committedLocked(p)) <= limit
 		}
 	}
 	switch {
