@@ -289,6 +289,7 @@ func (b *Backend) get(ctx context.Context, path string, timeout time.Duration) (
 	if err != nil {
 		return 0, nil, err
 	}
+	defer r.Release()
 	data, err := r.ReadAll(16 << 20)
 	return r.Status(), data, err
 }

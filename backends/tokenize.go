@@ -30,6 +30,7 @@ func (b *Backend) tokenize(ctx context.Context, body []byte) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	defer r.Release()
 	bp := tokenizeBufs.Get().(*[]byte)
 	defer tokenizeBufs.Put(bp)
 	data, err := r.ReadInto((*bp)[:0], maxTokenizeAnswer)

@@ -120,3 +120,48 @@ func TestPredictedLearnsAndAdmitsMore(t *testing.T) {
 	t.Logf("peak %d blocks: %d requests' worth at once (the worst case allows 4)", st.PeakUsedBlocks, st.PeakUsedBlocks/one)
 	eventually(t, "everything to be released", func() bool { return held(gw) == 0 })
 }
+
+// A non-streamed answer teaches the output-length predictor from its usage
+// and its one choice's finish_reason; an answer of several choices cannot
+// (usage counts them together) and teaches nothing.
+func TestNonStreamedAnswersTeachThePredictor(t *testing.T) {
+	_, url := startSim(t, func(c *sim.Config) { c.OutputLen = "fixed:24" })
+	_, gwURL := startGateway(t, baseConfig(url, "admission: {warmup_samples: 20}\n"), Options{})
+	samples := func() float64 { return getStatus(t, gwURL).Models[0].Samples }
+	for _, c := range []struct {
+		name  string
+		body  string
+		learn bool
+	}{
+		{"one choice", `{"model":"llama-3-8b","prompt":"` + words(10) + `","max_tokens":100}`, true},
+		{"chat, one choice", `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":100}`, true},
+		{"two choices", `{"model":"llama-3-8b","prompt":"` + words(10) + `","max_tokens":100,"n":2}`, false},
+		{"cut by max_tokens", `{"model":"llama-3-8b","prompt":"` + words(10) + `","max_tokens":8}`, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := samples()
+			if r := postJSON(gwURL, pathOf(c.body), c.body); r.status != 200 {
+				t.Fatalf("%d %s", r.status, r.body)
+			}
+			if learned := samples() > before; learned != c.learn {
+				t.Errorf("learned %v (samples %g → %g), want %v", learned, before, samples(), c.learn)
+			}
+		})
+	}
+	for range 20 {
+		body := `{"model":"llama-3-8b","prompt":"` + words(10) + `","max_tokens":100}`
+		if r := postJSON(gwURL, "/v1/completions", body); r.status != 200 {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+	}
+	if q := getStatus(t, gwURL).Models[0]; !q.Predicting || q.MedianLength != 24 {
+		t.Fatalf("after 20 more answers of 24 tokens: %+v", q)
+	}
+}
+
+func pathOf(body string) string {
+	if strings.Contains(body, `"messages"`) {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}

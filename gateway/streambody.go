@@ -78,7 +78,7 @@ func (b *sseBody) Close() error {
 	case !b.started:
 		b.started = true
 		b.er.release()
-		b.resp.Close()
+		b.resp.Release()
 		b.x.finish(outcomeCanceled, "client_disconnect")
 	}
 	return nil

@@ -59,8 +59,8 @@ func (s *Server) serveTokenize(ctx *fasthttp.RequestCtx) {
 		(&apiError{status: 502, typ: typeServer, code: "upstream_error", message: fmt.Sprintf("backend %s: %v", be.Name(), err)}).write(ctx)
 		return
 	}
+	defer resp.Release()
 	body, err := resp.ReadAll(1 << 20)
-	resp.Close()
 	if err != nil {
 		(&apiError{status: 502, typ: typeServer, code: "upstream_error", message: fmt.Sprintf("backend %s: %v", be.Name(), err)}).write(ctx)
 		return
