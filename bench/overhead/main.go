@@ -18,6 +18,7 @@ import (
 
 type options struct {
 	direct, nginx, kvgate string
+	fasthttp              string // "": no floor column
 	conns                 []int
 	missConns             int
 	duration, warmup      time.Duration
@@ -34,12 +35,16 @@ type options struct {
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "floor" {
+		return runFloor(args[1:], stderr)
+	}
 	var o options
 	fs := flag.NewFlagSet("overhead", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.direct, "direct", "", "`URL` of the backend itself (required)")
 	fs.StringVar(&o.nginx, "nginx", "", "`URL` of nginx in front of it (required)")
 	fs.StringVar(&o.kvgate, "kvgate", "", "`URL` of kvgate in front of it (required)")
+	fs.StringVar(&o.fasthttp, "fasthttp", "", "`URL` of a bare fasthttp proxy in front of it (overhead floor), for the library's floor; empty: no such column")
 	conns := fs.String("conns", "1,64,256", "connection counts, comma-separated")
 	fs.IntVar(&o.missConns, "miss-conns", 64, "connections of the extra rows where every prompt is unique (no prompt cache can answer); 0 = none")
 	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured time per cell, target and round")
@@ -124,12 +129,16 @@ func (o *options) check(conns, streamed, prompts string) error {
 	return nil
 }
 
+// targetNames are the targets in the order of cell.result; the last,
+// fasthttp, only when --fasthttp is given.
+var targetNames = [...]string{"direct", "nginx", "kvgate", "fasthttp"}
+
 // cell is one row of the table.
 type cell struct {
 	conns  int
 	w      workload
-	label  string // prompt column
-	result [3]sample
+	label  string   // prompt column
+	result []sample // by target: direct, nginx, kvgate, then fasthttp if measured
 }
 
 const shortPrompt = "What is a KV cache? Answer in one line."
@@ -146,18 +155,22 @@ func sweep(o options, stdout, stderr io.Writer) error {
 		maxConns = max(maxConns, c)
 	}
 	var seq atomic.Uint64
-	var targets [3]*target
-	for i, tu := range [3][2]string{{"direct", o.direct}, {"nginx", o.nginx}, {"kvgate", o.kvgate}} {
-		t, err := newTarget(tu[0], tu[1], maxConns, &seq)
+	urls := []string{o.direct, o.nginx, o.kvgate}
+	if o.fasthttp != "" {
+		urls = append(urls, o.fasthttp)
+	}
+	var targets []*target
+	for i, u := range urls {
+		t, err := newTarget(targetNames[i], u, maxConns, &seq)
 		if err != nil {
 			return err
 		}
-		targets[i] = t
+		targets = append(targets, t)
 	}
 	started := time.Now()
 	load := loadAverage()
 
-	if err := waitReady(targets[:], o.model, o.ready); err != nil {
+	if err := waitReady(targets, o.model, o.ready); err != nil {
 		return err
 	}
 	// Size the long prompt by the backend's own count, then check that
@@ -191,7 +204,7 @@ func sweep(o options, stdout, stderr io.Writer) error {
 				}
 				w := p.w
 				w.stream = stream
-				cells = append(cells, &cell{conns: c, w: w, label: p.label})
+				cells = append(cells, &cell{conns: c, w: w, label: p.label, result: make([]sample, len(targets))})
 			}
 		}
 	}
@@ -205,10 +218,10 @@ func sweep(o options, stdout, stderr io.Writer) error {
 			}
 			w := p.w
 			w.unique = true
-			cells = append(cells, &cell{conns: o.missConns, w: w, label: p.label})
+			cells = append(cells, &cell{conns: o.missConns, w: w, label: p.label, result: make([]sample, len(targets))})
 		}
 	}
-	if err := preflight(targets[:], cells); err != nil {
+	if err := preflight(targets, cells); err != nil {
 		return err
 	}
 

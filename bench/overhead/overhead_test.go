@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -114,6 +118,8 @@ func TestFlagsAreChecked(t *testing.T) {
 		{[]string{"--nginx", "http://a:1", "--kvgate", "http://a:1"}, "--direct is required"},
 		{[]string{"--direct", "http://a:1", "--nginx", "http://a:1", "--kvgate", "http://a:1", "--conns", "1,x"}, "--conns"},
 		{[]string{"--direct", "http://a:1", "--nginx", "http://a:1", "--kvgate", "http://a:1", "--rounds", "0"}, "--rounds"},
+		{[]string{"floor", "--backend", "127.0.0.1:1"}, "--listen is required"},
+		{[]string{"floor", "--listen", "127.0.0.1:0"}, "--backend is required"},
 	} {
 		var stderr bytes.Buffer
 		if code := run(c.args, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), c.want) {
@@ -122,9 +128,10 @@ func TestFlagsAreChecked(t *testing.T) {
 	}
 }
 
-// A whole sweep, tiny, against a real simulated backend standing in for all
-// three targets: every row is printed and nothing fails.
-func TestSweepPrintsEveryRow(t *testing.T) {
+// startSim serves a simulated backend with a free engine on a loopback
+// port until the test ends, and returns its address.
+func startSim(t *testing.T) string {
+	t.Helper()
 	s, err := sim.New(sim.Config{TimeScale: 0, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -134,23 +141,224 @@ func TestSweepPrintsEveryRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	go s.Serve(ln)
-	defer s.Shutdown(context.Background())
-	url := "http://" + ln.Addr().String()
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	return ln.Addr().String()
+}
 
-	var out, stderr bytes.Buffer
-	code := run([]string{"--direct", url, "--nginx", url, "--kvgate", url, "--conns", "1,2", "--miss-conns", "2",
-		"--rounds", "1", "--duration", "20ms", "--warmup", "0s", "--long-tokens", "300", "--note", "versions here"}, &out, &stderr)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr.String())
+// startFloor serves the floor in front of backend until the test ends, and
+// returns its address.
+func startFloor(t *testing.T, backend string) string {
+	t.Helper()
+	srv := newFloor(backend)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-	table := out.String()
-	for _, want := range []string{"machine: ", "versions here", "kvgate/nginx", "short unique", "long unique"} {
-		if !strings.Contains(table, want) {
-			t.Errorf("table lacks %q:\n%s", want, table)
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown() })
+	return ln.Addr().String()
+}
+
+// A whole sweep, tiny, against a real simulated backend standing in for
+// every target (through the floor for fasthttp): every row is printed,
+// nothing fails, and the floor's columns are there exactly when it is
+// measured.
+func TestSweepPrintsEveryRow(t *testing.T) {
+	addr := startSim(t)
+	url := "http://" + addr
+	floorURL := "http://" + startFloor(t, addr)
+	floorColumns := []string{"fasthttp (a bare fasthttp reverse proxy, the library's floor)", "fasthttp/nginx", "kvgate/fasthttp"}
+	for _, c := range []struct {
+		name  string
+		extra []string
+		floor bool
+	}{
+		{"without the floor", nil, false},
+		{"with the floor", []string{"--fasthttp", floorURL}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var out, stderr bytes.Buffer
+			args := append([]string{"--direct", url, "--nginx", url, "--kvgate", url, "--conns", "1,2", "--miss-conns", "2",
+				"--rounds", "1", "--duration", "20ms", "--warmup", "0s", "--long-tokens", "300", "--note", "versions here"}, c.extra...)
+			if code := run(args, &out, &stderr); code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr.String())
+			}
+			table := out.String()
+			for _, want := range []string{"machine: ", "versions here", "kvgate/nginx", "short unique", "long unique"} {
+				if !strings.Contains(table, want) {
+					t.Errorf("table lacks %q:\n%s", want, table)
+				}
+			}
+			for _, col := range floorColumns {
+				if strings.Contains(table, col) != c.floor {
+					t.Errorf("floor measured: %v, but %q in the table: %v:\n%s", c.floor, col, !c.floor, table)
+				}
+			}
+			lines := strings.Split(table, "\n")
+			var rows int
+			for _, l := range lines {
+				if strings.HasPrefix(l, "      1  ") || strings.HasPrefix(l, "      2  ") {
+					rows++
+					// conns, stream, prompt, direct's 3, 3 per proxy, 2 ratios,
+					// and the floor's 2 ratios.
+					want := 3 + 3 + 3*2 + 2
+					if c.floor {
+						want += 3 + 2
+					}
+					if f := strings.Fields(strings.Replace(l, " unique", "_unique", 1)); len(f) != want {
+						t.Errorf("row has %d fields, want %d: %q", len(f), want, l)
+					}
+				}
+			}
+			if rows != 10 {
+				t.Errorf("want 10 rows (2 conns × 2 stream × 2 prompts + 2 unique), got %d:\n%s", rows, table)
+			}
+		})
+	}
+}
+
+// withoutIDs makes two answers of the simulator comparable: it gives every
+// request an id and a creation time of its own, and nothing else differs.
+var (
+	idField      = regexp.MustCompile(`"id":"(chat)?cmpl-[0-9a-f]+"`)
+	createdField = regexp.MustCompile(`"created":[0-9]+`)
+)
+
+func withoutIDs(b []byte) string {
+	b = idField.ReplaceAll(b, []byte(`"id":"ID"`))
+	return string(createdField.ReplaceAll(b, []byte(`"created":0`)))
+}
+
+// answer is what a client gets; the headers a relay may rightly change
+// (Date, Server, framing) are left out.
+type answer struct {
+	status      int
+	contentType string
+	sized       bool // a Content-Length, or else chunked
+	body        string
+}
+
+func post(t *testing.T, c *http.Client, addr, path, body string) answer {
+	t.Helper()
+	resp, err := c.Post("http://"+addr+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading %s: %v", path, err)
+	}
+	return answer{resp.StatusCode, resp.Header.Get("Content-Type"), resp.ContentLength >= 0, withoutIDs(b)}
+}
+
+// The floor relays the simulator's answers as they are: status, type,
+// framing and body, streamed or not, successful or not.
+func TestFloorRelaysAnswersUnchanged(t *testing.T) {
+	backend := startSim(t)
+	floor := startFloor(t, backend)
+	c := &http.Client{Transport: &http.Transport{}}
+	defer c.CloseIdleConnections()
+	chat := func(model, prompt string, stream bool) string {
+		return string(workload{model: model, prompt: prompt, maxTokens: 16, stream: stream}.body(nil, 0))
+	}
+	long := strings.Repeat(paragraph, 40)
+	for _, tc := range []struct {
+		name, path, body string
+		status           int
+		sized            bool
+	}{
+		{"non-streamed", "/v1/chat/completions", chat("llama-3-8b", shortPrompt, false), 200, true},
+		{"streamed", "/v1/chat/completions", chat("llama-3-8b", shortPrompt, true), 200, false},
+		{"long prompt", "/v1/chat/completions", chat("llama-3-8b", long, false), 200, true},
+		{"long prompt, streamed", "/v1/chat/completions", chat("llama-3-8b", long, true), 200, false},
+		{"legacy completions", "/v1/completions", `{"model":"llama-3-8b","prompt":"Say hi","max_tokens":4}`, 200, true},
+		{"unknown model", "/v1/chat/completions", chat("nope", shortPrompt, false), 404, true},
+		{"bad JSON", "/v1/chat/completions", `{"model":`, 400, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			direct := post(t, c, backend, tc.path, tc.body)
+			if direct.status != tc.status || direct.sized != tc.sized {
+				t.Fatalf("the simulator answered %d (sized: %v), the test expects %d (sized: %v): %.300s",
+					direct.status, direct.sized, tc.status, tc.sized, direct.body)
+			}
+			if got := post(t, c, floor, tc.path, tc.body); got != direct {
+				t.Errorf("through the floor:\n%+v\ndirect:\n%+v", got, direct)
+			}
+		})
+	}
+}
+
+// A stream reaches the client event by event: the first event is read
+// through the floor while the backend still holds back the rest. A floor
+// that buffered the answer would hang here.
+func TestFloorStreamsAsTheBackendWrites(t *testing.T) {
+	const first, rest = "data: {\"n\":1}\n\n", "data: {\"n\":2}\n\ndata: [DONE]\n\n"
+	gate := make(chan struct{})
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("X-Backend", "gated")
+		io.WriteString(w, first)
+		w.(http.Flusher).Flush()
+		select {
+		case <-gate:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, rest)
+	}))
+	defer backend.Close()
+	floor := startFloor(t, strings.TrimPrefix(backend.URL, "http://"))
+
+	c := &http.Client{Transport: &http.Transport{}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Post("http://"+floor+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Backend") != "gated" || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("status %d, headers %v: the backend's were not relayed", resp.StatusCode, resp.Header)
+	}
+	r := bufio.NewReader(resp.Body)
+	var got []byte
+	for !bytes.HasSuffix(got, []byte("\n\n")) {
+		b, err := r.ReadBytes('\n')
+		got = append(got, b...)
+		if err != nil {
+			t.Fatalf("after %q: %v", got, err)
 		}
 	}
-	if rows := strings.Count(table, "\n      1  ") + strings.Count(table, "\n      2  "); rows != 10 {
-		t.Errorf("want 10 rows (2 conns × 2 stream × 2 prompts + 2 unique), got %d:\n%s", rows, table)
+	if string(got) != first {
+		t.Fatalf("first event %q, want %q", got, first)
+	}
+	close(gate)
+	tail, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(tail) != rest {
+		t.Errorf("rest of the stream %q, want %q", tail, rest)
+	}
+}
+
+// A backend that cannot be reached is the proxy's failure: 502.
+func TestFloorDeadBackendIs502(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	c := &http.Client{Transport: &http.Transport{}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Post("http://"+startFloor(t, dead)+"/v1/chat/completions", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("status %d, want 502", resp.StatusCode)
 	}
 }
 

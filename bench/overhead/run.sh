@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Proxy overhead: kvgate against nginx, both in front of the same instant
-# backend (kvgate sim --time-scale 0), measured in one run. Prints one table:
-# requests/s and the latency each proxy adds over the backend alone (p50,
-# p99), and the kvgate/nginx ratios, at 1, 64 and 256 connections, streamed
-# and not, short and 4k-token prompts.
+# backend (kvgate sim --time-scale 0), measured in one run beside the floor
+# of the library kvgate is built on (a bare fasthttp reverse proxy,
+# `overhead floor`). Prints one table: requests/s and the latency each proxy
+# adds over the backend alone (p50, p99), and the kvgate/nginx,
+# fasthttp/nginx and kvgate/fasthttp ratios, at 1, 64 and 256 connections,
+# streamed and not, short and 4k-token prompts.
 #
 #   bench/overhead/run.sh [flags of the load generator, e.g. --rounds 5 --duration 3s]
 #
 # It builds kvgate and the load generator, installs nginx (Debian package)
-# when it is missing, starts the three servers on free loopback ports and
+# when it is missing, starts the four servers on free loopback ports and
 # stops them when it ends. Anything that cannot be had or started fails the
 # run: it never measures a subset.
 set -euo pipefail
@@ -50,9 +52,9 @@ trap cleanup EXIT
 echo "bench/overhead: building" >&2
 go build -o "$work/kvgate" ./cmd/kvgate
 go build -o "$work/overhead" ./bench/overhead
-mapfile -t ports < <("$work/overhead" --free-ports 3)
-[ "${#ports[@]}" -eq 3 ] || die "could not find free ports"
-sim_port=${ports[0]} nginx_port=${ports[1]} kvgate_port=${ports[2]}
+mapfile -t ports < <("$work/overhead" --free-ports 4)
+[ "${#ports[@]}" -eq 4 ] || die "could not find free ports"
+sim_port=${ports[0]} nginx_port=${ports[1]} kvgate_port=${ports[2]} floor_port=${ports[3]}
 
 # The backend: an engine that costs nothing, on a GPU large enough that 256
 # concurrent 4k-token requests never wait for KV blocks.
@@ -118,10 +120,16 @@ EOF
 "$work/kvgate" serve --config "$work/kvgate.yaml" >"$work/kvgate.log" 2>&1 &
 pids+=($!)
 
+# The floor: a bare fasthttp reverse proxy, what kvgate's library costs.
+"$work/overhead" floor --listen "127.0.0.1:$floor_port" --backend "127.0.0.1:$sim_port" >"$work/floor.log" 2>&1 &
+pids+=($!)
+
 rev=$(git describe --always --dirty 2>/dev/null || echo unknown)
+fasthttp_version=$(go list -m -f '{{.Version}}' github.com/valyala/fasthttp)
 "$work/overhead" \
 	--direct "http://127.0.0.1:$sim_port" \
 	--nginx "http://127.0.0.1:$nginx_port" \
 	--kvgate "http://127.0.0.1:$kvgate_port" \
-	--note "$(nginx -v 2>&1 | sed 's/^nginx version: //') ($(nproc) workers, keep-alive upstream, proxy_buffering off); kvgate $rev (tokenizer: backend)" \
+	--fasthttp "http://127.0.0.1:$floor_port" \
+	--note "$(nginx -v 2>&1 | sed 's/^nginx version: //') ($(nproc) workers, keep-alive upstream, proxy_buffering off); kvgate $rev (tokenizer: backend); fasthttp $fasthttp_version" \
 	"$@"

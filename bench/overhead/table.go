@@ -25,7 +25,12 @@ type header struct {
 }
 
 func writeTable(out io.Writer, h header, cells []*cell) {
-	fmt.Fprintf(out, "direct, nginx and kvgate in front of the same instant backend (kvgate sim --time-scale 0), %s\n", h.started.UTC().Format("2006-01-02 15:04 MST"))
+	floor := len(cells) > 0 && len(cells[0].result) > 3
+	if floor {
+		fmt.Fprintf(out, "direct, nginx, fasthttp (a bare fasthttp reverse proxy, the library's floor) and kvgate in front of the same instant backend (kvgate sim --time-scale 0), %s\n", h.started.UTC().Format("2006-01-02 15:04 MST"))
+	} else {
+		fmt.Fprintf(out, "direct, nginx and kvgate in front of the same instant backend (kvgate sim --time-scale 0), %s\n", h.started.UTC().Format("2006-01-02 15:04 MST"))
+	}
 	fmt.Fprintf(out, "machine: %s; load average %s before the run\n", h.machine, h.load)
 	for _, n := range h.notes {
 		fmt.Fprintln(out, n)
@@ -33,26 +38,52 @@ func writeTable(out io.Writer, h header, cells []*cell) {
 	fmt.Fprintf(out, "prompts: short %d tokens, long %d tokens; %d output tokens; %d rounds × %s measured per row and target\n",
 		h.shortTokens, h.longTokens, h.maxTokens, h.rounds, h.duration)
 	fmt.Fprintln(out, "latency to the last byte; +p50 and +p99 are the proxy's percentile minus direct's in the same row")
+	if floor {
+		fmt.Fprintln(out, "fasthttp/nginx is what the library costs against nginx; kvgate/fasthttp what the gateway's own work costs on top of it")
+	}
 	fmt.Fprintln(out)
 
+	// The proxies' blocks, by index into cell.result: nginx, the floor
+	// beside it when measured, kvgate.
+	proxies := []int{1, 2}
+	if floor {
+		proxies = []int{1, 3, 2}
+	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "\t\t\tdirect\t\t\tnginx\t\t\tkvgate\t\t\tkvgate/nginx\t\t")
-	fmt.Fprintln(tw, "conns\tstream\tprompt\treq/s\tp50\tp99\treq/s\t+p50\t+p99\treq/s\t+p50\t+p99\t+p50\treq/s\t")
+	title, cols := "\t\t\tdirect\t\t", "conns\tstream\tprompt\treq/s\tp50\tp99"
+	for _, i := range proxies {
+		title += "\t" + targetNames[i] + "\t\t"
+		cols += "\treq/s\t+p50\t+p99"
+	}
+	title += "\tkvgate/nginx\t"
+	cols += "\t+p50\treq/s"
+	if floor {
+		title += "\tfasthttp/nginx\tkvgate/fasthttp"
+		cols += "\treq/s\treq/s"
+	}
+	fmt.Fprintln(tw, title+"\t")
+	fmt.Fprintln(tw, cols+"\t")
 	for _, c := range cells {
-		d, n, k := &c.result[0], &c.result[1], &c.result[2]
+		d := &c.result[0]
 		d50, d99 := percentile(d.lat, 0.50), percentile(d.lat, 0.99)
-		n50, n99 := percentile(n.lat, 0.50)-d50, percentile(n.lat, 0.99)-d99
-		k50, k99 := percentile(k.lat, 0.50)-d50, percentile(k.lat, 0.99)-d99
 		stream := "no"
 		if c.w.stream {
 			stream = "yes"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%.0f\t%s\t%s\t%.0f\t%s\t%s\t%.0f\t%s\t%s\t%s\t%s\t\n",
-			c.conns, stream, c.label,
-			d.rps(), fmtDur(d50), fmtDur(d99),
-			n.rps(), fmtDur(n50), fmtDur(n99),
-			k.rps(), fmtDur(k50), fmtDur(k99),
-			ratio(float64(k50), float64(n50)), ratio(k.rps(), n.rps()))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%.0f\t%s\t%s", c.conns, stream, c.label, d.rps(), fmtDur(d50), fmtDur(d99))
+		added := make([]time.Duration, len(c.result)) // +p50 by target
+		for _, i := range proxies {
+			s := &c.result[i]
+			added[i] = percentile(s.lat, 0.50) - d50
+			fmt.Fprintf(tw, "\t%.0f\t%s\t%s", s.rps(), fmtDur(added[i]), fmtDur(percentile(s.lat, 0.99)-d99))
+		}
+		n, k := &c.result[1], &c.result[2]
+		fmt.Fprintf(tw, "\t%s\t%s", ratio(float64(added[2]), float64(added[1])), ratio(k.rps(), n.rps()))
+		if floor {
+			f := &c.result[3]
+			fmt.Fprintf(tw, "\t%s\t%s", ratio(f.rps(), n.rps()), ratio(k.rps(), f.rps()))
+		}
+		fmt.Fprintln(tw, "\t")
 	}
 	tw.Flush()
 }
