@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bufio"
-	"bytes"
 	"io"
 	"sync"
 
@@ -95,19 +94,34 @@ func (b *sseBody) Close() error {
 // repeated "choices" — answers false and is parsed.
 func tokenOfChoice0(data []byte) bool {
 	s := eventScan{b: data}
+	if !s.eat('{') {
+		return false
+	}
 	choices := 0
-	return s.object(func(key []byte) bool {
+	for more := !s.eat('}'); more; {
+		key, ok := s.key()
+		if !ok {
+			return false
+		}
 		switch string(key) {
 		case "choices":
 			choices++
-			return choices == 1 && s.choice0()
+			ok = choices == 1 && s.choice0()
 		case "usage":
-			return s.null()
+			ok = s.null()
 		case "error":
+			ok = false
+		default:
+			ok = s.skip()
+		}
+		if !ok {
 			return false
 		}
-		return s.skip()
-	}) && choices == 1 && s.end()
+		if more, ok = s.next('}'); !ok {
+			return false
+		}
+	}
+	return choices == 1 && s.end()
 }
 
 // eventScan walks an SSE event's JSON by hand for tokenOfChoice0; every
@@ -151,24 +165,6 @@ func (s *eventScan) next(c byte) (more, ok bool) {
 	return false, false
 }
 
-// object consumes an object, handing each member's name to member, which
-// consumes its value.
-func (s *eventScan) object(member func(key []byte) bool) bool {
-	if !s.eat('{') {
-		return false
-	}
-	for more := !s.eat('}'); more; {
-		key, ok := s.key()
-		if !ok || !member(key) {
-			return false
-		}
-		if more, ok = s.next('}'); !ok {
-			return false
-		}
-	}
-	return true
-}
-
 // key consumes a member's name and its colon; a name with escapes is
 // refused.
 func (s *eventScan) key() ([]byte, bool) {
@@ -176,16 +172,20 @@ func (s *eventScan) key() ([]byte, bool) {
 	if s.i >= len(s.b) || s.b[s.i] != '"' {
 		return nil, false
 	}
+	// Names are short: a byte loop finds the closing quote (and refuses
+	// an escape) sooner than two IndexByte calls would.
 	start := s.i + 1
-	end := bytes.IndexByte(s.b[start:], '"')
-	if end < 0 {
+	end := start
+	for ; end < len(s.b) && s.b[end] != '"'; end++ {
+		if s.b[end] == '\\' {
+			return nil, false
+		}
+	}
+	if end >= len(s.b) {
 		return nil, false
 	}
-	name := s.b[start : start+end]
-	if bytes.IndexByte(name, '\\') >= 0 {
-		return nil, false
-	}
-	s.i = start + end + 1
+	name := s.b[start:end]
+	s.i = end + 1
 	s.space()
 	if s.i >= len(s.b) || s.b[s.i] != ':' {
 		return nil, false
@@ -216,30 +216,40 @@ func (s *eventScan) text() bool { v, ok := s.value(); return ok && len(v) > 2 &&
 func (s *eventScan) end() bool { s.space(); return s.i == len(s.b) }
 
 // choice0 consumes a choices array of one choice, of index 0, with text
-// and no finish_reason.
+// and no finish_reason. Its loops are written out, not shared through a
+// callback: it runs for nearly every event of every stream.
 func (s *eventScan) choice0() bool {
-	if !s.eat('[') {
+	if !s.eat('[') || !s.eat('{') {
 		return false
 	}
 	index, text := false, false
-	if !s.object(func(key []byte) bool {
+	for more := !s.eat('}'); more; {
+		key, ok := s.key()
+		if !ok {
+			return false
+		}
 		switch string(key) {
 		case "index":
-			v, ok := s.value()
-			index = ok && string(v) == "0"
-			return index
+			v, vok := s.value()
+			index = vok && string(v) == "0"
+			ok = index
 		case "delta":
 			text = s.contentOnly()
-			return text
+			ok = text
 		case "text":
 			text = s.text()
-			return text
+			ok = text
 		case "logprobs", "finish_reason":
-			return s.null()
+			ok = s.null()
+		default:
+			ok = s.skip()
 		}
-		return s.skip()
-	}) {
-		return false
+		if !ok {
+			return false
+		}
+		if more, ok = s.next('}'); !ok {
+			return false
+		}
 	}
 	more, ok := s.next(']')
 	return ok && !more && index && text
@@ -248,17 +258,29 @@ func (s *eventScan) choice0() bool {
 // contentOnly consumes a delta with a non-empty content and nothing else
 // but nulls (no role, no tool calls).
 func (s *eventScan) contentOnly() bool {
+	if !s.eat('{') {
+		return false
+	}
 	content := false
-	return s.object(func(key []byte) bool {
-		if string(key) != "content" {
-			return s.null()
-		}
-		if content {
+	for more := !s.eat('}'); more; {
+		key, ok := s.key()
+		if !ok {
 			return false
 		}
-		content = s.text()
-		return content
-	}) && content
+		if string(key) != "content" {
+			ok = s.null()
+		} else {
+			ok = !content && s.text()
+			content = true
+		}
+		if !ok {
+			return false
+		}
+		if more, ok = s.next('}'); !ok {
+			return false
+		}
+	}
+	return content
 }
 
 type countWriter struct {
