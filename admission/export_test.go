@@ -64,6 +64,9 @@ func (s *Scheduler) invariantsLocked(op string) error {
 				if !t.fc.set {
 					bad("ticket %v has no forecast under Predicted", t)
 				} else {
+					if k := pastExtent(t.fc); k >= 0 {
+						bad("ticket %v forecast has point %d non-zero past its extent %d", t, k, t.fc.n)
+					}
 					want.add(t.fc, 1)
 				}
 			}
@@ -76,6 +79,9 @@ func (s *Scheduler) invariantsLocked(op string) error {
 			bad("tenants hold %d on %q, its tickets %d", tenantCharge[p], p.name, p.charge)
 		}
 		if s.set.policy.predicted && p.fc.mean != nil {
+			if k := pastExtent(p.fc); k >= 0 {
+				bad("pool %q forecast has point %d non-zero past its extent %d", p.name, k, p.fc.n)
+			}
 			for k := range want.mean {
 				if d := math.Abs(want.mean[k] - p.fc.mean[k]); d > 1e-6*max(1, math.Abs(want.mean[k])) {
 					bad("pool %q forecast mean[%d] %v, its tickets sum to %v", p.name, k, p.fc.mean[k], want.mean[k])
@@ -172,4 +178,15 @@ func Passes(s *Scheduler) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pass
+}
+
+// pastExtent is the first point of c at or past its extent that is not
+// zero, or -1: every operation on a curve stops at its extent.
+func pastExtent(c curve) int {
+	for k := c.n; k < len(c.mean); k++ {
+		if c.mean[k] != 0 || c.vari[k] != 0 || c.hi[k] != 0 {
+			return k
+		}
+	}
+	return -1
 }

@@ -19,9 +19,13 @@ import (
 // variance of the bytes held, and hi, what they would be if every request
 // still running were alive (none finishing before its cap): a hard bound
 // that the normal bound, with few large requests, can exceed. set says it
-// has been added to its pool's (tickets only).
+// has been added to its pool's (tickets only). Every point from n on is
+// zero: a request has ended by some point of the grid (a short one within
+// its first few), and what is added, taken away, copied or searched stops
+// there. Zeros added are exact, so the extent changes no sum.
 type curve struct {
 	mean, vari, hi []float64
+	n              int
 	set            bool
 }
 
@@ -29,25 +33,47 @@ func newCurve() curve {
 	return curve{mean: make([]float64, predict.GridLen), vari: make([]float64, predict.GridLen), hi: make([]float64, predict.GridLen)}
 }
 
-func (c curve) zero() {
-	clear(c.mean)
-	clear(c.vari)
-	clear(c.hi)
+func (c *curve) zero() {
+	clear(c.mean[:c.n])
+	clear(c.vari[:c.n])
+	clear(c.hi[:c.n])
+	c.n = 0
 }
 
-func (c curve) add(o curve, sign float64) {
-	for k := range c.mean {
-		c.mean[k] += sign * o.mean[k]
-		c.vari[k] += sign * o.vari[k]
-		c.hi[k] += sign * o.hi[k]
+// extend notes that points below n may now be non-zero.
+func (c *curve) extend(n int) { c.n = max(c.n, n) }
+
+func (c *curve) add(o curve, sign float64) {
+	n := o.n
+	mean, vari, hi := c.mean[:n], c.vari[:n], c.hi[:n]
+	om, ov, oh := o.mean[:n], o.vari[:n], o.hi[:n]
+	for k := range mean {
+		mean[k] += sign * om[k]
+		vari[k] += sign * ov[k]
+		hi[k] += sign * oh[k]
 	}
+	c.extend(n)
+}
+
+// copyFrom makes c equal to o.
+func (c *curve) copyFrom(o curve) {
+	c.zero()
+	copy(c.mean, o.mean[:o.n])
+	copy(c.vari, o.vari[:o.n])
+	copy(c.hi, o.hi[:o.n])
+	c.n = o.n
 }
 
 // peakWith is the peak over the future of c + o (o may be the zero curve):
-// at each point the smaller of mean + z·sd and the all-alive bound.
+// at each point the smaller of mean + z·sd and the all-alive bound. Past
+// both extents every point is zero.
 func (c curve) peakWith(o curve, z float64) float64 {
 	peak := math.Inf(-1)
-	for k := range c.mean {
+	n := max(c.n, o.n)
+	if n < predict.GridLen {
+		peak = 0
+	}
+	for k := range n {
 		m, v, h := c.mean[k], c.vari[k], c.hi[k]
 		if o.mean != nil {
 			m += o.mean[k]
@@ -86,13 +112,11 @@ func (s *Scheduler) forecastAddLocked(p *pool, t *Ticket) {
 	}
 	if s.freshLocked(t) {
 		// Just admitted: its curve is the one its admission computed.
-		copy(t.fc.mean, s.scratch.mean)
-		copy(t.fc.vari, s.scratch.vari)
-		copy(t.fc.hi, s.scratch.hi)
+		t.fc.copyFrom(s.scratch)
 	} else {
 		for i := range t.groups {
 			g := &t.groups[i]
-			s.groupCurveLocked(t.fc, g.Group, g.live, g.gen, t.opaque, t.lens)
+			s.groupCurveLocked(&t.fc, g.Group, g.live, g.gen, t.opaque, t.lens)
 		}
 	}
 	if len(t.groups) == 0 {
@@ -130,6 +154,7 @@ func (s *Scheduler) forecastSubLocked(p *pool, t *Ticket) {
 func (s *Scheduler) forecastChangedLocked(p *pool) {
 	p.boundOK = false
 	if p.fcOps++; p.fcOps >= rebuildEvery {
+		p.fc.n = predict.GridLen // what left may have left residues anywhere
 		p.fc.zero()
 		for t := p.first; t != nil; t = t.next {
 			if t.fc.set {
@@ -154,17 +179,18 @@ func (s *Scheduler) newCurveLocked() curve {
 // recycleCurveLocked gives t's curve arrays back for another ticket.
 func (s *Scheduler) recycleCurveLocked(t *Ticket) {
 	if t.fc.mean != nil && len(s.freeCurves) < 1024 {
-		s.freeCurves = append(s.freeCurves, curve{mean: t.fc.mean, vari: t.fc.vari, hi: t.fc.hi})
+		s.freeCurves = append(s.freeCurves, curve{mean: t.fc.mean, vari: t.fc.vari, hi: t.fc.hi, n: t.fc.n})
 	}
 	t.fc = curve{}
 }
 
-func (c curve) addConst(mean, vari, hi float64) {
+func (c *curve) addConst(mean, vari, hi float64) {
 	for k := range c.mean {
 		c.mean[k] += mean
 		c.vari[k] += vari
 		c.hi[k] += hi
 	}
+	c.n = predict.GridLen
 }
 
 // groupCurveLocked adds one group's curve to c: held at its worst case
@@ -173,7 +199,7 @@ func (c curve) addConst(mean, vari, hi float64) {
 // when it is not (opaque), its final size's distribution at every step —
 // its size never exceeds its final one, and without progress nothing tells
 // how far along it is.
-func (s *Scheduler) groupCurveLocked(c curve, g Group, live, gen int, opaque bool, lens *predict.Lengths) {
+func (s *Scheduler) groupCurveLocked(c *curve, g Group, live, gen int, opaque bool, lens *predict.Lengths) {
 	if live <= 0 {
 		return
 	}
@@ -185,8 +211,8 @@ func (s *Scheduler) groupCurveLocked(c curve, g Group, live, gen int, opaque boo
 		m, v := finalSizeMoments(g, live, lens)
 		c.addConst(m, v, worst)
 	default:
-		predict.Item{Prompt: g.Prompt, Generated: gen, Cap: g.Cap, Seqs: live, BlockTokens: g.BlockTokens,
-			BlockBytes: g.BlockBytes, Lead: forecastLead(g), Lengths: lens}.AddWithAllAlive(c.mean, c.vari, c.hi)
+		c.extend(predict.Item{Prompt: g.Prompt, Generated: gen, Cap: g.Cap, Seqs: live, BlockTokens: g.BlockTokens,
+			BlockBytes: g.BlockBytes, Lead: forecastLead(g), Lengths: lens}.AddWithAllAlive(c.mean, c.vari, c.hi))
 	}
 }
 
@@ -230,9 +256,9 @@ func finalSizeMoments(g Group, live int, lens *predict.Lengths) (mean, variance 
 // admission reads it for the charge, to choose the pool, and as the new
 // ticket's own curve.
 func (s *Scheduler) waiterCurveLocked(w *waiter) curve {
-	c := s.scratch
+	c := &s.scratch
 	if s.scratchSeq == w.seq && s.scratchLens == w.lens && s.scratchOpaque == w.opaque && w.seq != 0 {
-		return c
+		return *c
 	}
 	s.scratchSeq, s.scratchLens, s.scratchOpaque = w.seq, w.lens, w.opaque
 	c.zero()
@@ -242,7 +268,7 @@ func (s *Scheduler) waiterCurveLocked(w *waiter) curve {
 	if len(w.shape) == 0 {
 		c.addConst(float64(w.weight), 0, float64(w.weight))
 	}
-	return c
+	return *c
 }
 
 // chargeLocked is what w will count for against tenant caps, reservations
@@ -266,7 +292,7 @@ func (s *Scheduler) ticketChargeLocked(t *Ticket, weight int64) int64 {
 
 func curveCharge(c curve, weight int64) int64 {
 	m := 0.0
-	for _, v := range c.mean {
+	for _, v := range c.mean[:c.n] {
 		m = max(m, v)
 	}
 	return min(max(int64(math.Ceil(m)), 1), weight)

@@ -115,14 +115,18 @@ func (it Item) SubFrom(mean, variance []float64) { it.add(mean, variance, -1) }
 // AddWithAllAlive is AddTo, and also adds to hi the item's all-alive curve:
 // what AddTo adds with Lengths nil (every sequence alive until its cap), a
 // hard bound on what it can hold that the normal bound may exceed when
-// there are few items. One pass instead of two.
-func (it Item) AddWithAllAlive(mean, variance, hi []float64) {
-	it.addCurves(mean, variance, hi[:GridLen], 1)
+// there are few items. One pass instead of two. It returns the grid
+// points it added to: the item has ended by the next one, so it adds nothing
+// there or past it, and a caller that keeps a curve's extent need not
+// visit them.
+func (it Item) AddWithAllAlive(mean, variance, hi []float64) (points int) {
+	return it.addCurves(mean, variance, hi[:GridLen], 1)
 }
 
 func (it Item) add(mean, variance []float64, sign float64) { it.addCurves(mean, variance, nil, sign) }
 
-func (it Item) addCurves(mean, variance, hi []float64, sign float64) {
+// addCurves returns the grid points it visited; past them it added nothing.
+func (it Item) addCurves(mean, variance, hi []float64, sign float64) (points int) {
 	mean, variance = mean[:GridLen], variance[:GridLen]
 	it = it.clamped()
 	g, m := it.Generated, it.Cap
@@ -149,7 +153,7 @@ func (it Item) addCurves(mean, variance, hi []float64, sign float64) {
 	for k := range GridLen {
 		t := grid[k]
 		if k > 0 && g+t >= m {
-			break
+			return k
 		}
 		p := 1.0
 		if l != nil && k > 0 && !dead {
@@ -158,7 +162,7 @@ func (it Item) addCurves(mean, variance, hi []float64, sign float64) {
 			}
 		}
 		if dead && hi == nil {
-			break
+			return k
 		}
 		gen := m
 		if k+1 < GridLen {
@@ -176,6 +180,7 @@ func (it Item) addCurves(mean, variance, hi []float64, sign float64) {
 			variance[k] += sign * n * p * (1 - p) * seq * seq
 		}
 	}
+	return GridLen
 }
 
 // Remaining is the number of steps until the item finishes at quantile q of

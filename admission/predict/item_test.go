@@ -355,9 +355,20 @@ func TestAddWithAllAliveIsBothCurves(t *testing.T) {
 		det.Lengths = nil
 		det.AddTo(wantH, scratch)
 		m, v, h := make([]float64, predict.GridLen), make([]float64, predict.GridLen), make([]float64, predict.GridLen)
-		it.AddWithAllAlive(m, v, h)
+		points := it.AddWithAllAlive(m, v, h)
 		if !reflect.DeepEqual(m, wantM) || !reflect.DeepEqual(v, wantV) || !reflect.DeepEqual(h, wantH) {
 			t.Fatalf("item %+v: AddWithAllAlive differs from AddTo", it)
+		}
+		// The points it reports are where it ends: the all-alive curve is
+		// held at every point before (it is alive there, whatever Lengths
+		// says), and nothing is added from there on.
+		if points < 1 || points > predict.GridLen {
+			t.Fatalf("item %+v: %d points", it, points)
+		}
+		for k := range predict.GridLen {
+			if touched := m[k] != 0 || v[k] != 0 || h[k] != 0; touched != (k < points) {
+				t.Fatalf("item %+v: %d points reported, point %d touched %v", it, points, k, touched)
+			}
 		}
 	}
 }
