@@ -17,7 +17,6 @@ import (
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
-	"github.com/kvgate/kvgate/internal/jsonscan"
 	"github.com/kvgate/kvgate/kvbudget"
 )
 
@@ -639,7 +638,12 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 	ctx.SetBody(body)
 	switch {
 	case status < 300:
-		x.readWhole(body)
+		p := x.s.parsers.Get()
+		if v, err := p.ParseBytes(body); err == nil {
+			x.readUsage(v.Get("usage"))
+			x.learnWhole(v)
+		}
+		x.s.parsers.Put(p)
 		x.finish(outcomeOK, "")
 	case status >= 500:
 		x.s.m.upstreamErrors.WithLabelValues(x.backend.Name(), "status").Inc()
@@ -656,57 +660,19 @@ var bodyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b
 
 const maxPooledBody = 1 << 20
 
-// wholeKeys are the members of a non-streamed answer the gateway reads.
-var wholeKeys = []string{"usage", "choices"}
-
-// readWhole reads a non-streamed answer's usage and, where there is a
-// single choice (usage counts all choices together), teaches the model's
-// output-length predictor what it generated: one pass over the answer's
-// top level and into those two members, not a parse of the whole answer
-// (its text may be most of it). An answer that is not a JSON object
-// teaches nothing.
-func (x *exchange) readWhole(body []byte) {
-	var top [2][]byte
-	if jsonscan.Lookup(body, wholeKeys, top[:]) != nil {
+// learnWhole teaches the model's output-length predictor what a
+// non-streamed answer generated: only a single choice's length is known
+// (usage counts all choices together).
+func (x *exchange) learnWhole(v *fastjson.Value) {
+	choices := v.GetArray("choices")
+	if !x.hasUsage || len(choices) != 1 || len(x.res.prompts) != 1 {
 		return
 	}
-	usage, choices := top[0], top[1]
-	if len(usage) == 0 || usage[0] != '{' {
-		return
+	if fr := choices[0].Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
+		if prompt, n, ok := x.res.finish(0, x.usage.completion); ok {
+			x.ticket.Done(prompt, n, string(fr.GetStringBytes()) == "length")
+		}
 	}
-	var counts [2][]byte
-	if jsonscan.Lookup(usage, usageKeys, counts[:]) != nil {
-		return
-	}
-	x.usage.prompt, x.usage.completion = jsonInt(counts[0]), jsonInt(counts[1])
-	x.hasUsage = true
-	if len(x.res.prompts) != 1 || len(choices) == 0 || choices[0] != '[' {
-		return
-	}
-	var only []byte
-	n := 0
-	if jsonscan.Elements(choices, func(c []byte) { only = c; n++ }) != nil || n != 1 || len(only) == 0 || only[0] != '{' {
-		return
-	}
-	fr, err := jsonscan.Member(only, "finish_reason")
-	if err != nil || len(fr) == 0 || fr[0] != '"' {
-		return
-	}
-	if prompt, gen, ok := x.res.finish(0, x.usage.completion); ok {
-		x.ticket.Done(prompt, gen, string(fr) == `"length"`)
-	}
-}
-
-var usageKeys = []string{"prompt_tokens", "completion_tokens"}
-
-// jsonInt is an integer member's value, 0 where it is not an integer (as
-// fastjson's GetInt answers).
-func jsonInt(v []byte) int {
-	n, err := strconv.Atoi(string(v))
-	if err != nil {
-		return 0
-	}
-	return n
 }
 
 func (x *exchange) readUsage(u *fastjson.Value) {
