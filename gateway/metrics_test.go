@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/valyala/fasthttp"
 
 	"github.com/kvgate/kvgate/internal/metricdoc"
 )
@@ -322,5 +325,74 @@ func TestRequestReasonsCoverTheCode(t *testing.T) {
 	})
 	if found < 10 {
 		t.Fatalf("found only %d reasons in proxy.go: the scan no longer matches the code", found)
+	}
+}
+
+// The time to the first token is observed once per request that streams
+// text, whether its events are told apart by the fast scan (one choice) or
+// parsed (several), and never for an answer that is not streamed.
+func TestTimeToFirstTokenOncePerStream(t *testing.T) {
+	_, simURL := startSim(t, nil)
+	gw, gwURL := startGateway(t, baseConfig(simURL, ""), Options{DisableProbes: true})
+	ttft := func() float64 {
+		v, ok := metricValue(t, gw, "kvgate_time_to_first_token_seconds", map[string]string{"model": "llama-3-8b"})
+		if !ok {
+			t.Fatal("no kvgate_time_to_first_token_seconds")
+		}
+		return v
+	}
+	for _, c := range []struct {
+		name, path, body string
+		want             float64
+	}{
+		{"chat, streamed", "/v1/chat/completions", `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true}`, 1},
+		{"completion, streamed", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":8,"stream":true}`, 1},
+		{"two choices, streamed", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":8,"n":2,"stream":true}`, 1},
+		{"not streamed", "/v1/chat/completions", `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":8}`, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := ttft()
+			if r := postJSON(gwURL, c.path, c.body); r.status != 200 {
+				t.Fatalf("%d %s", r.status, r.body)
+			}
+			if got := ttft() - before; got != c.want {
+				t.Errorf("observed %g times, want %g", got, c.want)
+			}
+		})
+	}
+}
+
+// The time to the first token is taken at the first token, not at the
+// stream's end: it is observed by the time the client has that token, while
+// the backend still holds the rest of the stream back.
+func TestTimeToFirstTokenAtTheFirstToken(t *testing.T) {
+	gate := make(chan struct{})
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			w.Write(cannedToken)
+			w.Flush()
+			<-gate
+			w.Write(cannedLast)
+			w.Flush()
+		})
+	}}
+	backend := serveLoopback(t, srv.Serve, srv.ShutdownWithContext)
+	cfg := strings.Replace(baseConfig(backend, ""), "tokenizer: backend", "tokenizer: estimate", 1)
+	gw, gwURL := startGateway(t, cfg, Options{DisableProbes: true})
+	defer close(gate)
+
+	resp, err := http.Post(gwURL+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || !strings.Contains(first, `"content":" one"`) {
+		t.Fatalf("first line %q: %v", first, err)
+	}
+	if n, _ := metricValue(t, gw, "kvgate_time_to_first_token_seconds", map[string]string{"model": "llama-3-8b"}); n != 1 {
+		t.Fatalf("the client has its first token, and the time to it was observed %g times", n)
 	}
 }

@@ -739,7 +739,7 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 
 	ev, err := first, error(nil)
 	for ; err == nil; ev, err = er.next() {
-		keep, failed := x.inspect(p, ev)
+		keep, failed, last := x.inspect(p, ev)
 		if failed && !done {
 			outcome, reason = outcomeFailed, "backend_stream_error"
 		}
@@ -750,13 +750,13 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 				return
 			}
 		}
-		if !done && !er.buffered() || isDone(ev) {
+		if !done && !er.buffered() || last {
 			if ferr := w.Flush(); ferr != nil && !done {
 				x.clientGone()
 				outcome, reason = outcomeCanceled, "client_disconnect"
 				return
 			}
-			if isDone(ev) && !done {
+			if last && !done {
 				done = true
 				// The backend has finished: its blocks are free already,
 				// even if its side of the stream stays open a moment.
@@ -803,26 +803,31 @@ func writeStreamError(w *bufio.Writer, e *apiError) {
 }
 
 // inspect reads one SSE event: token counts, finished choices, usage,
-// errors. keep is false for the usage-only chunk the client did not ask for.
-func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
+// errors. keep is false for the usage-only chunk the client did not ask for;
+// last says the event is the stream's terminator, [DONE].
+func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed, last bool) {
 	data := sseData(ev)
-	if data == nil || bytes.Equal(data, []byte("[DONE]")) {
-		return true, false
+	if data == nil {
+		return true, false, false
 	}
-	if x.firstTok && len(x.res.gen) == 1 && tokenOfChoice0(data) {
+	if string(data) == "[DONE]" {
+		return true, false, true
+	}
+	if len(x.res.gen) == 1 && tokenOfChoice0(data) {
 		// One token of the only choice and nothing else: counted without a
 		// parse.
+		x.firstToken()
 		if prompt, furthest, moved := x.res.token(0); moved {
 			x.ticket.Progress(prompt, furthest)
 		}
-		return true, false
+		return true, false, false
 	}
 	v, err := p.ParseBytes(data)
 	if err != nil {
-		return true, false
+		return true, false, false
 	}
 	if v.Get("error") != nil {
-		return true, true
+		return true, true, false
 	}
 	if u := v.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
 		x.readUsage(u)
@@ -830,17 +835,8 @@ func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
 	choices := v.GetArray("choices")
 	for _, c := range choices {
 		idx := c.GetInt("index")
-		if !x.firstTok {
-			content := c.GetStringBytes("delta", "content")
-			if content == nil {
-				content = c.GetStringBytes("text")
-			}
-			if len(content) > 0 {
-				x.firstTok = true
-				x.s.m.forModel(x.m.name).ttft.Observe(x.s.now().Sub(x.start).Seconds())
-			}
-		}
 		if content := c.GetStringBytes("delta", "content"); len(content) > 0 || len(c.GetStringBytes("text")) > 0 {
+			x.firstToken()
 			if prompt, furthest, moved := x.res.token(idx); moved {
 				x.ticket.Progress(prompt, furthest)
 			}
@@ -852,9 +848,17 @@ func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed bool) {
 		}
 	}
 	if len(choices) == 0 && x.hasUsage && !x.req.includeUsage {
-		return false, false
+		return false, false, false
 	}
-	return true, false
+	return true, false, false
+}
+
+// firstToken observes the time to the first token, once per request.
+func (x *exchange) firstToken() {
+	if !x.firstTok {
+		x.firstTok = true
+		x.s.m.forModel(x.m.name).ttft.Observe(x.s.now().Sub(x.start).Seconds())
+	}
 }
 
 // sseData is the payload of an event's data line(s); nil for comments and

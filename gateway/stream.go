@@ -67,7 +67,7 @@ func (er *eventReader) next() ([]byte, error) {
 			continue // a line longer than the buffer: keep collecting, bounded above
 		}
 		if err == nil {
-			if len(bytes.TrimRight(er.ev[lineStart:], "\r\n")) == 0 {
+			if blank(er.ev[lineStart:]) {
 				return er.ev, nil // a blank line ends the event
 			}
 			lineStart = len(er.ev)
@@ -88,5 +88,14 @@ func (er *eventReader) next() ([]byte, error) {
 	}
 }
 
-// isDone says whether ev is the stream's terminator.
-func isDone(ev []byte) bool { return bytes.Equal(sseData(ev), []byte("[DONE]")) }
+// blank says whether a line holds nothing but line-ending bytes: the line
+// that ends an event. (bytes.TrimRight with a cutset builds the set on
+// every call, for every line of every stream.)
+func blank(line []byte) bool {
+	for _, c := range line {
+		if c != '\r' && c != '\n' {
+			return false
+		}
+	}
+	return true
+}

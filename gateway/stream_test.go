@@ -94,3 +94,6 @@ func FuzzEventReader(f *testing.F) {
 		}
 	})
 }
+
+// isDone says whether ev is the stream's terminator.
+func isDone(ev []byte) bool { return bytes.Equal(sseData(ev), []byte("[DONE]")) }
