@@ -129,9 +129,12 @@ type Interrupter interface {
 // interruptWatch closes an exchange's connection when its context ends,
 // through the context's Interrupter or else context.AfterFunc.
 type interruptWatch struct {
-	ic          Interrupter
-	stop        func() bool
-	interrupted atomic.Bool
+	ic   Interrupter
+	stop func() bool
+	// interrupted is the AfterFunc's, allocated apart from the Response:
+	// an AfterFunc that has started may still be running when the
+	// Response is recycled for another exchange.
+	interrupted *atomic.Bool
 }
 
 func (w *interruptWatch) start(ctx context.Context, conn net.Conn) {
@@ -140,8 +143,10 @@ func (w *interruptWatch) start(ctx context.Context, conn net.Conn) {
 		ic.Interrupt(conn)
 		return
 	}
+	interrupted := new(atomic.Bool)
+	w.interrupted = interrupted
 	w.stop = context.AfterFunc(ctx, func() {
-		w.interrupted.Store(true)
+		interrupted.Store(true)
 		conn.Close()
 	})
 }

@@ -364,3 +364,23 @@ func TestUpstreamSlotWaitHonoursContext(t *testing.T) {
 		t.Errorf("gave up after %s", d)
 	}
 }
+
+// A released Response goes back to a pool while the AfterFunc watching a
+// plain context may still be running (the context ended while the answer
+// was being read, and the AfterFunc closes the connection): nothing it
+// touches may be the Response's, which the next exchange is using by then.
+// Meaningful under -race.
+func TestReleaseWhileTheContextEnds(t *testing.T) {
+	addr, _ := serve(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") })
+	u := NewUpstream(addr, UpstreamOptions{})
+	for range 50 {
+		ctx, cancel := context.WithCancel(context.Background())
+		r, err := u.Do(ctx, post(addr, "/x", "{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancel() // its AfterFunc starts, and runs beside what follows
+		r.ReadAll(1 << 10)
+		r.Release()
+	}
+}
