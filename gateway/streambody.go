@@ -94,34 +94,19 @@ func (b *sseBody) Close() error {
 // repeated "choices" — answers false and is parsed.
 func tokenOfChoice0(data []byte) bool {
 	s := eventScan{b: data}
-	if !s.eat('{') {
-		return false
-	}
 	choices := 0
-	for more := !s.eat('}'); more; {
-		key, ok := s.key()
-		if !ok {
-			return false
-		}
+	return s.object(func(key []byte) bool {
 		switch string(key) {
 		case "choices":
 			choices++
-			ok = choices == 1 && s.choice0()
+			return choices == 1 && s.choice0()
 		case "usage":
-			ok = s.null()
+			return s.null()
 		case "error":
-			ok = false
-		default:
-			ok = s.skip()
-		}
-		if !ok {
 			return false
 		}
-		if more, ok = s.next('}'); !ok {
-			return false
-		}
-	}
-	return choices == 1 && s.end()
+		return s.skip()
+	}) && choices == 1 && s.end()
 }
 
 // eventScan walks an SSE event's JSON by hand for tokenOfChoice0; every
@@ -163,6 +148,24 @@ func (s *eventScan) next(c byte) (more, ok bool) {
 		}
 	}
 	return false, false
+}
+
+// object consumes an object, handing each member's name to member, which
+// consumes its value.
+func (s *eventScan) object(member func(key []byte) bool) bool {
+	if !s.eat('{') {
+		return false
+	}
+	for more := !s.eat('}'); more; {
+		key, ok := s.key()
+		if !ok || !member(key) {
+			return false
+		}
+		if more, ok = s.next('}'); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // key consumes a member's name and its colon; a name with escapes is
@@ -216,40 +219,30 @@ func (s *eventScan) text() bool { v, ok := s.value(); return ok && len(v) > 2 &&
 func (s *eventScan) end() bool { s.space(); return s.i == len(s.b) }
 
 // choice0 consumes a choices array of one choice, of index 0, with text
-// and no finish_reason. Its loops are written out, not shared through a
-// callback: it runs for nearly every event of every stream.
+// and no finish_reason.
 func (s *eventScan) choice0() bool {
-	if !s.eat('[') || !s.eat('{') {
+	if !s.eat('[') {
 		return false
 	}
 	index, text := false, false
-	for more := !s.eat('}'); more; {
-		key, ok := s.key()
-		if !ok {
-			return false
-		}
+	if !s.object(func(key []byte) bool {
 		switch string(key) {
 		case "index":
-			v, vok := s.value()
-			index = vok && string(v) == "0"
-			ok = index
+			v, ok := s.value()
+			index = ok && string(v) == "0"
+			return index
 		case "delta":
 			text = s.contentOnly()
-			ok = text
+			return text
 		case "text":
 			text = s.text()
-			ok = text
+			return text
 		case "logprobs", "finish_reason":
-			ok = s.null()
-		default:
-			ok = s.skip()
+			return s.null()
 		}
-		if !ok {
-			return false
-		}
-		if more, ok = s.next('}'); !ok {
-			return false
-		}
+		return s.skip()
+	}) {
+		return false
 	}
 	more, ok := s.next(']')
 	return ok && !more && index && text
@@ -258,29 +251,17 @@ func (s *eventScan) choice0() bool {
 // contentOnly consumes a delta with a non-empty content and nothing else
 // but nulls (no role, no tool calls).
 func (s *eventScan) contentOnly() bool {
-	if !s.eat('{') {
-		return false
-	}
 	content := false
-	for more := !s.eat('}'); more; {
-		key, ok := s.key()
-		if !ok {
-			return false
-		}
+	return s.object(func(key []byte) bool {
 		if string(key) != "content" {
-			ok = s.null()
-		} else {
-			ok = !content && s.text()
-			content = true
+			return s.null()
 		}
-		if !ok {
+		if content {
 			return false
 		}
-		if more, ok = s.next('}'); !ok {
-			return false
-		}
-	}
-	return content
+		content = s.text()
+		return content
+	}) && content
 }
 
 type countWriter struct {
