@@ -236,23 +236,16 @@ func (m *model) promptSources() []string {
 // against the backend's usage.
 func (x *exchange) tokenizeCached(be **backends.Backend, i int) (int, error) {
 	c := x.m.tokens
-	if c == nil {
-		if err := x.pickTokenizer(be); err != nil {
-			return 0, err
+	var k tokenKey
+	if c != nil {
+		k = c.key(x.req, i)
+		if n, ok := c.get(k); ok {
+			x.noteSource(sourceCache)
+			if len(x.req.shapes) == 1 {
+				x.cacheHit, x.cacheKey, x.cacheCount = true, k, n
+			}
+			return n, nil
 		}
-		n, err := (*be).Tokenize(x.ctx, tokenizeBody(nil, x.req, i))
-		if err == nil {
-			x.noteSource(sourceBackend)
-		}
-		return n, err
-	}
-	k := c.key(x.req, i)
-	if n, ok := c.get(k); ok {
-		x.noteSource(sourceCache)
-		if len(x.req.shapes) == 1 {
-			x.cacheHit, x.cacheKey, x.cacheCount = true, k, n
-		}
-		return n, nil
 	}
 	if err := x.pickTokenizer(be); err != nil {
 		return 0, err
@@ -262,7 +255,9 @@ func (x *exchange) tokenizeCached(be **backends.Backend, i int) (int, error) {
 		return 0, err
 	}
 	x.noteSource(sourceBackend)
-	c.put(k, n)
+	if c != nil {
+		c.put(k, n)
+	}
 	return n, nil
 }
 
