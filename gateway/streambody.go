@@ -116,11 +116,7 @@ type eventScan struct {
 	i int
 }
 
-func (s *eventScan) space() {
-	for s.i < len(s.b) && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
-		s.i++
-	}
-}
+func (s *eventScan) space() { s.i = jsonscan.SkipSpace(s.b, s.i) }
 
 // eat consumes c if it comes next after any space: an opening bracket, or
 // the closing one of an empty object.
@@ -136,18 +132,8 @@ func (s *eventScan) eat(c byte) bool {
 // next consumes what follows a member or element: a comma (more) or the
 // closing c.
 func (s *eventScan) next(c byte) (more, ok bool) {
-	s.space()
-	if s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-			return true, true
-		case c:
-			s.i++
-			return false, true
-		}
-	}
-	return false, false
+	s.i, more, ok = jsonscan.After(s.b, s.i, c)
+	return more, ok
 }
 
 // object consumes an object, handing each member's name to member, which

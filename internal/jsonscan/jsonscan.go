@@ -68,15 +68,14 @@ func Members(data []byte, fn func(name []byte, start, value, end int) bool) erro
 		if !fn(name, start, i, end) {
 			return nil
 		}
-		i = skipSpace(data, end)
-		switch {
-		case i < len(data) && data[i] == ',':
-			i = skipSpace(data, i+1)
-		case i < len(data) && data[i] == '}':
-			return nil
-		default:
-			return fmt.Errorf("malformed JSON at byte %d", i)
+		next, more, ok := After(data, end, '}')
+		if !ok {
+			return fmt.Errorf("malformed JSON at byte %d", next)
 		}
+		if !more {
+			return nil
+		}
+		i = skipSpace(data, next)
 	}
 	return errors.New("truncated JSON")
 }
@@ -128,15 +127,14 @@ func Elements(data []byte, fn func(value []byte)) error {
 			return err
 		}
 		fn(data[i:end])
-		i = skipSpace(data, end)
-		switch {
-		case i < len(data) && data[i] == ',':
-			i = skipSpace(data, i+1)
-		case i < len(data) && data[i] == ']':
-			return nil
-		default:
-			return fmt.Errorf("malformed JSON at byte %d", i)
+		next, more, ok := After(data, end, ']')
+		if !ok {
+			return fmt.Errorf("malformed JSON at byte %d", next)
 		}
+		if !more {
+			return nil
+		}
+		i = skipSpace(data, next)
 	}
 	return errors.New("truncated JSON")
 }
@@ -145,6 +143,27 @@ func Elements(data []byte, fn func(value []byte)) error {
 // data[i], checking only as much as it needs to find its end: for a
 // scanner of its own that walks a document's known shape.
 func Skip(data []byte, i int) (int, error) { return skipValue(data, i) }
+
+// After reads what follows a member or element that ends at data[end], in
+// an object or array that closes with close: a comma (more follows) or
+// close itself, after any space. next is the index past it, or of the
+// unexpected byte when ok is false.
+func After(data []byte, end int, close byte) (next int, more, ok bool) {
+	i := skipSpace(data, end)
+	if i < len(data) {
+		switch data[i] {
+		case ',':
+			return i + 1, true, true
+		case close:
+			return i + 1, false, true
+		}
+	}
+	return i, false, false
+}
+
+// SkipSpace returns the index of the first byte at or after i that is not
+// JSON whitespace.
+func SkipSpace(data []byte, i int) int { return skipSpace(data, i) }
 
 func skipSpace(data []byte, i int) int {
 	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
