@@ -610,7 +610,8 @@ func rewriteBody(body []byte, usage bool, maxTokens int, dropMaxCompletion bool)
 	}
 	// One pass over the members: the spans kept, and the stream options
 	// (an object or null: parseRequest refused anything else).
-	var kept [][2]int
+	var keptBuf [16][2]int // a request has a few members: no allocation for their spans
+	kept := keptBuf[:0]
 	var so []byte
 	if err := jsonscan.Members(body, func(name []byte, start, value, end int) bool {
 		if !drop(name) {
@@ -622,7 +623,8 @@ func rewriteBody(body []byte, usage bool, maxTokens int, dropMaxCompletion bool)
 	}); err != nil {
 		return nil, err
 	}
-	var add []byte
+	var addBuf [128]byte // the members added, before they are copied into out
+	add := addBuf[:0]
 	if usage {
 		add = append(add, `"stream_options":{"include_usage":true`...)
 		if len(so) > 0 && so[0] == '{' {
