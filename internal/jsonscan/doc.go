@@ -10,7 +10,7 @@
 // every document a JSON parser accepts it finds the same values (its fuzz
 // tests check this against fastjson). Keys are compared as written; where
 // a key written with escapes could make it miss what a parser finds,
-// Members says so (ErrEscapedKey). Skip, SkipSpace and After are the steps
+// Lookup says so (ErrEscapedKey). Skip, SkipSpace and After are the steps
 // its walks are made of, for a scanner of its own that walks a document's
 // known shape (the relay's test for a token event).
 package jsonscan
