@@ -169,10 +169,19 @@ func BenchmarkUncontendedRatio(b *testing.B) {
 // pool, under each policy: what the gateway pays per request.
 func BenchmarkShapedAcquireRelease(b *testing.B) {
 	ctx := context.Background()
-	r := admission.Request{Shape: []admission.Group{{Prompt: 256, Cap: 1024, Seqs: 1, BlockTokens: 16, BlockBytes: 128 << 10}}}
-	for _, policy := range []string{admission.WorstCase, admission.Predicted} {
-		b.Run(policy, func(b *testing.B) {
-			s := newBenchScheduler(b, 1<<40, policy)
+	shape := []admission.Group{{Prompt: 256, Cap: 1024, Seqs: 1, BlockTokens: 16, BlockBytes: 128 << 10}}
+	// opaque is a non-streamed request: no progress until it is done.
+	for _, bc := range []struct {
+		policy string
+		opaque bool
+	}{{admission.WorstCase, false}, {admission.Predicted, false}, {admission.Predicted, true}} {
+		name := bc.policy
+		if bc.opaque {
+			name += "_opaque"
+		}
+		r := admission.Request{Shape: shape, Opaque: bc.opaque}
+		b.Run(name, func(b *testing.B) {
+			s := newBenchScheduler(b, 1<<40, bc.policy)
 			for i := range 1000 { // a learned distribution
 				tk, err := s.Acquire(ctx, r)
 				if err != nil {
@@ -186,7 +195,9 @@ func BenchmarkShapedAcquireRelease(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				tk.Progress(0, 100)
+				if !bc.opaque {
+					tk.Progress(0, 100)
+				}
 				running = append(running, tk)
 			}
 			var tk admission.Ticket
@@ -195,7 +206,7 @@ func BenchmarkShapedAcquireRelease(b *testing.B) {
 				if err := s.AcquireTicket(ctx, r, &tk); err != nil {
 					b.Fatal(err)
 				}
-				for g := 16; g <= 64; g += 16 {
+				for g := 16; g <= 64 && !bc.opaque; g += 16 {
 					tk.Progress(0, g)
 				}
 				tk.Done(0, 70, false)

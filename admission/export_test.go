@@ -83,8 +83,9 @@ func (s *Scheduler) invariantsLocked(op string) error {
 				bad("pool %q forecast has point %d non-zero past its extent %d", p.name, k, p.fc.n)
 			}
 			for k := range want.mean {
-				if d := math.Abs(want.mean[k] - p.fc.mean[k]); d > 1e-6*max(1, math.Abs(want.mean[k])) {
-					bad("pool %q forecast mean[%d] %v, its tickets sum to %v", p.name, k, p.fc.mean[k], want.mean[k])
+				w, got := want.at(k), p.fc.at(k)
+				if d := math.Abs(w.mean - got.mean); d > 1e-6*max(1, math.Abs(w.mean)) {
+					bad("pool %q forecast mean[%d] %v, its tickets sum to %v", p.name, k, got.mean, w.mean)
 					break
 				}
 			}

@@ -23,10 +23,35 @@ import (
 // zero: a request has ended by some point of the grid (a short one within
 // its first few), and what is added, taken away, copied or searched stops
 // there. Zeros added are exact, so the extent changes no sum.
+//
+// flat is added to every point of the grid, from n on too. A request
+// without a predictor, or an opaque one, is held the same at every step:
+// kept apart, its curve costs nothing per point to make, add, take away or
+// search, where spelled out over the grid it was most of an admission's
+// work for a non-streamed request.
 type curve struct {
 	mean, vari, hi []float64
 	n              int
+	flat           point
 	set            bool
+}
+
+// point is a curve's value at one step.
+type point struct{ mean, vari, hi float64 }
+
+func (p *point) add(o point, sign float64) {
+	p.mean += sign * o.mean
+	p.vari += sign * o.vari
+	p.hi += sign * o.hi
+}
+
+// at is c's value at point k.
+func (c *curve) at(k int) point {
+	p := c.flat
+	if k < c.n {
+		p.add(point{c.mean[k], c.vari[k], c.hi[k]}, 1)
+	}
+	return p
 }
 
 func newCurve() curve {
@@ -38,6 +63,7 @@ func (c *curve) zero() {
 	clear(c.vari[:c.n])
 	clear(c.hi[:c.n])
 	c.n = 0
+	c.flat = point{}
 }
 
 // extend notes that points below n may now be non-zero.
@@ -53,6 +79,7 @@ func (c *curve) add(o curve, sign float64) {
 		hi[k] += sign * oh[k]
 	}
 	c.extend(n)
+	c.flat.add(o.flat, sign)
 }
 
 // copyFrom makes c equal to o.
@@ -62,28 +89,35 @@ func (c *curve) copyFrom(o curve) {
 	copy(c.vari, o.vari[:o.n])
 	copy(c.hi, o.hi[:o.n])
 	c.n = o.n
+	c.flat = o.flat
 }
 
 // peakWith is the peak over the future of c + o (o may be the zero curve):
 // at each point the smaller of mean + z·sd and the all-alive bound. Past
-// both extents every point is zero.
+// both extents every point is the flat parts alone.
 func (c curve) peakWith(o curve, z float64) float64 {
+	flat := c.flat
+	flat.add(o.flat, 1)
+	bound := func(p point) float64 {
+		if p.vari > 0 {
+			p.mean += z * math.Sqrt(p.vari)
+		}
+		return min(p.mean, p.hi)
+	}
 	peak := math.Inf(-1)
 	n := max(c.n, o.n)
 	if n < predict.GridLen {
-		peak = 0
+		peak = bound(flat)
 	}
 	for k := range n {
-		m, v, h := c.mean[k], c.vari[k], c.hi[k]
-		if o.mean != nil {
-			m += o.mean[k]
-			v += o.vari[k]
-			h += o.hi[k]
+		p := flat
+		if k < c.n {
+			p.add(point{c.mean[k], c.vari[k], c.hi[k]}, 1)
 		}
-		if v > 0 {
-			m += z * math.Sqrt(v)
+		if k < o.n {
+			p.add(point{o.mean[k], o.vari[k], o.hi[k]}, 1)
 		}
-		peak = max(peak, min(m, h))
+		peak = max(peak, bound(p))
 	}
 	return peak
 }
@@ -184,14 +218,7 @@ func (s *Scheduler) recycleCurveLocked(t *Ticket) {
 	t.fc = curve{}
 }
 
-func (c *curve) addConst(mean, vari, hi float64) {
-	for k := range c.mean {
-		c.mean[k] += mean
-		c.vari[k] += vari
-		c.hi[k] += hi
-	}
-	c.n = predict.GridLen
-}
+func (c *curve) addConst(mean, vari, hi float64) { c.flat.add(point{mean, vari, hi}, 1) }
 
 // groupCurveLocked adds one group's curve to c: held at its worst case
 // throughout when there is no predictor (warm-up, or a request that is not
@@ -295,6 +322,9 @@ func curveCharge(c curve, weight int64) int64 {
 	for _, v := range c.mean[:c.n] {
 		m = max(m, v)
 	}
+	// A request's own points are never negative: its peak is the largest
+	// of them over its flat part (the flat part alone past its extent).
+	m += c.flat.mean
 	return min(max(int64(math.Ceil(m)), 1), weight)
 }
 

@@ -100,6 +100,12 @@ func TestPredictedAdmitsByLearnedLengths(t *testing.T) {
 func TestPredictedOpaqueRequests(t *testing.T) {
 	f := newFixture(t, predicted(1<<20, 10))
 	f.teach(10, 100)
+	// Alone, it is held the same at every step of the forecast.
+	alone := f.acquire(admission.Request{Shape: chat(16, 1024).Shape, Opaque: true})
+	if st := f.b.Scheduler.Stats().Pools[0]; st.Committed != 8*16 || st.Charge != 8*16 {
+		t.Fatalf("opaque request alone: committed %d, charged %d, want 128", st.Committed, st.Charge)
+	}
+	alone.Release()
 	streamed := f.acquire(chat(16, 1024))
 	opaque := f.acquire(admission.Request{Shape: chat(16, 1024).Shape, Opaque: true})
 	st := f.b.Scheduler.Stats().Pools[0]
@@ -108,11 +114,16 @@ func TestPredictedOpaqueRequests(t *testing.T) {
 		t.Fatalf("held %d", st.Held)
 	}
 	streamed.Release()
-	withOpaque := f.b.Scheduler.Stats().Pools[0].Committed
+	st = f.b.Scheduler.Stats().Pools[0]
+	withOpaque := st.Committed
 	// Every sample stopped at 100: the opaque one is 16 + 100 tokens, 8
 	// blocks, whatever step it is at; it never shrinks until released.
 	if withOpaque != 8*16 {
 		t.Fatalf("opaque request committed %d, want 128", withOpaque)
+	}
+	// Its charge (what tenant caps count) is the same expected size.
+	if st.Charge != 8*16 {
+		t.Fatalf("opaque request charged %d, want 128", st.Charge)
 	}
 	opaque.Progress(0, 90) // progress of an opaque ticket changes nothing
 	if c := f.b.Scheduler.Stats().Pools[0].Committed; c != withOpaque {
