@@ -736,10 +736,11 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 	}()
 	p := x.s.parsers.Get()
 	defer x.s.parsers.Put(p)
+	var shape tokenShape
 
 	ev, err := first, error(nil)
 	for ; err == nil; ev, err = er.next() {
-		keep, failed, last := x.inspect(p, ev)
+		keep, failed, last := x.inspect(p, &shape, ev)
 		if failed && !done {
 			outcome, reason = outcomeFailed, "backend_stream_error"
 		}
@@ -804,8 +805,9 @@ func writeStreamError(w *bufio.Writer, e *apiError) {
 
 // inspect reads one SSE event: token counts, finished choices, usage,
 // errors. keep is false for the usage-only chunk the client did not ask for;
-// last says the event is the stream's terminator, [DONE].
-func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed, last bool) {
+// last says the event is the stream's terminator, [DONE]. shape is the
+// stream's, to tell its token events by.
+func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (keep, failed, last bool) {
 	data := sseData(ev)
 	if data == nil {
 		return true, false, false
@@ -813,7 +815,7 @@ func (x *exchange) inspect(p *fastjson.Parser, ev []byte) (keep, failed, last bo
 	if string(data) == "[DONE]" {
 		return true, false, true
 	}
-	if len(x.res.gen) == 1 && tokenOfChoice0(data) {
+	if len(x.res.gen) == 1 && shape.token(data) {
 		// One token of the only choice and nothing else: counted without a
 		// parse.
 		x.firstToken()

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"sync"
 
@@ -93,9 +94,16 @@ func (b *sseBody) Close() error {
 // with more than content (a role, tool calls), logprobs, several choices, a
 // repeated "choices" — answers false and is parsed.
 func tokenOfChoice0(data []byte) bool {
+	ok, _, _ := tokenText(data)
+	return ok
+}
+
+// tokenText is tokenOfChoice0, and where the text it found is:
+// data[start:end], quotes included.
+func tokenText(data []byte) (ok bool, start, end int) {
 	s := eventScan{b: data}
 	choices := 0
-	return s.object(func(key []byte) bool {
+	ok = s.object(func(key []byte) bool {
 		switch string(key) {
 		case "choices":
 			choices++
@@ -107,6 +115,51 @@ func tokenOfChoice0(data []byte) bool {
 		}
 		return s.skip()
 	}) && choices == 1 && s.end()
+	return ok, s.textStart, s.textEnd
+}
+
+// tokenShape is the JSON around the text of the last event of a stream that
+// tokenOfChoice0 passed. A stream's token events differ only in their text
+// (vLLM repeats the id, creation time and model in each), and an event that
+// is those same bytes around another non-empty JSON string is one as
+// surely: every member tokenOfChoice0 judges is the same but the text,
+// which it asks only to be a non-empty string. So two comparisons and a
+// scan of the text tell it, where walking its JSON took most of the
+// relay's own work on a stream.
+type tokenShape struct {
+	b         [512]byte // b[:pre] comes before the text, b[pre:pre+post] after it
+	pre, post int
+}
+
+// token is tokenOfChoice0 for the next event of the stream.
+func (t *tokenShape) token(data []byte) bool {
+	if t.matches(data) {
+		return true
+	}
+	ok, start, end := tokenText(data)
+	if ok {
+		t.learn(data, start, end)
+	}
+	return ok
+}
+
+func (t *tokenShape) matches(data []byte) bool {
+	pre, post := t.b[:t.pre], t.b[t.pre:t.pre+t.post]
+	// Between them, room for a string of one character at least.
+	if t.pre == 0 || len(data) < len(pre)+len(post)+3 || !bytes.HasPrefix(data, pre) || !bytes.HasSuffix(data, post) {
+		return false
+	}
+	// ... and one string, from right after pre to right before post.
+	end, err := jsonscan.Skip(data, len(pre))
+	return err == nil && data[len(pre)] == '"' && end == len(data)-len(post)
+}
+
+func (t *tokenShape) learn(data []byte, start, end int) {
+	t.pre, t.post = 0, 0 // none, unless it fits
+	if start+len(data)-end <= len(t.b) {
+		t.pre = copy(t.b[:], data[:start])
+		t.post = copy(t.b[t.pre:], data[end:])
+	}
 }
 
 // eventScan walks an SSE event's JSON by hand for tokenOfChoice0; every
@@ -114,6 +167,8 @@ func tokenOfChoice0(data []byte) bool {
 type eventScan struct {
 	b []byte
 	i int
+	// textStart and textEnd are where the last text passed is.
+	textStart, textEnd int
 }
 
 func (s *eventScan) space() { s.i = jsonscan.SkipSpace(s.b, s.i) }
@@ -200,7 +255,15 @@ func (s *eventScan) skip() bool { _, ok := s.value(); return ok }
 func (s *eventScan) null() bool { v, ok := s.value(); return ok && string(v) == "null" }
 
 // text consumes a string and says whether it is not empty.
-func (s *eventScan) text() bool { v, ok := s.value(); return ok && len(v) > 2 && v[0] == '"' }
+func (s *eventScan) text() bool {
+	start := s.i
+	v, ok := s.value()
+	if !ok || len(v) <= 2 || v[0] != '"' {
+		return false
+	}
+	s.textStart, s.textEnd = start, s.i
+	return true
+}
 
 func (s *eventScan) end() bool { s.space(); return s.i == len(s.b) }
 

@@ -154,6 +154,73 @@ func FuzzTokenOfChoice0(f *testing.F) {
 	})
 }
 
+// A stream's token events are told by the shape of the last one passed:
+// the same bytes around another non-empty string. Anything else is
+// scanned, so the answer is always tokenOfChoice0's.
+func TestTokenShape(t *testing.T) {
+	const pre, post = `{"id":"c1","created":7,"choices":[{"index":0,"delta":{"content":`, `},"finish_reason":null}]}`
+	for _, c := range []struct {
+		name string
+		data string
+		want bool
+	}{
+		{"another text", pre + `" two"` + post, true},
+		{"escapes in the text", pre + `"\"\u0041\n"` + post, true},
+		{"empty text", pre + `""` + post, false},
+		{"text not a string", pre + `7` + post, false},
+		{"text not closed", pre + `"a` + post, false},
+		{"a finish reason in the text's place", pre + `"a"},"finish_reason":"stop","x":{"y":"b"` + post, false},
+		{"a second choice in the text's place", pre + `"a"}},{"index":1,"delta":{"content":"b"` + post, false},
+		{"another id: scanned", `{"id":"c2","created":7,"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}`, true},
+		{"a finish: scanned", `{"id":"c1","created":7,"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}`, false},
+		{"trailing bytes", pre + `"a"` + post + ` x`, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var shape tokenShape
+			if !shape.token([]byte(pre + `" one"` + post)) {
+				t.Fatal("the first event was not told")
+			}
+			if shape.pre != len(pre) || shape.post != len(post) {
+				t.Fatalf("learned %d bytes before the text and %d after, want %d and %d", shape.pre, shape.post, len(pre), len(post))
+			}
+			if got := shape.token([]byte(c.data)); got != c.want || got != tokenOfChoice0([]byte(c.data)) {
+				t.Errorf("token(%s) = %v, want %v", c.data, got, c.want)
+			}
+		})
+	}
+}
+
+// Whatever event a stream's shape was learned from, the next is told as
+// tokenOfChoice0 tells it.
+func FuzzTokenShape(f *testing.F) {
+	ev := cannedToken[len("data: ") : len(cannedToken)-2]
+	f.Add(ev, []byte(strings.Replace(string(ev), `" one"`, `"\"two\""`, 1)))
+	f.Add(ev, []byte(strings.Replace(string(ev), `" one"`, `""`, 1)))
+	f.Add(ev, []byte(strings.Replace(string(ev), `" one"`, `"a"},"finish_reason":"stop","x":{"y":"b"`, 1)))
+	f.Add([]byte(`{"choices":[{"index":0,"text":"a"}]}`), []byte(`{"choices":[{"index":0,"text":"bc"}]}`))
+	f.Fuzz(func(t *testing.T, first, next []byte) {
+		var shape tokenShape
+		shape.token(first)
+		if got, want := shape.token(next), tokenOfChoice0(next); got != want {
+			t.Fatalf("after %s, token(%s) = %v; tokenOfChoice0 says %v", first, next, got, want)
+		}
+	})
+}
+
+// BenchmarkTokenShape tells one vLLM token event of a stream whose shape
+// is known.
+func BenchmarkTokenShape(b *testing.B) {
+	ev := cannedToken[len("data: ") : len(cannedToken)-2]
+	var shape tokenShape
+	shape.token(ev)
+	b.ReportAllocs()
+	for b.Loop() {
+		if !shape.token(ev) {
+			b.Fatal("a token event was not told")
+		}
+	}
+}
+
 // BenchmarkTokenOfChoice0 tells one vLLM token event from its bytes.
 func BenchmarkTokenOfChoice0(b *testing.B) {
 	ev := cannedToken[len("data: ") : len(cannedToken)-2]
