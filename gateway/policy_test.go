@@ -159,6 +159,30 @@ func TestNonStreamedAnswersTeachThePredictor(t *testing.T) {
 	}
 }
 
+// A stream's finish teaches the predictor its length, and whether its cap
+// cut it: a stream cut by max_tokens says only that the answer would have
+// been at least that long, so it does not pull the learned median down.
+func TestStreamedFinishesTeachThePredictor(t *testing.T) {
+	_, url := startSim(t, func(c *sim.Config) { c.OutputLen = "fixed:24" })
+	_, gwURL := startGateway(t, baseConfig(url, "admission: {warmup_samples: 20}\n"), Options{})
+	stream := func(n, maxTokens int) {
+		t.Helper()
+		for range n {
+			if r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", maxTokens, true)); r.status != 200 || !strings.Contains(r.body, "[DONE]") {
+				t.Fatalf("%d %s", r.status, r.body)
+			}
+		}
+	}
+	stream(20, 100) // each stops on its own at 24
+	if q := getStatus(t, gwURL).Models[0]; !q.Predicting || q.MedianLength != 24 || q.Samples != 20 {
+		t.Fatalf("after 20 streams of 24 tokens: %+v", q)
+	}
+	stream(40, 8) // each cut at 8
+	if q := getStatus(t, gwURL).Models[0]; q.MedianLength != 24 || q.Samples != 60 {
+		t.Fatalf("after 40 more cut at 8 tokens: %+v; want the median still 24", q)
+	}
+}
+
 func pathOf(body string) string {
 	if strings.Contains(body, `"messages"`) {
 		return "/v1/chat/completions"

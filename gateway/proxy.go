@@ -815,14 +815,17 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 	if string(data) == "[DONE]" {
 		return true, false, true
 	}
-	if len(x.res.gen) == 1 && shape.token(data) {
-		// One token of the only choice and nothing else: counted without a
-		// parse.
-		x.firstToken()
-		if prompt, furthest, moved := x.res.token(0); moved {
-			x.ticket.Progress(prompt, furthest)
+	if len(x.res.gen) == 1 {
+		// About the only choice and nothing else: read without a parse.
+		if c, ok := shape.choice0(data); ok {
+			if c.text {
+				x.token(0)
+			}
+			if c.finish != nil {
+				x.finished(0, string(c.finish) == "length")
+			}
+			return true, false, false
 		}
-		return true, false, false
 	}
 	v, err := p.ParseBytes(data)
 	if err != nil {
@@ -838,21 +841,32 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 	for _, c := range choices {
 		idx := c.GetInt("index")
 		if content := c.GetStringBytes("delta", "content"); len(content) > 0 || len(c.GetStringBytes("text")) > 0 {
-			x.firstToken()
-			if prompt, furthest, moved := x.res.token(idx); moved {
-				x.ticket.Progress(prompt, furthest)
-			}
+			x.token(idx)
 		}
 		if fr := c.Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
-			if prompt, n, ok := x.res.finish(idx, -1); ok {
-				x.ticket.Done(prompt, n, string(fr.GetStringBytes()) == "length")
-			}
+			x.finished(idx, string(fr.GetStringBytes()) == "length")
 		}
 	}
 	if len(choices) == 0 && x.hasUsage && !x.req.includeUsage {
 		return false, false, false
 	}
 	return true, false, false
+}
+
+// token counts one token of choice idx.
+func (x *exchange) token(idx int) {
+	x.firstToken()
+	if prompt, furthest, moved := x.res.token(idx); moved {
+		x.ticket.Progress(prompt, furthest)
+	}
+}
+
+// finished notes that choice idx finished, by its length cap or not: its
+// blocks go back at once.
+func (x *exchange) finished(idx int, capped bool) {
+	if prompt, n, ok := x.res.finish(idx, -1); ok {
+		x.ticket.Done(prompt, n, capped)
+	}
 }
 
 // firstToken observes the time to the first token, once per request.

@@ -84,30 +84,32 @@ func (b *sseBody) Close() error {
 	return nil
 }
 
-// tokenOfChoice0 reports whether an event's data is certainly one
-// non-empty piece of text of choice 0 and holds nothing else the relay acts
-// on: no error, no usage (null is none), one choice, its index 0, its
-// finish_reason null or absent, its text (a chat's delta.content, a
-// completion's text) a non-empty string. Most events of a stream are such,
-// and one forward pass over their bytes tells them at a fraction of a
-// parse. Whatever it is not sure of — a key written with escapes, a delta
-// with more than content (a role, tool calls), logprobs, several choices, a
-// repeated "choices" — answers false and is parsed.
-func tokenOfChoice0(data []byte) bool {
-	ok, _, _ := tokenText(data)
-	return ok
+// choice0 is what the relay acts on in an event that scanChoice0 could
+// read: a piece of text (a chat's delta.content or a completion's text,
+// not empty) and a finish reason (nil: none).
+type choice0 struct {
+	text   bool
+	finish []byte
 }
 
-// tokenText is tokenOfChoice0, and where the text it found is:
-// data[start:end], quotes included.
-func tokenText(data []byte) (ok bool, start, end int) {
+// scanChoice0 reads an event's data when it is certainly about choice 0
+// alone and holds nothing else the relay acts on: no error, no usage (null
+// is none), one choice, its index 0, its text strings, its finish_reason
+// null or a string. Nearly every event of a stream is such — the role, each
+// token, the finish — and one forward pass over their bytes tells them at
+// a fraction of a parse. Whatever it is not sure of — a key written with
+// escapes or repeated, a delta with more than a role and content (tool
+// calls), logprobs, several choices, a finish reason with escapes —
+// answers false and is parsed. textStart and textEnd are where a non-empty
+// text is (the string, quotes included), when there is one.
+func scanChoice0(data []byte) (c choice0, ok bool, textStart, textEnd int) {
 	s := eventScan{b: data}
 	choices := 0
 	ok = s.object(func(key []byte) bool {
 		switch string(key) {
 		case "choices":
 			choices++
-			return choices == 1 && s.choice0()
+			return choices == 1 && s.choice0(&c)
 		case "usage":
 			return s.null()
 		case "error":
@@ -115,32 +117,39 @@ func tokenText(data []byte) (ok bool, start, end int) {
 		}
 		return s.skip()
 	}) && choices == 1 && s.end()
-	return ok, s.textStart, s.textEnd
+	return c, ok, s.textStart, s.textEnd
+}
+
+// tokenOfChoice0 reports whether an event is one piece of text of choice 0
+// and nothing more: most events of a stream.
+func tokenOfChoice0(data []byte) bool {
+	c, ok, _, _ := scanChoice0(data)
+	return ok && c.text && c.finish == nil
 }
 
 // tokenShape is the JSON around the text of the last event of a stream that
 // tokenOfChoice0 passed. A stream's token events differ only in their text
 // (vLLM repeats the id, creation time and model in each), and an event that
 // is those same bytes around another non-empty JSON string is one as
-// surely: every member tokenOfChoice0 judges is the same but the text,
-// which it asks only to be a non-empty string. So two comparisons and a
-// scan of the text tell it, where walking its JSON took most of the
+// surely: every member scanChoice0 judges is the same but the text, which
+// it asks only to be a string (a token when not empty). So two comparisons
+// and a scan of the text tell it, where walking its JSON took most of the
 // relay's own work on a stream.
 type tokenShape struct {
 	b         [512]byte // b[:pre] comes before the text, b[pre:pre+post] after it
 	pre, post int
 }
 
-// token is tokenOfChoice0 for the next event of the stream.
-func (t *tokenShape) token(data []byte) bool {
+// choice0 is scanChoice0 for the next event of the stream.
+func (t *tokenShape) choice0(data []byte) (choice0, bool) {
 	if t.matches(data) {
-		return true
+		return choice0{text: true}, true
 	}
-	ok, start, end := tokenText(data)
-	if ok {
+	c, ok, start, end := scanChoice0(data)
+	if ok && c.text && c.finish == nil {
 		t.learn(data, start, end)
 	}
-	return ok
+	return c, ok
 }
 
 func (t *tokenShape) matches(data []byte) bool {
@@ -162,12 +171,12 @@ func (t *tokenShape) learn(data []byte, start, end int) {
 	}
 }
 
-// eventScan walks an SSE event's JSON by hand for tokenOfChoice0; every
+// eventScan walks an SSE event's JSON by hand for scanChoice0; every
 // method answers false when the bytes are not what it expects.
 type eventScan struct {
 	b []byte
 	i int
-	// textStart and textEnd are where the last text passed is.
+	// textStart and textEnd are where the last non-empty text is.
 	textStart, textEnd int
 }
 
@@ -254,63 +263,104 @@ func (s *eventScan) skip() bool { _, ok := s.value(); return ok }
 
 func (s *eventScan) null() bool { v, ok := s.value(); return ok && string(v) == "null" }
 
-// text consumes a string and says whether it is not empty.
-func (s *eventScan) text() bool {
-	start := s.i
+// str consumes a string, and says whether it is not empty.
+func (s *eventScan) str() (nonEmpty, ok bool) {
 	v, ok := s.value()
-	if !ok || len(v) <= 2 || v[0] != '"' {
-		return false
+	if !ok || len(v) < 2 || v[0] != '"' {
+		return false, false
 	}
-	s.textStart, s.textEnd = start, s.i
-	return true
+	return len(v) > 2, true
+}
+
+// text consumes a text string, noting where it is when it is not empty.
+func (s *eventScan) text(c *choice0) bool {
+	start := s.i
+	nonEmpty, ok := s.str()
+	if nonEmpty {
+		c.text = true
+		s.textStart, s.textEnd = start, s.i
+	}
+	return ok
 }
 
 func (s *eventScan) end() bool { s.space(); return s.i == len(s.b) }
 
-// choice0 consumes a choices array of one choice, of index 0, with text
-// and no finish_reason.
-func (s *eventScan) choice0() bool {
+// once says whether the member bit names has not been seen, and marks it:
+// the parse reads a repeated member's first value, so the scan refuses
+// what it would read twice.
+func once(seen *uint8, bit uint8) bool {
+	if *seen&bit != 0 {
+		return false
+	}
+	*seen |= bit
+	return true
+}
+
+// choice0 consumes a choices array of one choice, of index 0, into c.
+func (s *eventScan) choice0(c *choice0) bool {
 	if !s.eat('[') {
 		return false
 	}
-	index, text := false, false
+	const (
+		seenIndex = 1 << iota
+		seenDelta
+		seenText
+		seenLogprobs
+		seenFinish
+	)
+	var seen uint8
 	if !s.object(func(key []byte) bool {
 		switch string(key) {
 		case "index":
 			v, ok := s.value()
-			index = ok && string(v) == "0"
-			return index
+			return ok && string(v) == "0" && once(&seen, seenIndex)
 		case "delta":
-			text = s.contentOnly()
-			return text
+			return once(&seen, seenDelta) && s.delta(c)
 		case "text":
-			text = s.text()
-			return text
-		case "logprobs", "finish_reason":
-			return s.null()
+			return once(&seen, seenText) && s.text(c)
+		case "logprobs":
+			return once(&seen, seenLogprobs) && s.null()
+		case "finish_reason":
+			return once(&seen, seenFinish) && s.finishReason(c)
 		}
 		return s.skip()
 	}) {
 		return false
 	}
 	more, ok := s.next(']')
-	return ok && !more && index && text
+	return ok && !more && seen&seenIndex != 0
 }
 
-// contentOnly consumes a delta with a non-empty content and nothing else
-// but nulls (no role, no tool calls).
-func (s *eventScan) contentOnly() bool {
-	content := false
+// delta consumes a chat delta of a content and a role, both strings, and
+// nothing else but nulls (no tool calls).
+func (s *eventScan) delta(c *choice0) bool {
+	var seen uint8
 	return s.object(func(key []byte) bool {
-		if string(key) != "content" {
-			return s.null()
+		switch string(key) {
+		case "content":
+			return once(&seen, 1) && s.text(c)
+		case "role":
+			_, ok := s.str()
+			return once(&seen, 2) && ok
 		}
-		if content {
-			return false
-		}
-		content = s.text()
-		return content
-	}) && content
+		return s.null()
+	})
+}
+
+// finishReason consumes a finish_reason: null, or a string without
+// escapes.
+func (s *eventScan) finishReason(c *choice0) bool {
+	v, ok := s.value()
+	switch {
+	case !ok:
+		return false
+	case string(v) == "null":
+		return true
+	case len(v) >= 2 && v[0] == '"' && bytes.IndexByte(v, '\\') < 0:
+		c.finish = v[1 : len(v)-1]
+		return true
+	}
+	return false
 }
 
 type countWriter struct {
