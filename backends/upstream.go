@@ -107,6 +107,7 @@ type Response struct {
 	// closes it, and frees its reader and slot.
 	release func(reuse bool)
 	slots   *semaphore.Weighted // the slot to give back on Close
+	br      *bufio.Reader       // the connection's reader, once the request is written
 	watch   interruptWatch
 	// The body's framing, kept here rather than allocated per answer.
 	sized   sizedBody
@@ -301,13 +302,13 @@ func (u *Upstream) try(ctx context.Context, req *fasthttp.Request) (resp *Respon
 	}
 	resp = responses.Get().(*Response)
 	resp.watch.start(ctx, conn)
-	var br *bufio.Reader
 	resp.release = func(reuse bool) {
 		if !resp.watch.end() {
 			reuse = false
 		}
-		if br != nil {
-			u.hc.ReleaseReader(br)
+		if resp.br != nil {
+			u.hc.ReleaseReader(resp.br)
+			resp.br = nil
 		}
 		if reuse {
 			u.hc.ReleaseConn(cc)
@@ -328,7 +329,8 @@ func (u *Upstream) try(ctx context.Context, req *fasthttp.Request) (resp *Respon
 		return nil, reused, fmt.Errorf("%w: write request to %s: %w", ErrUpstream, u.hc.Addr, err)
 	}
 
-	br = u.hc.AcquireReader(conn)
+	br := u.hc.AcquireReader(conn)
+	resp.br = br
 	for {
 		if err := resp.Header.Read(br); err != nil {
 			resp.release(false)
