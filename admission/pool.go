@@ -176,7 +176,11 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 		opaque: w.opaque, lens: w.lens, waited: waited, seq: w.seq, affinity: w.affinity,
 		class: w.line.name, queue: w.line.q.name, poolName: p.name}
 	if len(w.shape) > 0 {
-		t.groups = make([]tgroup, len(w.shape))
+		if len(w.shape) == 1 {
+			t.groups = t.oneGroup[:]
+		} else {
+			t.groups = make([]tgroup, len(w.shape))
+		}
 		median, known := 0, false
 		if w.lens != nil {
 			median, known = w.lens.Quantile(0.5)

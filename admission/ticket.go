@@ -28,6 +28,9 @@ const leadTokens = 2
 type Ticket struct {
 	s *Scheduler
 	binding
+	// oneGroup holds the groups of a request of one prompt, nearly every
+	// request, so that binding it allocates nothing.
+	oneGroup [1]tgroup
 }
 
 // binding is what a Ticket's admission sets, all of it at each (the first,

@@ -57,6 +57,7 @@ type exchange struct {
 
 	ticket *admission.Ticket // &ticketBuf once admitted
 	res    reservation
+	one    oneChoice // res's slices, for one prompt and one choice
 	// ticketBuf is the admission held, in the exchange itself so that an
 	// admission that fits at once allocates nothing.
 	ticketBuf admission.Ticket
@@ -474,7 +475,12 @@ func (x *exchange) reserve(prompts []int, exact []bool) *apiError {
 	if req.kind == completions {
 		param = "prompt"
 	}
-	outs := make([]int, len(prompts))
+	var outs []int
+	if len(prompts) == 1 {
+		outs = x.one.outs[:]
+	} else {
+		outs = make([]int, len(prompts))
+	}
 	for i, p := range prompts {
 		x.predicted += p
 		room := m.maxLen - p
@@ -510,7 +516,7 @@ func (x *exchange) reserve(prompts []int, exact []bool) *apiError {
 			}
 		}
 	}
-	x.res = newReservation(m.layout, prompts, outs, req.n, req.seqs)
+	x.res = newReservation(m.layout, prompts, outs, req.n, req.seqs, &x.one)
 	return nil
 }
 

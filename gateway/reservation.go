@@ -23,16 +23,40 @@ type reservation struct {
 	gen      []int // tokens seen per choice
 	finished []bool
 	maxGen   []int // tokens seen of the furthest choice of each prompt
+	one      *oneChoice
 }
 
-func newReservation(l kvbudget.KVLayout, prompts, outs []int, n, seqs int) reservation {
-	return reservation{layout: l, prompts: prompts, outs: outs, n: n, seqs: seqs,
-		gen: make([]int, len(prompts)*n), finished: make([]bool, len(prompts)*n), maxGen: make([]int, len(prompts))}
+// oneChoice holds the slices of a reservation of one prompt and one
+// choice, nearly every request, in its exchange, so that reserving
+// allocates nothing. Its zero value is a reservation that has seen
+// nothing.
+type oneChoice struct {
+	outs, gen, maxGen [1]int
+	finished          [1]bool
+	shape             [1]admission.Group
+}
+
+// newReservation makes a reservation; one, when not nil, holds its slices
+// if it is of one prompt and one choice (outs may be one.outs already).
+func newReservation(l kvbudget.KVLayout, prompts, outs []int, n, seqs int, one *oneChoice) reservation {
+	r := reservation{layout: l, prompts: prompts, outs: outs, n: n, seqs: seqs}
+	if one != nil && len(prompts) == 1 && n == 1 {
+		r.one = one
+		r.gen, r.finished, r.maxGen = one.gen[:], one.finished[:], one.maxGen[:]
+		return r
+	}
+	r.gen, r.finished, r.maxGen = make([]int, len(prompts)*n), make([]bool, len(prompts)*n), make([]int, len(prompts))
+	return r
 }
 
 // shape is the reservation as the scheduler sees it: one group per prompt.
 func (r *reservation) shape() []admission.Group {
-	g := make([]admission.Group, len(r.prompts))
+	var g []admission.Group
+	if r.one != nil {
+		g = r.one.shape[:]
+	} else {
+		g = make([]admission.Group, len(r.prompts))
+	}
 	for i, p := range r.prompts {
 		g[i] = admission.Group{Prompt: p, Cap: max(r.outs[i], 1), Seqs: r.seqs, BlockTokens: r.layout.BlockSize, BlockBytes: r.layout.BytesPerBlock}
 	}

@@ -25,7 +25,7 @@ func TestReservationWeightSaturates(t *testing.T) {
 		{"many sequences of huge outputs", l, []int{10, 10}, []int{1 << 50, 1 << 50}, 1 << 20, math.MaxInt64},
 		{"huge blocks", kvbudget.KVLayout{BlockSize: 16, BytesPerBlock: math.MaxInt64 / 2}, []int{16}, []int{32}, 1, math.MaxInt64},
 	} {
-		r := newReservation(tc.layout, tc.prompts, tc.outs, tc.seqs, tc.seqs)
+		r := newReservation(tc.layout, tc.prompts, tc.outs, tc.seqs, tc.seqs, nil)
 		if got := r.weight(); got != tc.want {
 			t.Errorf("%s: weight() = %d, want %d", tc.name, got, tc.want)
 		}
