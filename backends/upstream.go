@@ -63,7 +63,13 @@ func NewUpstream(addr string, o UpstreamOptions) *Upstream {
 	dial := o.DialForTesting
 	if dial == nil {
 		d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}
-		dial = func(addr string) (net.Conn, error) { return d.Dial("tcp", addr) }
+		dial = func(addr string) (net.Conn, error) {
+			c, err := d.Dial("tcp", addr)
+			if err != nil {
+				return nil, err
+			}
+			return keepFD(c), nil
+		}
 	}
 	return &Upstream{
 		hc: &fasthttp.HostClient{
