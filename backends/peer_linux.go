@@ -23,12 +23,8 @@ type fdConn struct {
 
 // keepFD wraps c with its descriptor, if it has one.
 func keepFD(c net.Conn) net.Conn {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return c
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	rc := rawConn(c)
+	if rc == nil {
 		return c
 	}
 	var fd uintptr
@@ -46,12 +42,8 @@ func connClosedByPeer(c net.Conn) bool {
 	if fc, ok := c.(*fdConn); ok {
 		return peekClosed(fc.fd)
 	}
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	rc := rawConn(c)
+	if rc == nil {
 		return false
 	}
 	closed := false
@@ -60,6 +52,19 @@ func connClosedByPeer(c net.Conn) bool {
 		return true
 	})
 	return closed
+}
+
+// rawConn is c's raw connection, or nil if it has none.
+func rawConn(c net.Conn) syscall.RawConn {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
 }
 
 // peekClosed is the peek itself. recvfrom without a source address:
