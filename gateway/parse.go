@@ -58,6 +58,11 @@ type request struct {
 	// prompt's beginning.
 	user   string
 	prefix uint64
+
+	// oneShape and onePrompt hold shapes and prompts for a request of one
+	// prompt, nearly every request, so that reading it allocates less.
+	oneShape  [1]promptShape
+	onePrompt [1]promptText
 }
 
 // parseError is a 400 with the offending parameter.
@@ -318,7 +323,8 @@ func (r *request) readMessages(v *fastjson.Value) error {
 	if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
 		s.textBytes += len(tools.MarshalTo(nil))
 	}
-	r.shapes = []promptShape{s}
+	r.oneShape[0] = s
+	r.shapes = r.oneShape[:]
 	return nil
 }
 
@@ -327,6 +333,7 @@ func (r *request) readPrompt(v *fastjson.Value) error {
 	if p == nil || p.Type() == fastjson.TypeNull {
 		return badParam("prompt", "you must provide a prompt")
 	}
+	r.shapes = r.oneShape[:0] // grown past one prompt by append
 	switch p.Type() {
 	case fastjson.TypeString:
 		r.shapes = append(r.shapes, promptShape{textBytes: len(p.GetStringBytes())})
@@ -397,10 +404,16 @@ func promptTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
 		if string(tools) == "null" {
 			tools = nil
 		}
-		r.prompts = []promptText{{text: found[0], tools: tools}}
+		r.onePrompt[0] = promptText{text: found[0], tools: tools}
+		r.prompts = r.onePrompt[:]
 		return nil
 	}
-	r.prompts = make([]promptText, len(r.shapes))
+	if len(r.shapes) == 1 {
+		r.onePrompt[0] = promptText{}
+		r.prompts = r.onePrompt[:]
+	} else {
+		r.prompts = make([]promptText, len(r.shapes))
+	}
 	prompt := found[0]
 	if len(prompt) > 0 && prompt[0] == '"' {
 		r.prompts[0].text = prompt
