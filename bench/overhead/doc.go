@@ -24,6 +24,12 @@
 // proxy's "added latency" is its p50 (p99) minus the direct p50 (p99) of
 // the same cell.
 //
+// With the servers' pids (run.sh gives them), each cell also reads the CPU
+// time of each server's processes, their children included, over its
+// measured window, and a second table gives it per request: on a machine
+// whose cores the load generator, the backend and the proxy share, a
+// proxy's throughput follows from it.
+//
 // It does not judge: it prints the table (with the kvgate/nginx ratios,
 // and fasthttp/nginx and kvgate/fasthttp when the floor is measured)
 // and the machine, and exits non-zero only when a request failed or a

@@ -50,6 +50,10 @@ type sample struct {
 	window  time.Duration // measured time (warm-up excluded), summed over rounds
 	errors  int
 	lastErr error
+	// With the target's pid: the CPU time its processes spent in the
+	// window, and the requests that ended in it.
+	cpu   time.Duration
+	ended int
 }
 
 func (s *sample) add(o sample) {
@@ -59,6 +63,16 @@ func (s *sample) add(o sample) {
 	if o.lastErr != nil {
 		s.lastErr = o.lastErr
 	}
+	s.cpu += o.cpu
+	s.ended += o.ended
+}
+
+// cpuPerRequest is the target's CPU time per request; 0 when not measured.
+func (s *sample) cpuPerRequest() time.Duration {
+	if s.ended == 0 {
+		return 0
+	}
+	return s.cpu / time.Duration(s.ended)
 }
 
 // rps is requests per second over the measured window.
@@ -75,6 +89,7 @@ type target struct {
 	url  string
 	hc   *fasthttp.HostClient
 	seq  *atomic.Uint64 // numbers unique prompts across targets
+	pid  int            // the server's process, for its CPU time; 0 = not measured
 }
 
 func newTarget(name, url string, maxConns int, seq *atomic.Uint64) (*target, error) {
@@ -93,7 +108,9 @@ func newTarget(name, url string, maxConns int, seq *atomic.Uint64) (*target, err
 }
 
 // drive runs w on t from conns connections for warm + dur, and measures
-// the requests that started after the warm-up and ended within dur.
+// the requests that started after the warm-up and ended within dur (and,
+// with t.pid, the CPU time of t's processes over dur, per request that
+// ended within it).
 func (t *target) drive(w workload, conns int, warm, dur time.Duration) sample {
 	start := time.Now()
 	from, until := start.Add(warm), start.Add(warm+dur)
@@ -102,15 +119,31 @@ func (t *target) drive(w workload, conns int, warm, dur time.Duration) sample {
 		out sample
 		wg  sync.WaitGroup
 	)
+	var cpu struct {
+		d   time.Duration
+		err error
+	}
+	if t.pid > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Until(from))
+			c0, err := treeCPU("/proc", t.pid)
+			time.Sleep(time.Until(until))
+			c1, err1 := treeCPU("/proc", t.pid)
+			cpu.d, cpu.err = c1-c0, errors.Join(err, err1)
+		}()
+	}
 	for range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var (
-				lat  []time.Duration
-				errs int
-				last error
-				buf  []byte
+				lat   []time.Duration
+				ended int
+				errs  int
+				last  error
+				buf   []byte
 			)
 			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 			defer fasthttp.ReleaseRequest(req)
@@ -134,9 +167,13 @@ func (t *target) drive(w workload, conns int, warm, dur time.Duration) sample {
 				if !t0.Before(from) && !t1.After(until) {
 					lat = append(lat, t1.Sub(t0))
 				}
+				if !t1.Before(from) && !t1.After(until) {
+					ended++
+				}
 			}
 			mu.Lock()
 			out.lat = append(out.lat, lat...)
+			out.ended += ended
 			out.errors += errs
 			if last != nil {
 				out.lastErr = last
@@ -146,6 +183,15 @@ func (t *target) drive(w workload, conns int, warm, dur time.Duration) sample {
 	}
 	wg.Wait()
 	out.window = dur
+	if t.pid > 0 {
+		out.cpu = cpu.d
+		if cpu.err != nil {
+			out.errors++
+			out.lastErr = fmt.Errorf("%s: CPU time of process %d: %w", t.name, t.pid, cpu.err)
+		}
+	} else {
+		out.ended = 0
+	}
 	return out
 }
 

@@ -30,6 +30,9 @@ type options struct {
 	// streamed and prompts select the rows; all of them by default.
 	streamed []bool
 	prompts  map[string]bool
+	// pids are the servers' processes by target (as targetNames), for
+	// their CPU time; 0 = not measured.
+	pids [len(targetNames)]int
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -45,6 +48,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.nginx, "nginx", "", "`URL` of nginx in front of it (required)")
 	fs.StringVar(&o.kvgate, "kvgate", "", "`URL` of kvgate in front of it (required)")
 	fs.StringVar(&o.fasthttp, "fasthttp", "", "`URL` of a bare fasthttp proxy in front of it (overhead floor), for the library's floor; empty: no such column")
+	for i, name := range targetNames {
+		fs.IntVar(&o.pids[i], name+"-pid", 0, "`pid` of the "+name+" server (its descendants included), to report its CPU time per request; 0 = not measured")
+	}
 	conns := fs.String("conns", "1,64,256", "connection counts, comma-separated")
 	fs.IntVar(&o.missConns, "miss-conns", 64, "connections of the extra rows where every prompt is unique (no prompt cache can answer); 0 = none")
 	fs.DurationVar(&o.duration, "duration", 2*time.Second, "measured time per cell, target and round")
@@ -82,6 +88,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func (o *options) check(conns, streamed, prompts string) error {
+	for i, pid := range o.pids {
+		if pid < 0 {
+			return fmt.Errorf("--%s-pid %d: want a process id, or 0 for none", targetNames[i], pid)
+		}
+	}
+	if o.pids[3] != 0 && o.fasthttp == "" {
+		return errors.New("--fasthttp-pid without --fasthttp: there is no floor to measure")
+	}
 	for name, u := range map[string]string{"--direct": o.direct, "--nginx": o.nginx, "--kvgate": o.kvgate} {
 		if u == "" {
 			return fmt.Errorf("%s is required", name)
@@ -165,6 +179,7 @@ func sweep(o options, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		t.pid = o.pids[i]
 		targets = append(targets, t)
 	}
 	started := time.Now()

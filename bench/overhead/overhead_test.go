@@ -10,7 +10,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -118,6 +121,8 @@ func TestFlagsAreChecked(t *testing.T) {
 		{[]string{"--nginx", "http://a:1", "--kvgate", "http://a:1"}, "--direct is required"},
 		{[]string{"--direct", "http://a:1", "--nginx", "http://a:1", "--kvgate", "http://a:1", "--conns", "1,x"}, "--conns"},
 		{[]string{"--direct", "http://a:1", "--nginx", "http://a:1", "--kvgate", "http://a:1", "--rounds", "0"}, "--rounds"},
+		{[]string{"--direct", "http://a:1", "--nginx", "http://a:1", "--kvgate", "http://a:1", "--kvgate-pid", "-3"}, "--kvgate-pid -3"},
+		{[]string{"--direct", "http://a:1", "--nginx", "http://a:1", "--kvgate", "http://a:1", "--fasthttp-pid", "7"}, "--fasthttp-pid without --fasthttp"},
 		{[]string{"floor", "--backend", "127.0.0.1:1"}, "--listen is required"},
 		{[]string{"floor", "--listen", "127.0.0.1:0"}, "--backend is required"},
 	} {
@@ -168,13 +173,17 @@ func TestSweepPrintsEveryRow(t *testing.T) {
 	url := "http://" + addr
 	floorURL := "http://" + startFloor(t, addr)
 	floorColumns := []string{"fasthttp (a bare fasthttp reverse proxy, the library's floor)", "fasthttp/nginx", "kvgate/fasthttp"}
+	// Every target here is served by this process: its CPU time is theirs.
+	self := strconv.Itoa(os.Getpid())
 	for _, c := range []struct {
 		name  string
 		extra []string
 		floor bool
+		cpu   bool
 	}{
-		{"without the floor", nil, false},
-		{"with the floor", []string{"--fasthttp", floorURL}, true},
+		{"without the floor", nil, false, false},
+		{"with the floor", []string{"--fasthttp", floorURL}, true, false},
+		{"with CPU times", []string{"--fasthttp", floorURL, "--direct-pid", self, "--nginx-pid", self, "--kvgate-pid", self, "--fasthttp-pid", self}, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out, stderr bytes.Buffer
@@ -192,6 +201,33 @@ func TestSweepPrintsEveryRow(t *testing.T) {
 			for _, col := range floorColumns {
 				if strings.Contains(table, col) != c.floor {
 					t.Errorf("floor measured: %v, but %q in the table: %v:\n%s", c.floor, col, !c.floor, table)
+				}
+			}
+			table, cpu, hasCPU := strings.Cut(table, "CPU time per request")
+			if hasCPU != c.cpu {
+				t.Errorf("CPU measured: %v, but a CPU table: %v:\n%s", c.cpu, hasCPU, out.String())
+			}
+			if c.cpu {
+				var rows int
+				for _, l := range strings.Split(cpu, "\n") {
+					if strings.HasPrefix(l, "      1  ") || strings.HasPrefix(l, "      2  ") {
+						rows++
+						// conns, stream, prompt, 4 servers, 2 ratios; a time
+						// or "-" (no tick in a 20 ms window) in each.
+						f := strings.Fields(strings.Replace(l, " unique", "_unique", 1))
+						if len(f) != 3+4+2 {
+							t.Errorf("CPU row has %d fields, want 9: %q", len(f), l)
+							continue
+						}
+						for _, v := range f[3:7] {
+							if v != "-" && !strings.HasSuffix(v, "s") {
+								t.Errorf("CPU row %q: %q is not a time", l, v)
+							}
+						}
+					}
+				}
+				if rows != 10 {
+					t.Errorf("want 10 CPU rows, got %d:\n%s", rows, cpu)
 				}
 			}
 			lines := strings.Split(table, "\n")
@@ -373,5 +409,43 @@ func TestUnreachableTargetFails(t *testing.T) {
 	var out, stderr bytes.Buffer
 	if code := run([]string{"--direct", url, "--nginx", url, "--kvgate", url, "--ready-timeout", "0s"}, &out, &stderr); code != 1 || out.Len() != 0 {
 		t.Errorf("exit %d, stdout %q; want 1 and nothing printed", code, out.String())
+	}
+}
+
+// A server's CPU time is its own and its descendants' (nginx's workers),
+// read from each process's stat line, whatever its command is called.
+func TestTreeCPU(t *testing.T) {
+	root := t.TempDir()
+	for _, p := range []struct {
+		pid  int
+		stat string
+	}{
+		{1, "1 (init) S 0 1 1 0 -1 4194560 1 0 0 0 7 3 0 0 20 0 1 0 1 0 0"},
+		{10, "10 (nginx: master) S 1 10 10 0 -1 4194560 1 0 0 0 100 50 0 0 20 0 1 0 1 0 0"},
+		{11, "11 (nginx: worker (a) b)) R 10 10 10 0 -1 4194560 1 0 0 0 300 200 0 0 20 0 1 0 1 0 0"},
+		{12, "12 (x) S 11 10 10 0 -1 4194560 1 0 0 0 1 1 0 0 20 0 1 0 1 0 0"},
+		{20, "20 (other) S 1 20 20 0 -1 4194560 1 0 0 0 999 999 0 0 20 0 1 0 1 0 0"},
+	} {
+		if err := os.MkdirAll(filepath.Join(root, strconv.Itoa(p.pid)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, strconv.Itoa(p.pid), "stat"), []byte(p.stat+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(root, "self"), nil, 0o644) // not a process
+	got, err := treeCPU(root, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 652 * time.Second / userHZ; got != want {
+		t.Errorf("nginx's tree: %v, want %v", got, want)
+	}
+	if _, err := treeCPU(root, 30); err == nil {
+		t.Error("a process that is not running was measured")
+	}
+	os.WriteFile(filepath.Join(root, "12", "stat"), []byte("12 (x) S 11 10"), 0o644)
+	if _, err := treeCPU(root, 10); err == nil {
+		t.Error("a short stat line was read")
 	}
 }

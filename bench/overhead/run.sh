@@ -2,10 +2,12 @@
 # Proxy overhead: kvgate against nginx, both in front of the same instant
 # backend (kvgate sim --time-scale 0), measured in one run beside the floor
 # of the library kvgate is built on (a bare fasthttp reverse proxy,
-# `overhead floor`). Prints one table: requests/s and the latency each proxy
-# adds over the backend alone (p50, p99), and the kvgate/nginx,
+# `overhead floor`). Prints a table of requests/s and the latency each
+# proxy adds over the backend alone (p50, p99), and the kvgate/nginx,
 # fasthttp/nginx and kvgate/fasthttp ratios, at 1, 64 and 256 connections,
-# streamed and not, short and 4k-token prompts.
+# streamed and not, short and 4k-token prompts; then a table of the CPU
+# time each server spent per request (on shared cores, what the throughput
+# ratios follow from).
 #
 #   bench/overhead/run.sh [flags of the load generator, e.g. --rounds 5 --duration 3s]
 #
@@ -60,7 +62,8 @@ sim_port=${ports[0]} nginx_port=${ports[1]} kvgate_port=${ports[2]} floor_port=$
 # concurrent 4k-token requests never wait for KV blocks.
 "$work/kvgate" sim --listen "127.0.0.1:$sim_port" --time-scale 0 --gpu-memory 512GiB \
 	--max-num-seqs 1024 >"$work/sim.log" 2>&1 &
-pids+=($!)
+sim_pid=$!
+pids+=($sim_pid)
 
 # nginx as a plain keep-alive reverse proxy, as many workers as cores, SSE
 # passed through unbuffered (as kvgate does).
@@ -99,7 +102,8 @@ http {
 EOF
 nginx -t -q -c "$work/nginx.conf" -p "$work/nginx" 2>"$work/nginx-test.log" || { cat "$work/nginx-test.log" >&2; die "nginx refused its configuration"; }
 nginx -c "$work/nginx.conf" -p "$work/nginx" -g 'daemon off;' >"$work/nginx.log" 2>&1 &
-pids+=($!)
+nginx_pid=$!
+pids+=($nginx_pid)
 
 # kvgate with its defaults (tokenizer: backend), a budget that never queues.
 cat >"$work/kvgate.yaml" <<EOF
@@ -118,11 +122,13 @@ backends:
     gpu_memory: 512GiB
 EOF
 "$work/kvgate" serve --config "$work/kvgate.yaml" >"$work/kvgate.log" 2>&1 &
-pids+=($!)
+kvgate_pid=$!
+pids+=($kvgate_pid)
 
 # The floor: a bare fasthttp reverse proxy, what kvgate's library costs.
 "$work/overhead" floor --listen "127.0.0.1:$floor_port" --backend "127.0.0.1:$sim_port" >"$work/floor.log" 2>&1 &
-pids+=($!)
+floor_pid=$!
+pids+=($floor_pid)
 
 rev=$(git describe --always --dirty 2>/dev/null || echo unknown)
 fasthttp_version=$(go list -m -f '{{.Version}}' github.com/valyala/fasthttp)
@@ -131,5 +137,6 @@ fasthttp_version=$(go list -m -f '{{.Version}}' github.com/valyala/fasthttp)
 	--nginx "http://127.0.0.1:$nginx_port" \
 	--kvgate "http://127.0.0.1:$kvgate_port" \
 	--fasthttp "http://127.0.0.1:$floor_port" \
+	--direct-pid "$sim_pid" --nginx-pid "$nginx_pid" --kvgate-pid "$kvgate_pid" --fasthttp-pid "$floor_pid" \
 	--note "$(nginx -v 2>&1 | sed 's/^nginx version: //') ($(nproc) workers, keep-alive upstream, proxy_buffering off); kvgate $rev (tokenizer: backend); fasthttp $fasthttp_version" \
 	"$@"

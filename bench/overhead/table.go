@@ -86,6 +86,59 @@ func writeTable(out io.Writer, h header, cells []*cell) {
 		fmt.Fprintln(tw, "\t")
 	}
 	tw.Flush()
+	writeCPU(out, cells, proxies)
+}
+
+// writeCPU prints, when any server's processes were measured, the CPU
+// time each spent per request: the backend's own (direct) and each
+// proxy's own. On shared cores this is what the throughput ratios follow.
+func writeCPU(out io.Writer, cells []*cell, proxies []int) {
+	measured := false
+	for _, c := range cells {
+		for i := range c.result {
+			measured = measured || c.result[i].ended > 0
+		}
+	}
+	if !measured {
+		return
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintln(out, "CPU time per request: user + system of each server's processes (with their children, as nginx's workers) over the measured windows; direct is the backend's own")
+	fmt.Fprintln(out)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	cols := "conns\tstream\tprompt\tdirect"
+	for _, i := range proxies {
+		cols += "\t" + targetNames[i]
+	}
+	cols += "\tkvgate/nginx"
+	floor := slices.Contains(proxies, 3)
+	if floor {
+		cols += "\tkvgate/fasthttp"
+	}
+	fmt.Fprintln(tw, cols+"\t")
+	cpu := func(s *sample) string {
+		if d := s.cpuPerRequest(); d > 0 {
+			return fmtDur(d)
+		}
+		return "-"
+	}
+	for _, c := range cells {
+		stream := "no"
+		if c.w.stream {
+			stream = "yes"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s", c.conns, stream, c.label, cpu(&c.result[0]))
+		for _, i := range proxies {
+			fmt.Fprintf(tw, "\t%s", cpu(&c.result[i]))
+		}
+		k := float64(c.result[2].cpuPerRequest())
+		fmt.Fprintf(tw, "\t%s", ratio(k, float64(c.result[1].cpuPerRequest())))
+		if floor {
+			fmt.Fprintf(tw, "\t%s", ratio(k, float64(c.result[3].cpuPerRequest())))
+		}
+		fmt.Fprintln(tw, "\t")
+	}
+	tw.Flush()
 }
 
 // percentile is the nearest-rank p-quantile of d (sorted in place); 0 for
