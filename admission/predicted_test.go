@@ -126,8 +126,8 @@ func TestPredictedOpaqueRequests(t *testing.T) {
 		t.Fatalf("opaque request charged %d, want 128", st.Charge)
 	}
 	opaque.Progress(0, 90) // progress of an opaque ticket changes nothing
-	if c := f.b.Scheduler.Stats().Pools[0].Committed; c != withOpaque {
-		t.Fatalf("after progress: %d", c)
+	if st := f.b.Scheduler.Stats().Pools[0]; st.Committed != withOpaque || st.Charge != 8*16 {
+		t.Fatalf("after progress: committed %d, charged %d", st.Committed, st.Charge)
 	}
 	opaque.Release()
 	f.state(0, 0)

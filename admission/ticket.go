@@ -197,6 +197,9 @@ func (s *Scheduler) updateLocked(t *Ticket, change func()) {
 		s.unholdLocked(t, true)
 		return
 	}
+	// The new forecast first: the charge is its peak (with the forecast
+	// taken away above, it would be the worst case).
+	s.forecastAddLocked(p, t)
 	charge := s.ticketChargeLocked(t, weight)
 	dw, dc := weight-t.weight, charge-t.charge
 	p.held += dw
@@ -209,7 +212,6 @@ func (s *Scheduler) updateLocked(t *Ticket, change func()) {
 		p.drain.add(-dc, s.clock)
 		s.noteDemandLocked(p)
 	}
-	s.forecastAddLocked(p, t)
 }
 
 // ErrNotHeld is Move's error for a ticket that holds nothing.
