@@ -100,7 +100,10 @@ type choice0 struct {
 // a fraction of a parse. Whatever it is not sure of — a key written with
 // escapes or repeated, a delta with more than a role and content (tool
 // calls), logprobs, several choices, a finish reason with escapes —
-// answers false and is parsed. textStart and textEnd are where a non-empty
+// answers false and is parsed. It checks the members it reads, not the
+// syntax of those it skips: an event that is not well-formed JSON, which
+// only a broken backend sends, is acted on as its bytes say where the
+// parse would act on nothing. textStart and textEnd are where a non-empty
 // text is (the string, quotes included), when there is one.
 func scanChoice0(data []byte) (c choice0, ok bool, textStart, textEnd int) {
 	s := eventScan{b: data}
