@@ -96,9 +96,9 @@ func (c *curve) copyFrom(o curve) {
 // at each point the smaller of mean + z·sd and the all-alive bound. Past
 // both extents every point is the flat parts alone.
 func (c curve) peakWith(o curve, z float64) float64 {
-	flat := c.flat
-	flat.add(o.flat, 1)
-	bound := func(p point) float64 {
+	bound := func(k int) float64 {
+		p := c.at(k)
+		p.add(o.at(k), 1)
 		if p.vari > 0 {
 			p.mean += z * math.Sqrt(p.vari)
 		}
@@ -107,17 +107,10 @@ func (c curve) peakWith(o curve, z float64) float64 {
 	peak := math.Inf(-1)
 	n := max(c.n, o.n)
 	if n < predict.GridLen {
-		peak = bound(flat)
+		peak = bound(n) // every point from n on: the flat parts alone
 	}
 	for k := range n {
-		p := flat
-		if k < c.n {
-			p.add(point{c.mean[k], c.vari[k], c.hi[k]}, 1)
-		}
-		if k < o.n {
-			p.add(point{o.mean[k], o.vari[k], o.hi[k]}, 1)
-		}
-		peak = max(peak, bound(p))
+		peak = max(peak, bound(k))
 	}
 	return peak
 }
