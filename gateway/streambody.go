@@ -92,6 +92,10 @@ type choice0 struct {
 	finish []byte
 }
 
+// tokenOnly says the event is one piece of text and nothing more: most
+// events of a stream, and the ones whose shape is learned.
+func (c choice0) tokenOnly() bool { return c.text && c.finish == nil }
+
 // scanChoice0 reads an event's data when it is certainly about choice 0
 // alone and holds nothing else the relay acts on: no error, no usage (null
 // is none), one choice, its index 0, its text strings, its finish_reason
@@ -123,15 +127,8 @@ func scanChoice0(data []byte) (c choice0, ok bool, textStart, textEnd int) {
 	return c, ok, s.textStart, s.textEnd
 }
 
-// tokenOfChoice0 reports whether an event is one piece of text of choice 0
-// and nothing more: most events of a stream.
-func tokenOfChoice0(data []byte) bool {
-	c, ok, _, _ := scanChoice0(data)
-	return ok && c.text && c.finish == nil
-}
-
 // tokenShape is the JSON around the text of the last event of a stream that
-// tokenOfChoice0 passed. A stream's token events differ only in their text
+// scanChoice0 read as a token only. A stream's token events differ only in their text
 // (vLLM repeats the id, creation time and model in each), and an event that
 // is those same bytes around another non-empty JSON string is one as
 // surely: every member scanChoice0 judges is the same but the text, which
@@ -149,7 +146,7 @@ func (t *tokenShape) choice0(data []byte) (choice0, bool) {
 		return choice0{text: true}, true
 	}
 	c, ok, start, end := scanChoice0(data)
-	if ok && c.text && c.finish == nil {
+	if ok && c.tokenOnly() {
 		t.learn(data, start, end)
 	}
 	return c, ok

@@ -82,6 +82,13 @@ func TestStreamReadFallback(t *testing.T) {
 	}
 }
 
+// tokenOfChoice0 reports whether an event is one piece of text of choice 0
+// and nothing more.
+func tokenOfChoice0(data []byte) bool {
+	c, ok, _, _ := scanChoice0(data)
+	return ok && c.tokenOnly()
+}
+
 func TestScanChoice0(t *testing.T) {
 	const none = "-" // no finish reason
 	for _, c := range []struct {
