@@ -66,11 +66,7 @@ func writeTable(out io.Writer, h header, cells []*cell) {
 	for _, c := range cells {
 		d := &c.result[0]
 		d50, d99 := percentile(d.lat, 0.50), percentile(d.lat, 0.99)
-		stream := "no"
-		if c.w.stream {
-			stream = "yes"
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%.0f\t%s\t%s", c.conns, stream, c.label, d.rps(), fmtDur(d50), fmtDur(d99))
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s", c.rowKey(), d.rps(), fmtDur(d50), fmtDur(d99))
 		added := make([]time.Duration, len(c.result)) // +p50 by target
 		for _, i := range proxies {
 			s := &c.result[i]
@@ -123,11 +119,7 @@ func writeCPU(out io.Writer, cells []*cell, proxies []int) {
 		return "-"
 	}
 	for _, c := range cells {
-		stream := "no"
-		if c.w.stream {
-			stream = "yes"
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s", c.conns, stream, c.label, cpu(&c.result[0]))
+		fmt.Fprintf(tw, "%s\t%s", c.rowKey(), cpu(&c.result[0]))
 		for _, i := range proxies {
 			fmt.Fprintf(tw, "\t%s", cpu(&c.result[i]))
 		}
@@ -139,6 +131,16 @@ func writeCPU(out io.Writer, cells []*cell, proxies []int) {
 		fmt.Fprintln(tw, "\t")
 	}
 	tw.Flush()
+}
+
+// rowKey is the columns that name c's row in both tables: connections,
+// streamed or not, prompt.
+func (c *cell) rowKey() string {
+	stream := "no"
+	if c.w.stream {
+		stream = "yes"
+	}
+	return fmt.Sprintf("%d\t%s\t%s", c.conns, stream, c.label)
 }
 
 // percentile is the nearest-rank p-quantile of d (sorted in place); 0 for
