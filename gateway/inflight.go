@@ -10,9 +10,9 @@ import (
 // The requests in flight, and the sweep that acts on them with time.
 //
 // A request is put in the set when it arrives and taken out by its finish.
-// One goroutine sweeps the set every sweepTick while anything is in flight,
-// and parks when nothing has been for parkAfter ticks. It is the only clock
-// the proxy path has: no request arms a timer of its own.
+// One goroutine sweeps the set, on a clock of sweepTick ticks counted from
+// the server's start. It is the only clock the proxy path has: no request
+// arms a timer of its own.
 //
 //   - Client watch. Asking the kernel to report a client's hang-up costs
 //     two epoll_ctl calls, a sizeable share of a short request's cost, and
@@ -21,16 +21,29 @@ import (
 //     still in flight answerWatchTicks after it arrived is waiting for its
 //     answer (or streaming one). The sweep registers the watch of those
 //     (connwatch); the rest finish unwatched. A hang-up is thus noticed at
-//     most two ticks (4 ms) after a request starts to queue, and at most
-//     answerWatchTicks + 1 (22 ms) after it arrived otherwise. A tick of
-//     2 ms costs the sweep about 0.5% of a core under load.
-//   - Deadlines. Every deadlineEvery ticks the sweep ends the requests past
-//     server.request_timeout (errRequestTimeout) and the streamed ones whose
-//     backend's first event is past first_byte_timeout
-//     (errFirstByteTimeout), at most 20 ms late. Both are limits of
-//     seconds; the scan of every request in flight is kept off most ticks.
+//     most two ticks (4 ms) after a request starts to queue, and otherwise
+//     at most answerWatchTicks + 2 ticks (24 ms) after it arrived (one tick
+//     for the tick it arrived in, one for a sweep that read its clock
+//     before the request was added and slept).
+//   - Deadlines. Every deadlineEvery ticks while anything is in flight the
+//     sweep ends the requests past server.request_timeout
+//     (errRequestTimeout) and the streamed ones whose backend's first event
+//     is past first_byte_timeout (errFirstByteTimeout), at most 20 ms late.
+//     Both are limits of seconds; the scan of every request in flight is
+//     kept off most sweeps.
 //   - Shutdown ends every request in the set (errShutdown), and any that
 //     arrives after.
+//
+// The sweep wakes only when something can be due: the tick at which the
+// oldest young request turns answerWatchTicks old or a request in
+// admission reaches its watchDue, the next deadline scan, and at once when
+// a request begins to wait (it asks for its context's Done channel, which
+// only a wait does: reqCtx.waiting). A request arriving while it sleeps is
+// due answerWatchTicks later at the earliest, and the sweep never sleeps
+// longer than that. Ticking every 2 ms instead woke an idle core 500 times
+// a second: at one connection, where each wake-up costs a thread switch,
+// that was a sixth to a fifth of a request's CPU. With nothing in flight for
+// parkAfter ticks it parks until a request arrives.
 //
 // The set is sharded (a request picks a shard in turn) so that arrivals and
 // finishes on both cores rarely meet on one mutex. In a shard, young holds
@@ -41,8 +54,11 @@ import (
 type inflight struct {
 	shards [flightShards]flightShard
 	next   atomic.Uint32
-	// tick counts sweeps; a request notes it on arrival and on entering
-	// admission.
+	// epoch is tick 0 (the server's start); a request's arrival tick is
+	// that of its start time.
+	epoch time.Time
+	// tick is the tick of the last sweep, which a request entering
+	// admission reads (it may be behind while the sweep sleeps).
 	tick atomic.Uint64
 }
 
@@ -108,10 +124,19 @@ func (l *flightList) remove(x *exchange) {
 	x.fl.prev, x.fl.next = nil, nil
 }
 
-// add puts x in the set.
+// tickAt is the tick t falls in.
+func (f *inflight) tickAt(t time.Time) uint64 {
+	d := t.Sub(f.epoch)
+	if d < 0 {
+		return 0
+	}
+	return uint64(d / sweepTick)
+}
+
+// add puts x in the set, as arrived at x.start.
 func (f *inflight) add(x *exchange) {
 	sh := &f.shards[f.next.Add(1)%flightShards]
-	x.fl.arrived = f.tick.Load()
+	x.fl.arrived = f.tickAt(x.start)
 	x.fl.watchDue.Store(math.MaxUint64)
 	sh.mu.Lock()
 	x.fl.shard = sh
@@ -138,9 +163,11 @@ func (f *inflight) remove(x *exchange) {
 }
 
 // admitting says x enters admission now: if it is still there
-// queueWatchTicks from now, it is queued, and its client is watched.
+// queueWatchTicks from now, it is queued, and its client is watched. Now
+// is the last sweep's tick or x's arrival, whichever is later: no clock is
+// read, and a tick behind only has a request that waits watched sooner.
 func (f *inflight) admitting(x *exchange) {
-	x.fl.watchDue.Store(f.tick.Load() + queueWatchTicks)
+	x.fl.watchDue.Store(max(f.tick.Load(), x.fl.arrived) + queueWatchTicks)
 }
 
 // admitted says x left admission: from now on only its age decides.
@@ -160,8 +187,11 @@ func (w *sweepWork) reset() {
 }
 
 // sweep finds, at tick, the requests whose client must be watched from now
-// on and, when deadlines is set, those past a deadline at now.
-func (f *inflight) sweep(tick uint64, now time.Time, deadlines bool, w *sweepWork) {
+// on and, when deadlines is set, those past a deadline at now. next is the
+// first tick after it at which a request now in the set is due a watch
+// (math.MaxUint64: none is).
+func (f *inflight) sweep(tick uint64, now time.Time, deadlines bool, w *sweepWork) (next uint64) {
+	next = math.MaxUint64
 	for i := range f.shards {
 		sh := &f.shards[i]
 		sh.mu.Lock()
@@ -174,10 +204,18 @@ func (f *inflight) sweep(tick uint64, now time.Time, deadlines bool, w *sweepWor
 				w.watch = append(w.watch, x)
 			}
 		}
+		if x := sh.young.head; x != nil {
+			next = min(next, x.fl.arrived+answerWatchTicks)
+		}
 		for x := sh.young.head; x != nil; x = x.fl.next {
-			if !x.fl.watchTaken && x.fl.watchDue.Load() <= tick {
+			if x.fl.watchTaken {
+				continue
+			}
+			if due := x.fl.watchDue.Load(); due <= tick {
 				x.fl.watchTaken = true
 				w.watch = append(w.watch, x)
+			} else {
+				next = min(next, due)
 			}
 		}
 		if deadlines {
@@ -194,6 +232,7 @@ func (f *inflight) sweep(tick uint64, now time.Time, deadlines bool, w *sweepWor
 		}
 		sh.mu.Unlock()
 	}
+	return next
 }
 
 // each calls fn for every request in the set, outside the shards' locks.
@@ -217,47 +256,73 @@ func (f *inflight) each(fn func(*exchange)) {
 // sweepLoop runs the sweep until stop closes.
 func (s *Server) sweepLoop(stop <-chan struct{}) {
 	defer close(s.sweepDone)
-	t := time.NewTicker(sweepTick)
+	t := time.NewTimer(sweepTick)
 	defer t.Stop()
 	var w sweepWork
-	idle := 0
+	var st sweepState
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
+		case <-s.wake: // a request began to wait
 		}
-		tick := s.flights.tick.Add(1)
-		if s.active.Load() > 0 {
-			idle = 0
-			var now time.Time
-			deadlines := tick%deadlineEvery == 0
-			if deadlines {
-				now = s.now()
+		sleep, park := s.sweepStep(s.now(), &st, &w)
+		if park {
+			// Nothing in flight for a while: sleep until a request comes
+			// (it wakes the loop when it sees parked; parked is set before
+			// active is read again, so one of the two sees the other).
+			t.Stop()
+			s.parked.Store(true)
+			if s.active.Load() == 0 {
+				select {
+				case <-s.wake:
+				case <-stop:
+					return
+				}
 			}
-			s.flights.sweep(tick, now, deadlines, &w)
-			s.act(&w)
-			continue
+			s.parked.Store(false)
+			st = sweepState{}
+			sleep = 0
 		}
-		if idle++; idle < parkAfter {
-			continue
-		}
-		// Nothing in flight for a while: sleep until a request comes (it
-		// wakes the loop when it sees parked; parked is set before active
-		// is read again, so one of the two sees the other).
-		t.Stop()
-		s.parked.Store(true)
-		if s.active.Load() == 0 {
-			select {
-			case <-s.wake:
-			case <-stop:
-				return
-			}
-		}
-		s.parked.Store(false)
-		t.Reset(sweepTick)
-		idle = 0
+		t.Reset(sleep)
 	}
+}
+
+// sweepState is what the sweep remembers from one wake to the next.
+type sweepState struct {
+	deadlinesAt uint64 // tick of the next deadline scan
+	idle        bool   // nothing was in flight at the last wake
+	idleSince   uint64 // tick from which nothing has been in flight
+}
+
+// sweepStep sweeps at now and says how long to sleep until the next sweep
+// is due, or to park: nothing has been in flight for parkAfter ticks.
+func (s *Server) sweepStep(now time.Time, st *sweepState, w *sweepWork) (sleep time.Duration, park bool) {
+	f := &s.flights
+	tick := f.tickAt(now)
+	f.tick.Store(tick)
+	// A request arriving after this sweep is due answerWatchTicks from now
+	// at the earliest (one that waits sooner wakes the sweep itself), so
+	// the sweep never sleeps longer than that.
+	next := tick + answerWatchTicks
+	if s.active.Load() > 0 {
+		st.idle = false
+		deadlines := tick >= st.deadlinesAt
+		if deadlines {
+			st.deadlinesAt = tick + deadlineEvery
+		}
+		next = min(next, st.deadlinesAt, f.sweep(tick, now, deadlines, w))
+		s.act(w)
+	} else {
+		if !st.idle {
+			st.idle, st.idleSince = true, tick
+		}
+		if tick-st.idleSince >= parkAfter {
+			return 0, true
+		}
+	}
+	return f.epoch.Add(time.Duration(next) * sweepTick).Sub(now), false
 }
 
 // act does what a sweep found.
@@ -280,7 +345,8 @@ func (s *Server) act(w *sweepWork) {
 	w.reset()
 }
 
-// wakeSweep wakes a parked sweep: a request has arrived.
+// wakeSweep wakes a parked sweep: a request has arrived. (A request that
+// begins to wait wakes it through reqCtx.waiting, parked or not.)
 func (s *Server) wakeSweep() {
 	if s.parked.Load() {
 		select {

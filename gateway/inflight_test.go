@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -16,11 +17,15 @@ func TestSweepWatchesWaitingRequests(t *testing.T) {
 		tick  uint64
 		do    func(f *inflight, x map[string]*exchange)
 		watch []string
+		next  uint64 // the tick the sweep says it is next due
 	}
+	const none = math.MaxUint64
 	add := func(names ...string) func(*inflight, map[string]*exchange) {
 		return func(f *inflight, x map[string]*exchange) {
 			for _, n := range names {
-				x[n] = &exchange{label: n}
+				// Arrived in the middle of the step's tick.
+				start := f.epoch.Add(time.Duration(f.tick.Load())*sweepTick + sweepTick/2)
+				x[n] = &exchange{label: n, start: start}
 				f.add(x[n])
 			}
 		}
@@ -31,38 +36,44 @@ func TestSweepWatchesWaitingRequests(t *testing.T) {
 	}{
 		{"a request that finishes young is never watched", []step{
 			{tick: 0, do: add("a")},
-			{tick: answerWatchTicks - 1},
+			{tick: answerWatchTicks - 1, next: answerWatchTicks},
 			{tick: answerWatchTicks - 1, do: func(f *inflight, x map[string]*exchange) { f.remove(x["a"]) }},
-			{tick: answerWatchTicks},
-			{tick: 10 * answerWatchTicks},
+			{tick: answerWatchTicks, next: none},
+			{tick: 10 * answerWatchTicks, next: none},
 		}},
 		{"one still in flight at answerWatchTicks is watched, once", []step{
 			{tick: 0, do: add("a", "b")},
 			{tick: 5, do: add("c")},
-			{tick: answerWatchTicks, watch: []string{"a", "b"}},
-			{tick: answerWatchTicks + 4},
-			{tick: answerWatchTicks + 5, watch: []string{"c"}},
-			{tick: 10 * answerWatchTicks},
+			{tick: answerWatchTicks, watch: []string{"a", "b"}, next: 5 + answerWatchTicks},
+			{tick: answerWatchTicks + 4, next: 5 + answerWatchTicks},
+			{tick: answerWatchTicks + 5, watch: []string{"c"}, next: none},
+			{tick: 10 * answerWatchTicks, next: none},
 		}},
 		{"one that stays in admission queueWatchTicks is watched then", []step{
 			{tick: 0, do: add("a", "b")},
-			{tick: 3, do: func(f *inflight, x map[string]*exchange) { f.tick.Store(3); f.admitting(x["a"]); f.admitting(x["b"]) }},
-			{tick: 3 + queueWatchTicks - 1},
+			{tick: 3, do: func(f *inflight, x map[string]*exchange) { f.admitting(x["a"]); f.admitting(x["b"]) }},
+			{tick: 3 + queueWatchTicks - 1, next: 3 + queueWatchTicks},
 			{tick: 3 + queueWatchTicks - 1, do: func(f *inflight, x map[string]*exchange) { f.admitted(x["b"]) }}, // admitted at once
-			{tick: 3 + queueWatchTicks, watch: []string{"a"}},
-			{tick: answerWatchTicks, watch: []string{"b"}}, // still waiting for its answer
-			{tick: 10 * answerWatchTicks},
+			{tick: 3 + queueWatchTicks, watch: []string{"a"}, next: answerWatchTicks},
+			{tick: answerWatchTicks, watch: []string{"b"}, next: none}, // still waiting for its answer
+			{tick: 10 * answerWatchTicks, next: none},
+		}},
+		{"a request entering admission while the sweep slept is due a tick after it arrived", []step{
+			{tick: 0, do: add("a")},
+			{tick: 6, do: add("b")},
+			{tick: 2, do: func(f *inflight, x map[string]*exchange) { f.admitting(x["b"]) }}, // the sweep's tick is behind
+			{tick: 6 + queueWatchTicks, watch: []string{"b"}, next: answerWatchTicks},
 		}},
 		{"an old request removed leaves the old list intact", []step{
 			{tick: 0, do: add("a", "b", "c")},
-			{tick: answerWatchTicks, watch: []string{"a", "b", "c"}},
+			{tick: answerWatchTicks, watch: []string{"a", "b", "c"}, next: none},
 			{tick: answerWatchTicks, do: func(f *inflight, x map[string]*exchange) { f.remove(x["b"]); f.remove(x["a"]); f.remove(x["c"]) }},
 			{tick: answerWatchTicks, do: add("d")},
-			{tick: 2 * answerWatchTicks, watch: []string{"d"}},
+			{tick: 2 * answerWatchTicks, watch: []string{"d"}, next: none},
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var f inflight
+			f := inflight{epoch: time.Unix(1_800_000_000, 0)}
 			x := map[string]*exchange{}
 			var w sweepWork
 			for i, st := range c.steps {
@@ -71,7 +82,10 @@ func TestSweepWatchesWaitingRequests(t *testing.T) {
 					st.do(&f, x)
 					continue
 				}
-				f.sweep(st.tick, time.Time{}, false, &w)
+				next := f.sweep(st.tick, time.Time{}, false, &w)
+				if next != st.next {
+					t.Errorf("step %d (tick %d): next due at %d, want %d", i, st.tick, next, st.next)
+				}
 				var got []string
 				for _, e := range w.watch {
 					got = append(got, e.label)
@@ -168,5 +182,79 @@ func TestSweepEndsRequestsPastTheirDeadlines(t *testing.T) {
 	}
 	if short.ctx = &short.rctx; !errors.Is(short.ctx.Err(), context.DeadlineExceeded) {
 		t.Errorf("a timed-out request's Err() = %v, want DeadlineExceeded", short.ctx.Err())
+	}
+}
+
+// The sweep's clock stepped by hand: it sleeps until the first thing that
+// can be due (a young request turning answerWatchTicks old, one in
+// admission reaching its watchDue, the next deadline scan), never longer
+// than answerWatchTicks, and parks after parkAfter ticks with nothing in
+// flight.
+func TestSweepSleepsUntilSomethingIsDue(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	at := func(tick uint64) time.Time { return t0.Add(time.Duration(tick) * sweepTick) }
+	s := &Server{}
+	s.flights.epoch = t0
+	var st sweepState
+	var w sweepWork
+	x := &exchange{s: s, start: at(60).Add(sweepTick / 2)}
+	x.rctx.deadline = at(75)
+	for i, c := range []struct {
+		at     time.Time
+		before func()
+		wake   uint64 // the tick it sleeps until; 0 with park
+		park   bool
+	}{
+		{at: at(0), wake: answerWatchTicks}, // idle: a request may come
+		{at: at(10), wake: 20},
+		{at: at(49).Add(sweepTick / 3), wake: 59},
+		{at: at(50), park: true},
+		// Unparked by a request arriving in tick 60: due by age at 70.
+		{at: at(61), before: func() { st = sweepState{}; s.flights.add(x); s.active.Add(1) }, wake: 70},
+		// It enters admission and waits at once (which wakes the sweep):
+		// due a tick later.
+		{at: at(61).Add(sweepTick / 2), before: func() { s.flights.admitting(x) }, wake: 62},
+		{at: at(62), wake: 70},
+		{at: at(70), wake: 71}, // old now: only the deadline scan is due
+		{at: at(71), wake: 81}, // its deadline (75) not reached
+		{at: at(81), wake: 91}, // the scan ends it
+		{at: at(90), before: func() { s.flights.remove(x); s.active.Add(-1) }, wake: 100}, // finished
+		{at: at(139), wake: 149},
+		{at: at(140), park: true},
+	} {
+		if c.before != nil {
+			c.before()
+		}
+		sleep, park := s.sweepStep(c.at, &st, &w)
+		if park != c.park {
+			t.Fatalf("step %d (%s): park %v, want %v", i, c.at.Sub(t0), park, c.park)
+		}
+		if park {
+			continue
+		}
+		if sleep <= 0 {
+			t.Fatalf("step %d (%s): sleeps %s", i, c.at.Sub(t0), sleep)
+		}
+		if wake := s.flights.tickAt(c.at.Add(sleep)); wake != c.wake || !c.at.Add(sleep).Equal(at(wake)) {
+			t.Errorf("step %d (%s): wakes at %s (tick %d), want tick %d", i, c.at.Sub(t0), c.at.Add(sleep).Sub(t0), wake, c.wake)
+		}
+		switch i {
+		case 5:
+			if x.fl.watchTaken {
+				t.Errorf("step %d: watched %d ticks after entering admission, want %d", i, 0, queueWatchTicks)
+			}
+		case 6:
+			if !x.fl.watchTaken {
+				t.Errorf("step %d: not watched %d tick after entering admission", i, queueWatchTicks)
+			}
+		case 8:
+			if x.rctx.Cause() != nil {
+				t.Errorf("step %d: ended (%v) before its deadline", i, x.rctx.Cause())
+			}
+		case 9:
+			if x.rctx.Cause() != errRequestTimeout {
+				t.Errorf("step %d: cause %v past its deadline, want errRequestTimeout", i, x.rctx.Cause())
+			}
+		}
 	}
 }

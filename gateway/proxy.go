@@ -88,6 +88,7 @@ type exchange struct {
 func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
 	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown", conn: ctx.Conn()}
 	x.rctx.deadline = x.start.Add(rt.cfg.Server.requestTimeout())
+	x.rctx.waiting = s.wake
 	x.ctx = &x.rctx
 	s.m.inflight.Inc()
 	s.active.Add(1)

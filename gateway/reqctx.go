@@ -38,6 +38,11 @@ type reqCtx struct {
 	ticket *admission.Ticket // a reservation to release when it ends
 	funcs  []afterFunc       // AfterFuncs of derived contexts
 	nextID int
+	// waiting is told, without blocking, when the done channel is first
+	// asked for: only a wait does that (the admission queue, a derived
+	// context), and the server's sweep then watches the request's client
+	// in time (inflight.go). nil: nobody is told.
+	waiting chan<- struct{}
 }
 
 type afterFunc struct {
@@ -65,6 +70,12 @@ func (c *reqCtx) Done() <-chan struct{} {
 			return closedChan
 		}
 		c.done = make(chan struct{})
+		if c.waiting != nil {
+			select {
+			case c.waiting <- struct{}{}:
+			default: // the sweep is awake already
+			}
+		}
 	}
 	return c.done
 }

@@ -75,3 +75,45 @@ type closer struct{ n atomic.Int32 }
 func (c *closer) Close() error { c.n.Add(1); return nil }
 
 var _ io.Closer = (*closer)(nil)
+
+// Asking for the done channel is what a wait does, and it wakes the sweep
+// (once, without blocking) so that the waiting client is watched in time;
+// what a request admitted at once does (Err, Cause, Deadline) does not.
+func TestReqCtxWaitingWakesTheSweep(t *testing.T) {
+	wake := make(chan struct{}, 1)
+	woken := func() bool {
+		select {
+		case <-wake:
+			return true
+		default:
+			return false
+		}
+	}
+	rc := reqCtx{waiting: wake}
+	rc.Err()
+	rc.Cause()
+	rc.Deadline()
+	if woken() {
+		t.Fatal("the sweep was woken by a request that did not wait")
+	}
+	wake <- struct{}{} // the sweep has a wake pending already: Done must not block
+	rc.Done()
+	if !woken() || woken() {
+		t.Fatal("a pending wake was lost or doubled")
+	}
+	rc.Done()
+	if woken() {
+		t.Error("a second Done woke the sweep again")
+	}
+
+	fresh := reqCtx{waiting: wake}
+	fresh.Done()
+	if !woken() {
+		t.Error("the first Done did not wake the sweep")
+	}
+	ended := reqCtx{waiting: wake}
+	ended.cancel(errClientGone)
+	if ended.Done() != closedChan || woken() {
+		t.Error("a context ended before anyone waited woke the sweep")
+	}
+}

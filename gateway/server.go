@@ -73,13 +73,13 @@ type Server struct {
 	closed    bool
 	probes    sync.WaitGroup
 
-	// flights are the requests in flight, swept every sweepTick while
-	// there are any (inflight.go): their deadlines, their clients' watches,
-	// shutdown. stopping is set when Shutdown ends them.
+	// flights are the requests in flight, swept while there are any
+	// (inflight.go): their deadlines, their clients' watches, shutdown.
+	// stopping is set when Shutdown ends them.
 	flights   inflight
 	stopping  atomic.Bool
 	parked    atomic.Bool   // the sweep sleeps until wake
-	wake      chan struct{} // a request arrived while the sweep slept
+	wake      chan struct{} // a request arrived while the sweep was parked, or began to wait
 	sweepStop chan struct{}
 	sweepDone chan struct{}
 	stopOnce  sync.Once
@@ -137,6 +137,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	s.watch = w
 	s.life, s.endLife = context.WithCancelCause(context.Background())
 	s.wake, s.sweepStop, s.sweepDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	s.flights.epoch = s.now()
 	go s.sweepLoop(s.sweepStop)
 	s.rt.Store(rt)
 	if s.fleet != nil {
