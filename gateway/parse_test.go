@@ -368,6 +368,39 @@ func TestBadString(t *testing.T) {
 	}
 }
 
+// hasControl against the plain byte loop: every byte value at every
+// position of buffers up to past two of its 32-byte blocks, on backgrounds
+// that make borrows (bytes just above 0x20, the high bit set, 0x80 and
+// 0xff beside each other).
+func TestHasControl(t *testing.T) {
+	plain := func(b []byte) bool {
+		for _, c := range b {
+			if c < 0x20 {
+				return true
+			}
+		}
+		return false
+	}
+	for _, bg := range []string{"a", " ", "!", "\x7f", "\x80", "\xff", " \x80!\xff\x7f~"} {
+		for n := 0; n <= 72; n++ {
+			buf := []byte(strings.Repeat(bg, n+1)[:n])
+			if hasControl(buf) != plain(buf) {
+				t.Fatalf("hasControl(%q) = %v", buf, !plain(buf))
+			}
+			for at := 0; at < n; at++ {
+				keep := buf[at]
+				for c := 0; c < 256; c++ {
+					buf[at] = byte(c)
+					if got, want := hasControl(buf), plain(buf); got != want {
+						t.Fatalf("hasControl(%q) = %v, want %v", buf, got, want)
+					}
+				}
+				buf[at] = keep
+			}
+		}
+	}
+}
+
 func TestParseRefusesWhatJSONForbidsInStrings(t *testing.T) {
 	var p fastjson.Parser
 	_, err := parseRequest(&p, []byte("{\"model\":\"m\",\"prompt\":\"a\x00b\"}"), completions)
