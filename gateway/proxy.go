@@ -845,7 +845,7 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 	choices := v.GetArray("choices")
 	for _, c := range choices {
 		idx := c.GetInt("index")
-		if content := c.GetStringBytes("delta", "content"); len(content) > 0 || len(c.GetStringBytes("text")) > 0 {
+		if generated(c) {
 			x.token(idx)
 		}
 		if fr := c.Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
@@ -857,6 +857,31 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 	}
 	return true, false, false
 }
+
+// generated says whether a streamed choice carries what its sequence
+// generated, which the relay counts as a token: a completion's text, or in
+// a chat's delta the content, the reasoning of a reasoning model (vLLM's
+// "reasoning", formerly "reasoning_content") or a piece of a tool call.
+// Each is output the backend holds KV blocks for; a stream that counted
+// only content would report no progress while a model reasons or calls a
+// tool, and its reservation would fall behind what it holds.
+func generated(c *fastjson.Value) bool {
+	if len(c.GetStringBytes("text")) > 0 {
+		return true
+	}
+	d := c.Get("delta")
+	if d == nil {
+		return false
+	}
+	for _, k := range generatedKeys {
+		if len(d.GetStringBytes(k)) > 0 {
+			return true
+		}
+	}
+	return len(d.GetArray("tool_calls")) > 0
+}
+
+var generatedKeys = [...]string{"content", "reasoning", "reasoning_content"}
 
 // token counts one token of choice idx.
 func (x *exchange) token(idx int) {

@@ -85,8 +85,8 @@ func (b *sseBody) Close() error {
 }
 
 // choice0 is what the relay acts on in an event that scanChoice0 could
-// read: a piece of text (a chat's delta.content or a completion's text,
-// not empty) and a finish reason (nil: none).
+// read: a piece of text (a completion's text, or a chat's delta.content or
+// reasoning, not empty: see generated) and a finish reason (nil: none).
 type choice0 struct {
 	text   bool
 	finish []byte
@@ -337,17 +337,22 @@ func (s *eventScan) choice0(c *choice0) bool {
 	return ok && !more && seen&seenIndex != 0
 }
 
-// delta consumes a chat delta of a content and a role, both strings, and
-// nothing else but nulls (no tool calls).
+// delta consumes a chat delta of strings — a content, a reasoning (either
+// name vLLM has given it) and a role — and nothing else but nulls (tool
+// calls are left to the parse).
 func (s *eventScan) delta(c *choice0) bool {
 	var seen uint8
 	return s.object(func(key []byte) bool {
 		switch string(key) {
 		case "content":
 			return once(&seen, 1) && s.text(c)
+		case "reasoning":
+			return once(&seen, 2) && s.text(c)
+		case "reasoning_content":
+			return once(&seen, 4) && s.text(c)
 		case "role":
 			_, ok := s.str()
-			return once(&seen, 2) && ok
+			return once(&seen, 8) && ok
 		}
 		return s.null()
 	})

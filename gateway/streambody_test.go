@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -119,6 +120,12 @@ func TestScanChoice0(t *testing.T) {
 		{`{"choices":[{"index":0,"delta":{"content":"x"}},{"index":1,"delta":{"content":"y"}}]}`, false, false, none},
 		{`{"choices":[{"index":0,"delta":{"content":"x"},"logprobs":{"content":[{"token":"x"}]}}]}`, false, false, none},
 		{`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}`, false, false, none},
+		{`{"choices":[{"index":0,"delta":{"reasoning":" think"},"logprobs":null,"finish_reason":null}]}`, true, true, none},
+		{`{"choices":[{"index":0,"delta":{"reasoning_content":" think"}}]}`, true, true, none},
+		{`{"choices":[{"index":0,"delta":{"reasoning":" think","reasoning_content":" think"}}]}`, true, true, none},
+		{`{"choices":[{"index":0,"delta":{"role":"assistant","reasoning":""}}]}`, true, false, none},
+		{`{"choices":[{"index":0,"delta":{"reasoning":"x","reasoning":""}}]}`, false, false, none},
+		{`{"choices":[{"index":0,"delta":{"reasoning":["x"]}}]}`, false, false, none},
 		{`{"choices":[],"usage":{"prompt_tokens":1}}`, false, false, none},
 		{`{"choices":[{"index":0,"text":"x"}],"usage":{"prompt_tokens":1}}`, false, false, none},
 		{`{"choices":[{"index":0,"text":"x"}],"error":{"message":"boom"}}`, false, false, none},
@@ -154,6 +161,8 @@ func FuzzScanChoice0(f *testing.F) {
 		`{"choices":[{"index":0,"finish_reason":"stop"}],"usage":{"prompt_tokens":3}}`,
 		`{"error":{"message":"x"}}`, `{"choices":[{"text":"\"finish_reason\":null"}]}`,
 		`{"choices":[{"index":0,"text":" one","finish_reason":null}],"usage":null}`,
+		`{"choices":[{"index":0,"delta":{"reasoning":"x","content":null},"finish_reason":null}]}`,
+		`{"choices":[{"index":0,"delta":{"reasoning_content":"","tool_calls":[]}}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -177,7 +186,7 @@ func FuzzScanChoice0(f *testing.F) {
 			t.Fatalf("read %s, which is not one choice of index 0", data)
 		}
 		ch := choices[0]
-		if text := len(ch.GetStringBytes("delta", "content")) > 0 || len(ch.GetStringBytes("text")) > 0; text != c.text {
+		if text := generated(ch); text != c.text {
 			t.Fatalf("read %s as text %v; the parse says %v", data, c.text, text)
 		}
 		fr := ch.Get("finish_reason")
@@ -270,5 +279,49 @@ func BenchmarkTokenOfChoice0(b *testing.B) {
 		if !tokenOfChoice0(ev) {
 			b.Fatal("a token event was not told")
 		}
+	}
+}
+
+// A reasoning model's stream is mostly reasoning, and a tool call's is
+// arguments: both are output the backend holds KV blocks for. The relay
+// counts every event that carries some (vLLM's "reasoning", its former
+// "reasoning_content", a piece of a tool call, content), so the finished
+// sequence teaches the predictor its whole length, not its content's.
+func TestStreamCountsReasoningAndToolCalls(t *testing.T) {
+	chunk := func(delta, finish string) string {
+		return `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"llama-3-8b","choices":[{"index":0,"delta":` +
+			delta + `,"logprobs":null,"finish_reason":` + finish + "}]}\n\n"
+	}
+	var events []string
+	events = append(events, chunk(`{"role":"assistant","content":""}`, "null"))
+	for range 5 {
+		events = append(events, chunk(`{"reasoning":" think"}`, "null"))
+	}
+	for range 3 {
+		events = append(events, chunk(`{"reasoning_content":" hmm"}`, "null"))
+	}
+	events = append(events,
+		chunk(`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"weather","arguments":""}}]}`, "null"),
+		chunk(`{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":\"Oslo\"}"}}]}`, "null"))
+	for range 4 {
+		events = append(events, chunk(`{"content":" a"}`, "null"))
+	}
+	events = append(events, chunk(`{"content":""}`, `"tool_calls"`), doneEvent)
+	const generated = 5 + 3 + 2 + 4
+
+	url := startFake(t, func(w http.ResponseWriter, r *http.Request, quit <-chan struct{}) {
+		if tokenize3(w, r) {
+			return
+		}
+		streamHeaders(w)
+		sse(w, events...)
+	}).URL
+	_, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+	r := postJSON(gwURL, "/v1/chat/completions", chatBody("what is the weather in Oslo", 100, true))
+	if r.status != 200 || !strings.HasSuffix(r.body, doneEvent) {
+		t.Fatalf("%d %.300q", r.status, r.body)
+	}
+	if q := getStatus(t, gwURL).Models[0]; q.Samples != 1 || q.MedianLength != generated {
+		t.Fatalf("the predictor learned %d tokens from %v samples, want %d from 1", q.MedianLength, q.Samples, generated)
 	}
 }
