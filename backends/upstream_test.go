@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,9 +25,15 @@ func serve(t *testing.T, h fasthttp.RequestHandler) (addr string, srv *fasthttp.
 		t.Fatal(err)
 	}
 	srv = &fasthttp.Server{Handler: h, CloseOnShutdown: true}
+	return serveOn(t, ln, srv), srv
+}
+
+// serveOn serves srv, configured before it starts, on ln.
+func serveOn(t *testing.T, ln net.Listener, srv *fasthttp.Server) (addr string) {
+	t.Helper()
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Shutdown() })
-	return ln.Addr().String(), srv
+	return ln.Addr().String()
 }
 
 func post(addr, path, body string) *fasthttp.Request {
@@ -110,7 +117,7 @@ func TestUpstreamStreamsChunked(t *testing.T) {
 // Cancelling while the backend has not answered closes the connection: the
 // backend sees its client go, which is what makes vLLM abort the request.
 func TestUpstreamCancelBeforeHeaders(t *testing.T) {
-	gone := make(chan struct{})
+	arrived, gone := make(chan struct{}), make(chan struct{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -124,10 +131,13 @@ func TestUpstreamCancelBeforeHeaders(t *testing.T) {
 		defer c.Close()
 		// Read the request, never answer, and report when the peer closes.
 		buf := make([]byte, 4096)
-		for {
+		for first := true; ; first = false {
 			if _, err := c.Read(buf); err != nil {
 				close(gone)
 				return
+			}
+			if first {
+				close(arrived)
 			}
 		}
 	}()
@@ -138,7 +148,7 @@ func TestUpstreamCancelBeforeHeaders(t *testing.T) {
 		_, err := u.Do(ctx, post(ln.Addr().String(), "/slow", "{}"))
 		errc <- err
 	}()
-	time.Sleep(20 * time.Millisecond) // let the request reach the server
+	<-arrived // the request reached the server, which will never answer
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Do after cancel: %v, want context.Canceled", err)
@@ -184,8 +194,23 @@ func TestUpstreamCancelMidStream(t *testing.T) {
 // A keep-alive connection the backend closed while idle is retried on a new
 // one instead of failing the request.
 func TestUpstreamRetriesStaleConnection(t *testing.T) {
-	addr, srv := serve(t, func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") })
-	srv.IdleTimeout = 30 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{}, 4)
+	addr := serveOn(t, ln, &fasthttp.Server{
+		Handler:         func(ctx *fasthttp.RequestCtx) { ctx.WriteString("ok") },
+		CloseOnShutdown: true,
+		// Each connection is closed as soon as it is idle: the one the
+		// upstream pools after a round is stale by the next.
+		IdleTimeout: time.Millisecond,
+		ConnState: func(_ net.Conn, st fasthttp.ConnState) {
+			if st == fasthttp.StateClosed {
+				closed <- struct{}{}
+			}
+		},
+	})
 	u := NewUpstream(addr, UpstreamOptions{})
 	for i := range 3 {
 		r, err := u.Do(context.Background(), post(addr, "/", "{}"))
@@ -195,7 +220,7 @@ func TestUpstreamRetriesStaleConnection(t *testing.T) {
 		if b, err := r.ReadAll(100); err != nil || string(b) != "ok" {
 			t.Fatalf("round %d: %q %v", i, b, err)
 		}
-		time.Sleep(80 * time.Millisecond) // past the server's idle timeout
+		<-closed // the server closed the connection the upstream keeps
 	}
 }
 
@@ -332,36 +357,32 @@ func TestUpstreamNeverResendsAWrittenRequest(t *testing.T) {
 // busy, a request whose context ends gives up at once (review finding: it
 // waited, holding its reservation, past hang-up and timeout).
 func TestUpstreamSlotWaitHonoursContext(t *testing.T) {
-	release := make(chan struct{})
+	release, busy := make(chan struct{}), make(chan struct{})
+	var once sync.Once
 	addr := rawServer(t, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for {
 			if _, err := http.ReadRequest(br); err != nil {
 				return
 			}
+			once.Do(func() { close(busy) })
 			<-release
 			c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
 		}
 	})
 	defer close(release)
 	u := NewUpstream(addr, UpstreamOptions{MaxConns: 1})
-	first := make(chan struct{})
 	go func() {
-		close(first)
 		if r, err := u.Do(context.Background(), post(addr, "/slow", "{}")); err == nil {
 			r.ReadAll(100)
 		}
 	}()
-	<-first
-	time.Sleep(50 * time.Millisecond) // the first holds the only connection
+	<-busy // the first holds the only connection until the test ends
+	// Were the wait deaf to the context, the second would hang there too.
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	start := time.Now()
 	if _, err := u.Do(ctx, post(addr, "/second", "{}")); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v", err)
-	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Errorf("gave up after %s", d)
 	}
 }
 

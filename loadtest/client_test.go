@@ -168,10 +168,12 @@ func TestSenderOutcomes(t *testing.T) {
 }
 
 func TestSenderTimeoutCancelAndRefused(t *testing.T) {
+	flushed := make(chan struct{}, 2) // a request's first event is on its way
 	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, `data: {"choices":[{"delta":{"content":"a"}}]}`+"\n\n")
 		w.(http.Flusher).Flush()
+		flushed <- struct{}{}
 		<-r.Context().Done() // never finishes on its own
 	}))
 	defer hang.Close()
@@ -182,9 +184,10 @@ func TestSenderTimeoutCancelAndRefused(t *testing.T) {
 		t.Errorf("hung stream: %s %q, want timeout", r.Outcome, r.Err)
 	}
 
+	<-flushed
 	ctx, cancel := context.WithCancel(context.Background())
 	s.timeout = 0
-	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+	go func() { <-flushed; cancel() }() // mid-stream
 	if r := s.Send(ctx, RequestSpec{Prompt: "x", MaxTokens: 4}); r.Outcome != OutcomeIncomplete {
 		t.Errorf("cancelled: %s %q, want incomplete", r.Outcome, r.Err)
 	}
