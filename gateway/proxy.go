@@ -645,9 +645,12 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 	ctx.SetBody(body)
 	switch {
 	case status < 300:
-		if a, ok := readAnswer(&x.s.parsers, body); ok {
-			x.learnWhole(a)
+		p := x.s.parsers.Get()
+		if v, err := p.ParseBytes(body); err == nil {
+			x.readUsage(v.Get("usage"))
+			x.learnWhole(v)
 		}
+		x.s.parsers.Put(p)
 		x.finish(outcomeOK, "")
 	case status >= 500:
 		x.s.m.upstreamErrors.WithLabelValues(x.backend.Name(), "status").Inc()
@@ -664,19 +667,18 @@ var bodyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b
 
 const maxPooledBody = 1 << 20
 
-// learnWhole takes a non-streamed answer's usage, and teaches the model's
-// output-length predictor what it generated: only a single choice's length
-// is known (usage counts all choices together).
-func (x *exchange) learnWhole(a answer) {
-	if !a.hasUsage {
+// learnWhole teaches the model's output-length predictor what a
+// non-streamed answer generated: only a single choice's length is known
+// (usage counts all choices together).
+func (x *exchange) learnWhole(v *fastjson.Value) {
+	choices := v.GetArray("choices")
+	if !x.hasUsage || len(choices) != 1 || len(x.res.prompts) != 1 {
 		return
 	}
-	x.usage.prompt, x.usage.completion, x.hasUsage = a.prompt, a.completion, true
-	if a.choices != 1 || len(x.res.prompts) != 1 || !a.hasFinish {
-		return
-	}
-	if prompt, n, ok := x.res.finish(0, x.usage.completion); ok {
-		x.ticket.Done(prompt, n, string(a.finish) == "length")
+	if fr := choices[0].Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
+		if prompt, n, ok := x.res.finish(0, x.usage.completion); ok {
+			x.ticket.Done(prompt, n, string(fr.GetStringBytes()) == "length")
+		}
 	}
 }
 

@@ -193,12 +193,6 @@ func (s *eventScan) eat(c byte) bool {
 	return false
 }
 
-// at says whether c comes next after any space, consuming only the space.
-func (s *eventScan) at(c byte) bool {
-	s.space()
-	return s.i < len(s.b) && s.b[s.i] == c
-}
-
 // next consumes what follows a member or element: a comma (more) or the
 // closing c.
 func (s *eventScan) next(c byte) (more, ok bool) {
