@@ -425,14 +425,17 @@ func (s *httpSender) readWhole(ctx, parent context.Context, body io.Reader, res 
 	}
 }
 
-// chunkContent reports whether a chunk carries generated text and whether a
-// choice finished in it.
+// chunkContent reports whether a chunk carries generated output — text,
+// content, a reasoning model's reasoning (vLLM's "reasoning", formerly
+// "reasoning_content") or a piece of a tool call — and whether a choice
+// finished in it.
 func chunkContent(v *fastjson.Value) (content, finished bool) {
 	for _, c := range v.GetArray("choices") {
 		if len(c.GetStringBytes("text")) > 0 ||
 			len(c.GetStringBytes("delta", "content")) > 0 ||
 			len(c.GetStringBytes("delta", "reasoning_content")) > 0 ||
-			len(c.GetStringBytes("delta", "reasoning")) > 0 {
+			len(c.GetStringBytes("delta", "reasoning")) > 0 ||
+			len(c.GetArray("delta", "tool_calls")) > 0 {
 			content = true
 		}
 		if f := c.Get("finish_reason"); f != nil && f.Type() != fastjson.TypeNull {

@@ -91,6 +91,38 @@ func TestSenderMeasuresTheStreamExactly(t *testing.T) {
 	}
 }
 
+// A reasoning model's first output is reasoning and a tool call's is
+// arguments: each is a generated token, for the time to the first one, the
+// gaps between them and (with no usage) the count.
+func TestSenderCountsReasoningAndToolCalls(t *testing.T) {
+	srv := sseServer(t, []string{
+		`data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n",
+		`data: {"choices":[{"index":0,"delta":{"reasoning":"Hmm"},"finish_reason":null}]}` + "\n\n",
+		`data: {"choices":[{"index":0,"delta":{"reasoning_content":" so"},"finish_reason":null}]}` + "\n\n",
+		`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"weather","arguments":""}}]},"finish_reason":null}]}` + "\n\n",
+		`data: {"choices":[{"index":0,"delta":{"tool_calls":[]},"finish_reason":null}]}` + "\n\n",
+		`data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"tool_calls"}]}` + "\n\n",
+		"data: [DONE]\n\n",
+	}, nil)
+	// One millisecond a clock reading: the start is reading 1, then one a
+	// line: role (2), blank (3), reasoning (4), blank (5), reasoning (6),
+	// blank (7), tool call (8), blank (9), empty tool calls (10), blank
+	// (11), content (12), blank (13), [DONE] (14).
+	r := testSender(srv.URL, &stepClock{step: time.Millisecond}).Send(context.Background(), RequestSpec{Prompt: "p", MaxTokens: 8})
+	if r.Outcome != OutcomeOK {
+		t.Fatalf("outcome %s: %s", r.Outcome, r.Err)
+	}
+	if got := r.TTFT(); got != 3*time.Millisecond {
+		t.Errorf("TTFT = %s, want 3ms (the first reasoning)", got)
+	}
+	if want := []time.Duration{2 * time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond}; !slices.Equal(r.ITL, want) {
+		t.Errorf("ITL = %v, want %v", r.ITL, want)
+	}
+	if r.OutputTokens != 4 {
+		t.Errorf("%d output tokens, want 4", r.OutputTokens)
+	}
+}
+
 func TestSenderCompletionsAndNoUsage(t *testing.T) {
 	// /v1/completions chunks carry "text"; with no usage chunk the output
 	// is counted one token a content chunk, and a finish_reason without
