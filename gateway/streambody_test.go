@@ -307,7 +307,7 @@ func TestStreamCountsReasoningAndToolCalls(t *testing.T) {
 		events = append(events, chunk(`{"content":" a"}`, "null"))
 	}
 	events = append(events, chunk(`{"content":""}`, `"tool_calls"`), doneEvent)
-	const generated = 5 + 3 + 2 + 4
+	const want = 5 + 3 + 2 + 4
 
 	url := startFake(t, func(w http.ResponseWriter, r *http.Request, quit <-chan struct{}) {
 		if tokenize3(w, r) {
@@ -321,7 +321,7 @@ func TestStreamCountsReasoningAndToolCalls(t *testing.T) {
 	if r.status != 200 || !strings.HasSuffix(r.body, doneEvent) {
 		t.Fatalf("%d %.300q", r.status, r.body)
 	}
-	if q := getStatus(t, gwURL).Models[0]; q.Samples != 1 || q.MedianLength != generated {
-		t.Fatalf("the predictor learned %d tokens from %v samples, want %d from 1", q.MedianLength, q.Samples, generated)
+	if q := getStatus(t, gwURL).Models[0]; q.Samples != 1 || q.MedianLength != want {
+		t.Fatalf("the predictor learned %d tokens from %v samples, want %d from 1", q.MedianLength, q.Samples, want)
 	}
 }
