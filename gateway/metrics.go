@@ -166,7 +166,7 @@ var (
 	defTokensPredicted  = def{"kvgate_tokens_predicted_total", "Tokens the gateway reserved KV for: prompt (predicted) and output (max_tokens), of answered requests.", []string{"model", "kind"}}
 	defTokensActual     = def{"kvgate_tokens_actual_total", "Tokens backends reported in usage for the same requests.", []string{"model", "kind"}}
 	defPromptRatio      = def{"kvgate_prompt_tokens_actual_over_predicted", "Actual / predicted prompt tokens per request: above 1 the prediction was low. tokenizer is where the count came from: backend (its /tokenize, asked now), cache (an earlier /tokenize answer), estimate.", []string{"model", "tokenizer"}}
-	defTTFT             = def{"kvgate_time_to_first_token_seconds", "Arrival to the first streamed event relayed to the client, queueing included.", []string{"model"}}
+	defTTFT             = def{"kvgate_time_to_first_token_seconds", "Arrival to the first generated token of a stream (content, reasoning or a piece of a tool call) relayed to the client, queueing included.", []string{"model"}}
 	defDuration         = def{"kvgate_request_duration_seconds", "Arrival to last byte, by outcome.", []string{"model", "outcome"}}
 	defUpstreamErrors   = def{"kvgate_upstream_errors_total", "Failures talking to backends: transport, status (5xx answers), tokenize.", []string{"backend", "kind"}}
 	defTokenizeFalls    = def{"kvgate_tokenize_fallbacks_total", "Prompts estimated because the backend's /tokenize failed, by reason (timeout: past backends[].tokenize_timeout; error).", []string{"model", "reason"}}
