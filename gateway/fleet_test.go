@@ -168,13 +168,17 @@ func lease(s *Server) leases.Stats { return s.fleet.statuses()[0].stats }
 
 // waitFor polls cond until it holds, for up to a generous deadline: real
 // time is unavoidable with two real servers and a real Redis, and the
-// machine is slow and shared. Durations are logged, never asserted.
-func waitFor(t *testing.T, what string, cond func() bool) time.Duration {
+// machine is slow and shared. Durations are logged, never asserted. state,
+// if given, says where things stood when it gave up.
+func waitFor(t *testing.T, what string, cond func() bool, state ...func() string) time.Duration {
 	t.Helper()
 	start := time.Now()
 	deadline := start.Add(60 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
+			for _, st := range state {
+				t.Log(st())
+			}
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -243,9 +247,16 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 		bBefore := lease(gb).Leased
 		la.halt()
 		ga.crash()
+		// a's clients come to b: with its own eight, b wants more than the
+		// whole budget, so that it leases all a leaves, however its
+		// forecast of its own eight streams (some near their end) falls.
+		lb2 := startLoad(b, 8, fleetBody)
 		took := waitFor(t, "b to lease a's part", func() bool {
 			l := lease(gb)
 			return l.Leased >= budget-chunk && l.Leased > bBefore
+		}, func() string {
+			held, queued := gb.rt.Load().sched.Demand(onlyPool(gb).Name)
+			return fmt.Sprintf("budget %d, chunk %d; b leased %+v, its demand %d held + %d queued", budget, chunk, lease(gb), held, queued)
 		})
 		// And b admits into it: more than a budget's worth minus a's
 		// lease is bound on b at once.
@@ -253,8 +264,9 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 		waitFor(t, "b's forecast to keep the whole margin again", func() bool { return onlyPool(gb).Margin == 1 })
 		t.Logf("after a was killed holding %d bytes: b leased %d (from %d) after %v (TTL 2s)", held, lease(gb).Leased, bBefore, took.Round(time.Millisecond))
 		lb.halt()
+		lb2.halt()
 		st = backend.Stats()
-		if st.OOMEvents != 0 || lb.oom.Load() != 0 {
+		if st.OOMEvents != 0 || lb.oom.Load()+lb2.oom.Load() != 0 {
 			t.Fatalf("overflow after the kill: %d OOM events", st.OOMEvents)
 		}
 		if st.PeakUsedBlocks > st.NumGPUBlocks {
