@@ -33,7 +33,10 @@ func (e endpoint) path() string {
 // request is what the gateway reads of a body: only the fields that decide
 // admission. Everything else is forwarded untouched.
 type request struct {
-	kind         endpoint
+	kind endpoint
+	// numText is badNumber's scratch: the request is on the heap already,
+	// a buffer on the stack would not be (fastjson's MarshalTo leaks it).
+	numText      [32]byte
 	model        string
 	stream       bool
 	includeUsage bool // the client itself asked for the usage chunk
@@ -101,6 +104,9 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 		return nil, duplicateKey(dup)
 	}
 	r := &request{kind: kind, n: 1, seqs: 1}
+	if bad := badNumber(v, r.numText[:0]); bad != "" {
+		return nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %q is not a JSON number", bad)}
+	}
 	mv := v.Get("model")
 	if mv == nil || mv.Type() != fastjson.TypeString || len(mv.GetStringBytes()) == 0 {
 		return nil, badParam("model", "you must provide a model parameter (a non-empty string)")
@@ -560,6 +566,82 @@ func badString(body []byte) (int, string) {
 		}
 	}
 	return -1, ""
+}
+
+// badNumber returns the text of the first number in v that JSON's grammar
+// refuses, or "". fastjson takes any run of digits, signs, dots and
+// exponents for a number, and inf and nan too: 00, 1-2, +1, .5 or nan
+// parse. Python's json, which reads the body for vLLM, refuses them, and a
+// body the gateway accepted must not come back as the backend's error
+// after its KV was reserved. The walk is over the parse tree, not the
+// body: a long prompt is one string, which costs nothing here. Overlong
+// text is cut for the message. scratch holds each number's text in turn.
+func badNumber(v *fastjson.Value, scratch []byte) string {
+	switch v.Type() {
+	case fastjson.TypeNumber:
+		if raw := v.MarshalTo(scratch[:0]); !jsonNumber(raw) {
+			if len(raw) > 24 {
+				return string(raw[:24]) + "…"
+			}
+			return string(raw)
+		}
+	case fastjson.TypeArray:
+		a, _ := v.Array()
+		for _, e := range a {
+			if bad := badNumber(e, scratch); bad != "" {
+				return bad
+			}
+		}
+	case fastjson.TypeObject:
+		o, _ := v.Object()
+		var bad string
+		o.Visit(func(_ []byte, e *fastjson.Value) {
+			if bad == "" {
+				bad = badNumber(e, scratch)
+			}
+		})
+		return bad
+	}
+	return ""
+}
+
+// jsonNumber reports whether b is a number by JSON's grammar:
+// -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+func jsonNumber(b []byte) bool {
+	i := 0
+	digits := func() int {
+		n := 0
+		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+			i++
+			n++
+		}
+		return n
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch n := digits(); {
+	case n == 0:
+		return false
+	case n > 1 && b[i-n] == '0':
+		return false // a leading zero
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			return false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return false
+		}
+	}
+	return i == len(b)
 }
 
 // escapeLen is the length of the escape that esc, what follows a

@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -121,6 +122,7 @@ func TestParseRequest(t *testing.T) {
 			// Compared by value, out of the arrays the request keeps them in.
 			got.shapes = append([]promptShape(nil), got.shapes...)
 			got.oneShape, got.onePrompt = [1]promptShape{}, [1]promptText{}
+			got.numText = [32]byte{} // scratch
 			if !reflect.DeepEqual(*got, tt.want) {
 				t.Errorf("got  %+v\nwant %+v", *got, tt.want)
 			}
@@ -425,6 +427,41 @@ func TestParseRefusesWhatJSONForbidsInStrings(t *testing.T) {
 		}
 		if got := tokenizeBody(nil, r, 0); string(got) != `{"model":"m\u0000","prompt":"a\u0000b"}` {
 			t.Errorf("escaped NUL in %s: /tokenize body %s", body, got)
+		}
+	}
+}
+
+// fastjson reads any run of digits, signs, dots and exponent letters as a
+// number (and inf and nan); the gateway refuses what JSON does not, where
+// it sits in the body, as the backend's own parser would.
+func TestParseRefusesWhatJSONForbidsInNumbers(t *testing.T) {
+	var p fastjson.Parser
+	for _, tt := range []struct {
+		body, bad string // bad: the number the 400 names; "" = the body is good
+	}{
+		{`{"model":"m","prompt":"a","max_tokens":16,"temperature":0.7,"x":-1.5e+3,"y":0,"z":-0,"w":1E2}`, ""},
+		{`{"model":"m","prompt":[[1,2,3]]}`, ""},
+		{`{"model":"m","prompt":"a","x":00}`, "00"},
+		{`{"model":"m","prompt":"a","x":01}`, "01"},
+		{`{"model":"m","prompt":"a","x":+1}`, "+1"},
+		{`{"model":"m","prompt":"a","x":.5}`, ".5"},
+		{`{"model":"m","prompt":"a","x":1.}`, "1."},
+		{`{"model":"m","prompt":"a","x":1e}`, "1e"},
+		{`{"model":"m","prompt":"a","x":1e+}`, "1e+"},
+		{`{"model":"m","prompt":"a","x":1-2}`, "1-2"},
+		{`{"model":"m","prompt":"a","x":nan}`, "nan"},
+		{`{"model":"m","prompt":"a","x":-Inf}`, "-Inf"},
+		{`{"model":"m","prompt":"a","x":{"y":[true,null,{"z":[0,00]}]}}`, "00"},
+		{`{"model":"m","prompt":[[1,2,03]]}`, "03"},
+		{`{"model":"m","prompt":"a","x":1.2.3}`, "1.2.3"},
+		{`{"model":"m","prompt":"a","x":` + strings.Repeat("0", 40) + `}`, strings.Repeat("0", 24) + "…"},
+	} {
+		_, err := parseRequest(&p, []byte(tt.body), completions)
+		switch {
+		case tt.bad == "" && err != nil:
+			t.Errorf("%s: %v", tt.body, err)
+		case tt.bad != "" && (err == nil || !strings.Contains(err.Error(), strconv.Quote(tt.bad)+" is not a JSON number")):
+			t.Errorf("%s: %v; want a 400 naming %q", tt.body, err, tt.bad)
 		}
 	}
 }
