@@ -87,6 +87,10 @@ type Server struct {
 	// ends (errShutdown) with the server.
 	life    context.Context
 	endLife context.CancelCauseFunc
+	// lingerCtx ends when Shutdown begins: a lingering close (linger.go)
+	// holds no shutdown up.
+	lingerCtx context.Context
+	endLinger context.CancelFunc
 
 	active       atomic.Int64 // exchanges between arrival and finish
 	warnedBlocks sync.Map     // *backends.Backend → true once its block size mismatch is logged
@@ -136,6 +140,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	}
 	s.watch = w
 	s.life, s.endLife = context.WithCancelCause(context.Background())
+	s.lingerCtx, s.endLinger = context.WithCancel(context.Background())
 	s.wake, s.sweepStop, s.sweepDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
 	s.flights.epoch = s.now()
 	go s.sweepLoop(s.sweepStop)
@@ -197,6 +202,7 @@ func (s *Server) endRequests() {
 // Shutdown stops accepting connections, waits for in-flight requests
 // (streams included) until ctx ends, then stops the background probes.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.endLinger()
 	err := s.srv.ShutdownWithContext(ctx)
 	s.reloadMu.Lock()
 	s.closed = true
@@ -426,9 +432,11 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		(&apiError{status: 413, typ: typeInvalidRequest, code: "request_too_large",
 			message: fmt.Sprintf("The request body is larger than the %d bytes this gateway accepts.", sc.MaxBodyBytes.Bytes)}).write(ctx)
+		s.lingerClose(ctx, sc.ReadTimeout.or(defaultReadTimeout))
 	case errors.As(err, &small) || errors.Is(err, fasthttp.ErrSmallReadBuffer):
 		(&apiError{status: 431, typ: typeInvalidRequest, code: "request_header_too_large",
 			message: fmt.Sprintf("The request line and headers are larger than the %d bytes this gateway accepts (server.max_header_bytes).", sc.MaxHeaderBytes.Bytes)}).write(ctx)
+		s.lingerClose(ctx, sc.ReadTimeout.or(defaultReadTimeout))
 	case errors.As(err, &te) && te.Timeout():
 		(&apiError{status: 408, typ: typeInvalidRequest, code: "request_timeout", message: "Timed out reading the request."}).write(ctx)
 	default:
