@@ -32,6 +32,11 @@ func (s *Server) lingerClose(ctx *fasthttp.RequestCtx, readTimeout time.Duration
 	}
 	ctx.SetConnectionClose()
 	ctx.Response.Header.SetServer(s.srv.Name)
+	// A client that reads nothing cannot hold the write past the time it
+	// had to send its request.
+	if c.SetWriteDeadline(time.Now().Add(readTimeout)) != nil {
+		return
+	}
 	w := bufio.NewWriterSize(c, 4096)
 	if err := ctx.Response.Write(w); err != nil {
 		return
