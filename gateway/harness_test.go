@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -173,6 +174,31 @@ type result struct {
 	header     http.Header
 	body       string
 	err        error
+}
+
+// rawExchange sends req — request line, headers and any body, as bytes —
+// on a connection of its own, all of it before reading, as Python's
+// clients do, and returns the answer's status and body.
+func rawExchange(t testing.TB, gwURL, req string) (int, []byte) {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(gwURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatalf("writing the request: %v", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading the answer's body: %v", err)
+	}
+	return resp.StatusCode, b
 }
 
 func postJSON(url, path, body string, header ...string) result {

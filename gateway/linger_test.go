@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -20,7 +19,6 @@ import (
 func TestOversizedRequestGetsItsAnswer(t *testing.T) {
 	_, url := startSim(t, nil)
 	_, gwURL := startGateway(t, baseConfig(url, "server: {max_body_bytes: 64KiB, max_header_bytes: 8KiB}\n"), Options{})
-	addr := strings.TrimPrefix(gwURL, "http://")
 	body := `{"model":"llama-3-8b","messages":[{"role":"user","content":"` + strings.Repeat("x", 32<<20) + `"}]}`
 
 	check := func(t *testing.T, status int, got []byte, want int, code string) {
@@ -32,32 +30,9 @@ func TestOversizedRequestGetsItsAnswer(t *testing.T) {
 			t.Fatalf("code %v, want %s", e.Error.Code, code)
 		}
 	}
-	// The way Python's clients send: the whole request, then read.
-	raw := func(t *testing.T, head string) (int, []byte) {
-		t.Helper()
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if _, err := io.WriteString(c, head+body); err != nil {
-			t.Fatalf("writing the request: %v", err)
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			t.Fatalf("reading the answer: %v", err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatalf("reading the answer's body: %v", err)
-		}
-		return resp.StatusCode, b
-	}
-
 	t.Run("body over max_body_bytes, sent whole before reading", func(t *testing.T) {
 		for range 2 {
-			status, b := raw(t, fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body)))
+			status, b := rawExchange(t, gwURL, fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))+body)
 			check(t, status, b, 413, "request_too_large")
 		}
 	})
@@ -71,7 +46,7 @@ func TestOversizedRequestGetsItsAnswer(t *testing.T) {
 		}
 	})
 	t.Run("headers over max_header_bytes, then a body", func(t *testing.T) {
-		status, b := raw(t, fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\nContent-Length: %d\r\n\r\n", strings.Repeat("h", 16<<10), len(body)))
+		status, b := rawExchange(t, gwURL, fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\nContent-Length: %d\r\n\r\n", strings.Repeat("h", 16<<10), len(body))+body)
 		check(t, status, b, 431, "request_header_too_large")
 	})
 	if r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 3, false)); r.status != 200 {
