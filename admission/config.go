@@ -23,6 +23,8 @@ const (
 	DefaultWarmupSamples      = 100
 	DefaultHeadroom           = 0.02
 	DefaultMaxHeadAge         = 10 * time.Second
+	DefaultMaxOvercommit      = 4.0
+	DefaultCoolDown           = 30 * time.Second
 	defaultClassPreferredName = "standard"
 )
 
@@ -105,6 +107,19 @@ type PolicyConfig struct {
 	// held excepted, on a pool without a limit). In [0, 0.5). 0 = DefaultHeadroom (0.02); negative =
 	// no headroom gate.
 	Headroom float64
+	// MaxOvercommit bounds the exposure of a pool to a wrong forecast: the
+	// sum of the worst cases of what it holds never exceeds MaxOvercommit ×
+	// its capacity, and a tenant's sum never exceeds that times its share,
+	// so that a tenant's flood of requests that turn out long cannot take
+	// the memory another tenant's running requests grow into. >= 1.
+	// 0 = DefaultMaxOvercommit (4).
+	MaxOvercommit float64
+	// CoolDown is how long a queue's requests are held at their worst case
+	// after its forecast was found wrong (the change detector tripped, the
+	// guard had to stop a request, or a backend overflowed); its learned
+	// lengths start over, so warm-up follows. 0 = DefaultCoolDown (30s);
+	// negative = no cool-down (warm-up alone).
+	CoolDown time.Duration
 }
 
 // BackfillConfig shapes how waiters may pass a head that does not fit.
@@ -209,11 +224,13 @@ type tenantSpec struct{ share, queueShare float64 }
 type aimdSpec struct{ decrease, increase, minFraction float64 }
 
 type policySpec struct {
-	predicted bool
-	epsilon   float64
-	z         float64 // the normal quantile of 1 − epsilon
-	warmup    float64
-	headroom  float64 // 0: no gate
+	predicted  bool
+	epsilon    float64
+	z          float64 // the normal quantile of 1 − epsilon
+	warmup     float64
+	headroom   float64 // 0: no gate
+	overcommit float64
+	coolDown   time.Duration // <= 0: none
 }
 
 type queueSpec struct {
@@ -422,6 +439,21 @@ func resolve(cfg Config) (settings, error) {
 		bad(fmt.Errorf("policy.headroom: %v is not in [0, 0.5) (0 = default %v, negative = none)", p.Headroom, DefaultHeadroom))
 	default:
 		s.policy.headroom = p.Headroom
+	}
+
+	switch {
+	case p.MaxOvercommit == 0:
+		s.policy.overcommit = DefaultMaxOvercommit
+	case math.IsNaN(p.MaxOvercommit) || p.MaxOvercommit < 1:
+		bad(fmt.Errorf("policy.max_overcommit: %v must be >= 1 (0 = default %v)", p.MaxOvercommit, DefaultMaxOvercommit))
+	default:
+		s.policy.overcommit = p.MaxOvercommit
+	}
+	switch s.policy.coolDown = p.CoolDown; {
+	case p.CoolDown == 0:
+		s.policy.coolDown = DefaultCoolDown
+	case p.CoolDown < 0:
+		s.policy.coolDown = 0
 	}
 
 	s.backfill = !cfg.Backfill.Disabled

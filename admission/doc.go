@@ -42,15 +42,34 @@
 // within E. This is the future-peak admission of LightLLM's Past-Future
 // scheduler, with the per-request quantiles replaced by a bound on the
 // probability of overflow, which many independent requests make tight. A
-// request whose progress is not reported (Opaque: a non-streamed answer) is
-// taken at the distribution of its final size throughout; one of a queue
-// still warming up (fewer than WarmupSamples), or without a Shape, at its
-// worst case. While a pool's backend reports more than (1 − Headroom) × E in
+// request whose progress is not reported (Opaque: a non-streamed answer),
+// one that sets its own length (Pinned), one of a queue still warming up
+// (fewer than WarmupSamples) or distrusted, and one without a Shape are
+// held at their worst case. While a pool's backend reports more than (1 − Headroom) × E in
 // use, nothing new is admitted to it on the forecast's word: the backend's
 // own account is ground truth, and Feedback widens the margin when it is
 // exceeded. A request whose worst case fits beside every worst case held
 // needs no forecast and passes the gate (it is safe whatever the report
 // says), except on a pool with a limit, whose report is the whole GPU's.
+//
+// # When the forecast is wrong
+//
+// ε holds only while traffic looks like the history it was learned from;
+// guard.go holds whatever the traffic does. Every ticket has a now: what
+// it may hold before its next Progress (prompt, tokens and the next block,
+// as the forecast's step 0), or its worst case when it reports no
+// progress. When a Progress takes a pool's sum of them past its capacity,
+// running requests are stopped through their Stopper (predicted ones
+// first, the lowest class, the tenant holding the most for its share, the
+// newest) until what is not stopped fits; a stopped ticket counts until it
+// is released. The worst cases a pool holds sum to at most MaxOvercommit ×
+// its capacity (a tenant's to that times its share). A CUSUM on sequences
+// crossing their predictor's 0.9 quantile, a stop, or Overflowed distrusts
+// a queue for CoolDown: its requests, running ones too, go to their worst
+// case and its predictors start over. A ticket released before its
+// sequences finished teaches each as censored at the length it reached.
+// Opaque and Pinned requests are never forecast. Linger keeps a given-up
+// ticket held until the backend can have let its blocks go.
 //
 // A request's charge is what it counts for against its tenant's cap, pool
 // reservations and the drain rate: its worst case, or under Predicted the

@@ -47,7 +47,7 @@ func (s *Scheduler) invariantsLocked(op string) error {
 		if p.effective < 1 || p.effective > p.nominal {
 			bad("pool %q effective %d outside [1, nominal %d]", p.name, p.effective, p.nominal)
 		}
-		var held, charge int64
+		var held, charge, now, stopping int64
 		n := 0
 		var want curve
 		if s.set.policy.predicted {
@@ -60,6 +60,13 @@ func (s *Scheduler) invariantsLocked(op string) error {
 			}
 			held += t.weight
 			charge += t.charge
+			now += t.guard.now
+			if t.guard.stopped {
+				stopping += t.guard.now
+			}
+			if t.guard.now > t.weight || t.guard.now < 0 {
+				bad("ticket %v now %d outside [0, its worst case %d]", t, t.guard.now, t.weight)
+			}
 			if s.set.policy.predicted {
 				if !t.fc.set {
 					bad("ticket %v has no forecast under Predicted", t)
@@ -74,6 +81,17 @@ func (s *Scheduler) invariantsLocked(op string) error {
 		if n != p.tickets || held != p.held || charge != p.charge {
 			bad("pool %q counts %d tickets, %d held, %d charge; its list has %d, %d, %d",
 				p.name, p.tickets, p.held, p.charge, n, held, charge)
+		}
+		if now != p.now || stopping != p.stopping {
+			bad("pool %q counts now %d, stopping %d; its tickets %d, %d", p.name, p.now, p.stopping, now, stopping)
+		}
+		if (op == opProgress || op == opResize) && s.set.policy.predicted && p.now-p.stopping > p.guardLine() {
+			for t := p.first; t != nil; t = t.next {
+				if t.guard.stopper != nil && !t.guard.stopped && !t.guard.lingering && t.guard.now > 0 {
+					bad("pool %q: what is not stopped may hold %d > its line %d, and ticket %v could have been stopped", p.name, p.now-p.stopping, p.guardLine(), t)
+					break
+				}
+			}
 		}
 		if tenantCharge[p] != p.charge {
 			bad("tenants hold %d on %q, its tickets %d", tenantCharge[p], p.name, p.charge)

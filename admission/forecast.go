@@ -352,7 +352,7 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve, needRoom bool) (room
 	if !needRoom && !p.limited && worst <= p.admitCap() {
 		return 0, true
 	}
-	if s.gatedLocked(p) {
+	if s.gatedLocked(p) || !s.exposureFitsLocked(p, w) {
 		return 0, false
 	}
 	base := p.fc
@@ -371,7 +371,7 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve, needRoom bool) (room
 // forecast with: the tenant's own once it has enough samples, else the
 // queue's once it has, else none (held at its worst case).
 func (s *Scheduler) lengthsForLocked(q *queue, t *tenantState) *predict.Lengths {
-	if !s.set.policy.predicted {
+	if !s.set.policy.predicted || !s.trustedLocked(q) {
 		return nil
 	}
 	if l := q.byTenant[t.name]; l != nil && l.Samples() >= s.set.policy.warmup {

@@ -143,6 +143,11 @@ func (s *Scheduler) noteWaitingLocked(w *waiter) {
 // next unlockNotify: OnDemand hurries a limiter that also runs on its own
 // timers, so a late call costs time, not safety.
 func (s *Scheduler) unlockNotify() {
+	stops := s.pendingStops
+	if len(stops) > 0 {
+		s.pendingStops = nil
+		defer flushStops(stops)
+	}
 	if len(s.limits.notes) == 0 {
 		s.mu.Unlock()
 		return

@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"maps"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -38,6 +39,11 @@ type Stats struct {
 	Backfilled        int64            // admitted past an earlier waiter that did not fit
 	Rejected          map[string]int64 // by reason label (all of Reasons(), zeros included)
 	Canceled          int64            // contexts done before admission
+	// GuardStops counts running requests the guard stopped to keep a pool
+	// within its capacity; Trips the times a queue's forecast was
+	// distrusted, by reason (TripDrift, TripGuard, TripOverflow).
+	GuardStops int64
+	Trips      map[string]int64
 
 	Pools   []PoolStats   // in configuration order
 	Queues  []QueueStats  // in configuration order
@@ -70,6 +76,11 @@ type PoolStats struct {
 	Used      int64
 	UsedKnown bool
 	Gated     bool
+	// Now is what its tickets may hold on the backend at this moment (the
+	// guard's account: progress plus lead, or the worst case of those that
+	// do not report it); Stopping the part of it the guard stopped and that
+	// is not released yet.
+	Now, Stopping int64
 	// DrainRate is the measured release rate in charge per busy second over
 	// the drain window, resting on Releases releases (0: no measurement).
 	DrainRate float64
@@ -90,8 +101,11 @@ type QueueStats struct {
 	// Samples is how many finished sequences its predictor has (decayed);
 	// Predicting says new requests are forecast from them (Predicted, past
 	// the warm-up); MedianLength and P90Length describe them (0 if unknown).
-	Samples      float64
-	Predicting   bool
+	Samples    float64
+	Predicting bool
+	// Distrusted says its forecast was found wrong and is in its
+	// cool-down: its requests are held at their worst case.
+	Distrusted   bool
 	MedianLength int
 	P90Length    int
 }
@@ -133,11 +147,13 @@ type counters struct {
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	now := s.clock.Now()
-	st := Stats{Queued: s.queued, Admitted: s.atOnce, Backfilled: s.backfilled}
+	st := Stats{Queued: s.queued, Admitted: s.atOnce, Backfilled: s.backfilled, GuardStops: s.guardStops,
+		Trips: map[string]int64{TripDrift: 0, TripGuard: 0, TripOverflow: 0}}
+	maps.Copy(st.Trips, s.trips)
 	for _, p := range s.pools {
 		ps := PoolStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Margin: p.marginOrOne(), Held: p.held,
 			Committed: s.committedLocked(p), Charge: p.charge, Tickets: p.tickets,
-			Used: p.used, UsedKnown: p.usedKnown, Gated: s.gatedLocked(p)}
+			Used: p.used, UsedKnown: p.usedKnown, Gated: s.gatedLocked(p), Now: p.now, Stopping: p.stopping}
 		ps.DrainRate, ps.Releases = p.drain.rate(now)
 		if p.res.kind != resNone && p.res.head.state == waiting {
 			ps.Reserved, ps.Blocking = p.res.head.line.q.name, p.res.kind == resBlock
@@ -145,8 +161,9 @@ func (s *Scheduler) Stats() Stats {
 		st.Pools = append(st.Pools, ps)
 	}
 	for _, q := range s.queues {
-		qs := QueueStats{Name: q.name, Samples: q.lengths.Samples(),
-			Predicting: s.set.policy.predicted && q.lengths.Samples() >= s.set.policy.warmup}
+		trusted := s.trustedLocked(q)
+		qs := QueueStats{Name: q.name, Samples: q.lengths.Samples(), Distrusted: !trusted,
+			Predicting: s.set.policy.predicted && trusted && q.lengths.Samples() >= s.set.policy.warmup}
 		if n, ok := q.lengths.Quantile(0.5); ok && qs.Samples > 0 {
 			qs.MedianLength = n
 		}

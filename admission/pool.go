@@ -25,6 +25,11 @@ type pool struct {
 	bound   float64
 	boundOK bool
 
+	// now is Σ of its tickets' guard.now, what they may hold on the
+	// backend at this moment; stopping the part of it whose tickets the
+	// guard stopped and that are still to be released (guard.go).
+	now, stopping int64
+
 	used      int64 // KV in use as its backends last reported it
 	usedKnown bool
 
@@ -57,15 +62,17 @@ func (s *Scheduler) Resize(pool string, capacity int64) error {
 		return fmt.Errorf("admission: resize %q: capacity %d must be > 0", pool, capacity)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	p := s.poolByName[pool]
 	if p == nil {
+		s.mu.Unlock()
 		return fmt.Errorf("admission: resize: unknown pool %q", pool)
 	}
 	s.resizePoolLocked(p, capacity)
 	s.refuseImpossibleLocked(s.clock.Now())
+	s.guardCheckLocked(p) // a backend that reports a smaller pool has less room now
 	s.checkLocked(opResize)
 	s.dispatchLocked()
+	s.unlockNotify()
 	return nil
 }
 
@@ -173,8 +180,8 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 		t.s = s // never rewritten when a moved ticket binds again: see Ticket
 	}
 	t.binding = binding{pool: p, line: w.line, tenant: w.tenant, weight: w.weight, charge: w.charge,
-		opaque: w.opaque, lens: w.lens, waited: waited, seq: w.seq, affinity: w.affinity,
-		class: w.line.name, queue: w.line.q.name, poolName: p.name}
+		opaque: w.opaque, pinned: w.pinned, lens: w.lens, waited: waited, seq: w.seq, affinity: w.affinity,
+		class: w.line.name, queue: w.line.q.name, poolName: p.name, guard: guardState{stopper: w.stop}}
 	if len(w.shape) > 0 {
 		if len(w.shape) == 1 {
 			t.groups = t.oneGroup[:]
@@ -186,7 +193,7 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 			median, known = w.lens.Quantile(0.5)
 		}
 		for i, g := range w.shape {
-			t.groups[i] = tgroup{Group: g, live: g.Seqs}
+			t.groups[i] = tgroup{Group: g, live: g.Seqs, mark: markFor(w.lens, g.Cap)}
 			t.groups[i].blk = t.groups[i].blocksAt(0)
 			out := g.Cap
 			if known {
@@ -204,7 +211,8 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 	}
 	p.first = t
 	w.line.held += t.weight
-	w.tenant.holdLocked(p, t.charge)
+	w.tenant.holdLocked(p, t.charge, t.weight)
+	s.guardSetLocked(p, t, s.guardNowLocked(t))
 	s.forecastAddLocked(p, t)
 	s.lastHold = p
 	if p.tickets == 1 {
@@ -232,7 +240,9 @@ func (s *Scheduler) unholdLocked(t *Ticket, drained bool) {
 	}
 	t.prev, t.next = nil, nil
 	t.line.held -= t.weight
-	t.tenant.unholdLocked(p, t.charge)
+	t.tenant.unholdLocked(p, t.charge, t.weight)
+	s.guardSetLocked(p, t, 0)
+	t.guard = guardState{stopper: t.guard.stopper} // a moved ticket may be stopped again
 	if drained {
 		p.drain.add(t.charge, s.clock)
 	}

@@ -50,7 +50,9 @@ func (f *fixture) fillAtOnce(r admission.Request) []*admission.Ticket {
 // the capacity at every admission (the fixture checks that invariant).
 func TestPredictedAdmitsByLearnedLengths(t *testing.T) {
 	const capacity = 64 * 1040 // 64 requests' worst case: 16-token prompt + 1024 output
-	f := newFixture(t, predicted(capacity, 50))
+	cfg := predicted(capacity, 50)
+	cfg.Policy.MaxOvercommit = 16 // the exposure bound is TestGuardExposure's
+	f := newFixture(t, cfg)
 	fill := func() []*admission.Ticket { return f.fillAtOnce(chat(16, 1024)) }
 	release := func(tks []*admission.Ticket) {
 		for _, tk := range tks {
@@ -95,41 +97,27 @@ func TestPredictedAdmitsByLearnedLengths(t *testing.T) {
 }
 
 // A request whose progress is not reported (a non-streamed answer) is held
-// at the distribution of its final size from admission to release: more
-// than a streamed request that has not started, less than its worst case.
+// at its worst case from admission to release, even once its queue has
+// learned: the gateway cannot see it grow, nor stop it part way, so no
+// forecast of it could be corrected before the backend ran out. Its
+// length still teaches.
 func TestPredictedOpaqueRequests(t *testing.T) {
 	f := newFixture(t, predicted(1<<20, 10))
 	f.teach(10, 100)
-	// Alone, it is held the same at every step of the forecast.
-	alone := f.acquire(admission.Request{Shape: chat(16, 1024).Shape, Opaque: true})
-	if st := f.b.Scheduler.Stats().Pools[0]; st.Committed != 8*16 || st.Charge != 8*16 {
-		t.Fatalf("opaque request alone: committed %d, charged %d, want 128", st.Committed, st.Charge)
-	}
-	alone.Release()
-	streamed := f.acquire(chat(16, 1024))
 	opaque := f.acquire(admission.Request{Shape: chat(16, 1024).Shape, Opaque: true})
-	st := f.b.Scheduler.Stats().Pools[0]
-	// Both are 16 + 1024 tokens at worst: 65 blocks of 16 bytes each.
-	if st.Held != 2*65*16 {
-		t.Fatalf("held %d", st.Held)
-	}
-	streamed.Release()
-	st = f.b.Scheduler.Stats().Pools[0]
-	withOpaque := st.Committed
-	// Every sample stopped at 100: the opaque one is 16 + 100 tokens, 8
-	// blocks, whatever step it is at; it never shrinks until released.
-	if withOpaque != 8*16 {
-		t.Fatalf("opaque request committed %d, want 128", withOpaque)
-	}
-	// Its charge (what tenant caps count) is the same expected size.
-	if st.Charge != 8*16 {
-		t.Fatalf("opaque request charged %d, want 128", st.Charge)
+	// 16 + 1024 tokens at worst: 65 blocks of 16 bytes each.
+	if st := f.b.Scheduler.Stats().Pools[0]; st.Committed != 65*16 || st.Charge != 65*16 || st.Now != 65*16 {
+		t.Fatalf("opaque request: committed %d, charged %d, now %d, want 1040", st.Committed, st.Charge, st.Now)
 	}
 	opaque.Progress(0, 90) // progress of an opaque ticket changes nothing
-	if st := f.b.Scheduler.Stats().Pools[0]; st.Committed != withOpaque || st.Charge != 8*16 {
+	if st := f.b.Scheduler.Stats().Pools[0]; st.Committed != 65*16 || st.Charge != 65*16 {
 		t.Fatalf("after progress: committed %d, charged %d", st.Committed, st.Charge)
 	}
-	opaque.Release()
+	before := f.b.Scheduler.Stats().Queues[0].Samples
+	opaque.Done(0, 300, false)
+	if after := f.b.Scheduler.Stats().Queues[0].Samples; after != before+1 {
+		t.Fatalf("a finished opaque request taught %v samples, want 1", after-before)
+	}
 	f.state(0, 0)
 }
 

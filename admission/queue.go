@@ -28,6 +28,10 @@ type queue struct {
 	// so that the next refusal's Retry-After counts them as ahead of it.
 	promised []promise
 
+	// trust is what the change detector and the overflow signals know of
+	// whether the queue's forecast can be believed (guard.go).
+	trust trustState
+
 	// stopPass is the dispatch pass in which a waiter of this queue held
 	// back everyone behind it (strict order); resPass the pass in which its
 	// first blocked waiter got its reservation.
@@ -135,6 +139,8 @@ type waiter struct {
 	charge int64 // what it counts for against tenant caps and drain (see forecast.go)
 	shape  []Group
 	opaque bool
+	pinned bool
+	stop   Stopper
 	lens   *predict.Lengths // the predictor of its forecast; nil = worst case
 	seq    uint64           // arrival order; a moved ticket keeps its own
 	// exclude is the pool a moved ticket must leave; nil otherwise.
@@ -164,8 +170,8 @@ func (s *Scheduler) initWaiterLocked(w *waiter, q *queue, l *line, r Request, in
 	t := s.tenantLocked(r.Tenant)
 	// w.t stays nil unless the caller gave a ticket: one admitted at once
 	// takes a ticket from the slab, one that queues its own.
-	*w = waiter{t: into, line: l, tenant: t, shape: r.Shape, opaque: r.Opaque, affinity: r.Affinity,
-		deadline: r.Deadline}
+	*w = waiter{t: into, line: l, tenant: t, shape: r.Shape, opaque: r.Opaque, pinned: r.Pinned, stop: r.Stopper,
+		affinity: r.Affinity, deadline: r.Deadline}
 	s.seq++
 	w.seq = s.seq
 	if len(r.Shape) == 0 {
@@ -175,7 +181,9 @@ func (s *Scheduler) initWaiterLocked(w *waiter, q *queue, l *line, r Request, in
 	for _, g := range r.Shape {
 		w.weight = satAdd64(w.weight, g.final())
 	}
-	w.lens = s.lengthsForLocked(q, t)
+	if w.predictable() {
+		w.lens = s.lengthsForLocked(q, t)
+	}
 	w.charge = s.chargeLocked(w)
 }
 

@@ -30,6 +30,16 @@ type Request struct {
 	// answer): under Predicted the request is then taken at the size its
 	// learned length gives, from admission to release.
 	Opaque bool
+	// Pinned says the request itself sets its output's length (vLLM's
+	// ignore_eos, or a min_tokens floor): it is held at its worst case and
+	// its length teaches no predictor, since it says nothing of how long
+	// the model's answers run.
+	Pinned bool
+	// Stopper, if set, is how the scheduler stops the running request to
+	// keep its pool's memory within its capacity when the forecast was
+	// wrong (see guard.go). Only requests that report their progress are
+	// ever stopped.
+	Stopper Stopper
 	// Affinity, when not 0, names the pool the request prefers among those
 	// that fit (routing by session or prompt prefix): the same value picks
 	// the same pool while it fits.

@@ -54,6 +54,13 @@ type Scheduler struct {
 	lastHold      *pool     // the pool of the latest admission, for the invariant checks
 	knobs         testingKnobs
 	limits        limitState // see limit.go
+
+	// The guard's account (guard.go): trips by reason, requests stopped,
+	// Stoppers to call once mu is released, and a flag against re-entry.
+	trips        map[string]int64
+	guardStops   int64
+	pendingStops []Stopper
+	inGuard      bool
 }
 
 // testingKnobs are hooks for this package's tests; zero in production.
@@ -99,7 +106,7 @@ func New(cfg Config) (*Scheduler, error) {
 		seed = 0x6b76676174650a // any fixed value: jitter needs spread, not secrecy
 	}
 	s := &Scheduler{clock: cfg.Clock, observer: cfg.Observer, poolByName: map[string]*pool{},
-		queueByName: map[string]*queue{}, tenants: map[string]*tenantState{},
+		queueByName: map[string]*queue{}, tenants: map[string]*tenantState{}, trips: map[string]int64{},
 		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 	if s.clock == nil {
 		s.clock = SystemClock()

@@ -30,6 +30,7 @@ type tenantState struct {
 type tenantHold struct {
 	p      *pool
 	charge int64
+	worst  int64 // Σ worst cases, for the exposure bound (guard.go)
 }
 
 // capOn is the most the tenant may hold on p: its share of p's nominal
@@ -55,26 +56,38 @@ func (t *tenantState) fitsOn(p *pool, charge int64) bool {
 	return t.share >= 1 || t.heldOn(p)+charge <= t.capOn(p)
 }
 
-func (t *tenantState) holdLocked(p *pool, charge int64) {
+func (t *tenantState) holdLocked(p *pool, charge, worst int64) {
 	for i := range t.holds {
 		if t.holds[i].p == p {
 			t.holds[i].charge += charge
+			t.holds[i].worst += worst
 			return
 		}
 	}
-	t.holds = append(t.holds, tenantHold{p, charge})
+	t.holds = append(t.holds, tenantHold{p, charge, worst})
 }
 
-func (t *tenantState) unholdLocked(p *pool, charge int64) {
+func (t *tenantState) unholdLocked(p *pool, charge, worst int64) {
 	for i := range t.holds {
 		if t.holds[i].p != p {
 			continue
 		}
-		if t.holds[i].charge -= charge; t.holds[i].charge == 0 {
+		t.holds[i].charge -= charge
+		if t.holds[i].worst -= worst; t.holds[i].charge == 0 && t.holds[i].worst == 0 {
 			t.holds = append(t.holds[:i], t.holds[i+1:]...)
 		}
 		return
 	}
+}
+
+// worstOn is the sum of the worst cases the tenant holds on p.
+func (t *tenantState) worstOn(p *pool) int64 {
+	for _, h := range t.holds {
+		if h.p == p {
+			return h.worst
+		}
+	}
+	return 0
 }
 
 func (t *tenantState) held() int64 {

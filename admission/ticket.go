@@ -44,7 +44,9 @@ type binding struct {
 	weight, charge int64
 	groups         []tgroup // nil for a weight-only request
 	opaque         bool
+	pinned         bool
 	lens           *predict.Lengths // its forecast's predictor; nil = worst case
+	guard          guardState       // what it holds now, and whether it was stopped (guard.go)
 	fc             curve            // its share of the pool's forecast (Predicted only)
 	seq            uint64
 	affinity       uint64
@@ -61,6 +63,11 @@ type tgroup struct {
 	live int   // sequences not finished
 	gen  int   // tokens each live sequence has generated, as last accounted
 	blk  int64 // blocks a sequence holds at gen (with leadTokens): Progress's lock-free check
+	// mark is the length past which a sequence tells the change detector
+	// that the forecast it was admitted on runs short (its predictor's
+	// 0.9 quantile); crossed says it has.
+	mark    int
+	crossed bool
 }
 
 func (g *tgroup) blocksAt(generated int) int64 {
@@ -118,6 +125,7 @@ func (t *Ticket) Release() {
 		s.mu.Unlock()
 		return
 	}
+	s.censorLocked(t)
 	s.unholdLocked(t, true)
 	s.settleUnlock(opRelease)
 }
@@ -152,6 +160,11 @@ func (t *Ticket) Progress(gi, generated int) {
 		return
 	}
 	s.updateLocked(t, func() { g.gen, g.blk = generated, b })
+	if !g.crossed && t.lens != nil && generated >= g.mark {
+		g.crossed = true
+		s.noteSequenceLocked(t.line.q, true)
+	}
+	s.guardCheckLocked(t.pool)
 	s.settleUnlock(opProgress)
 }
 
@@ -165,11 +178,16 @@ func (t *Ticket) Done(gi, generated int, capped bool) {
 	}
 	s := t.s
 	s.mu.Lock()
-	s.observeLocked(t.line.q, t.tenant.name, generated, capped)
+	if !t.pinned {
+		s.observeLocked(t.line.q, t.tenant.name, generated, capped)
+	}
 	g := &t.groups[gi]
 	if t.weight == 0 || g.live == 0 {
 		s.mu.Unlock()
 		return
+	}
+	if t.lens != nil && !g.crossed && !t.guard.stopped {
+		s.noteSequenceLocked(t.line.q, false)
 	}
 	s.updateLocked(t, func() { g.live-- })
 	s.settleUnlock(opShrink)
@@ -182,10 +200,14 @@ func (s *Scheduler) updateLocked(t *Ticket, change func()) {
 	p := t.pool
 	s.forecastSubLocked(p, t)
 	change()
-	if t.lens == nil && len(t.groups) > 0 {
+	if t.lens == nil && len(t.groups) > 0 && !t.opaque && !t.pinned {
 		// Admitted while its queue was warming up: forecast it like the
 		// rest as soon as the queue has learned enough.
-		t.lens = s.lengthsForLocked(t.line.q, t.tenant)
+		if t.lens = s.lengthsForLocked(t.line.q, t.tenant); t.lens != nil {
+			for i := range t.groups {
+				t.groups[i].mark, t.groups[i].crossed = markFor(t.lens, t.groups[i].Cap), false
+			}
+		}
 	}
 	weight := int64(0)
 	for i := range t.groups {
@@ -205,9 +227,10 @@ func (s *Scheduler) updateLocked(t *Ticket, change func()) {
 	p.held += dw
 	p.charge += dc
 	t.line.held += dw
-	t.tenant.unholdLocked(p, t.charge)
-	t.tenant.holdLocked(p, charge)
+	t.tenant.unholdLocked(p, t.charge, t.weight)
+	t.tenant.holdLocked(p, charge, weight)
 	t.weight, t.charge = weight, charge
+	s.guardSetLocked(p, t, s.guardNowLocked(t))
 	if dc < 0 {
 		p.drain.add(-dc, s.clock)
 		s.noteDemandLocked(p)
@@ -235,8 +258,8 @@ func (t *Ticket) Move(ctx context.Context) error {
 		return ErrNotHeld
 	}
 	old := t.pool
-	w := &waiter{t: t, line: t.line, tenant: t.tenant, opaque: t.opaque, lens: t.lens, seq: t.seq,
-		exclude: old, affinity: t.affinity}
+	w := &waiter{t: t, line: t.line, tenant: t.tenant, opaque: t.opaque, pinned: t.pinned, stop: t.guard.stopper,
+		lens: t.lens, seq: t.seq, exclude: old, affinity: t.affinity}
 	for _, g := range t.groups {
 		w.shape = append(w.shape, g.Group)
 	}

@@ -126,6 +126,23 @@ type AdmissionConfig struct {
 	// everything held still is).
 	// In [0, 0.5); 0 disables the gate. Default 0.02.
 	Headroom *float64 `yaml:"headroom"`
+	// MaxOvercommit bounds what a wrong forecast can cost (predicted
+	// only): the worst cases (prompt + max_tokens) of the requests admitted
+	// to a GPU never sum past max_overcommit × its budget, nor a tenant's
+	// past that times its share. >= 1. Default 4.
+	MaxOvercommit float64 `yaml:"max_overcommit"`
+	// CoolDown is how long a model's requests are held at their worst case
+	// once its forecast has been shown wrong (its running requests outlived
+	// it, a stream had to be stopped to keep the GPU within budget, or a
+	// backend ran out of memory or preempted); its learned lengths start
+	// over, so the warm-up follows. Default 30s; negative: none.
+	CoolDown Duration `yaml:"cool_down"`
+	// AbortHold is how long a request's reservation stays held after the
+	// gateway ended its exchange with the backend early (the client hung
+	// up, a timeout, a stop): the backend holds its blocks until it notices
+	// the abort, and admitting into them would overflow it. Default 1s; 0:
+	// released at once.
+	AbortHold Duration `yaml:"abort_hold"`
 	// Backfill lets requests that fit start past a head request that does
 	// not, while that does not delay the head.
 	Backfill BackfillConfig `yaml:"backfill"`
@@ -313,6 +330,19 @@ type BackendConfig struct {
 	// admission.max_concurrency.
 	MaxConcurrency int `yaml:"max_concurrency"`
 }
+
+// abortHold is the resolved admission.abort_hold.
+func (a AdmissionConfig) abortHold() time.Duration {
+	if a.AbortHold.raw == "" && a.AbortHold.D == 0 {
+		return defaultAbortHold
+	}
+	return a.AbortHold.D
+}
+
+// defaultAbortHold: the simulator notices an abort at its next step and
+// vLLM at its next token, tens of milliseconds; a second covers a backend
+// under load with room to spare.
+const defaultAbortHold = time.Second
 
 // epsilon is the resolved admission.epsilon.
 func (a AdmissionConfig) epsilon() float64 {
@@ -611,6 +641,12 @@ func (c *Config) validate() error {
 	}
 	if h := a.Headroom; h != nil && (*h < 0 || *h >= 0.5 || math.IsNaN(*h)) {
 		bad("admission.headroom", "%v is not in [0, 0.5)", *h)
+	}
+	if o := a.MaxOvercommit; o != 0 && (o < 1 || math.IsNaN(o)) {
+		bad("admission.max_overcommit", "%v must be >= 1 (a multiple of the budget)", o)
+	}
+	if a.AbortHold.D < 0 {
+		bad("admission.abort_hold", "%v must be >= 0", a.AbortHold.D)
 	}
 	if a.Backfill.Enabled == nil {
 		on := true

@@ -54,6 +54,7 @@ type metrics struct {
 	lastReloadOK     prometheus.Gauge
 	lastReloadTime   prometheus.Gauge
 	inflight         prometheus.Gauge
+	overflows        *prometheus.CounterVec
 
 	// series caches each configured model's children of the request
 	// path's vectors (model name → *modelSeries). WithLabelValues hashes
@@ -110,13 +111,17 @@ const (
 	outcomeCanceled = "canceled" // the client went away
 )
 
+// reasonGuard is the reason (and error code) of a request the admission
+// guard stopped: the GPU's running requests outgrew their forecast.
+const reasonGuard = "kv_guard_stopped"
+
 // requestReasons are the reasons of kvgate_requests_total, by outcome, that
 // exist at zero for every model. A backend's own status (backend_503, ...)
 // is open-ended and appears when it first happens.
 // TestRequestReasonsCoverTheCode keeps this list in step with proxy.go.
 var requestReasons = map[string][]string{
 	outcomeOK:       {""},
-	outcomeShed:     {admission.ReasonQueueFull, admission.ReasonQueueTimeout, admission.ReasonOverloaded, admission.ReasonTenantQuota},
+	outcomeShed:     {admission.ReasonQueueFull, admission.ReasonQueueTimeout, admission.ReasonOverloaded, admission.ReasonTenantQuota, reasonGuard},
 	outcomeRejected: {"unauthorized", "invalid_request", "unknown_model", "context_length_exceeded", "kv_budget_exceeded"},
 	outcomeFailed: {"no_backend", "upstream_error", "request_timeout", "first_byte_timeout", "shutdown", "backend_stream_error",
 		"upstream_incomplete", "upstream_event_too_large", "internal"},
@@ -174,6 +179,7 @@ var (
 	defLastReloadOK     = def{"kvgate_config_last_reload_successful", "1 if the last configuration reload (or the start) succeeded, 0 while the running config is older than a file that failed to load.", nil}
 	defLastReloadTime   = def{"kvgate_config_last_reload_success_timestamp_seconds", "Unix time of the last successful configuration load (the start counts).", nil}
 	defInflight         = def{"kvgate_requests_in_flight", "Requests between arrival and last byte.", nil}
+	defOverflows        = def{"kvgate_backend_overflows_total", "Out-of-memory errors a GPU's backends answered with (each puts the GPU on worst-case admission for admission.cool_down).", []string{"gpu"}}
 )
 
 // The series read from the scheduler and the backends at scrape time.
@@ -204,6 +210,10 @@ var (
 	descTokLookups = def{"kvgate_tokenize_cache_lookups_total", "Prompts looked up in a model's cache of /tokenize answers, by result: hit (counted without a round trip) or miss (the backend was asked).", []string{"model", "result"}}.desc()
 	descTokStale   = def{"kvgate_tokenize_cache_stale_total", "Cached prompt counts dropped because the backend's usage reported another length (its tokenizer changed).", []string{"model"}}.desc()
 	descTokEntries = def{"kvgate_tokenize_cache_entries", "Prompt counts a model's tokenize cache holds.", []string{"model"}}.desc()
+	descRunningKV  = def{"kvgate_kv_running_bytes", "What the requests bound to a GPU may hold on it now: prompt and tokens generated plus a block of lead for streams, the worst case for the rest (the guard's account, kept within the budget).", []string{"gpu"}}.desc()
+	descStops      = def{"kvgate_admission_guard_stops_total", "Running streams the admission guard stopped to keep a GPU within its KV budget when they outgrew their forecast.", nil}.desc()
+	descTrips      = def{"kvgate_admission_forecast_trips_total", "Times a model's forecast was distrusted (its GPU back on worst-case admission for admission.cool_down, its learning started over), by reason: drift (sequences outlived their forecast), guard (a stream had to be stopped), overflow (a backend ran out of KV memory or preempted).", []string{"reason"}}.desc()
+	descDistrust   = def{"kvgate_admission_distrusted", "1 while a model's forecast is distrusted (cool-down: its requests are held at their worst case).", []string{"model"}}.desc()
 )
 
 func newMetrics(current func() *runtime, now func() time.Time) *metrics {
@@ -230,6 +240,7 @@ func newMetrics(current func() *runtime, now func() time.Time) *metrics {
 		lastReloadOK:     defLastReloadOK.gauge(),
 		lastReloadTime:   defLastReloadTime.gauge(),
 		inflight:         defInflight.gauge(),
+		overflows:        defOverflows.counterVec(),
 	}
 	m.lastReloadOK.Set(1)
 	m.lastReloadTime.Set(float64(now().UnixNano()) / 1e9)
@@ -267,7 +278,7 @@ func (c *seededCollector) vecs() []prometheus.Collector {
 	m := c.m
 	return []prometheus.Collector{m.requests, m.admissions, m.admissionRejects, m.queueWait, m.backfilled,
 		m.outPredicted, m.outGenerated, m.tokensPredicted, m.tokensActual, m.promptRatio, m.ttft, m.duration,
-		m.upstreamErrors, m.tokenizeFalls, m.reloads}
+		m.upstreamErrors, m.tokenizeFalls, m.reloads, m.overflows}
 }
 
 func (c *seededCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -343,6 +354,7 @@ func (m *metrics) seed(rt *runtime) {
 		}
 	}
 	for gpu := range rt.groups {
+		m.overflows.WithLabelValues(gpu)
 		for _, cl := range rt.cfg.Admission.Classes {
 			for _, t := range tenants {
 				m.admissions.WithLabelValues(gpu, cl.Name, t, "false")
@@ -406,7 +418,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descCommitted, descUsed, descBound, descGated,
 		descDrain, descQueued, descDepth, descClassHeld, descPredicting, descSamples, descEpsilon, descTenantHeld, descTenantQ,
 		descUp, descState, descScraped, descUsage, descRunning, descWaiting, descPreempt,
-		descTokLookups, descTokStale, descTokEntries} {
+		descTokLookups, descTokStale, descTokEntries, descRunningKV, descStops, descTrips, descDistrust} {
 		ch <- d
 	}
 }
@@ -437,6 +449,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descBound, float64(p.Tickets), gpu)
 		gauge(descGated, boolFloat(p.Gated), gpu)
 		gauge(descDrain, p.DrainRate, gpu)
+		gauge(descRunningKV, float64(p.Now), gpu)
+	}
+	ch <- prometheus.MustNewConstMetric(descStops, prometheus.CounterValue, float64(st.GuardStops))
+	for reason, n := range st.Trips {
+		ch <- prometheus.MustNewConstMetric(descTrips, prometheus.CounterValue, float64(n), reason)
 	}
 	for _, q := range st.Queues {
 		gauge(descQueued, float64(q.QueuedBytes), q.Name)
@@ -446,6 +463,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descPredicting, boolFloat(q.Predicting), q.Name)
 		gauge(descSamples, q.Samples, q.Name)
+		gauge(descDistrust, boolFloat(q.Distrusted), q.Name)
 	}
 	eps := 0.0
 	if a := rt.cfg.Admission; a.Mode == modeKV && a.Reservation == admission.Predicted {

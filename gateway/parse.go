@@ -48,6 +48,11 @@ type request struct {
 	dropMaxCompletion bool
 	n                 int // choices returned per prompt
 	seqs              int // sequences run per prompt: max(n, best_of)
+	// pinned: the request sets its own output length — vLLM's ignore_eos
+	// (every sequence runs to max_tokens) or a min_tokens floor — so it is
+	// sized by its cap, never by a forecast of what the model's answers
+	// usually run to.
+	pinned bool
 
 	// The prompt, as the estimate tokenizer sees it. A batch completion
 	// request has one shape per prompt.
@@ -178,6 +183,9 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 		}
 		r.n = int(n)
 	}
+	if err := r.readPinned(v); err != nil {
+		return nil, err
+	}
 	r.seqs = r.n
 	if best := v.Get("best_of"); best != nil && best.Type() != fastjson.TypeNull {
 		b, err := intParam(best, "best_of")
@@ -199,6 +207,35 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	return r, nil
 }
 
+// readPinned reads the vLLM fields that set the output's length:
+// ignore_eos (a boolean) and min_tokens (an integer >= 0, at most the
+// request's max tokens), as vLLM's SamplingParams validates them.
+func (r *request) readPinned(v *fastjson.Value) error {
+	if ie := v.Get("ignore_eos"); ie != nil && ie.Type() != fastjson.TypeNull {
+		b, err := ie.Bool()
+		if err != nil {
+			return badParam("ignore_eos", "ignore_eos must be a boolean")
+		}
+		r.pinned = b
+	}
+	mt := v.Get("min_tokens")
+	if mt == nil || mt.Type() == fastjson.TypeNull {
+		return nil
+	}
+	n, err := intParam(mt, "min_tokens")
+	if err != nil {
+		return err
+	}
+	switch {
+	case n < 0:
+		return badParam("min_tokens", "min_tokens must be greater than or equal to 0, got %d.", n)
+	case r.maxTokens > 0 && n > int64(r.maxTokens):
+		return badParam("min_tokens", "min_tokens must be less than or equal to %s=%d, got %d.", r.maxTokensParam, r.maxTokens, n)
+	}
+	r.pinned = r.pinned || n > 0
+	return nil
+}
+
 // outOfRange refuses a length no request to a model of maxLen tokens could
 // be served with: more output than the whole context. (One that merely
 // does not fit beside its prompt is context_length_exceeded, from the
@@ -214,7 +251,7 @@ func (r *request) outOfRange(maxLen int) *apiError {
 // The keys the gateway reads, per object: a duplicate of one of them would
 // let the gateway and the backend read different requests.
 var (
-	topLevelKeys     = []string{"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "n", "best_of", "stream", "stream_options", "tools"}
+	topLevelKeys     = []string{"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "n", "best_of", "stream", "stream_options", "tools", "min_tokens", "ignore_eos"}
 	streamOptionKeys = []string{"include_usage"}
 	messageKeys      = []string{"role", "content", "tool_calls"}
 	partKeys         = []string{"type", "text"}

@@ -28,7 +28,16 @@ var (
 	// errFirstByteTimeout: a streamed request's backend sent no event
 	// within its first_byte_timeout.
 	errFirstByteTimeout = errors.New("first byte timeout")
+	// errStoppedForMemory: the admission guard stopped the request, so
+	// that the GPU's KV cache stays within its budget when the requests
+	// running there outgrew their forecast.
+	errStoppedForMemory = errors.New("stopped to keep the GPU within its KV budget")
 )
+
+// guardRetryAfter is what a request the guard stopped is told: the
+// requests that outgrew the forecast hold the room it needs for some
+// seconds, while the GPU is on worst-case admission.
+const guardRetryAfter = 2 * time.Second
 
 // exchange is one proxied request from arrival to its last byte. It holds
 // everything that must be given back — the admission ticket, the client
@@ -89,6 +98,7 @@ func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
 	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown", conn: ctx.Conn()}
 	x.rctx.deadline = x.start.Add(rt.cfg.Server.requestTimeout())
 	x.rctx.waiting = s.wake
+	x.rctx.linger = rt.cfg.Admission.abortHold()
 	x.ctx = &x.rctx
 	s.m.inflight.Inc()
 	s.active.Add(1)
@@ -136,7 +146,9 @@ func (x *exchange) finish(outcome, reason string) {
 	x.s.flights.remove(x)
 	x.stopFirstByte()
 	x.unwatch()
-	if x.ticket != nil {
+	if x.ticket != nil && x.rctx.Cause() == nil {
+		// A context that ended first gave the ticket up itself, lingering
+		// while the backend may still hold the blocks (reqctx.go).
 		x.ticket.Release()
 	}
 	x.rctx.cancel(context.Canceled)
@@ -179,6 +191,9 @@ func (x *exchange) ended() (outcome, reason string, e *apiError) {
 			message: fmt.Sprintf("The backend %q sent nothing within %s (its first_byte_timeout).", name, d)}
 	case errors.Is(cause, errShutdown):
 		return outcomeFailed, "shutdown", &apiError{status: 503, typ: typeServer, code: "shutting_down", message: "The gateway is shutting down."}
+	case errors.Is(cause, errStoppedForMemory):
+		return outcomeShed, reasonGuard, &apiError{status: 503, typ: typeServer, code: reasonGuard, retryAfter: guardRetryAfter,
+			message: fmt.Sprintf("The requests running on this GPU outgrew their forecast: this one was stopped to keep its KV cache within budget before the backend ran out of memory. Retry after %s.", retryAfterText(guardRetryAfter))}
 	default:
 		return outcomeCanceled, "client_disconnect", nil
 	}
@@ -276,7 +291,10 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	// whole would time out, whichever is first; the scheduler sheds at once
 	// a request whose expected wait already passes that.
 	areq := admission.Request{Queue: req.model, Class: x.class, Tenant: x.tenant, Opaque: !req.stream,
-		Deadline: x.start.Add(rt.cfg.Server.requestTimeout())}
+		Pinned: req.pinned, Deadline: x.start.Add(rt.cfg.Server.requestTimeout())}
+	if req.stream {
+		areq.Stopper = x
+	}
 	if rt.count {
 		areq.Weight = 1
 	} else {
@@ -654,6 +672,9 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 		x.finish(outcomeOK, "")
 	case status >= 500:
 		x.s.m.upstreamErrors.WithLabelValues(x.backend.Name(), "status").Inc()
+		if bytes.Contains(body, outOfMemory) {
+			x.overflowed()
+		}
 		x.finish(outcomeFailed, "backend_"+strconv.Itoa(status))
 	default:
 		x.finish(outcomeRejected, "backend_"+strconv.Itoa(status))
@@ -800,6 +821,34 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 
 func (x *exchange) clientGone() { x.rctx.cancel(errClientGone) }
 
+// StopForMemory is the admission guard stopping the request (see
+// admission's guard.go): its context ends, which closes the upstream
+// exchange and lingers its reservation until the backend has let the
+// blocks go; the relay then ends the stream with an error event.
+func (x *exchange) StopForMemory() { x.rctx.cancel(errStoppedForMemory) }
+
+var _ admission.Stopper = (*exchange)(nil)
+
+// outOfMemory is what the error of a backend that ran out of KV blocks
+// says (PyTorch's "CUDA out of memory", the simulator's too).
+var outOfMemory = []byte("out of memory")
+
+// overflowed tells admission that the request's GPU ran out of memory:
+// every forecast made for it is distrusted for the cool-down.
+func (x *exchange) overflowed() {
+	if x.ticket == nil || x.rt.count {
+		return
+	}
+	pool := x.ticket.Pool()
+	x.rt.sched.Overflowed(pool)
+	gpu := pool
+	if g := x.rt.poolGroup[pool]; g != nil {
+		gpu = g.name
+	}
+	x.s.m.overflows.WithLabelValues(gpu).Inc()
+	x.s.log.Warn("a backend ran out of KV memory: the GPU goes to worst-case admission for the cool-down", "gpu", gpu, "backend", x.backend.Name())
+}
+
 // writeStreamError ends a stream that has already begun with an error event,
 // the way vLLM reports errors mid-stream. Every event before it ended with
 // its blank line, so the error stands on its own line.
@@ -838,7 +887,10 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 	if err != nil {
 		return true, false, false
 	}
-	if v.Get("error") != nil {
+	if e := v.Get("error"); e != nil {
+		if bytes.Contains(e.GetStringBytes("message"), outOfMemory) {
+			x.overflowed()
+		}
 		return true, true, false
 	}
 	if u := v.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {

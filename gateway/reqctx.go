@@ -36,7 +36,11 @@ type reqCtx struct {
 	cause  error             // why it ended; nil while it lives
 	closer io.Closer         // an upstream connection to close when it ends
 	ticket *admission.Ticket // a reservation to release when it ends
-	funcs  []afterFunc       // AfterFuncs of derived contexts
+	// linger is how long the reservation stays held when the context ends
+	// while an upstream exchange is open: the backend holds the request's
+	// blocks until it notices the abort (admission.abort_hold).
+	linger time.Duration
+	funcs  []afterFunc // AfterFuncs of derived contexts
 	nextID int
 	// waiting is told, without blocking, when the done channel is first
 	// asked for: only a wait does that (the admission queue, a derived
@@ -125,7 +129,11 @@ func (c *reqCtx) cancel(cause error) {
 	if closer != nil {
 		closer.Close()
 	}
-	if t != nil {
+	switch {
+	case t == nil:
+	case closer != nil:
+		t.Linger(c.linger)
+	default:
 		t.Release()
 	}
 	for _, a := range funcs {

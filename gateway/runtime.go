@@ -392,8 +392,9 @@ func admissionConfig(cfg *Config, opt *Options) admission.Config {
 		Classes: classes, DefaultClass: a.DefaultClass, Tenants: tenants,
 		DefaultTenantShare: a.DefaultTenantShare, PressureThreshold: a.Pressure,
 		DrainWindow: a.DrainWindow.D, MaxRetryAfter: a.MaxRetryAfter.D, Clock: opt.Clock,
-		AIMD:     admission.AIMDConfig{Decrease: a.Feedback.Decrease, Increase: a.Feedback.Increase, MinFraction: a.Feedback.MinFraction},
-		Policy:   admission.PolicyConfig{Reservation: reservation, Epsilon: a.Epsilon, WarmupSamples: a.WarmupSamples, Headroom: headroom},
+		AIMD: admission.AIMDConfig{Decrease: a.Feedback.Decrease, Increase: a.Feedback.Increase, MinFraction: a.Feedback.MinFraction},
+		Policy: admission.PolicyConfig{Reservation: reservation, Epsilon: a.Epsilon, WarmupSamples: a.WarmupSamples, Headroom: headroom,
+			MaxOvercommit: a.MaxOvercommit, CoolDown: a.CoolDown.D},
 		Backfill: admission.BackfillConfig{Disabled: !*a.Backfill.Enabled, MaxHeadAge: a.Backfill.MaxHeadAge.D},
 	}
 }

@@ -341,6 +341,11 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 	}
 	_ = rt.sched.SetUsage(g.pool, used, true)
 	preempted := s.preemptionsRose(b, r.Preemptions)
+	if preempted {
+		// The backend ran out of blocks: whatever the forecast said was
+		// wrong, and the GPU goes to worst-case admission for the cool-down.
+		rt.sched.Overflowed(g.pool)
+	}
 	if *rt.cfg.Admission.Feedback.Enabled {
 		_ = rt.sched.Feedback(g.pool, used > want || preempted)
 	}

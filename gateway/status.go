@@ -52,6 +52,7 @@ type gpuView struct {
 	Effective    int64   `json:"effective_bytes"`
 	Held         int64   `json:"held_bytes"`
 	Committed    int64   `json:"committed_bytes"`
+	Running      int64   `json:"running_bytes"` // what its requests may hold now: the guard's account
 	Used         *int64  `json:"used_bytes"`
 	Utilization  float64 `json:"utilization"`
 	Bound        int     `json:"bound_requests"`
@@ -78,6 +79,9 @@ type modelQueueView struct {
 	Samples      float64     `json:"length_samples"`
 	MedianLength int         `json:"median_output_tokens,omitempty"`
 	P90Length    int         `json:"p90_output_tokens,omitempty"`
+	// Distrusted: its forecast was shown wrong; its requests are held at
+	// their worst case for admission.cool_down.
+	Distrusted bool `json:"distrusted"`
 }
 
 // routeView is one GPU a model may be bound to, and whether it takes binds
@@ -107,6 +111,10 @@ type counterView struct {
 	Backfilled        int64            `json:"backfilled"`
 	Rejected          map[string]int64 `json:"rejected"`
 	Canceled          int64            `json:"canceled"`
+	// GuardStops and ForecastTrips: see kvgate_admission_guard_stops_total
+	// and kvgate_admission_forecast_trips_total.
+	GuardStops    int64            `json:"guard_stops"`
+	ForecastTrips map[string]int64 `json:"forecast_trips"`
 }
 
 type kvView struct {
@@ -169,7 +177,7 @@ func (s *Server) status() statusView {
 			continue // a pool a reload removed, draining its last tickets
 		}
 		gv := gpuView{GPU: g.name, Configured: g.nominal, Capacity: p.Capacity, Effective: p.Effective, Held: p.Held,
-			Committed: p.Committed, Bound: p.Tickets, Gated: p.Gated, DrainRate: p.DrainRate}
+			Committed: p.Committed, Running: p.Now, Bound: p.Tickets, Gated: p.Gated, DrainRate: p.DrainRate}
 		if g.pool != g.name {
 			gv.Pool = g.pool
 		}
@@ -206,7 +214,7 @@ func (s *Server) status() statusView {
 	}
 	for _, q := range st.Queues {
 		mv := modelQueueView{Model: q.Name, Queued: q.Queued, QueuedBytes: q.QueuedBytes, Predicting: q.Predicting,
-			Samples: q.Samples, MedianLength: q.MedianLength, P90Length: q.P90Length}
+			Samples: q.Samples, MedianLength: q.MedianLength, P90Length: q.P90Length, Distrusted: q.Distrusted}
 		for _, c := range q.Classes {
 			mv.Classes = append(mv.Classes, classView(c))
 		}
@@ -224,7 +232,7 @@ func (s *Server) status() statusView {
 	}
 	v.SharedBudget = s.fleetStatus()
 	v.Counters = counterView{Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Backfilled: st.Backfilled,
-		Rejected: st.Rejected, Canceled: st.Canceled}
+		Rejected: st.Rejected, Canceled: st.Canceled, GuardStops: st.GuardStops, ForecastTrips: st.Trips}
 	for _, b := range rt.pool.Backends() {
 		sp := b.Spec()
 		bv := backendView{Name: b.Name(), URL: sp.URL, GPU: rt.groupOf[b].name, Models: sp.Models, State: string(b.State()), LastError: b.LastError()}

@@ -81,6 +81,12 @@ type Config struct {
 	// "uniform:A-B", "normal:MEAN,STDDEV" or "lognormal:MEDIAN,SIGMA",
 	// drawn per sequence and capped by max_tokens.
 	OutputLen string
+	// OutputLenWhen gives some requests other lengths, as a real model's
+	// answers depend on what is asked: each entry is "TEXT=DIST", and a
+	// request whose body contains TEXT draws its lengths from DIST (as
+	// OutputLen) instead; the first entry that matches wins. A workload
+	// can so change its lengths without a field a gateway could read.
+	OutputLenWhen []string
 	// Seed makes generated text and lengths reproducible: the same seed and
 	// the same request give the same output, whatever else is running.
 	Seed int64
@@ -128,6 +134,7 @@ type settings struct {
 	prefillPer   time.Duration
 	timeScale    float64
 	outputLen    lengthDist
+	outputWhen   []lengthRule
 	seed         uint64
 	logger       *slog.Logger
 	maxPositions int
@@ -239,6 +246,17 @@ func (c Config) resolve() (*settings, error) {
 	s.timeScale = c.TimeScale
 	if s.outputLen, err = parseLengthDist(c.OutputLen); err != nil {
 		return nil, &ConfigError{Field: "OutputLen", Err: err}
+	}
+	for _, r := range c.OutputLenWhen {
+		text, dist, ok := strings.Cut(r, "=")
+		if !ok || text == "" {
+			return nil, fieldErr("OutputLenWhen", "%q is not TEXT=DIST", r)
+		}
+		d, err := parseLengthDist(dist)
+		if err != nil {
+			return nil, &ConfigError{Field: "OutputLenWhen", Err: err}
+		}
+		s.outputWhen = append(s.outputWhen, lengthRule{text: []byte(text), dist: d})
 	}
 	s.seed = uint64(c.Seed)
 

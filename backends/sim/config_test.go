@@ -70,6 +70,9 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{Config{TimeScale: -0.5}, "TimeScale", "[0, 1e6]"},
 		{Config{TimeScale: math.Inf(1)}, "TimeScale", "[0, 1e6]"},
 		{Config{OutputLen: "fixed:x"}, "OutputLen", "invalid length distribution"},
+		{Config{OutputLenWhen: []string{"essay"}}, "OutputLenWhen", "is not TEXT=DIST"},
+		{Config{OutputLenWhen: []string{"=fixed:3"}}, "OutputLenWhen", "is not TEXT=DIST"},
+		{Config{OutputLenWhen: []string{"essay=fixed:x"}}, "OutputLenWhen", "invalid length distribution"},
 	}
 	for _, tc := range tests {
 		_, err := New(tc.c)

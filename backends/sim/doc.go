@@ -71,8 +71,11 @@
 // Output text and output lengths are functions of Config.Seed and the
 // request's content (prompt or messages, max_tokens, n, its seed field), never
 // of arrival order or of what else runs: each sequence's key is a hash of
-// those, its length is drawn from OutputLen with that key (max_tokens when
-// OutputLen is empty or ignore_eos is set, at least min_tokens), and its
+// those, its length is drawn from OutputLen with that key (or from the
+// distribution of the first OutputLenWhen rule whose text the body contains:
+// a workload's lengths can change with what is asked, as a real model's do,
+// without a field a gateway could read; max_tokens when the distribution is
+// empty or ignore_eos is set, at least min_tokens), and its
 // i-th token is a fixed list's entry picked by hashing the key and i. The
 // same request streamed or not gives the same text. Timing is not
 // deterministic: it is wall-clock sleeps on a shared machine. Tests that need

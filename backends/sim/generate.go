@@ -69,7 +69,7 @@ func (s *Server) newRequest(g genParams) *request {
 		sq.key = seqKey(g.key, i)
 		sq.target = g.maxTokens
 		if !g.ignoreEOS {
-			sq.target = max(s.set.outputLen.draw(sq.key, g.maxTokens), g.minTokens)
+			sq.target = max(g.lengths.draw(sq.key, g.maxTokens), g.minTokens)
 		}
 	}
 	return r

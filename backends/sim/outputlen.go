@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"strconv"
@@ -36,6 +37,22 @@ const (
 	distNormal
 	distLognormal
 )
+
+// lengthRule is a parsed OutputLenWhen entry.
+type lengthRule struct {
+	text []byte
+	dist lengthDist
+}
+
+// lengthsFor is the distribution a request's body draws its lengths from.
+func (s *settings) lengthsFor(body []byte) lengthDist {
+	for _, r := range s.outputWhen {
+		if bytes.Contains(body, r.text) {
+			return r.dist
+		}
+	}
+	return s.outputLen
+}
 
 // lengthDist is a parsed OutputLen: how long a sequence wants to be before
 // max_tokens caps it.

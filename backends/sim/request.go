@@ -18,7 +18,8 @@ type genParams struct {
 	stream       bool
 	includeUsage bool
 	ignoreEOS    bool
-	key          uint64 // seed and content: what the output is drawn from
+	key          uint64     // seed and content: what the output is drawn from
+	lengths      lengthDist // what its lengths are drawn from (Config.OutputLenWhen)
 }
 
 // parseGenRequest validates a /v1/chat/completions (chat) or /v1/completions
@@ -143,6 +144,7 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 		h = mix(h ^ uint64(seed.v) ^ 0x73656564)
 	}
 	g.key = h
+	g.lengths = s.lengthsFor(body)
 	return g, nil
 }
 

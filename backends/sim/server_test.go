@@ -318,6 +318,27 @@ func completionText(t testing.TB, base, body string) (string, string) {
 	return *r.Choices[0].Text, r.Choices[0].FinishReason
 }
 
+// A request whose body carries a rule's text draws its length from that
+// rule's distribution, the first that matches; the others from OutputLen.
+func TestOutputLenWhen(t *testing.T) {
+	_, url := startServer(t, Config{Seed: 7, TimeScale: 0.001, OutputLen: "fixed:3",
+		OutputLenWhen: []string{"ESSAY=fixed:30", "ESS=fixed:20", "POEM=fixed:9"}})
+	for _, tc := range []struct {
+		prompt string
+		want   int
+	}{
+		{"a question", 3},
+		{"write an ESSAY", 30},
+		{"an ESSAY and a POEM", 30},
+		{"a POEM", 9},
+	} {
+		text, finish := completionText(t, url, fmt.Sprintf(`{"model":"llama-3-8b","prompt":%q,"max_tokens":40}`, tc.prompt))
+		if n := tokenCount(t, url, text); n != tc.want || finish != "stop" {
+			t.Errorf("%q: %d tokens (%s), want %d", tc.prompt, n, finish, tc.want)
+		}
+	}
+}
+
 func TestDeterminism(t *testing.T) {
 	c := Config{Seed: 7, OutputLen: "uniform:1-40", TimeScale: 0.001}
 	_, a := startServer(t, c)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/backends/sim"
@@ -25,12 +26,13 @@ var simFlagOf = map[string]string{
 	"BlockSize": "--block-size", "MaxModelLen": "--max-model-len", "MaxNumSeqs": "--max-num-seqs",
 	"OnOverflow": "--on-overflow", "OOMRestart": "--oom-restart", "StepBase": "--step-base",
 	"StepPerSeq": "--step-per-seq", "PrefillPerToken": "--prefill-per-token", "TimeScale": "--time-scale",
-	"OutputLen": "--output-len",
+	"OutputLen": "--output-len", "OutputLenWhen": "--output-len-when",
 }
 
 // simFlags are the flags of kvgate sim, parsed into a sim.Config.
 type simFlags struct {
 	listen, model, modelConfig, onOverflow, outputLen string
+	outputLenWhen                                     stringList
 	gpuMemory, weights, reserve                       sizeFlag
 	utilization, timeScale                            float64
 	blockSize, maxModelLen, maxNumSeqs                int
@@ -57,6 +59,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.prefillPer, "prefill-per-token", sim.DefaultPrefillPerToken, "simulated time each prompt token adds to the step that prefills it")
 	fs.Float64Var(&f.timeScale, "time-scale", 1, "wall time per simulated time: 0.01 runs 100× faster, 0 makes the engine free")
 	fs.StringVar(&f.outputLen, "output-len", "", "output length distribution capped by max_tokens: fixed:N, uniform:A-B, normal:MEAN,STDDEV, lognormal:MEDIAN,SIGMA (default: always max_tokens)")
+	fs.Var(&f.outputLenWhen, "output-len-when", "`TEXT=DIST`: requests whose body contains TEXT draw their output lengths from DIST instead (repeatable; the first that matches wins)")
 	fs.Int64Var(&f.seed, "seed", 0, "seed of the generated text and output lengths")
 }
 
@@ -65,7 +68,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 func (f *simFlags) config(logger *slog.Logger) (sim.Config, error) {
 	c := sim.Config{
 		Model: f.model, GPUMemoryUtilization: f.utilization, BlockSize: f.blockSize, MaxModelLen: f.maxModelLen,
-		MaxNumSeqs: f.maxNumSeqs, OnOverflow: f.onOverflow, TimeScale: f.timeScale, OutputLen: f.outputLen,
+		MaxNumSeqs: f.maxNumSeqs, OnOverflow: f.onOverflow, TimeScale: f.timeScale, OutputLen: f.outputLen, OutputLenWhen: f.outputLenWhen,
 		Seed: f.seed, Logger: logger,
 	}
 	if _, _, err := net.SplitHostPort(f.listen); err != nil {
@@ -182,4 +185,14 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, "sim", exitNo, "serve: %v", err)
 	}
 	return exitOK
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+func (l *stringList) Set(v string) error {
+	*l = append(*l, v)
+	return nil
 }

@@ -1,0 +1,362 @@
+package admission
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvgate/kvgate/admission/predict"
+)
+
+// The guard: what keeps a pool inside its capacity when the forecast is
+// wrong (see doc.go, "When the forecast is wrong").
+//
+// A forecast bounds overflow only while traffic looks like its history.
+// Four things hold whatever the traffic does:
+//
+//   - What each ticket may hold on the backend now is known: for a request
+//     that reports its progress, its prompt and what it has generated plus
+//     the forecast's lead (a block and the tokens in flight: what the
+//     backend may have taken before the gateway sees it); for any other,
+//     its worst case, since nothing bounds it better. A pool's now is their
+//     sum. When a Progress takes it past the pool's line (its capacity, or
+//     its lease), the scheduler stops running requests — predicted ones
+//     first, lowest class first, then the tenant holding the most for its
+//     share, then the newest — until what is left fits, through their
+//     Stopper, before the backend has to fail them all. A stopped request
+//     still holds until it is released: its blocks are the backend's until
+//     it notices the abort.
+//   - Exposure is bounded before anything is learned: the worst cases a
+//     pool holds never sum past MaxOvercommit × its capacity, nor a
+//     tenant's past that times its share.
+//   - A queue's forecast is distrusted, for CoolDown, when it is shown
+//     wrong: a sequential test (CUSUM) on its running sequences crossing
+//     their predictor's 0.9 quantile, a stop by the guard, or an overflow a
+//     backend reports (Overflowed). Its requests are then held at their
+//     worst case — those running too — and its learned lengths start over,
+//     so that warm-up follows on the new traffic.
+//   - Every request teaches: one released before its sequences finished
+//     (an abort, a failure, a stop) is a censored sample at the length it
+//     reached.
+
+// Stopper stops a running request: the caller ends its stream and closes
+// its exchange with the backend, then releases (or lingers) its ticket. It
+// is called once, after the scheduler's lock is released, from the
+// goroutine whose progress report found the pool over its line, so it must
+// return at once.
+type Stopper interface{ StopForMemory() }
+
+// guardState is a ticket's part of its pool's now.
+type guardState struct {
+	now       int64 // what it may hold on the backend now, in bytes
+	stopper   Stopper
+	stopped   bool // the guard stopped it: its now counts in the pool's stopping
+	lingering bool // given up, held until the backend has let its blocks go
+}
+
+// predictable says whether a request may be forecast rather than held at
+// its worst case: it reports progress and does not set its own length.
+func (w *waiter) predictable() bool { return !w.opaque && !w.pinned && len(w.shape) > 0 }
+
+// guardNowLocked is what t may hold on the backend now.
+func (s *Scheduler) guardNowLocked(t *Ticket) int64 {
+	switch {
+	case t.guard.lingering:
+		return t.guard.now // it grows no more
+	case t.opaque || len(t.groups) == 0:
+		return t.weight
+	}
+	var n int64
+	for i := range t.groups {
+		g := &t.groups[i]
+		// As the forecast's step 0: the block after the one it last
+		// entered, which it takes within a block's tokens of the report
+		// that entered that one; so a stop decided when this passes the
+		// line has those tokens' time to take effect.
+		n = satAdd64(n, g.size(g.live, min(satAdd(g.gen, forecastLead(g.Group)+1), g.Cap)))
+	}
+	return min(n, t.weight)
+}
+
+// guardSetLocked makes t's now its current value, moving its pool's sums.
+func (s *Scheduler) guardSetLocked(p *pool, t *Ticket, now int64) {
+	d := now - t.guard.now
+	p.now += d
+	if t.guard.stopped {
+		p.stopping += d
+	}
+	t.guard.now = now
+}
+
+// guardLine is the most p may hold on its backend: its capacity. The AIMD
+// loop's effective capacity is not it (a shrink revokes nothing), nor is a
+// lease of a GPU shared with other replicas: a lease that falls (Redis
+// lost, the fleet's shares moved) stops admissions, and stopping running
+// requests for it is the lease protocol's business, not the guard's.
+func (p *pool) guardLine() int64 { return p.nominal }
+
+// exposureLine is the capacity the exposure bound multiplies: the pool's,
+// or its lease.
+func (p *pool) exposureLine() int64 {
+	if p.limited {
+		return min(p.nominal, max(p.limit, 0))
+	}
+	return p.nominal
+}
+
+// guardCheckLocked stops running requests on p until what the others may
+// hold fits its line (Predicted only: under WorstCase what is held bounds
+// it already).
+func (s *Scheduler) guardCheckLocked(p *pool) {
+	if !s.set.policy.predicted || s.inGuard {
+		return
+	}
+	excess := p.now - p.stopping - p.guardLine()
+	if excess <= 0 {
+		return
+	}
+	s.inGuard = true
+	defer func() { s.inGuard = false }()
+	var victims []*Ticket
+	for t := p.first; t != nil; t = t.next {
+		if t.guard.stopper != nil && !t.guard.stopped && !t.guard.lingering && t.guard.now > 0 {
+			victims = append(victims, t)
+		}
+	}
+	if len(victims) == 0 {
+		return
+	}
+	nowOf := map[*tenantState]int64{}
+	for t := p.first; t != nil; t = t.next {
+		nowOf[t.tenant] += t.guard.now - stoppingPart(t)
+	}
+	weigh := func(t *Ticket) float64 { return float64(nowOf[t.tenant]) / max(t.tenant.share, 1e-9) }
+	slices.SortFunc(victims, func(a, b *Ticket) int {
+		switch {
+		case (a.lens == nil) != (b.lens == nil): // predicted first: their growth was a guess
+			if a.lens != nil {
+				return -1
+			}
+			return 1
+		case a.line.index != b.line.index: // lowest priority first
+			return b.line.index - a.line.index
+		case a.tenant != b.tenant && weigh(a) != weigh(b): // the tenant most over its share
+			if weigh(a) > weigh(b) {
+				return -1
+			}
+			return 1
+		default: // the newest
+			return int(int64(b.seq) - int64(a.seq))
+		}
+	})
+	q := map[*queue]bool{}
+	for _, t := range victims {
+		if excess <= 0 {
+			break
+		}
+		t.guard.stopped = true
+		p.stopping += t.guard.now
+		excess -= t.guard.now
+		s.guardStops++
+		s.pendingStops = append(s.pendingStops, t.guard.stopper)
+		q[t.line.q] = true
+	}
+	for x := range q {
+		s.distrustLocked(x, TripGuard)
+	}
+}
+
+// stoppingPart is what of t's now its pool counts as stopping.
+func stoppingPart(t *Ticket) int64 {
+	if t.guard.stopped {
+		return t.guard.now
+	}
+	return 0
+}
+
+// Why a queue's forecast was distrusted (Stats().Trips, Overflowed).
+const (
+	TripDrift    = "drift"    // the change detector: sequences outlive their forecast
+	TripGuard    = "guard"    // the guard had to stop a request
+	TripOverflow = "overflow" // a backend ran out of KV blocks (an out-of-memory error, preemptions)
+)
+
+// The change detector is a CUSUM test of "a sequence crosses its
+// predictor's 0.9 quantile" at probability p0 = 0.1 (the forecast is
+// right) against p1 = 0.8 (traffic turned long): each crossing adds
+// ln(p1/p0), each sequence that finishes below its mark adds
+// ln((1−p1)/(1−p0)), the sum never drops below 0, and it trips at h = 16.
+// About eight crossings with no finish between them trip it. The threshold
+// is high on purpose: a predictor that has just warmed up has seen the
+// short answers of its first requests before their long ones (they finish
+// first), so its 0.9 quantile runs low for a while and more than a tenth of
+// sequences cross it; a lower threshold tripped on such steady traffic
+// every few seconds. A shift to long answers still trips it within a few
+// seconds of the first ones crossing, and the guard covers what runs
+// meanwhile.
+var (
+	cusumUp   = math.Log(0.8 / 0.1)
+	cusumDown = math.Log(0.2 / 0.9)
+)
+
+const cusumTrip = 16.0
+
+// trustState is a queue's change detector and cool-down.
+type trustState struct {
+	cusum      float64
+	distrusted bool      // held at worst case until until
+	until      time.Time // end of the cool-down
+}
+
+// markFor is the length past which a sequence predicted by lens counts as
+// crossing its forecast: the 0.9 quantile, or never when it is unknown.
+func markFor(lens *predict.Lengths, capTokens int) int {
+	if lens == nil {
+		return math.MaxInt
+	}
+	if n, ok := lens.Quantile(0.9); ok && n < capTokens {
+		return n
+	}
+	return math.MaxInt
+}
+
+// noteSequenceLocked feeds the change detector one sequence of a
+// predicted ticket: it crossed its mark, or it finished below it.
+func (s *Scheduler) noteSequenceLocked(q *queue, crossed bool) {
+	tr := &q.trust
+	if crossed {
+		tr.cusum += cusumUp
+	} else {
+		tr.cusum = max(tr.cusum+cusumDown, 0)
+	}
+	if tr.cusum >= cusumTrip {
+		s.distrustLocked(q, TripDrift)
+	}
+}
+
+// distrustLocked holds q's requests at their worst case for the
+// cool-down, those running too, and starts its learning over; during a
+// cool-down it starts the cool-down again.
+func (s *Scheduler) distrustLocked(q *queue, reason string) {
+	if !s.set.policy.predicted {
+		return
+	}
+	q.trust.cusum = 0
+	until := s.clock.Now().Add(max(s.set.policy.coolDown, 0))
+	if !s.trustedLocked(q) {
+		// Still cooling down: the evidence since the last trip (the
+		// censored lengths of what was stopped) is the new traffic's,
+		// and is kept; only the cool-down starts again.
+		q.trust.until = until
+		return
+	}
+	s.trips[reason]++
+	q.trust.distrusted, q.trust.until = true, until
+	if l, err := predict.NewLengths(predict.LengthsConfig{MaxLen: q.spec.maxLen}); err == nil {
+		q.lengths, q.byTenant = l, map[string]*predict.Lengths{}
+		if q.tally != nil {
+			// The fleet's deltas stay in the new layout's terms (the same
+			// one): nothing to start over there.
+			q.tally = q.lengths.NewTally()
+			q.tallyTenants = map[string]*predict.Tally{}
+		}
+	}
+	s.scratchSeq = 0
+	for _, r := range q.routes {
+		for t := r.p.first; t != nil; t = t.next {
+			if t.line.q == q && t.lens != nil {
+				s.updateLocked(t, func() { t.lens = nil })
+			}
+		}
+	}
+}
+
+// trustedLocked says whether q's forecast may be used now, ending its
+// cool-down when it has run out.
+func (s *Scheduler) trustedLocked(q *queue) bool {
+	if !q.trust.distrusted {
+		return true
+	}
+	if s.clock.Now().Before(q.trust.until) {
+		return false
+	}
+	q.trust.distrusted = false
+	return true
+}
+
+// Overflowed tells the scheduler that a backend of pool ran out of KV
+// memory (it answered with an out-of-memory error, or its preemptions
+// rose): the forecast of every queue served there is distrusted for the
+// cool-down. Unknown pools are ignored.
+func (s *Scheduler) Overflowed(pool string) {
+	s.mu.Lock()
+	if p := s.poolByName[pool]; p != nil {
+		for _, q := range s.queues {
+			for _, r := range q.routes {
+				if r.p == p {
+					s.distrustLocked(q, TripOverflow)
+				}
+			}
+		}
+	}
+	s.settleUnlock(opFeedback)
+}
+
+// exposureFitsLocked says whether w's worst case fits beside the worst
+// cases p and its tenant hold within MaxOvercommit (Predicted only).
+func (s *Scheduler) exposureFitsLocked(p *pool, w *waiter) bool {
+	line := float64(p.exposureLine()) * s.set.policy.overcommit
+	if float64(satAdd64(p.held, w.weight)) > line {
+		return false
+	}
+	t := w.tenant
+	return t.share >= 1 || float64(satAdd64(t.worstOn(p), w.weight)) <= line*t.share
+}
+
+// Linger gives the ticket up but keeps what it holds now for d: a request
+// whose client left, or that was stopped or timed out, still has blocks on
+// the backend until it notices the abort, and memory it holds is no room
+// for another. Its forecast no longer grows; Release (at d, or earlier by
+// the caller) gives everything back. d <= 0 releases at once.
+func (t *Ticket) Linger(d time.Duration) {
+	if t == nil || t.s == nil {
+		return
+	}
+	if d <= 0 {
+		t.Release()
+		return
+	}
+	s := t.s
+	s.mu.Lock()
+	if t.weight == 0 || t.guard.lingering {
+		s.mu.Unlock()
+		return
+	}
+	t.guard.lingering = true
+	s.clock.AfterFunc(d, t.Release)
+	s.mu.Unlock()
+}
+
+// censorLocked teaches t's queue that its live sequences ran at least as
+// long as they got: a request given up before they finished. Opaque and
+// pinned requests teach nothing (an opaque one's progress is not known).
+func (s *Scheduler) censorLocked(t *Ticket) {
+	if t.opaque || t.pinned {
+		return
+	}
+	for i := range t.groups {
+		g := &t.groups[i]
+		for range g.live {
+			if g.gen > 0 {
+				s.observeLocked(t.line.q, t.tenant.name, g.gen, true)
+			}
+		}
+	}
+}
+
+// flushStops calls the Stoppers the guard chose; mu must not be held.
+func flushStops(stops []Stopper) {
+	for _, st := range stops {
+		st.StopForMemory()
+	}
+}

@@ -1,0 +1,278 @@
+package admission_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/admission"
+)
+
+// stops records which requests the guard stopped, in order.
+type stops struct {
+	mu  sync.Mutex
+	got []string
+}
+
+type stopper struct {
+	name string
+	log  *stops
+}
+
+func (s stopper) StopForMemory() {
+	s.log.mu.Lock()
+	s.log.got = append(s.log.got, s.name)
+	s.log.mu.Unlock()
+}
+
+func (s *stops) names() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.got)
+}
+
+// guarded is a predicted scheduler that has learned that every output
+// stops at 20 tokens, with exposure and cool-down out of the way unless a
+// test sets them.
+func guarded(t *testing.T, capacity int64, edit func(*admission.Config)) *fixture {
+	cfg := predicted(capacity, 100)
+	cfg.Policy.MaxOvercommit = 1000
+	cfg.Classes = []admission.ClassConfig{{Name: "standard"}, {Name: "sheddable"}}
+	cfg.Tenants = []admission.TenantConfig{{Name: "a", Share: 0.5}, {Name: "b", Share: 0.5}}
+	if edit != nil {
+		edit(&cfg)
+	}
+	f := newFixture(t, cfg)
+	f.teach(100, 20)
+	return f
+}
+
+// When requests outgrow the forecast they were admitted on, the guard stops
+// running ones before what the rest may hold passes the pool — predicted
+// ones first, the lowest class, then the tenant holding the most for its
+// share, then the newest — and the forecast is distrusted.
+func TestGuardStopsBeforeThePoolIsExceeded(t *testing.T) {
+	type running struct {
+		name, class, tenant string
+	}
+	for _, tc := range []struct {
+		name    string
+		running []running // in admission order
+		want    []string  // the first stopped
+	}{
+		{"the newest first", []running{{"r1", "", ""}, {"r2", "", ""}, {"r3", "", ""}, {"r4", "", ""}}, []string{"r4"}},
+		{"the lowest class first", []running{{"shed", "sheddable", ""}, {"r2", "", ""}, {"r3", "", ""}, {"r4", "", ""}}, []string{"shed"}},
+		{"the tenant most over its share", []running{{"a1", "", "a"}, {"a2", "", "a"}, {"a3", "", "a"}, {"b1", "", "b"}}, []string{"a3"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Four requests of a 1024-token cap, 65 blocks of 16 bytes at
+			// worst, on a pool of 160 blocks: admitted on their forecast
+			// (20 tokens), they would need 260 if they all ran long.
+			f := guarded(t, 160*16, nil)
+			log := &stops{}
+			var tks []*admission.Ticket
+			for _, r := range tc.running {
+				rq := chat(16, 1024)
+				rq.Class, rq.Tenant, rq.Stopper = r.class, r.tenant, stopper{r.name, log}
+				tks = append(tks, f.acquire(rq))
+			}
+			for gen := 16; len(log.names()) == 0 && gen <= 1024; gen += 16 {
+				for _, tk := range tks {
+					tk.Progress(0, gen)
+					ps := f.b.Scheduler.Stats().Pools[0]
+					if ps.Now-ps.Stopping > ps.Capacity {
+						t.Fatalf("at %d tokens: what runs may hold %d of a capacity of %d", gen, ps.Now-ps.Stopping, ps.Capacity)
+					}
+				}
+			}
+			got := log.names()
+			if len(got) == 0 || !slices.Equal(got[:len(tc.want)], tc.want) {
+				t.Fatalf("stopped %v, want first %v", got, tc.want)
+			}
+			st := f.b.Scheduler.Stats()
+			if st.GuardStops != int64(len(got)) || st.Trips[admission.TripGuard] != 1 || !st.Queues[0].Distrusted {
+				t.Fatalf("guard stops %d (stopped %v), trips %v, distrusted %v", st.GuardStops, got, st.Trips, st.Queues[0].Distrusted)
+			}
+			// A stopped request holds until it is released: its blocks are
+			// the backend's until it notices.
+			if st.Pools[0].Stopping == 0 {
+				t.Fatalf("nothing counted as stopping: %+v", st.Pools[0])
+			}
+			for _, tk := range tks {
+				tk.Release()
+			}
+			f.state(0, 0)
+		})
+	}
+}
+
+// A request that cannot be forecast — it does not report progress, or it
+// sets its own length — is held at its worst case, so the guard never
+// needs to stop it, and a pinned length teaches nothing.
+func TestPinnedAndOpaqueHeldAtWorstCase(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		edit      func(*admission.Request)
+		now       int64 // what the guard counts it at: its progress when it reports it
+		teachesTo float64
+	}{
+		{"min_tokens or ignore_eos", func(r *admission.Request) { r.Pinned = true }, 3 * 16, 100},
+		{"non-streamed", func(r *admission.Request) { r.Opaque = true }, 65 * 16, 101},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := guarded(t, 1<<20, nil)
+			r := chat(16, 1024)
+			tc.edit(&r)
+			tk := f.acquire(r)
+			if ps := f.b.Scheduler.Stats().Pools[0]; ps.Committed != 65*16 || ps.Now != tc.now {
+				t.Fatalf("committed %d, now %d; want the worst case %d, now %d", ps.Committed, ps.Now, 65*16, tc.now)
+			}
+			tk.Done(0, 1024, true)
+			if got := f.b.Scheduler.Stats().Queues[0].Samples; got != tc.teachesTo {
+				t.Fatalf("samples %v after it finished, want %v", got, tc.teachesTo)
+			}
+			f.state(0, 0)
+		})
+	}
+}
+
+// A request given up before its sequence finished (an abort, a failure, a
+// stop) teaches that it ran at least as long as it got: a censored sample.
+func TestReleasedEarlyTeachesACensoredSample(t *testing.T) {
+	f := newFixture(t, predicted(1<<20, 1000))
+	tk := f.acquire(chat(16, 4096))
+	tk.Progress(0, 700)
+	tk.Release()
+	q := f.b.Scheduler.Stats().Queues[0]
+	if q.Samples != 1 {
+		t.Fatalf("samples %v, want the censored one", q.Samples)
+	}
+	if q.MedianLength != 0 {
+		t.Fatalf("median %d from a sample that only says L >= 700; want unknown (0)", q.MedianLength)
+	}
+	// One that never started teaches nothing.
+	f.acquire(chat(16, 4096)).Release()
+	if got := f.b.Scheduler.Stats().Queues[0].Samples; got != 1 {
+		t.Fatalf("samples %v after a request released before any token", got)
+	}
+}
+
+// The change detector: on traffic like its history it never trips; when
+// outputs turn long it trips within a handful of sequences, the queue's
+// requests (running ones too) go to their worst case for the cool-down,
+// and its learning starts over.
+func TestDriftTripsOnAShiftNotOnSteadyTraffic(t *testing.T) {
+	f := newFixture(t, predicted(1<<30, 100))
+	length := func(i int) int { return 1 + (i*37)%100 } // 1..100, spread evenly
+	for i := range 200 {
+		f.teach(1, length(i))
+	}
+	steady := func(n int) {
+		for i := range n {
+			tk := f.acquire(chat(16, 2048))
+			for g := 16; g <= length(i); g += 16 {
+				tk.Progress(0, g)
+			}
+			tk.Done(0, length(i), false)
+		}
+	}
+	steady(5000)
+	if st := f.b.Scheduler.Stats(); st.Trips[admission.TripDrift] != 0 || st.Queues[0].Distrusted {
+		t.Fatalf("tripped on steady traffic: %v", st.Trips)
+	}
+	// The shift: every new request runs to 1500 tokens. They are admitted
+	// on the old forecast, and run together.
+	var long []*admission.Ticket
+	for range 12 {
+		long = append(long, f.acquire(chat(16, 2048)))
+	}
+	tripped := -1
+	for g := 16; g <= 1500 && tripped < 0; g += 16 {
+		for i, tk := range long {
+			tk.Progress(0, g)
+			if tripped < 0 && f.b.Scheduler.Stats().Trips[admission.TripDrift] == 1 {
+				tripped = i
+			}
+		}
+	}
+	st := f.b.Scheduler.Stats()
+	if tripped < 0 || !st.Queues[0].Distrusted || st.Queues[0].Predicting {
+		t.Fatalf("no trip on the shift: %+v", st.Queues[0])
+	}
+	t.Logf("tripped at the crossing of sequence %d of 12", tripped+1)
+	// Held at worst case now, running ones included: 2064 tokens, 129
+	// blocks of 16 bytes each.
+	if ps := st.Pools[0]; ps.Committed != 12*129*16 {
+		t.Fatalf("committed %d after the trip, want the running requests' worst case %d", ps.Committed, 12*129*16)
+	}
+	for _, tk := range long {
+		tk.Done(0, 1500, false)
+	}
+	// After the cool-down, it predicts again once warm-up is over, from
+	// the new traffic alone.
+	f.clock.Advance(admission.DefaultCoolDown)
+	for range 100 {
+		f.teach(1, 1500)
+	}
+	q := f.b.Scheduler.Stats().Queues[0]
+	if q.Distrusted || !q.Predicting || q.MedianLength < 1500 {
+		t.Fatalf("after the cool-down and warm-up: %+v", q)
+	}
+}
+
+// A backend's overflow (an out-of-memory answer, preemptions) distrusts
+// the forecast of every queue it serves.
+func TestOverflowedDistrusts(t *testing.T) {
+	f := guarded(t, 1<<20, nil)
+	f.b.Scheduler.Overflowed(gpu)
+	f.b.Scheduler.Overflowed("unknown") // ignored
+	st := f.b.Scheduler.Stats()
+	if st.Trips[admission.TripOverflow] != 1 || !st.Queues[0].Distrusted || st.Queues[0].Samples != 0 {
+		t.Fatalf("after an overflow: trips %v, queue %+v", st.Trips, st.Queues[0])
+	}
+	f.acquire(chat(16, 1024))
+	if ps := f.b.Scheduler.Stats().Pools[0]; ps.Committed != 65*16 {
+		t.Fatalf("committed %d, want the worst case", ps.Committed)
+	}
+}
+
+// Exposure is bounded before anything is learned: a pool's worst cases sum
+// to at most MaxOvercommit × its capacity, a tenant's to that times its
+// share.
+func TestGuardExposure(t *testing.T) {
+	for _, tc := range []struct {
+		tenant string
+		want   int
+	}{
+		{"", 6},  // 3 × 132 blocks hold six 65-block worst cases
+		{"a", 3}, // half of it
+	} {
+		f := guarded(t, 132*16, func(c *admission.Config) { c.Policy.MaxOvercommit = 3 })
+		r := chat(16, 1024)
+		r.Tenant = tc.tenant
+		if got := len(f.fillAtOnce(r)); got != tc.want {
+			t.Errorf("tenant %q: admitted %d, want %d", tc.tenant, got, tc.want)
+		}
+	}
+}
+
+// A given-up request keeps what it holds until the backend can have let
+// its blocks go; then the room goes to the next.
+func TestLingerHoldsUntilTheBackendLetsGo(t *testing.T) {
+	f := newFixture(t, oneGPU(100, admission.Config{}))
+	tk := f.acquire(std(80))
+	w := f.enqueue(context.Background(), std(50))
+	tk.Linger(time.Second)
+	tk.Linger(time.Second) // once only
+	f.state(80, 1)
+	f.stillQueued(w)
+	f.clock.Advance(time.Second - time.Nanosecond)
+	f.state(80, 1)
+	f.clock.Advance(time.Nanosecond)
+	f.admitted(w).Release()
+	f.state(0, 0)
+	tk.Release() // already given back: nothing
+	f.state(0, 0)
+}

@@ -1,0 +1,176 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/admission/admissiontest"
+	"github.com/kvgate/kvgate/backends/sim"
+)
+
+// smallOOMSim is an oom simulator with a pool of a few hundred blocks
+// (24 GiB at 0.9 less the weights and 6 GiB kept aside), whose answers are
+// 8 tokens long unless the prompt says LONG: then 400. A gateway cannot
+// read which a request is.
+func smallOOMSim(t *testing.T) (*sim.Server, string) {
+	return startSim(t, func(c *sim.Config) {
+		c.OnOverflow, c.TimeScale = sim.OverflowOOM, 0.2
+		c.Reserve, c.MaxModelLen = 6<<30, 2048
+		c.OutputLen, c.OutputLenWhen = "fixed:8", []string{"LONG=fixed:400"}
+	})
+}
+
+// The promise when traffic changes: a model has learned that answers stop
+// at 8 tokens, then 30 requests that run to 400 arrive at once. Admitted on
+// the old forecast, together they would need several times the pool; the
+// gateway stops streams itself, before the backend runs out, so the backend
+// never overflows, every other request is answered whole, and the stopped
+// ones get an error event with a code of their own.
+func TestGuardStopsStreamsBeforeTheBackendOverflows(t *testing.T) {
+	backend, url := smallOOMSim(t)
+	pool := backend.Stats().NumGPUBlocks
+	gw, gwURL := startGateway(t, baseConfig(url, `admission:
+  ceiling: 0.9
+  warmup_samples: 10
+  abort_hold: 50ms
+  queue: {timeout: 60s}
+`), Options{})
+	eventually(t, "the budget to follow the backend's pool", func() bool {
+		return onlyPool(gw).Capacity == pool*2<<20
+	})
+	for range 15 { // teach: answers are 8 tokens
+		if r := postJSON(gwURL, "/v1/chat/completions", chatBody(words(50), 500, true)); r.status != 200 || !strings.Contains(r.body, "[DONE]") {
+			t.Fatalf("short request: %d %.200s", r.status, r.body)
+		}
+	}
+	const n = 30 // each ~450 tokens at the end, 29 blocks: 870 of a pool of ~330
+	var wg sync.WaitGroup
+	res := make([]result, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i] = postJSON(gwURL, "/v1/chat/completions", chatBody("LONG"+words(50), 500, true))
+		}()
+	}
+	wg.Wait()
+	whole, stopped := 0, 0
+	for i, r := range res {
+		switch {
+		case r.err != nil || r.status != 200:
+			t.Errorf("request %d: %v %d %.300s", i, r.err, r.status, r.body)
+		case strings.Contains(r.body, `"code":"kv_guard_stopped"`) && strings.HasSuffix(r.body, "data: [DONE]\n\n"):
+			stopped++
+		case strings.Contains(r.body, "error"):
+			t.Errorf("request %d: an error other than the guard's: %.300s", i, r.body[max(0, len(r.body)-300):])
+		case strings.HasSuffix(r.body, "data: [DONE]\n\n"):
+			whole++
+		default:
+			t.Errorf("request %d: a stream that did not end: %.300s", i, r.body[max(0, len(r.body)-300):])
+		}
+	}
+	st := backend.Stats()
+	t.Logf("%d answered whole, %d stopped by the guard; the backend's peak %d of %d blocks", whole, stopped, st.PeakUsedBlocks, pool)
+	if st.OOMEvents != 0 {
+		t.Fatalf("the backend overflowed %d times", st.OOMEvents)
+	}
+	if stopped == 0 || whole == 0 {
+		t.Fatalf("want some stopped and some whole: %d and %d (the test would prove nothing)", stopped, whole)
+	}
+	as := gw.rt.Load().sched.Stats()
+	if as.GuardStops != int64(stopped) || as.Trips[admission.TripGuard]+as.Trips[admission.TripDrift] == 0 || !as.Queues[0].Distrusted {
+		t.Errorf("guard stops %d (clients saw %d), trips %v, distrusted %v", as.GuardStops, stopped, as.Trips, as.Queues[0].Distrusted)
+	}
+	if n := requestsTotal(gw, outcomeShed, reasonGuard); n != float64(stopped) {
+		t.Errorf("requests shed by the guard: %g, want %d", n, stopped)
+	}
+	eventually(t, "every reservation back", func() bool { return held(gw) == 0 })
+}
+
+// A client that hangs up mid-stream leaves its reservation held for
+// admission.abort_hold, measured on the gateway's clock: the backend holds
+// the request's blocks until it notices the abort.
+func TestHangUpHoldsTheBlocksUntilTheBackendLetsGo(t *testing.T) {
+	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 })
+	clock := admissiontest.NewClock(time.Unix(1e9, 0))
+	gw, gwURL := startGateway(t, baseConfig(url, "admission:\n  abort_hold: 2s\n"), Options{Clock: clock})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", gwURL+"/v1/chat/completions", strings.NewReader(chatBody(words(50), 2000, true)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	if held(gw) == 0 {
+		t.Fatal("nothing held while streaming")
+	}
+	cancel()
+	resp.Body.Close()
+	eventually(t, "the gateway to see the hang-up", func() bool {
+		return requestsTotal(gw, outcomeCanceled, "client_disconnect") == 1
+	})
+	if h := held(gw); h == 0 {
+		t.Fatal("the reservation went back the moment the client left")
+	}
+	clock.Advance(2*time.Second - time.Nanosecond)
+	if h := held(gw); h == 0 {
+		t.Fatal("the reservation went back before abort_hold")
+	}
+	clock.Advance(time.Nanosecond)
+	if h := held(gw); h != 0 {
+		t.Fatalf("held %d after abort_hold", h)
+	}
+}
+
+// Fields that set the output's length size the reservation: a request with
+// ignore_eos or min_tokens is held at its worst case even once the model's
+// answers are known to stop early.
+func TestPinnedLengthsReservedAtWorstCase(t *testing.T) {
+	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1; c.OutputLen = "fixed:4" })
+	gw, gwURL := startGateway(t, baseConfig(url, "admission:\n  warmup_samples: 5\n"), Options{})
+	for range 6 {
+		if r := postJSON(gwURL, "/v1/chat/completions", chatBody(words(20), 1000, true)); r.status != 200 {
+			t.Fatalf("teaching: %d %s", r.status, r.body)
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		extra string
+		worst bool
+	}{
+		{"plain", ``, false},
+		{"ignore_eos", `,"ignore_eos":true`, true},
+		{"min_tokens", `,"min_tokens":600`, true},
+		{"min_tokens 0", `,"min_tokens":0`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := strings.TrimSuffix(chatBody(words(20), 1000, true), "}") + tc.extra + "}"
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "POST", gwURL+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := httpClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			p := onlyPool(gw)
+			if got := p.Committed == p.Held; got != tc.worst {
+				t.Fatalf("committed %d, held (worst case) %d: at its worst case %v, want %v", p.Committed, p.Held, got, tc.worst)
+			}
+		})
+		eventually(t, "the request to end", func() bool { return held(gw) == 0 })
+	}
+}
