@@ -111,7 +111,10 @@ type AdmissionConfig struct {
 	// that the batch's future peak stays within the budget but with
 	// probability epsilon) or worst_case (prompt + max_tokens from
 	// admission to release: overflow is impossible, most of the pool stays
-	// reserved but empty). Default predicted.
+	// reserved but empty). Default worst_case: predicted never overflows
+	// either (the guard), but when outputs turn long abruptly it stops a
+	// share of the streams admitted on the old forecast, above what the
+	// default may cost (see the README's "Choosing a reservation policy").
 	Reservation string `yaml:"reservation"`
 	// Epsilon bounds the probability that a GPU's real KV use passes its
 	// budget, per admission, under predicted. In (0, 0.5). Default 1e-4.
@@ -631,7 +634,7 @@ func (c *Config) validate() error {
 	}
 	switch a.Reservation {
 	case "":
-		a.Reservation = admission.Predicted
+		a.Reservation = admission.WorstCase
 	case admission.Predicted, admission.WorstCase:
 	default:
 		bad("admission.reservation", "%q is not %s or %s", a.Reservation, admission.Predicted, admission.WorstCase)

@@ -36,6 +36,7 @@ func TestGuardStopsStreamsBeforeTheBackendOverflows(t *testing.T) {
 	backend, url := smallOOMSim(t)
 	pool := backend.Stats().NumGPUBlocks
 	gw, gwURL := startGateway(t, baseConfig(url, `admission:
+  reservation: predicted
   ceiling: 0.9
   warmup_samples: 10
   abort_hold: 50ms
@@ -136,7 +137,7 @@ func TestHangUpHoldsTheBlocksUntilTheBackendLetsGo(t *testing.T) {
 // answers are known to stop early.
 func TestPinnedLengthsReservedAtWorstCase(t *testing.T) {
 	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1; c.OutputLen = "fixed:4" })
-	gw, gwURL := startGateway(t, baseConfig(url, "admission:\n  warmup_samples: 5\n"), Options{})
+	gw, gwURL := startGateway(t, baseConfig(url, "admission:\n  reservation: predicted\n  warmup_samples: 5\n"), Options{})
 	for range 6 {
 		if r := postJSON(gwURL, "/v1/chat/completions", chatBody(words(20), 1000, true)); r.status != 200 {
 			t.Fatalf("teaching: %d %s", r.status, r.body)

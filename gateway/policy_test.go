@@ -91,7 +91,7 @@ func TestPredictedLearnsAndAdmitsMore(t *testing.T) {
 		c.TimeScale = 0.1 // requests long enough to overlap on a busy machine
 	})
 	// Worst case 16 + 4000 tokens = 251 blocks of the budget's 1045: four.
-	gw, gwURL := startGateway(t, baseConfig(url, "admission: {warmup_samples: 20, queue: {timeout: 120s}}\n"), Options{})
+	gw, gwURL := startGateway(t, baseConfig(url, "admission: {reservation: predicted, warmup_samples: 20, queue: {timeout: 120s}}\n"), Options{})
 	body := `{"model":"llama-3-8b","prompt":"` + words(10) + `","max_tokens":4000,"stream":true}`
 	for range 20 {
 		if r := postJSON(gwURL, "/v1/completions", body); r.status != 200 {
@@ -126,7 +126,7 @@ func TestPredictedLearnsAndAdmitsMore(t *testing.T) {
 // (usage counts them together) and teaches nothing.
 func TestNonStreamedAnswersTeachThePredictor(t *testing.T) {
 	_, url := startSim(t, func(c *sim.Config) { c.OutputLen = "fixed:24" })
-	_, gwURL := startGateway(t, baseConfig(url, "admission: {warmup_samples: 20}\n"), Options{})
+	_, gwURL := startGateway(t, baseConfig(url, "admission: {reservation: predicted, warmup_samples: 20}\n"), Options{})
 	samples := func() float64 { return getStatus(t, gwURL).Models[0].Samples }
 	for _, c := range []struct {
 		name  string
@@ -164,7 +164,7 @@ func TestNonStreamedAnswersTeachThePredictor(t *testing.T) {
 // been at least that long, so it does not pull the learned median down.
 func TestStreamedFinishesTeachThePredictor(t *testing.T) {
 	_, url := startSim(t, func(c *sim.Config) { c.OutputLen = "fixed:24" })
-	_, gwURL := startGateway(t, baseConfig(url, "admission: {warmup_samples: 20}\n"), Options{})
+	_, gwURL := startGateway(t, baseConfig(url, "admission: {reservation: predicted, warmup_samples: 20}\n"), Options{})
 	stream := func(n, maxTokens int) {
 		t.Helper()
 		for range n {

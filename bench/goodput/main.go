@@ -177,8 +177,8 @@ func (w *workload) run(ctx context.Context, o options, kit *benchkit.Kit) ([]row
 	}{
 		{"gateway count", fmt.Sprintf("max_concurrency %d", best.Level), fmt.Sprintf("  mode: count\n  max_concurrency: %d\n", best.Level), "oom"},
 		{"gateway worst_case", "", "  reservation: worst_case\n", "oom"},
-		{"gateway predicted", "default config", "", "oom"},
-		{"gateway predicted", "preempt simulator", "", "preempt"},
+		{"gateway predicted", "oom simulator", "  reservation: predicted\n", "oom"},
+		{"gateway predicted", "preempt simulator", "  reservation: predicted\n", "preempt"},
 	}
 	for _, g := range gw {
 		rs, err := w.gateway(ctx, o, kit, g.name+" "+g.overflow, g.overflow, conc, g.extra)
@@ -294,7 +294,7 @@ func printChecks(w io.Writer, rows []row) {
 		return nil
 	}
 	best, worst := find("direct, best safe limit", ""), find("gateway worst_case", "")
-	pred, predPre := find("gateway predicted", "default config"), find("gateway predicted", "preempt simulator")
+	pred, predPre := find("gateway predicted", "oom simulator"), find("gateway predicted", "preempt simulator")
 	pre, unb := find("direct, vLLM preempt", ""), find("unbounded pool", "")
 	if best == nil || worst == nil || pred == nil || predPre == nil || pre == nil || unb == nil {
 		return
