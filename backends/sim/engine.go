@@ -42,6 +42,15 @@ type sequence struct {
 	gen int   // tokens generated so far (engine.mu)
 	own int64 // blocks it holds beyond the request's shared prompt blocks (engine.mu)
 
+	// With the prefix cache, under engine.mu: the hash state of its block
+	// being filled, the hashes of its full blocks past the prompt's (kept
+	// across preemption, so that a recomputation can find them), and which
+	// of the blocks it holds are cache entries (the rest of own is
+	// anonymous).
+	hstate uint64
+	hashes []uint64
+	cached []int32
+
 	pub atomic.Int32 // gen, published to the handler after each step
 }
 
@@ -55,11 +64,20 @@ type request struct {
 	seqs      []sequence
 	wake      chan struct{} // capacity 1: the engine made progress on this request
 
+	// What the prefix cache knows of the prompt, immutable: the chained
+	// hashes of its full blocks and the hash state of the tokens after them.
+	// A request that is not cacheable (the cache is off, or a test made it
+	// without tokens) never hits and is never found.
+	cacheable bool
+	hashes    []uint64
+	tailState uint64
+
 	// Guarded by engine.mu.
 	state      reqState
-	shared     int64 // full prompt blocks, shared by the sequences
-	live       int   // sequences still generating
-	admitted   bool  // admitted at least once (prompt tokens counted)
+	shared     int64   // full prompt blocks, shared by the sequences
+	cached     []int32 // which of them are prefix cache entries
+	live       int     // sequences still generating
+	admitted   bool    // admitted at least once (prompt tokens counted)
 	firstToken time.Time
 
 	status atomic.Int32 // statusActive until it ends
@@ -81,6 +99,22 @@ func newRequest(promptTokens, maxTokens int, n int, arrival time.Time) *request 
 	r := &request{prompt: promptTokens, maxTokens: maxTokens, arrival: arrival,
 		seqs: make([]sequence, n), live: n, wake: make(chan struct{}, 1)}
 	return r
+}
+
+// cacheAs makes r cacheable with the block hashes of its prompt, and sizes
+// its block lists for a request that runs to maxTokens (up to a bound, as n
+// long sequences would take much for what most will not fill), so that the
+// step path seldom allocates.
+func (r *request) cacheAs(b *blockHasher, maxTokens int) {
+	r.cacheable, r.hashes, r.tailState = true, b.hashes, b.state
+	r.cached = make([]int32, 0, len(b.hashes))
+	own := min((r.prompt+maxTokens)/b.size-len(b.hashes), 64)
+	for i := range r.seqs {
+		sq := &r.seqs[i]
+		sq.hstate = r.tailState
+		sq.hashes = make([]uint64, 0, own)
+		sq.cached = make([]int32, 0, own)
+	}
 }
 
 func (r *request) notify() {
@@ -106,7 +140,10 @@ type engineHooks struct {
 // and a sequence that has generated g tokens (or will have after the step
 // being planned) has own = Blocks(prompt+g) − shared; used is the sum over the
 // running requests and never exceeds the pool. Waiting and finished requests
-// hold nothing.
+// hold nothing. With the prefix cache (prefixcache.go) a block that is a
+// cache entry may be held by several running requests and is counted in used
+// once, while its reference count is above zero; idle entries are free and
+// stay findable until an allocation evicts them, least recently freed first.
 //
 // Lock order: engine.mu is a leaf; hooks run under it and take no engine
 // lock.
@@ -115,6 +152,7 @@ type engine struct {
 	now   func() time.Time
 	hooks engineHooks
 	kick  chan struct{} // capacity 1: new work for the loop
+	cache *prefixCache  // nil: prefix caching is off
 
 	mu             sync.Mutex
 	waiting        []*request // FIFO; preempted requests go back to the front
@@ -125,6 +163,10 @@ type engine struct {
 	oomEvents      int64
 	promptTokens   int64
 	genTokens      int64
+	cacheQueries   int64   // prompt tokens looked up in the prefix cache
+	cacheHits      int64   // of those, tokens found
+	hitBuf         []int32 // scratch of the admission being planned: entries hit
+	seqHits        []int   // scratch: entries hit past the prompt, per sequence
 	unhealthyUntil time.Time
 	planned        bool // a step is planned and not yet committed
 	closed         bool // shut down: nothing is admitted any more
@@ -137,7 +179,11 @@ type engine struct {
 }
 
 func newEngine(s *settings, now func() time.Time, hooks engineHooks) *engine {
-	return &engine{s: s, now: now, hooks: hooks, kick: make(chan struct{}, 1)}
+	e := &engine{s: s, now: now, hooks: hooks, kick: make(chan struct{}, 1)}
+	if s.prefixCaching {
+		e.cache = newPrefixCache()
+	}
+	return e
 }
 
 func (e *engine) blocks(tokens int) int64 { return kvbudget.Blocks(tokens, e.s.blockSize) }
@@ -218,19 +264,54 @@ func removeReq(q []*request, r *request) []*request {
 	return q
 }
 
-// freeLocked returns every block r holds to the pool.
+// freeLocked returns every block r holds to the pool. vLLM frees a
+// request's blocks last first, so that its prefix, the part most likely to
+// be asked for again, is evicted last: what each sequence generated goes
+// before the prompt.
 func (e *engine) freeLocked(r *request) {
-	held := r.shared
 	for i := range r.seqs {
-		held += r.seqs[i].own
-		r.seqs[i].own = 0
+		sq := &r.seqs[i]
+		e.releaseLocked(sq.own, sq.cached)
+		sq.own, sq.cached = 0, sq.cached[:0]
 	}
-	r.shared = 0
-	e.used -= held
+	e.releaseLocked(r.shared, r.cached)
+	r.shared, r.cached = 0, r.cached[:0]
 }
 
+// releaseLocked drops n held blocks, of which cached are cache entries (in
+// block order): anonymous ones are free at once, entries when no other
+// running request holds them.
+func (e *engine) releaseLocked(n int64, cached []int32) {
+	e.used -= n - int64(len(cached))
+	for i := len(cached) - 1; i >= 0; i-- {
+		if e.cache.unref(cached[i]) {
+			e.used--
+		}
+	}
+}
+
+// allocLocked takes n new blocks from the pool, which has them: anonymous
+// free blocks first (vLLM puts blocks without a hash at the front of its free
+// queue), then idle cache entries, evicted least recently freed first.
 func (e *engine) allocLocked(n int64) {
+	if e.cache != nil {
+		if short := n - (e.s.numBlocks - e.used - e.cache.idle); short > 0 {
+			e.cache.evict(short)
+		}
+	}
 	e.used += n
+	e.notePeakLocked()
+}
+
+// refLocked makes r hold cache entry i, which a lookup found.
+func (e *engine) refLocked(i int32) {
+	if e.cache.ref(i) {
+		e.used++
+		e.notePeakLocked()
+	}
+}
+
+func (e *engine) notePeakLocked() {
 	if e.used > e.peak {
 		e.peak = e.used
 	}
@@ -345,13 +426,7 @@ func (e *engine) planLocked(now time.Time) (time.Duration, bool) {
 	// preempted itself empty must take its own victim back.
 	for (!preempted || len(e.running) == 0) && len(e.waiting) > 0 {
 		r := e.waiting[0]
-		shared := int64(r.prompt / e.s.blockSize)
-		need := shared
-		for i := range r.seqs {
-			if sq := &r.seqs[i]; sq.gen < sq.target {
-				need += e.blocks(r.prompt+sq.gen+1) - shared
-			}
-		}
+		need, compute, hits := e.lookupLocked(r)
 		if e.s.oom {
 			if need > free() {
 				e.oomLocked(now, need)
@@ -361,19 +436,23 @@ func (e *engine) planLocked(now time.Time) (time.Duration, bool) {
 			break
 		}
 		e.waiting = e.waiting[1:]
-		r.shared = shared
-		e.allocLocked(shared)
-		e.growLocked(r)
+		e.admitLocked(r, hits)
 		r.state = stateRunning
 		e.running = append(e.running, r)
 		e.runningSeqs += r.live
-		prefill += r.prompt
-		for i := range r.seqs {
-			prefill += r.seqs[i].gen // recomputed
-		}
+		prefill += compute
 		if !r.admitted {
 			r.admitted = true
 			e.promptTokens += int64(r.prompt)
+			if e.cache != nil {
+				// As vLLM counts them: in tokens, the prompt looked up and
+				// the full blocks of it found. vLLM counts each look-up, also
+				// of a request that then does not fit; the simulator counts
+				// one per request, when it is admitted, and none for the
+				// recomputation of a preempted one (vLLM keeps those apart).
+				e.cacheQueries += int64(r.prompt)
+				e.cacheHits += int64(hits * e.s.blockSize)
+			}
 		}
 	}
 	if len(e.running) == 0 {
@@ -382,6 +461,152 @@ func (e *engine) planLocked(now time.Time) (time.Duration, bool) {
 	e.planned = true
 	d := e.s.stepBase + time.Duration(e.runningSeqs)*e.s.stepPerSeq + time.Duration(prefill)*e.s.prefillPer
 	return d, true
+}
+
+// lookupLocked plans r's admission: which blocks the prefix cache has for it
+// (into hitBuf and seqHits, for admitLocked; hits of them are the prompt's
+// full blocks), how many blocks it takes from the free pool (idle entries it
+// hits leave the pool too) and how many tokens it computes: its prompt and,
+// recomputing after a preemption, what it generated, less what the cache
+// holds. Without the cache, or for a request it cannot hold, nothing hits.
+func (e *engine) lookupLocked(r *request) (need int64, compute, hits int) {
+	bs := e.s.blockSize
+	shared := r.prompt / bs
+	e.hitBuf, e.seqHits = e.hitBuf[:0], e.seqHits[:0]
+	compute = r.prompt
+	var want int64
+	for i := range r.seqs {
+		sq := &r.seqs[i]
+		compute += sq.gen // recomputed
+		e.seqHits = append(e.seqHits, 0)
+		if sq.gen < sq.target {
+			want += e.blocks(r.prompt+sq.gen+1) - int64(shared)
+		}
+	}
+	need = int64(shared) + want
+	if e.cache == nil || !r.cacheable {
+		return need, compute, 0
+	}
+	// vLLM never takes a sequence's last token from the cache: computing it
+	// is what gives the logits of the next one. So a prompt of exactly N
+	// full blocks hits at most N−1 of them.
+	last := r.prompt - 1
+	for i := range r.seqs {
+		if sq := &r.seqs[i]; sq.gen < sq.target {
+			last = max(last, r.prompt+sq.gen-1)
+		}
+	}
+	var idle int64
+	for _, h := range r.hashes[:min(shared, last/bs)] {
+		j, ok := e.cache.find(h)
+		if !ok {
+			break // hashes are chained: nothing after a miss can match
+		}
+		e.hitBuf = append(e.hitBuf, j)
+		if e.cache.blocks[j].refs == 0 {
+			idle++
+		}
+	}
+	hits = len(e.hitBuf)
+	need -= int64(hits)
+	compute -= hits * bs
+	if hits < shared {
+		return need + idle, compute, hits
+	}
+	// A preempted request's sequences may find the blocks they had filled.
+	// Their first own block holds the prompt's tail too, which is computed
+	// once for all of them: it is a hit only if every one finds its block.
+	tail, tailHit := r.prompt-shared*bs, true
+	for i := range r.seqs {
+		sq := &r.seqs[i]
+		if sq.gen >= sq.target {
+			continue
+		}
+		k := 0
+		for _, h := range sq.hashes[:min(len(sq.hashes), max(0, (r.prompt+sq.gen-1)/bs-shared))] {
+			j, ok := e.cache.find(h)
+			if !ok {
+				break
+			}
+			e.hitBuf = append(e.hitBuf, j)
+			if e.cache.blocks[j].refs == 0 {
+				idle++
+			}
+			k++
+		}
+		e.seqHits[i] = k
+		need -= int64(k)
+		if k == 0 {
+			tailHit = false
+		} else {
+			compute -= k*bs - tail
+		}
+	}
+	if tailHit {
+		compute -= tail
+	}
+	// An idle entry hit by two sequences is counted twice: need errs on
+	// the safe side, by a block, in a case as rare as equal outputs.
+	return need + idle, compute, hits
+}
+
+// admitLocked gives r the blocks lookupLocked planned: the entries it found,
+// then new blocks for the rest, hashing its full prompt blocks and its
+// sequences' full blocks into the cache so that requests after it (in the
+// same step too, as vLLM caches blocks when it allocates them) find them.
+func (e *engine) admitLocked(r *request, hits int) {
+	shared := r.prompt / e.s.blockSize
+	caching := e.cache != nil && r.cacheable
+	// Referenced first, so that allocations below cannot evict them.
+	for _, j := range e.hitBuf {
+		e.refLocked(j)
+	}
+	r.cached = append(r.cached, e.hitBuf[:hits]...)
+	e.allocLocked(int64(shared - hits))
+	if caching {
+		for _, h := range r.hashes[hits:] {
+			if j, ok := e.cache.insert(h); ok {
+				r.cached = append(r.cached, j)
+			}
+		}
+	}
+	r.shared = int64(shared)
+	off := hits
+	for i := range r.seqs {
+		sq := &r.seqs[i]
+		if sq.gen >= sq.target {
+			continue
+		}
+		k := e.seqHits[i]
+		sq.cached = append(sq.cached, e.hitBuf[off:off+k]...)
+		off += k
+		want := e.blocks(r.prompt+sq.gen+1) - int64(shared)
+		e.allocLocked(want - int64(k))
+		if caching {
+			for _, h := range sq.hashes[k:] {
+				if j, ok := e.cache.insert(h); ok {
+					sq.cached = append(sq.cached, j)
+				}
+			}
+		}
+		sq.own = want
+	}
+}
+
+// fillLocked hashes sq's newest token into the block it fills and, when
+// that block is full, caches it: so a conversation's next turn, whose prompt
+// is this one's prompt and output, finds it.
+func (e *engine) fillLocked(r *request, sq *sequence) {
+	sq.hstate = absorb(sq.hstate, outputTokenID(sq.key, sq.gen-1))
+	if (r.prompt+sq.gen)%e.s.blockSize != 0 {
+		return
+	}
+	h := sq.hstate
+	sq.hashes = append(sq.hashes, h)
+	sq.hstate = chainStart(h)
+	if j, ok := e.cache.insert(h); ok {
+		sq.cached = append(sq.cached, j)
+	}
 }
 
 // commit ends the planned step: every running sequence gains the token its
@@ -407,10 +632,13 @@ func (e *engine) commitLocked(now time.Time) {
 			}
 			sq.gen++
 			e.genTokens++
+			if r.cacheable && e.cache != nil {
+				e.fillLocked(r, sq)
+			}
 			sq.pub.Store(int32(sq.gen))
 			if sq.gen == sq.target {
-				e.used -= sq.own
-				sq.own = 0
+				e.releaseLocked(sq.own, sq.cached)
+				sq.own, sq.cached = 0, sq.cached[:0]
 				r.live--
 				e.runningSeqs--
 			}
@@ -508,23 +736,33 @@ type Stats struct {
 	OOMEvents        int64 // out-of-memory events (oom mode), in all
 	PromptTokens     int64 // prompt tokens of admitted requests, counted once each
 	GenerationTokens int64 // tokens generated, recomputation not counted again
-	FinishedStop     int64 // requests ended with a sequence short of max_tokens
-	FinishedLength   int64 // requests whose every sequence reached max_tokens
-	Aborted          int64 // requests ended by a hang-up, an OOM event or shutdown
-	Healthy          bool  // false while restarting after an OOM event
+	// Prefix cache look-ups of admitted requests, in prompt tokens, and the
+	// tokens found; both 0 with the cache off.
+	PrefixCacheQueries int64
+	PrefixCacheHits    int64
+	CachedIdleBlocks   int64 // free blocks that still hold a cached prefix
+	FinishedStop       int64 // requests ended with a sequence short of max_tokens
+	FinishedLength     int64 // requests whose every sequence reached max_tokens
+	Aborted            int64 // requests ended by a hang-up, an OOM event or shutdown
+	Healthy            bool  // false while restarting after an OOM event
 }
 
 func (e *engine) stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	var idle int64
+	if e.cache != nil {
+		idle = e.cache.idle
+	}
 	return Stats{
 		NumGPUBlocks: e.s.numBlocks, BlockSize: e.s.blockSize,
 		UsedBlocks: e.used, PeakUsedBlocks: e.peak,
 		Running: len(e.running), Waiting: len(e.waiting),
 		Preemptions: e.preemptions, OOMEvents: e.oomEvents,
 		PromptTokens: e.promptTokens, GenerationTokens: e.genTokens,
+		PrefixCacheQueries: e.cacheQueries, PrefixCacheHits: e.cacheHits,
 		FinishedStop: e.finishedStop, FinishedLength: e.finishedLength, Aborted: e.aborted,
-		Healthy: e.healthyLocked(e.now()),
+		CachedIdleBlocks: idle, Healthy: e.healthyLocked(e.now()),
 	}
 }
 

@@ -19,6 +19,9 @@ type genParams struct {
 	includeUsage bool
 	ignoreEOS    bool
 	key          uint64 // seed and content: what the output is drawn from
+	// The prompt's full-block hashes for the prefix cache; nil when it is
+	// off. cache_salt changes them all, never the output.
+	blocks *blockHasher
 }
 
 // parseGenRequest validates a /v1/chat/completions (chat) or /v1/completions
@@ -58,6 +61,10 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 	if g.ignoreEOS, aerr = getBool(v, "ignore_eos", false); aerr != nil {
 		return g, aerr
 	}
+	salt, aerr := cacheSalt(v)
+	if aerr != nil {
+		return g, aerr
+	}
 	if so := v.Get("stream_options"); so != nil && so.Type() != fastjson.TypeNull {
 		if so.Type() != fastjson.TypeObject {
 			return g, badRequest("stream_options", "stream_options: Input should be a valid dictionary")
@@ -71,6 +78,9 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 		}
 	}
 	pr := newPrompt(false, false)
+	if s.prefixCaching {
+		pr.blocks = newBlockHasher(s.blockSize, salt)
+	}
 	if chat {
 		aerr = chatPrompt(v, &pr, true)
 	} else {
@@ -85,6 +95,7 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 	}
 
 	g.promptTokens = pr.tokens
+	g.blocks = pr.blocks
 	if pr.tokens >= s.maxModelLen {
 		return g, badRequest("input_tokens", "This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.",
 			s.maxModelLen, pr.tokens)
@@ -144,6 +155,22 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 	}
 	g.key = h
 	return g, nil
+}
+
+// cacheSalt reads cache_salt, vLLM's per-tenant isolation of the prefix
+// cache: absent or null, or a non-empty string (vLLM's check). It is
+// accepted, and has no effect, when the cache is off, as in vLLM.
+func cacheSalt(v *fastjson.Value) ([]byte, *apiError) {
+	f := v.Get("cache_salt")
+	if f == nil || f.Type() == fastjson.TypeNull {
+		return nil, nil
+	}
+	if f.Type() == fastjson.TypeString {
+		if b, _ := f.StringBytes(); len(b) > 0 {
+			return b, nil
+		}
+	}
+	return nil, badRequest("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
 }
 
 // tokenizeParams is a parsed /tokenize request.
