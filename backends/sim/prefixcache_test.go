@@ -449,3 +449,27 @@ func TestPrefixCacheOOMWhenReferencedBlocksFillThePool(t *testing.T) {
 		t.Fatal("three requests sharing a 6-block prompt ran out of 20 blocks")
 	}
 }
+
+// The ids the cache hashes generated blocks by are the ids the tokenizer
+// gives the generated text, alone and after any prompt: what makes a next
+// turn's prompt tokens equal to its history's.
+func TestOutputTokensTokenizeBackToThemselves(t *testing.T) {
+	tokenize := func(text string) []int {
+		p := newPrompt(true, false)
+		p.text([]byte(text))
+		return p.ids
+	}
+	for _, prompt := range []string{"", "word", "word ", "a   ", "a    ", "123", "x,", "line\n", "\r", "café", " 😀", "tab\t", "end."} {
+		for k := range uint64(20) {
+			key := mix(k)
+			text := string(appendText(nil, key, 0, 100))
+			want := tokenize(prompt)
+			for i := range 100 {
+				want = append(want, outputTokenID(key, i))
+			}
+			if got := tokenize(prompt + text); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("prompt %q + output of key %d: tokens differ from the prompt's and the output's", prompt, k)
+			}
+		}
+	}
+}
