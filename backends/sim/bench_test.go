@@ -83,9 +83,9 @@ func BenchmarkEngineStep(b *testing.B) {
 			// Prompts are hashed once, outside the loop: parsing is the
 			// server's cost, not the step's.
 			const prompts = 256
-			hashed := make([]*blockHasher, prompts)
+			hashed := make([]blockHasher, prompts)
 			for i := range hashed {
-				h := newBlockHasher(s.blockSize, nil)
+				h := newBlockHasher(s.blockSize, nil, 36)
 				for j := range 512 + 64 {
 					id := j
 					if j >= 512 {
@@ -101,7 +101,7 @@ func BenchmarkEngineStep(b *testing.B) {
 					r := req(512+64, 128, 1)
 					r.seqs[0].key = uint64(next)
 					if !tc.off {
-						r.cacheAs(hashed[next%prompts], 128)
+						r.cacheAs(&hashed[next%prompts], 128)
 					}
 					next++
 					if err := e.submit(r); err != nil {

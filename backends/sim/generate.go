@@ -64,8 +64,8 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, chat bool) {
 
 func (s *Server) newRequest(g genParams) *request {
 	r := newRequest(g.promptTokens, g.maxTokens, g.n, s.now())
-	if g.blocks != nil {
-		r.cacheAs(g.blocks, g.maxTokens)
+	if g.blocks.on() {
+		r.cacheAs(&g.blocks, g.maxTokens)
 	}
 	for i := range r.seqs {
 		sq := &r.seqs[i]

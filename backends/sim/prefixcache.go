@@ -44,7 +44,8 @@ func absorb(state uint64, id int) uint64 { return mix(state ^ uint64(id)) }
 
 // blockHasher hashes a token stream into the chained hashes of its full
 // blocks. state is what the tokens after the last full block come to, which
-// the sequences that continue the stream start from.
+// the sequences that continue the stream start from. The zero value is off:
+// size 0 hashes nothing.
 type blockHasher struct {
 	size   int
 	n      int // tokens absorbed since the last full block
@@ -52,9 +53,13 @@ type blockHasher struct {
 	hashes []uint64
 }
 
-func newBlockHasher(size int, salt []byte) *blockHasher {
-	return &blockHasher{size: size, state: chainStart(rootHash(salt))}
+// newBlockHasher hashes into blocks of size tokens; blocksHint is a guess of
+// how many full blocks there will be, to allocate their hashes once.
+func newBlockHasher(size int, salt []byte, blocksHint int) blockHasher {
+	return blockHasher{size: size, state: chainStart(rootHash(salt)), hashes: make([]uint64, 0, blocksHint)}
 }
+
+func (b *blockHasher) on() bool { return b.size > 0 }
 
 func (b *blockHasher) add(id int) {
 	b.state = absorb(b.state, id)

@@ -24,14 +24,14 @@ func hreq(s *settings, prompt []int, salt string, out, n int) *request {
 	if salt != "" {
 		sb = []byte(salt)
 	}
-	b := newBlockHasher(s.blockSize, sb)
+	b := newBlockHasher(s.blockSize, sb, 0)
 	for _, id := range prompt {
 		b.add(id)
 	}
 	for i := range r.seqs {
 		r.seqs[i].key = seqKey(uint64(len(prompt))^mix(uint64(prompt[0])), i)
 	}
-	r.cacheAs(b, out)
+	r.cacheAs(&b, out)
 	return r
 }
 

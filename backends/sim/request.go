@@ -19,9 +19,9 @@ type genParams struct {
 	includeUsage bool
 	ignoreEOS    bool
 	key          uint64 // seed and content: what the output is drawn from
-	// The prompt's full-block hashes for the prefix cache; nil when it is
+	// The prompt's full-block hashes for the prefix cache; off when it is
 	// off. cache_salt changes them all, never the output.
-	blocks *blockHasher
+	blocks blockHasher
 }
 
 // parseGenRequest validates a /v1/chat/completions (chat) or /v1/completions
@@ -79,7 +79,9 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 	}
 	pr := newPrompt(false, false)
 	if s.prefixCaching {
-		pr.blocks = newBlockHasher(s.blockSize, salt)
+		// About four bytes a token, and the body is more than the prompt:
+		// enough room for the hashes, seldom much more.
+		pr.blocks = newBlockHasher(s.blockSize, salt, len(body)/(4*s.blockSize)+1)
 	}
 	if chat {
 		aerr = chatPrompt(v, &pr, true)

@@ -114,7 +114,7 @@ type prompt struct {
 	strs    []string
 	collect bool
 	strsToo bool
-	blocks  *blockHasher // non-nil: the prefix cache's block hashes are wanted
+	blocks  blockHasher // on: the prefix cache's block hashes are wanted
 }
 
 func newPrompt(collect, strs bool) prompt {
@@ -134,7 +134,7 @@ func (p *prompt) hashBytes(b []byte) {
 func (p *prompt) special(id int, text string) {
 	p.tokens++
 	p.hash = mix(p.hash ^ uint64(id))
-	if p.blocks != nil {
+	if p.blocks.on() {
 		p.blocks.add(id)
 	}
 	if p.collect {
@@ -147,14 +147,14 @@ func (p *prompt) special(id int, text string) {
 
 func (p *prompt) text(b []byte) {
 	p.hashBytes(b)
-	if !p.collect && p.blocks == nil {
+	if !p.collect && !p.blocks.on() {
 		p.tokens += countTokens(b)
 		return
 	}
 	for len(b) > 0 {
 		n := nextPiece(b)
 		id := pieceID(b[:n])
-		if p.blocks != nil {
+		if p.blocks.on() {
 			p.blocks.add(id)
 		}
 		if p.collect {
@@ -172,7 +172,7 @@ func (p *prompt) text(b []byte) {
 func (p *prompt) tokenID(id int) {
 	p.tokens++
 	p.hash = mix(p.hash ^ uint64(id))
-	if p.blocks != nil {
+	if p.blocks.on() {
 		p.blocks.add(id)
 	}
 	if p.collect {
