@@ -92,8 +92,19 @@ func TestPrefixCacheNextTurnFindsItsHistory(t *testing.T) {
 			}
 			_, p2 := generated(t, base, tc.path, second)
 			want := int64((p1 + out) / 16 * 16)
-			if st := s.Stats(); st.PrefixCacheHits != want || st.PrefixCacheQueries != int64(p1+p2) {
+			st := s.Stats()
+			if st.PrefixCacheHits != want || st.PrefixCacheQueries != int64(p1+p2) {
 				t.Fatalf("next turn: hits %d of %d queried; want %d of %d", st.PrefixCacheHits, st.PrefixCacheQueries, want, p1+p2)
+			}
+			// Both turns have ended: their blocks are cached, and free.
+			m := scrape(t, base)
+			lbl := `{engine="0",model_name="llama-3-8b"}`
+			if st.CachedIdleBlocks == 0 || m["vllm:kv_cache_usage_perc"+lbl] != 0 || m["kvsim_kv_cache_used_blocks"+lbl] != 0 {
+				t.Errorf("%d blocks cached idle, usage %g, used blocks %g; want idle blocks not counted as used",
+					st.CachedIdleBlocks, m["vllm:kv_cache_usage_perc"+lbl], m["kvsim_kv_cache_used_blocks"+lbl])
+			}
+			if m["vllm:prefix_cache_queries_total"+lbl] != float64(p1+p2) || m["vllm:prefix_cache_hits_total"+lbl] != float64(want) {
+				t.Errorf("/metrics: queries %g, hits %g; want %d, %d", m["vllm:prefix_cache_queries_total"+lbl], m["vllm:prefix_cache_hits_total"+lbl], p1+p2, want)
 			}
 		})
 	}
