@@ -473,3 +473,50 @@ func TestOutputTokensTokenizeBackToThemselves(t *testing.T) {
 		}
 	}
 }
+
+// A randomized workload, prefixes shared or not, n > 1, aborts, in both
+// overflow modes: the accounting invariant holds after every step, and the
+// pool is empty at the end.
+func TestPrefixCacheRandomizedInvariant(t *testing.T) {
+	for _, mode := range []string{OverflowPreempt, OverflowOOM} {
+		var overflows int64
+		for seed := range uint64(8) {
+			c := poolConfig(40)
+			c.OnOverflow = mode
+			c.OOMRestart = -1
+			e, _ := newTestEngine(t, c)
+			rnd := seed * 0x9e3779b97f4a7c15
+			next := func(n uint64) int { rnd = mix(rnd); return int(rnd % n) }
+			prefixes := [][]int{ids(40, 64), ids(41, 16), ids(42, 33)}
+			var live []*request
+			for step := range 400 {
+				if next(3) == 0 {
+					p := append(append([]int(nil), prefixes[next(3)]...), ids(100+step, next(40))...)
+					r := hreq(e.s, p, []string{"", "x"}[next(2)], 1+next(60), 1+next(3))
+					if e.submit(r) == nil {
+						live = append(live, r)
+					}
+				}
+				if len(live) > 0 && next(25) == 0 {
+					e.abort(live[next(uint64(len(live)))])
+				}
+				e.step()
+				checkCache(t, e)
+			}
+			for _, r := range live {
+				e.abort(r)
+			}
+			checkCache(t, e)
+			if e.used != 0 {
+				t.Fatalf("%s seed %d: %d blocks used with nothing running", mode, seed, e.used)
+			}
+			if mode == OverflowPreempt && e.cacheHits == 0 {
+				t.Errorf("seed %d: a workload of shared prefixes found nothing", seed)
+			}
+			overflows += e.preemptions + e.oomEvents
+		}
+		if overflows == 0 {
+			t.Errorf("%s: the workload never overflowed the pool", mode)
+		}
+	}
+}
