@@ -39,7 +39,8 @@
 // adds one to its reference count (a request's n sequences hold its prompt
 // blocks once, as before); at zero the block is free, and its KV stays
 // findable until an allocation needs it. Allocations take free blocks that
-// hold nothing first (vLLM puts those at the front of its free queue), then
+// hold nothing first (recent vLLM puts those at the front of its free queue;
+// older V1 releases queued every freed block at the back), then
 // evict cached ones least recently freed first; a request frees its blocks
 // last first, so the end of its output goes before its prompt's start. So
 // the pool is referenced blocks plus free ones, cached or not, and

@@ -49,8 +49,8 @@ func (e *engine) releaseLocked(n int64, cached []int32) {
 }
 
 // allocLocked takes n new blocks from the pool, which has them: anonymous
-// free blocks first (vLLM puts blocks without a hash at the front of its free
-// queue), then idle cache entries, evicted least recently freed first.
+// free blocks first (recent vLLM puts blocks without a hash at the front of
+// its free queue), then idle cache entries, least recently freed first.
 func (e *engine) allocLocked(n int64) {
 	if e.cache != nil {
 		if short := n - (e.s.numBlocks - e.used - e.cache.idle); short > 0 {
