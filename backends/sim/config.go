@@ -87,6 +87,11 @@ type Config struct {
 	// OutputLen) instead; the first entry that matches wins. A workload
 	// can so change its lengths without a field a gateway could read.
 	OutputLenWhen []string
+	// DisablePrefixCaching turns vLLM's automatic prefix caching off (vLLM's
+	// --no-enable-prefix-caching). false, the default as in vLLM V1, caches
+	// full KV blocks by the hash of their prefix: a request whose leading
+	// blocks are cached reuses them and does not prefill them again.
+	DisablePrefixCaching bool
 	// Seed makes generated text and lengths reproducible: the same seed and
 	// the same request give the same output, whatever else is running.
 	Seed int64
@@ -114,30 +119,31 @@ func fieldErr(field, format string, a ...any) error {
 // settings is a Config with its defaults filled in and its derived values
 // computed once: what the engine and the server actually run with.
 type settings struct {
-	model        string
-	geometry     *kvbudget.Model
-	layout       kvbudget.KVLayout
-	gpuMemory    int64
-	utilization  float64
-	weights      int64
-	reserve      int64
-	kvBytes      int64
-	numBlocks    int64
-	watermark    int64 // blocks kept free at admission (vLLM's 1% watermark)
-	blockSize    int
-	maxModelLen  int
-	maxNumSeqs   int
-	oom          bool
-	oomRestart   time.Duration
-	stepBase     time.Duration
-	stepPerSeq   time.Duration
-	prefillPer   time.Duration
-	timeScale    float64
-	outputLen    lengthDist
-	outputWhen   []lengthRule
-	seed         uint64
-	logger       *slog.Logger
-	maxPositions int
+	model         string
+	geometry      *kvbudget.Model
+	layout        kvbudget.KVLayout
+	gpuMemory     int64
+	utilization   float64
+	weights       int64
+	reserve       int64
+	kvBytes       int64
+	numBlocks     int64
+	watermark     int64 // blocks kept free at admission (vLLM's 1% watermark)
+	blockSize     int
+	maxModelLen   int
+	maxNumSeqs    int
+	oom           bool
+	prefixCaching bool
+	oomRestart    time.Duration
+	stepBase      time.Duration
+	stepPerSeq    time.Duration
+	prefillPer    time.Duration
+	timeScale     float64
+	outputLen     lengthDist
+	outputWhen    []lengthRule
+	seed          uint64
+	logger        *slog.Logger
+	maxPositions  int
 }
 
 func orDuration(d, def time.Duration) time.Duration {
@@ -259,6 +265,7 @@ func (c Config) resolve() (*settings, error) {
 		s.outputWhen = append(s.outputWhen, lengthRule{text: []byte(text), dist: d})
 	}
 	s.seed = uint64(c.Seed)
+	s.prefixCaching = !c.DisablePrefixCaching
 
 	g := kvbudget.GPUBudget{Memory: s.gpuMemory, Ceiling: s.utilization, Weights: s.weights, Reserve: s.reserve}
 	kv, err := g.KVBytes()

@@ -19,10 +19,60 @@
 // boundary, and gives its blocks back the moment it finishes. The n
 // sequences of one request share the prompt's full blocks (vLLM's prefix
 // sharing for parallel sampling), each keeping its own partial block and what
-// it generates, so a request's peak is exactly kvbudget's RequestBlocks.
+// it generates, so a request's peak, before any sharing with other
+// requests, is exactly kvbudget's RequestBlocks.
 // (vLLM writes the KV of a sampled token one step later, so a real server
 // holds one token less than this; the simulator is at most one block
 // pessimistic at a boundary, and agrees with the gateway's prediction.)
+//
+// Memory that is shared is counted once: the simulator models vLLM V1's
+// automatic prefix caching (prefixcache.go, kvblocks.go), on unless
+// Config.DisablePrefixCaching (--enable-prefix-caching=false). A full block's
+// identity is a hash chained over its parent block's hash and its token ids,
+// from a root that the request's cache_salt changes, so tenants with
+// different salts never share. Only full blocks are hashed: a prompt's when
+// the request is admitted (so that a request admitted after it, in the same
+// step too, finds them), and each sequence's blocks as its output fills them.
+// A request admitted looks up its leading blocks and reuses the run it finds,
+// held by running requests or cached; as in vLLM it never finds its last
+// token, which is computed for its logits, so a prompt of exactly N full
+// blocks reuses at most N−1. The tokens found are not prefilled again.
+//
+// Each running request that holds a cached block adds one to its reference
+// count (a request's n sequences hold its prompt blocks once, as before); at
+// zero the block is free, and its KV stays findable until an allocation
+// needs it. Allocations take free blocks that hold nothing first (recent
+// vLLM puts those at the front of its free queue; older V1 releases queued
+// every freed block at the back), then evict cached ones least recently
+// freed first; a request frees its blocks last first, so the end of its
+// output goes before its prompt's start. So the pool is referenced blocks
+// plus free ones, cached or not: vllm:kv_cache_usage_perc,
+// kvsim_kv_cache_used_blocks and the admission watermark count referenced
+// blocks only, and out of memory, in either OnOverflow mode, still means
+// that new blocks cannot be had. A preempted request drops its references;
+// its blocks stay cached, and when it is admitted again its recomputation
+// reuses what was not evicted meanwhile. vllm:prefix_cache_queries_total and
+// vllm:prefix_cache_hits_total count, in tokens, the prompts of admitted
+// requests and the part of them found, once per request (vLLM counts each
+// look-up, including those of a request that then waits, and counts the
+// recomputation of a preempted request apart).
+//
+// Generated blocks are hashed by the token ids the simulator's tokenizer
+// gives their text, and that text is pieces of one token each that do not
+// merge (see Tokens): so a conversation's next turn, which sends the
+// history back as its prompt (the assistant message's content verbatim, or
+// a completion prompt followed by the text generated for it), has the
+// history's tokens exactly and finds its blocks, up to the last full one
+// (for a completion, as long as the text added after the output does not
+// join its last token, as " the" and "ory" would).
+//
+// Where the simulator differs from vLLM: a block whose hash is already
+// cached is kept as an anonymous duplicate, not a second copy vLLM could
+// also find; hashes are 64-bit mixes, not vLLM's SHA-256; requests asking
+// for prompt logprobs, which vLLM keeps out of the cache, are cached like
+// others (the simulator ignores logprobs); and n > 1 sequences share their
+// prompt's full blocks with the cache off too (vLLM V1 shares them through
+// the cache).
 //
 // # Scheduling
 //
@@ -86,12 +136,15 @@
 // The tokenizer is the simulator's own (tokenizer.go), about four bytes a
 // token on English, with Llama-3's chat template; the gateway must not share
 // it. /tokenize exposes it. Each generated token is one token of it, so
-// completion_tokens is what /tokenize says of the output.
+// completion_tokens is what /tokenize says of the output, and its ids are
+// those /tokenize gives the output text: each piece is a space and at most
+// three letters, or one punctuation mark, and none joins the token before
+// or after it.
 //
 // # HTTP
 //
 // POST /v1/chat/completions and /v1/completions (streamed or not; n;
-// max_tokens, max_completion_tokens, min_tokens, ignore_eos;
+// max_tokens, max_completion_tokens, min_tokens, ignore_eos, cache_salt;
 // stream_options.include_usage), GET /v1/models (with max_model_len),
 // POST /tokenize, GET /health and GET /metrics (vLLM's metric names and
 // labels, plus kvsim_ ones). Errors have vLLM's body
@@ -110,7 +163,7 @@
 // # Not modelled
 //
 // Sampling and stop strings (stop, temperature, logprobs and the like are
-// accepted and ignored); prompt caching across requests; chunked prefill
+// accepted and ignored); offloading cached KV to CPU; chunked prefill
 // (a prompt is prefilled in one step); swapping to CPU; tensor parallelism;
 // CUDA graphs and activation memory beyond the fixed reserve; the
 // tokenizer-dependent details of real models; batched prompts in one

@@ -42,6 +42,15 @@ type sequence struct {
 	gen int   // tokens generated so far (engine.mu)
 	own int64 // blocks it holds beyond the request's shared prompt blocks (engine.mu)
 
+	// With the prefix cache, under engine.mu: the hash state of its block
+	// being filled, the hashes of its full blocks past the prompt's (kept
+	// across preemption, so that a recomputation can find them), and which
+	// of the blocks it holds are cache entries (the rest of own is
+	// anonymous).
+	hstate uint64
+	hashes []uint64
+	cached []int32
+
 	pub atomic.Int32 // gen, published to the handler after each step
 }
 
@@ -55,11 +64,20 @@ type request struct {
 	seqs      []sequence
 	wake      chan struct{} // capacity 1: the engine made progress on this request
 
+	// What the prefix cache knows of the prompt, immutable: the chained
+	// hashes of its full blocks and the hash state of the tokens after them.
+	// A request that is not cacheable (the cache is off, or a test made it
+	// without tokens) never hits and is never found.
+	cacheable bool
+	hashes    []uint64
+	tailState uint64
+
 	// Guarded by engine.mu.
 	state      reqState
-	shared     int64 // full prompt blocks, shared by the sequences
-	live       int   // sequences still generating
-	admitted   bool  // admitted at least once (prompt tokens counted)
+	shared     int64   // full prompt blocks, shared by the sequences
+	cached     []int32 // which of them are prefix cache entries
+	live       int     // sequences still generating
+	admitted   bool    // admitted at least once (prompt tokens counted)
 	firstToken time.Time
 
 	status atomic.Int32 // statusActive until it ends
@@ -106,7 +124,10 @@ type engineHooks struct {
 // and a sequence that has generated g tokens (or will have after the step
 // being planned) has own = Blocks(prompt+g) − shared; used is the sum over the
 // running requests and never exceeds the pool. Waiting and finished requests
-// hold nothing.
+// hold nothing. With the prefix cache (prefixcache.go) a block that is a
+// cache entry may be held by several running requests and is counted in used
+// once, while its reference count is above zero; idle entries are free and
+// stay findable until an allocation evicts them, least recently freed first.
 //
 // Lock order: engine.mu is a leaf; hooks run under it and take no engine
 // lock.
@@ -115,6 +136,7 @@ type engine struct {
 	now   func() time.Time
 	hooks engineHooks
 	kick  chan struct{} // capacity 1: new work for the loop
+	cache *prefixCache  // nil: prefix caching is off
 
 	mu             sync.Mutex
 	waiting        []*request // FIFO; preempted requests go back to the front
@@ -125,6 +147,10 @@ type engine struct {
 	oomEvents      int64
 	promptTokens   int64
 	genTokens      int64
+	cacheQueries   int64   // prompt tokens looked up in the prefix cache
+	cacheHits      int64   // of those, tokens found
+	hitBuf         []int32 // scratch of the admission being planned: entries hit
+	seqHits        []int   // scratch: entries hit past the prompt, per sequence
 	unhealthyUntil time.Time
 	planned        bool // a step is planned and not yet committed
 	closed         bool // shut down: nothing is admitted any more
@@ -137,7 +163,11 @@ type engine struct {
 }
 
 func newEngine(s *settings, now func() time.Time, hooks engineHooks) *engine {
-	return &engine{s: s, now: now, hooks: hooks, kick: make(chan struct{}, 1)}
+	e := &engine{s: s, now: now, hooks: hooks, kick: make(chan struct{}, 1)}
+	if s.prefixCaching {
+		e.cache = newPrefixCache()
+	}
+	return e
 }
 
 func (e *engine) blocks(tokens int) int64 { return kvbudget.Blocks(tokens, e.s.blockSize) }
@@ -216,48 +246,6 @@ func removeReq(q []*request, r *request) []*request {
 		q = slices.Delete(q, i, i+1)
 	}
 	return q
-}
-
-// freeLocked returns every block r holds to the pool.
-func (e *engine) freeLocked(r *request) {
-	held := r.shared
-	for i := range r.seqs {
-		held += r.seqs[i].own
-		r.seqs[i].own = 0
-	}
-	r.shared = 0
-	e.used -= held
-}
-
-func (e *engine) allocLocked(n int64) {
-	e.used += n
-	if e.used > e.peak {
-		e.peak = e.used
-	}
-}
-
-// growthLocked is the blocks r's live sequences need beyond what they hold to
-// each have one more token.
-func (e *engine) growthLocked(r *request) int64 {
-	var need int64
-	for i := range r.seqs {
-		sq := &r.seqs[i]
-		if sq.gen < sq.target {
-			need += e.blocks(r.prompt+sq.gen+1) - r.shared - sq.own
-		}
-	}
-	return need
-}
-
-func (e *engine) growLocked(r *request) {
-	for i := range r.seqs {
-		sq := &r.seqs[i]
-		if sq.gen < sq.target {
-			want := e.blocks(r.prompt+sq.gen+1) - r.shared
-			e.allocLocked(want - sq.own)
-			sq.own = want
-		}
-	}
 }
 
 // preemptLocked frees the newest running request and puts it at the front of
@@ -345,13 +333,7 @@ func (e *engine) planLocked(now time.Time) (time.Duration, bool) {
 	// preempted itself empty must take its own victim back.
 	for (!preempted || len(e.running) == 0) && len(e.waiting) > 0 {
 		r := e.waiting[0]
-		shared := int64(r.prompt / e.s.blockSize)
-		need := shared
-		for i := range r.seqs {
-			if sq := &r.seqs[i]; sq.gen < sq.target {
-				need += e.blocks(r.prompt+sq.gen+1) - shared
-			}
-		}
+		need, compute, hits := e.lookupLocked(r)
 		if e.s.oom {
 			if need > free() {
 				e.oomLocked(now, need)
@@ -361,19 +343,23 @@ func (e *engine) planLocked(now time.Time) (time.Duration, bool) {
 			break
 		}
 		e.waiting = e.waiting[1:]
-		r.shared = shared
-		e.allocLocked(shared)
-		e.growLocked(r)
+		e.admitLocked(r, hits)
 		r.state = stateRunning
 		e.running = append(e.running, r)
 		e.runningSeqs += r.live
-		prefill += r.prompt
-		for i := range r.seqs {
-			prefill += r.seqs[i].gen // recomputed
-		}
+		prefill += compute
 		if !r.admitted {
 			r.admitted = true
 			e.promptTokens += int64(r.prompt)
+			if e.cache != nil {
+				// As vLLM counts them: in tokens, the prompt looked up and
+				// the full blocks of it found. vLLM counts each look-up, also
+				// of a request that then does not fit; the simulator counts
+				// one per request, when it is admitted, and none for the
+				// recomputation of a preempted one (vLLM keeps those apart).
+				e.cacheQueries += int64(r.prompt)
+				e.cacheHits += int64(hits * e.s.blockSize)
+			}
 		}
 	}
 	if len(e.running) == 0 {
@@ -407,10 +393,13 @@ func (e *engine) commitLocked(now time.Time) {
 			}
 			sq.gen++
 			e.genTokens++
+			if r.cacheable && e.cache != nil {
+				e.fillLocked(r, sq)
+			}
 			sq.pub.Store(int32(sq.gen))
 			if sq.gen == sq.target {
-				e.used -= sq.own
-				sq.own = 0
+				e.releaseLocked(sq.own, sq.cached)
+				sq.own, sq.cached = 0, sq.cached[:0]
 				r.live--
 				e.runningSeqs--
 			}
@@ -508,23 +497,33 @@ type Stats struct {
 	OOMEvents        int64 // out-of-memory events (oom mode), in all
 	PromptTokens     int64 // prompt tokens of admitted requests, counted once each
 	GenerationTokens int64 // tokens generated, recomputation not counted again
-	FinishedStop     int64 // requests ended with a sequence short of max_tokens
-	FinishedLength   int64 // requests whose every sequence reached max_tokens
-	Aborted          int64 // requests ended by a hang-up, an OOM event or shutdown
-	Healthy          bool  // false while restarting after an OOM event
+	// Prefix cache look-ups of admitted requests, in prompt tokens, and the
+	// tokens found; both 0 with the cache off.
+	PrefixCacheQueries int64
+	PrefixCacheHits    int64
+	CachedIdleBlocks   int64 // free blocks that still hold a cached prefix
+	FinishedStop       int64 // requests ended with a sequence short of max_tokens
+	FinishedLength     int64 // requests whose every sequence reached max_tokens
+	Aborted            int64 // requests ended by a hang-up, an OOM event or shutdown
+	Healthy            bool  // false while restarting after an OOM event
 }
 
 func (e *engine) stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	var idle int64
+	if e.cache != nil {
+		idle = e.cache.idle
+	}
 	return Stats{
 		NumGPUBlocks: e.s.numBlocks, BlockSize: e.s.blockSize,
 		UsedBlocks: e.used, PeakUsedBlocks: e.peak,
 		Running: len(e.running), Waiting: len(e.waiting),
 		Preemptions: e.preemptions, OOMEvents: e.oomEvents,
 		PromptTokens: e.promptTokens, GenerationTokens: e.genTokens,
+		PrefixCacheQueries: e.cacheQueries, PrefixCacheHits: e.cacheHits,
 		FinishedStop: e.finishedStop, FinishedLength: e.finishedLength, Aborted: e.aborted,
-		Healthy: e.healthyLocked(e.now()),
+		CachedIdleBlocks: idle, Healthy: e.healthyLocked(e.now()),
 	}
 }
 

@@ -64,12 +64,19 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, chat bool) {
 
 func (s *Server) newRequest(g genParams) *request {
 	r := newRequest(g.promptTokens, g.maxTokens, g.n, s.now())
+	if g.blocks.on() {
+		r.cacheAs(&g.blocks, g.maxTokens)
+	}
 	for i := range r.seqs {
 		sq := &r.seqs[i]
 		sq.key = seqKey(g.key, i)
 		sq.target = g.maxTokens
 		if !g.ignoreEOS {
-			sq.target = max(g.lengths.draw(sq.key, g.maxTokens), g.minTokens)
+			dist := &s.set.outputLen
+			if g.lengths != nil {
+				dist = g.lengths
+			}
+			sq.target = max(dist.draw(sq.key, g.maxTokens), g.minTokens)
 		}
 	}
 	return r

@@ -24,6 +24,8 @@ const (
 	mE2E          = "vllm:e2e_request_latency_seconds"
 	mCacheConfig  = "vllm:cache_config_info"
 	mSuccess      = "vllm:request_success_total"
+	mCacheQueries = "vllm:prefix_cache_queries_total"
+	mCacheHits    = "vllm:prefix_cache_hits_total"
 	mOOMEvents    = "kvsim_oom_events_total"
 	mPeakUsage    = "kvsim_kv_usage_peak_ratio"
 	mGPUMemory    = "kvsim_gpu_memory_bytes"
@@ -96,6 +98,8 @@ func newEngineCollector(s *settings, labels prometheus.Labels, stats func() Stat
 		{mPreemptions, "Cumulative number of preemption from the engine.", prometheus.CounterValue},
 		{mPromptTokens, "Number of prefill tokens processed.", prometheus.CounterValue},
 		{mGenTokens, "Number of generation tokens processed.", prometheus.CounterValue},
+		{mCacheQueries, "Prefix cache queries, in terms of number of queried tokens.", prometheus.CounterValue},
+		{mCacheHits, "Prefix cache hits, in terms of number of cached tokens.", prometheus.CounterValue},
 		{mOOMEvents, "Simulated CUDA out-of-memory events (on-overflow oom).", prometheus.CounterValue},
 		{mPeakUsage, "Highest KV-cache usage seen since start, 1 means 100 percent.", prometheus.GaugeValue},
 		{mGPUMemory, "Memory of the simulated GPU in bytes.", prometheus.GaugeValue},
@@ -143,6 +147,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		mKVUsage: usage, mGPUCache: usage,
 		mPreemptions: float64(st.Preemptions), mPromptTokens: float64(st.PromptTokens),
 		mGenTokens: float64(st.GenerationTokens), mOOMEvents: float64(st.OOMEvents),
+		mCacheQueries: float64(st.PrefixCacheQueries), mCacheHits: float64(st.PrefixCacheHits),
 		mPeakUsage: float64(st.PeakUsedBlocks) / c.numBlk, mGPUMemory: c.gpuMem,
 		mUsedBlocks: float64(st.UsedBlocks), mPeakBlocks: float64(st.PeakUsedBlocks), mHealthy: healthy,
 	} {

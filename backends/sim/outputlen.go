@@ -44,14 +44,15 @@ type lengthRule struct {
 	dist lengthDist
 }
 
-// lengthsFor is the distribution a request's body draws its lengths from.
-func (s *settings) lengthsFor(body []byte) lengthDist {
-	for _, r := range s.outputWhen {
-		if bytes.Contains(body, r.text) {
-			return r.dist
+// lengthsFor is the distribution a request's body draws its lengths from:
+// the first OutputLenWhen rule whose text it contains, or nil for OutputLen.
+func (s *settings) lengthsFor(body []byte) *lengthDist {
+	for i := range s.outputWhen {
+		if bytes.Contains(body, s.outputWhen[i].text) {
+			return &s.outputWhen[i].dist
 		}
 	}
-	return s.outputLen
+	return nil
 }
 
 // lengthDist is a parsed OutputLen: how long a sequence wants to be before

@@ -18,8 +18,11 @@ type genParams struct {
 	stream       bool
 	includeUsage bool
 	ignoreEOS    bool
-	key          uint64     // seed and content: what the output is drawn from
-	lengths      lengthDist // what its lengths are drawn from (Config.OutputLenWhen)
+	key          uint64      // seed and content: what the output is drawn from
+	lengths      *lengthDist // what its lengths are drawn from (Config.OutputLenWhen); nil: OutputLen
+	// The prompt's full-block hashes for the prefix cache; off when it is
+	// off. cache_salt changes them all, never the output.
+	blocks blockHasher
 }
 
 // parseGenRequest validates a /v1/chat/completions (chat) or /v1/completions
@@ -59,6 +62,10 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 	if g.ignoreEOS, aerr = getBool(v, "ignore_eos", false); aerr != nil {
 		return g, aerr
 	}
+	salt, aerr := cacheSalt(v)
+	if aerr != nil {
+		return g, aerr
+	}
 	if so := v.Get("stream_options"); so != nil && so.Type() != fastjson.TypeNull {
 		if so.Type() != fastjson.TypeObject {
 			return g, badRequest("stream_options", "stream_options: Input should be a valid dictionary")
@@ -72,6 +79,11 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 		}
 	}
 	pr := newPrompt(false, false)
+	if s.prefixCaching {
+		// About four bytes a token, and the body is more than the prompt:
+		// enough room for the hashes, seldom much more.
+		pr.blocks = newBlockHasher(s.blockSize, salt, len(body)/(4*s.blockSize)+1)
+	}
 	if chat {
 		aerr = chatPrompt(v, &pr, true)
 	} else {
@@ -86,6 +98,7 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 	}
 
 	g.promptTokens = pr.tokens
+	g.blocks = pr.blocks
 	if pr.tokens >= s.maxModelLen {
 		return g, badRequest("input_tokens", "This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.",
 			s.maxModelLen, pr.tokens)
@@ -146,6 +159,22 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 	g.key = h
 	g.lengths = s.lengthsFor(body)
 	return g, nil
+}
+
+// cacheSalt reads cache_salt, vLLM's per-tenant isolation of the prefix
+// cache: absent or null, or a non-empty string (vLLM's check). It is
+// accepted, and has no effect, when the cache is off, as in vLLM.
+func cacheSalt(v *fastjson.Value) ([]byte, *apiError) {
+	f := v.Get("cache_salt")
+	if f == nil || f.Type() == fastjson.TypeNull {
+		return nil, nil
+	}
+	if f.Type() == fastjson.TypeString {
+		if b, _ := f.StringBytes(); len(b) > 0 {
+			return b, nil
+		}
+	}
+	return nil, badRequest("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.")
 }
 
 // tokenizeParams is a parsed /tokenize request.

@@ -84,7 +84,7 @@ func New(cfg Config) (*Server, error) {
 	}()
 	set.logger.Info("simulated vLLM server ready", "model", set.model,
 		"num_gpu_blocks", set.numBlocks, "block_size", set.blockSize, "kv_tokens", set.numBlocks*int64(set.blockSize),
-		"max_model_len", set.maxModelLen, "on_overflow", map[bool]string{false: OverflowPreempt, true: OverflowOOM}[set.oom])
+		"max_model_len", set.maxModelLen, "prefix_caching", set.prefixCaching, "on_overflow", map[bool]string{false: OverflowPreempt, true: OverflowOOM}[set.oom])
 	return s, nil
 }
 

@@ -15,12 +15,29 @@ var outputPieces = [64]string{
 	" far", " big", " own", " few", " yes", " run", ",", ".",
 }
 
+// outputPieceIDs are the token ids of outputPieces, so that the prefix cache
+// hashes generated blocks by the ids the tokenizer gives their text. Each
+// piece is one token and none merges with its neighbours (each starts with a
+// space or is a lone punctuation mark), so the ids of a generated text are
+// exactly these, piece by piece. Computed once, never written.
+var outputPieceIDs = func() (ids [len(outputPieces)]int) {
+	for i, p := range outputPieces {
+		ids[i] = pieceID([]byte(p))
+	}
+	return ids
+}()
+
 // seqKey is the key of sequence i of the request with key reqKey.
 func seqKey(reqKey uint64, i int) uint64 { return mix(reqKey ^ mix(uint64(i)+1)) }
 
 // piece is the text of token t (0-based) of the sequence with key k.
-func piece(k uint64, t int) string {
-	return outputPieces[mix(k^saltText^uint64(t)*0x9e3779b97f4a7c15)&63]
+func piece(k uint64, t int) string { return outputPieces[pieceIndex(k, t)] }
+
+// outputTokenID is the token id of token t of the sequence with key k.
+func outputTokenID(k uint64, t int) int { return outputPieceIDs[pieceIndex(k, t)] }
+
+func pieceIndex(k uint64, t int) uint64 {
+	return mix(k^saltText^uint64(t)*0x9e3779b97f4a7c15) & 63
 }
 
 // appendText appends tokens [from, to) of sequence k.

@@ -114,6 +114,7 @@ type prompt struct {
 	strs    []string
 	collect bool
 	strsToo bool
+	blocks  blockHasher // on: the prefix cache's block hashes are wanted
 }
 
 func newPrompt(collect, strs bool) prompt {
@@ -133,6 +134,9 @@ func (p *prompt) hashBytes(b []byte) {
 func (p *prompt) special(id int, text string) {
 	p.tokens++
 	p.hash = mix(p.hash ^ uint64(id))
+	if p.blocks.on() {
+		p.blocks.add(id)
+	}
 	if p.collect {
 		p.ids = append(p.ids, id)
 		if p.strsToo {
@@ -143,15 +147,21 @@ func (p *prompt) special(id int, text string) {
 
 func (p *prompt) text(b []byte) {
 	p.hashBytes(b)
-	if !p.collect {
+	if !p.collect && !p.blocks.on() {
 		p.tokens += countTokens(b)
 		return
 	}
 	for len(b) > 0 {
 		n := nextPiece(b)
-		p.ids = append(p.ids, pieceID(b[:n]))
-		if p.strsToo {
-			p.strs = append(p.strs, string(b[:n]))
+		id := pieceID(b[:n])
+		if p.blocks.on() {
+			p.blocks.add(id)
+		}
+		if p.collect {
+			p.ids = append(p.ids, id)
+			if p.strsToo {
+				p.strs = append(p.strs, string(b[:n]))
+			}
 		}
 		p.tokens++
 		b = b[n:]
@@ -162,6 +172,9 @@ func (p *prompt) text(b []byte) {
 func (p *prompt) tokenID(id int) {
 	p.tokens++
 	p.hash = mix(p.hash ^ uint64(id))
+	if p.blocks.on() {
+		p.blocks.add(id)
+	}
 	if p.collect {
 		p.ids = append(p.ids, id)
 		if p.strsToo {

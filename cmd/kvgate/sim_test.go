@@ -52,8 +52,8 @@ func TestSimHelp(t *testing.T) {
 	}
 	for _, f := range []string{"listen", "model", "model-config", "gpu-memory", "gpu-memory-utilization", "weights-bytes", "block-size",
 		"max-model-len", "max-num-seqs", "on-overflow", "oom-restart", "step-base", "step-per-seq", "prefill-per-token", "time-scale",
-		"output-len", "seed"} {
-		if !strings.Contains(out, "-"+f+" ") {
+		"output-len", "seed", "enable-prefix-caching"} {
+		if !strings.Contains(out, "-"+f+" ") && !strings.Contains(out, "-"+f+"\n") { // a bool flag ends its line
 			t.Errorf("--help lacks -%s", f)
 		}
 	}
@@ -134,6 +134,47 @@ func TestSimServesAndShutsDown(t *testing.T) {
 	}
 	if _, err := http.Get(base + "/health"); err == nil {
 		t.Error("still serving after shutdown")
+	}
+}
+
+// --enable-prefix-caching is on by default, as in vLLM V1: the same prompt
+// twice is found the second time; =false turns the cache, and its counting,
+// off.
+func TestSimPrefixCachingFlag(t *testing.T) {
+	// 40 tokens: 2 full blocks, both found by the second request.
+	prompt := strings.TrimSuffix(strings.Repeat("7,", 40), ",")
+	body := `{"model":"llama-3-8b","prompt":[` + prompt + `],"max_tokens":2}`
+	for _, tc := range []struct {
+		args                  []string
+		wantQueries, wantHits string
+	}{
+		{nil, "80", "32"},
+		{[]string{"--enable-prefix-caching=false"}, "0", "0"},
+	} {
+		base, _, _ := startSim(t, append([]string{"--time-scale", "0"}, tc.args...)...)
+		for range 2 {
+			resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("%v: status %d", tc.args, resp.StatusCode)
+			}
+		}
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for name, want := range map[string]string{"vllm:prefix_cache_queries_total": tc.wantQueries, "vllm:prefix_cache_hits_total": tc.wantHits} {
+			line := name + `{engine="0",model_name="llama-3-8b"} ` + want + "\n"
+			if !strings.Contains(string(m), line) {
+				t.Errorf("%v: /metrics lacks %q", tc.args, line)
+			}
+		}
 	}
 }
 
