@@ -582,8 +582,10 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 	moved := false
 	lastErr := errNoBackendOnGPU
 	for {
-		g := x.rt.poolGroup[x.ticket.Pool()]
-		be := g.backendFor(x.req.model, tried)
+		var be *backends.Backend
+		if g := x.group(x.ticket.Pool()); g != nil {
+			be = g.backendFor(x.req.model, tried)
+		}
 		if be == nil {
 			if moved || x.ctx.Err() != nil {
 				return nil, lastErr
@@ -619,6 +621,17 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 		x.s.log.Warn("backend failed before answering", "backend", be.Name(), "err", err)
 		lastErr = err
 	}
+}
+
+// group is the GPU of an admission pool. The scheduler binds a queued
+// request to any pool it knows, and a reload may have added that pool after
+// the request loaded its runtime: then only the current runtime has its
+// GPU. nil if neither has (a later reload removed it again).
+func (x *exchange) group(pool string) *group {
+	if g := x.rt.poolGroup[pool]; g != nil {
+		return g
+	}
+	return x.s.rt.Load().poolGroup[pool]
 }
 
 // passBody relays a whole (non-streamed) answer: the backend's status and
