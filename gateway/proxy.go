@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -747,7 +748,7 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 	done := false // [DONE] reached the client: nothing after changes the outcome
 	defer func() {
 		if p := recover(); p != nil {
-			x.s.log.Error("panic relaying stream", "panic", p)
+			x.s.log.Error("panic relaying stream", "panic", p, "stack", string(debug.Stack()))
 			outcome, reason = outcomeFailed, "internal"
 		}
 		er.release()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -357,7 +358,7 @@ func (s *Server) preemptionsRose(b *backends.Backend, n float64) bool {
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	defer func() {
 		if p := recover(); p != nil {
-			s.log.Error("panic serving request", "path", string(ctx.Path()), "panic", p)
+			s.log.Error("panic serving request", "path", string(ctx.Path()), "panic", p, "stack", string(debug.Stack()))
 			(&apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}).write(ctx)
 		}
 	}()
