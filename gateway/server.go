@@ -61,6 +61,7 @@ type Server struct {
 	watch          *connwatch.Watcher
 	parsers        fastjson.ParserPool
 	metricsHandler fasthttp.RequestHandler
+	conns          *connLimit // server.max_connections
 
 	rt atomic.Pointer[runtime]
 	// sched is the admission scheduler every runtime shares; set once by New.
@@ -159,6 +160,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	}
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	sc := cfg.Server
+	s.conns = &connLimit{limit: int64(sc.maxConns())}
 	s.srv = &fasthttp.Server{
 		Handler:                       s.handle,
 		ErrorHandler:                  s.handleServerError,
@@ -168,7 +170,8 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		ReadTimeout:                   sc.ReadTimeout.or(defaultReadTimeout),
 		WriteTimeout:                  sc.writeTimeout(),
 		IdleTimeout:                   sc.IdleTimeout.or(defaultIdleTimeout),
-		Concurrency:                   sc.maxConns(),
+		Concurrency:                   sc.maxConns() + probeHeadroom(sc.maxConns()),
+		ConnState:                     s.conns.state,
 		CloseOnShutdown:               true,
 		NoDefaultContentType:          true,
 		DisableHeaderNamesNormalizing: false,
@@ -362,6 +365,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			(&apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}).write(ctx)
 		}
 	}()
+	if s.conns.past(ctx.Conn()) && !isProbe(ctx.Path()) {
+		s.conns.refuse(ctx)
+		return
+	}
 	// The completion paths first, compared without making strings of them.
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
