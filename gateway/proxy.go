@@ -327,6 +327,10 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		streaming = true // from here the relay owns finish
 		x.body = sseBody{x: x, resp: resp, er: er, first: first}
+		if !ctx.Request.Header.IsHTTP11() {
+			x.body.closeDelimited(ctx, rt.cfg.Server.writeTimeout())
+			return
+		}
 		ctx.Response.SetBodyStream(&x.body, -1)
 		return
 	}
