@@ -67,7 +67,9 @@ type poolLease struct {
 	level    atomic.Int64        // the fair level (fleet_fair.go); < 0: none
 	recent   [demandWindow]int64 // the last demands posted (the fair-share loop's own)
 	recentAt int
-	margin   float64 // the forecast margin last set (the fair-share loop's own; 0: never)
+	margin   float64                   // the forecast margin last set (the fair-share loop's own; 0: never)
+	list     atomic.Pointer[fleetList] // the fleet as last listed, for /status
+	listing  atomic.Bool               // a list is being read
 	applyMu  sync.Mutex
 	stop     context.CancelFunc
 	done     chan struct{}
@@ -258,6 +260,7 @@ func (f *fleet) close() {
 
 // leaseStatus is one GPU's lease as /status and the metrics show it.
 type leaseStatus struct {
+	pl        *poolLease
 	gpu, pool string
 	stats     leases.Stats
 	level     int64 // the fair level; < 0: none
@@ -267,7 +270,7 @@ type leaseStatus struct {
 func (f *fleet) statuses() []leaseStatus {
 	var out []leaseStatus
 	for _, pl := range *f.byPool.Load() {
-		out = append(out, leaseStatus{gpu: pl.gpu, pool: pl.pool, stats: pl.l.Stats(), level: pl.level.Load()})
+		out = append(out, leaseStatus{pl: pl, gpu: pl.gpu, pool: pl.pool, stats: pl.l.Stats(), level: pl.level.Load()})
 	}
 	return out
 }

@@ -173,3 +173,24 @@ func TestRedisCallEndsAtItsDeadline(t *testing.T) {
 		})
 	}
 }
+
+// Issue 26, R9: /status read the fleet from Redis on its own path and so
+// waited on a Redis that did not answer. It answers from what is known: the
+// fleet as last listed, with when, while the link to Redis is blackholed.
+func TestStatusAnswersFromWhatIsKnown(t *testing.T) {
+	r := leasestest.StartRedis(t)
+	p := startHoleProxy(t, r.Addr())
+	_, url := fleetSim(t)
+	_, gw := startGateway(t, replicaConfig(url, "redis://"+p.ln.Addr().String()+"/0", "a"), Options{})
+	waitFor(t, "/status to list this replica", func() bool {
+		g := statusOf(t, gw).SharedBudget.GPUs[0]
+		return len(g.Fleet) == 1 && g.Fleet[0].Self && g.FleetAsOf != ""
+	})
+	p.hole.Store(true)
+	for range 3 {
+		g := statusOf(t, gw).SharedBudget.GPUs[0]
+		if len(g.Fleet) != 1 || !g.Fleet[0].Self || g.FleetAsOf == "" {
+			t.Fatalf("/status with Redis cut off does not show the fleet as last listed: %+v", g)
+		}
+	}
+}
