@@ -275,6 +275,22 @@ func (f *fleet) statuses() []leaseStatus {
 	return out
 }
 
+// usable says whether some GPU can admit, or will once it has demand: a
+// replica serving a fallback with no capacity (Redis never reached, or lost
+// while it held nothing) admits nothing there until Redis answers or the
+// fallback grace passes, and readiness says so, so that traffic goes to
+// replicas that can serve it. An idle replica that reaches Redis holds no
+// lease and is usable: it leases when requests come.
+func (f *fleet) usable() bool {
+	sts := f.statuses()
+	for _, ls := range sts {
+		if !ls.stats.Fallback || ls.stats.Capacity > 0 {
+			return true
+		}
+	}
+	return len(sts) == 0
+}
+
 // holders reads the fleet view of gpu from Redis: every replica's lease.
 func (f *fleet) holders(ctx context.Context, gpu string) (leases.Fleet, error) {
 	return f.store.Leases(ctx, gpu)

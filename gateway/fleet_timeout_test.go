@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -192,5 +193,55 @@ func TestStatusAnswersFromWhatIsKnown(t *testing.T) {
 		if len(g.Fleet) != 1 || !g.Fleet[0].Self || g.FleetAsOf == "" {
 			t.Fatalf("/status with Redis cut off does not show the fleet as last listed: %+v", g)
 		}
+	}
+}
+
+// Issue 26, R6: a replica that never reached Redis (a wrong password, a
+// wrong address) has no capacity, yet answered /readyz 200 and so drew
+// traffic it could only queue. It is not ready while no GPU has capacity it
+// can use; an idle replica that reaches Redis is ready though it holds no
+// lease yet.
+func TestReadyOnlyWithUsableCapacity(t *testing.T) {
+	r := leasestest.StartRedis(t)
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := closed.Addr().String()
+	closed.Close()
+	locked := leasestest.StartRedis(t)
+	if err := locked.Client().ConfigSet(context.Background(), "requirepass", "right").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, url := fleetSim(t)
+	for _, tc := range []struct {
+		name, redis string
+		ready       bool
+	}{
+		{"reachable, idle", r.URL(), true},
+		{"wrong password", "redis://:wrong@" + locked.Addr() + "/0", false},
+		{"nothing listening", "redis://" + refused + "/0", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, gw := startGateway(t, replicaConfig(url, tc.redis, "a"), Options{})
+			waitFor(t, "the lessee to hear from the store or give up on it", func() bool {
+				st := lease(g)
+				return st.Renewals > 0 || st.Fallback
+			})
+			resp, err := http.Get(gw + "/readyz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if want := map[bool]int{true: 200, false: 503}[tc.ready]; resp.StatusCode != want {
+				t.Fatalf("/readyz %d, want %d: %s (lease %+v)", resp.StatusCode, want, b, lease(g))
+			}
+			if !tc.ready {
+				if e := decodeError(t, string(b)); e.Error.Code == nil || *e.Error.Code != "no_capacity" {
+					t.Errorf("/readyz: %s", b)
+				}
+			}
+		})
 	}
 }

@@ -394,10 +394,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case "/healthz":
 		writeJSON(ctx, 200, map[string]string{"status": "ok"})
 	case "/readyz", "/health": // /health as vLLM spells it, for tools that probe backends
-		if s.rt.Load().pool.Ready() {
-			writeJSON(ctx, 200, map[string]string{"status": "ready"})
-		} else {
+		switch {
+		case !s.rt.Load().pool.Ready():
 			(&apiError{status: 503, typ: typeServer, code: "no_healthy_backend", message: "no backend is healthy"}).write(ctx)
+		case s.fleet != nil && !s.fleet.usable():
+			(&apiError{status: 503, typ: typeServer, code: "no_capacity",
+				message: "this replica cannot reach the shared budget's Redis and has no capacity to admit on"}).write(ctx)
+		default:
+			writeJSON(ctx, 200, map[string]string{"status": "ready"})
 		}
 	case "/status":
 		if !s.rt.Load().adminAllowed(ctx) {
