@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -55,6 +56,10 @@ type exchange struct {
 	wmu        sync.Mutex // guards watchStop and watchEnded
 	watchStop  func() bool
 	watchEnded bool // finished: the client is never watched again
+	// stage and hungUp let a stream under way outlive a hang-up report
+	// (see hangUp); both are atomics, read by the watch's goroutine.
+	stage  atomic.Int32 // stageBefore, stageStreaming or stageDone
+	hungUp atomic.Bool  // the watch reported a hang-up during the stream
 
 	ticket *admission.Ticket // &ticketBuf once admitted
 	res    reservation
@@ -110,7 +115,7 @@ func (x *exchange) watchClient() {
 	if x.watchEnded || x.conn == nil {
 		return
 	}
-	if stop, err := x.s.watch.Watch(x.conn, x.clientGone); err == nil {
+	if stop, err := x.s.watch.Watch(x.conn, x.hangUp); err == nil {
 		x.watchStop = stop
 	}
 }
@@ -181,9 +186,18 @@ func (x *exchange) ended() (outcome, reason string, e *apiError) {
 	case errors.Is(cause, errShutdown):
 		return outcomeFailed, "shutdown", &apiError{status: 503, typ: typeServer, code: "shutting_down", message: "The gateway is shutting down."}
 	default:
-		return outcomeCanceled, "client_disconnect", nil
+		// The client hung up, or only shut its sending side (connwatch
+		// cannot tell the two apart). One that still reads must not take
+		// what it gets for a whole answer: it gets this error, and one that
+		// is gone never sees it.
+		return outcomeCanceled, "client_disconnect", &apiError{status: statusClientClosed, typ: typeInvalidRequest, code: "client_closed_request",
+			message: "The client closed its side of the connection before the answer was complete; the gateway takes that for a hang-up and cancelled the request."}
 	}
 }
+
+// statusClientClosed is nginx's 499, "client closed request": a client
+// error, and one no client is expected to act on but by not retrying blind.
+const statusClientClosed = 499
 
 // failEnded finishes a request whose context ended, answering when there is
 // still a client to answer.
@@ -194,6 +208,9 @@ func (x *exchange) failEnded(ctx *fasthttp.RequestCtx) bool {
 	}
 	if e != nil {
 		e.write(ctx)
+		if e.status == statusClientClosed {
+			ctx.SetConnectionClose() // it sends nothing more
+		}
 	}
 	x.finish(outcome, reason)
 	return true
@@ -325,7 +342,8 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		ctx.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		streaming = true // from here the relay owns finish
+		streaming = true              // from here the relay owns finish
+		x.stage.Store(stageStreaming) // see hangUp
 		x.body = sseBody{x: x, resp: resp, er: er, first: first}
 		if !ctx.Request.Header.IsHTTP11() {
 			x.body.closeDelimited(ctx, rt.cfg.Server.writeTimeout())
@@ -784,6 +802,7 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 			}
 			if last && !done {
 				done = true
+				x.relayedDone()
 				// The backend has finished: its blocks are free already,
 				// even if its side of the stream stays open a moment.
 				x.ticket.Release()
@@ -817,6 +836,41 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 }
 
 func (x *exchange) clientGone() { x.rctx.cancel(errClientGone) }
+
+// The stages of an exchange, as hangUp reads them.
+const (
+	stageBefore int32 = iota // no stream under way
+	stageStreaming
+	stageDone // [DONE] reached the client
+)
+
+// hangUp is the watch's report that the client hung up — or only shut its
+// sending side: the kernel tells the two apart only once we write. While a
+// stream is under way the relay's writes tell, within an event or two, so
+// the report is kept for later rather than cutting off a client that still
+// reads (HTTP/1.1 allows a half-close); once [DONE] has gone out nothing is
+// written any more, and the report ends the request, as it does before the
+// stream. Each side writes its own flag before it reads the other's, so a
+// report that races [DONE] is acted on by one of them.
+func (x *exchange) hangUp() {
+	if x.stage.Load() != stageStreaming {
+		x.clientGone()
+		return
+	}
+	x.hungUp.Store(true)
+	if x.stage.Load() != stageStreaming {
+		x.clientGone()
+	}
+}
+
+// relayedDone marks [DONE] as relayed, and ends the request if the client
+// was reported gone during the stream.
+func (x *exchange) relayedDone() {
+	x.stage.Store(stageDone)
+	if x.hungUp.Load() {
+		x.clientGone()
+	}
+}
 
 // writeStreamError ends a stream that has already begun with an error event,
 // the way vLLM reports errors mid-stream. Every event before it ended with
