@@ -158,6 +158,10 @@ func (s *Scheduler) applyLocked(set settings, now time.Time) {
 	for name, p := range s.poolByName {
 		if byName[name] == nil {
 			p.index = -1 // removed: its tickets release into it, nothing binds to it
+			if !p.limitUntil.IsZero() {
+				p.limitUntil = time.Time{}
+				s.limits.horizons--
+			}
 		}
 	}
 	s.pools, s.poolByName = pools, byName
@@ -332,6 +336,7 @@ func (s *Scheduler) acquire(ctx context.Context, r Request, into *Ticket) (*Tick
 		return nil, s.rejectUnlock(reason, w, limit, retry)
 	}
 	if !q.anyAheadLocked(w) {
+		s.expireLimitsLocked()
 		if p, backfill := s.pickLocked(w); p != nil {
 			tk := s.holdLocked(w, p, 0)
 			s.atOnce++

@@ -62,10 +62,10 @@ type poolLease struct {
 	pool     string
 	chunk    int64 // the lessee's
 	l        *leases.Lessee
-	budget   atomic.Int64        // the budget last passed to SetBudget
-	capacity atomic.Int64        // the lessee's last OnCapacity
-	level    atomic.Int64        // the fair level (fleet_fair.go); < 0: none
-	recent   [demandWindow]int64 // the last demands posted (the fair-share loop's own)
+	budget   atomic.Int64          // the budget last passed to SetBudget
+	trust    atomic.Pointer[trust] // the lessee's last OnTrust; nil: none yet (capacity 0)
+	level    atomic.Int64          // the fair level (fleet_fair.go); < 0: none
+	recent   [demandWindow]int64   // the last demands posted (the fair-share loop's own)
 	recentAt int
 	margin   float64                   // the forecast margin last set (the fair-share loop's own; 0: never)
 	list     atomic.Pointer[fleetList] // the fleet as last listed, for /status
@@ -75,17 +75,31 @@ type poolLease struct {
 	done     chan struct{}
 }
 
-// apply sets the pool's limit to min(capacity, level).
+// trust is a lessee's capacity and the horizon past which the pool must
+// not admit on it (zero: none), set together so that a capacity is never
+// applied with another's horizon.
+type trust struct {
+	capacity int64
+	until    time.Time
+}
+
+// apply sets the pool's limit to min(capacity, level), trusted until the
+// capacity's horizon: the scheduler checks it where it admits, so a replica
+// that was paused admits nothing on its lease before the lessee confirms it.
 func (pl *poolLease) apply(sched *admission.Scheduler) {
 	pl.applyMu.Lock()
 	defer pl.applyMu.Unlock()
-	c := pl.capacity.Load()
+	var tr trust
+	if t := pl.trust.Load(); t != nil {
+		tr = *t
+	}
+	c := tr.capacity
 	if lv := pl.level.Load(); lv >= 0 {
 		c = min(c, lv)
 	}
 	// A pool a reload removed is unknown to the scheduler: nothing to
 	// limit any more.
-	_ = sched.SetLimit(pl.pool, c)
+	_ = sched.SetLimitUntil(pl.pool, c, tr.until)
 }
 
 // demand is what the lessee leases for: the pool's demand, its queued part
@@ -184,8 +198,8 @@ func (f *fleet) startLocked(g *group, budget int64) (*poolLease, error) {
 		Store: f.store, Key: g.name, Replica: f.cfg.Replica, Replicas: f.cfg.Replicas,
 		Budget: budget, Chunk: pl.chunk, TTL: f.cfg.LeaseTTL.D, FallbackGrace: f.grace,
 		Demand: func() (int64, int64) { return pl.demand(sched) },
-		OnCapacity: func(c int64) {
-			pl.capacity.Store(c)
+		OnTrust: func(c int64, until time.Time) {
+			pl.trust.Store(&trust{capacity: c, until: until})
 			pl.apply(sched)
 		},
 		Clock:  f.clock,
