@@ -189,3 +189,33 @@ func TestReloadServesAQueuedRequestOnANewGPU(t *testing.T) {
 		t.Fatalf("the queued request, bound to the new GPU: %d %v %.300s", r.status, r.err, r.body)
 	}
 }
+
+// Issue 26, R4: a backend removed by one reload and added back by the next
+// is the GPU it was, still running the requests it had: its pool must count
+// them, not start from zero and admit as many again.
+func TestReloadReaddedGPUKeepsItsRequests(t *testing.T) {
+	_, slow0 := startSim(t, func(c *sim.Config) { c.TimeScale = 1 }) // 500 tokens take ~8 s: longer than the test
+	_, slow1 := startSim(t, func(c *sim.Config) { c.TimeScale = 1 })
+	extra := "admission: {mode: count, max_concurrency: 1, queue: {timeout: 60s}}\n"
+	gw, gwURL := startGateway(t, fleetConfig(extra, slow0, slow1), Options{})
+	for range 2 { // one stream on each GPU
+		c, _ := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("hi", 500, true))
+		defer c.Close()
+	}
+	eventually(t, "a stream on each GPU", func() bool { return gpuPool(gw, "gpu0").Held == 1 && gpuPool(gw, "gpu1").Held == 1 })
+	reload := func(urls ...string) {
+		t.Helper()
+		cfg, err := Parse([]byte(fleetConfig(extra, urls...)), ".")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gw.Reload(cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reload(slow0)
+	reload(slow0, slow1)
+	if h := gpuPool(gw, "gpu1").Held; h != 1 {
+		t.Fatalf("gpu1 added back holds %d, want the 1 stream still running on it", h)
+	}
+}
