@@ -245,3 +245,37 @@ func TestReadyOnlyWithUsableCapacity(t *testing.T) {
 		})
 	}
 }
+
+// Issue 26, R3, end to end: a replica whose Redis stops answering falls to
+// its static share once its lease is no longer trusted (TTL − TTL/3 after
+// the last renewal was sent), while Redis is still silent — not when go-redis
+// gives up on the socket, nor when Redis answers again.
+func TestCutOffReplicaFallsBackWhileRedisIsSilent(t *testing.T) {
+	r := leasestest.StartRedis(t)
+	_, url := fleetSim(t)
+	g, _ := startGateway(t, replicaConfig(url, r.URL(), "a"), Options{})
+	waitFor(t, "the lessee to reach Redis", func() bool { return lease(g).Renewals > 0 })
+	c := r.Client()
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	silent := make(chan struct{})
+	go func() {
+		defer close(silent)
+		// Three times the lease_ttl's trust (2s − 2s/3) after any renewal.
+		if err := c.Do(context.Background(), "DEBUG", "SLEEP", "4").Err(); err != nil {
+			t.Errorf("DEBUG SLEEP: %v", err)
+		}
+	}()
+	fellBack := false // before Redis answered again
+	for !fellBack {
+		select {
+		case <-silent:
+			t.Fatalf("the replica kept trusting its lease until Redis answered again: %+v", lease(g))
+		default:
+			fellBack = lease(g).Fallback
+			time.Sleep(10 * time.Millisecond) // polling a state, not timing it
+		}
+	}
+	<-silent
+}
