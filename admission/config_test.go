@@ -214,8 +214,12 @@ func TestReconfigureReaddedPoolKeepsItsTickets(t *testing.T) {
 			if err := f.b.Reconfigure(one(admission.Config{Limited: tc.limited})); err != nil {
 				t.Fatal(err)
 			}
+			// Removed, b is still asked for what it runs: a lessee shutting
+			// down must not give that back.
+			f.demand("b", 60, 0)
 			if tc.releaseBetween {
 				tk.Release()
+				f.demand("b", 0, 0)
 			}
 			if err := f.b.Reconfigure(two(admission.Config{Limited: tc.limited})); err != nil {
 				t.Fatal(err)

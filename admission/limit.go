@@ -131,12 +131,17 @@ const opLimit = "limit"
 // several pools counts in full on each of them — it is not known which will
 // take it — so the queued demand of pools that share queues is
 // over-counted: a limiter leases ahead of what will be bound, never behind.
+// A pool a Reconfigure removed is asked for what its running tickets still
+// hold, and nothing queued: its lessee must not give back what they hold.
 // An unknown pool has no demand.
 func (s *Scheduler) Demand(pool string) (held, queued int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := s.poolByName[pool]
 	if p == nil {
+		if r := s.retired[pool]; r != nil {
+			return s.committedLocked(r), 0
+		}
 		return 0, 0
 	}
 	held = s.committedLocked(p)
