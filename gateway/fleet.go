@@ -48,6 +48,13 @@ type fleet struct {
 	closed  bool
 	byPool  atomic.Pointer[map[string]*poolLease]
 
+	// draining holds the lessees of pools a reload removed while requests
+	// still ran on their GPU: the lease covering those requests is renewed
+	// until they end (reapDrained), or taken back if the pool returns.
+	// Lock order: mu, then drainMu.
+	drainMu  sync.Mutex
+	draining map[string]*poolLease // by admission pool name
+
 	bg     context.Context // cancelled by close/kill: every goroutine of the fleet stops
 	stopBG context.CancelFunc
 	wg     sync.WaitGroup // the lengths sharer and the fair-share loop
@@ -118,7 +125,7 @@ func newFleet(cfg *SharedBudgetConfig, opt *Options, log *slog.Logger, requestTi
 	client := redis.NewClient(cfg.redisOpts)
 	f := &fleet{
 		cfg: cfg, log: log.With("replica", cfg.Replica), clock: opt.Clock, grace: requestTimeout,
-		client: client, rtt: rtt, lessees: map[string]*poolLease{},
+		client: client, rtt: rtt, lessees: map[string]*poolLease{}, draining: map[string]*poolLease{},
 	}
 	if f.clock == nil {
 		f.clock = admission.SystemClock()
@@ -156,7 +163,8 @@ func (f *fleet) wake(pool string) {
 // sync makes the lessees match rt's GPUs: a lessee per pool, started for a
 // new pool (closed at limit 0 until its lease comes), kept for a pool that
 // stays (its budget updated), replaced for a pool whose GPU name — its key
-// in Redis — changed, and shut down for a pool that is gone.
+// in Redis — changed, and shut down for a pool that is gone — once what
+// runs on its GPU has ended (draining), or taken back if it returns first.
 func (f *fleet) sync(rt *runtime) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -169,8 +177,17 @@ func (f *fleet) sync(rt *runtime) error {
 	}
 	for pool, pl := range f.lessees {
 		if g := want[pool]; g == nil || g.name != pl.gpu {
-			f.stopLocked(pl, true)
 			delete(f.lessees, pool)
+			if held, _ := f.sched.Demand(pool); held > 0 && g == nil {
+				// Its GPU still runs what the pool admitted: giving the
+				// lease back, or letting it expire, would let another
+				// replica admit into memory in use.
+				f.drainMu.Lock()
+				f.draining[pool] = pl
+				f.drainMu.Unlock()
+				continue
+			}
+			f.stopLocked(pl, true)
 		}
 	}
 	for pool, g := range want {
@@ -179,6 +196,17 @@ func (f *fleet) sync(rt *runtime) error {
 			pl.setBudget(budget)
 			continue
 		}
+		f.drainMu.Lock()
+		pl := f.draining[pool]
+		if pl != nil && pl.gpu == g.name {
+			delete(f.draining, pool) // back: its lease is the pool's again
+			f.drainMu.Unlock()
+			f.lessees[pool] = pl
+			pl.setBudget(budget)
+			pl.apply(f.sched)
+			continue
+		}
+		f.drainMu.Unlock()
 		pl, err := f.startLocked(g, budget)
 		if err != nil {
 			return err
@@ -250,6 +278,23 @@ func (f *fleet) stopLocked(pl *poolLease, giveBack bool) {
 	}
 }
 
+// reapDrained stops the lessees of removed pools whose requests have all
+// ended, giving their leases back. The fair-share loop calls it.
+func (f *fleet) reapDrained() {
+	var done []*poolLease
+	f.drainMu.Lock()
+	for pool, pl := range f.draining {
+		if held, _ := f.sched.Demand(pool); held == 0 {
+			done = append(done, pl)
+			delete(f.draining, pool)
+		}
+	}
+	f.drainMu.Unlock()
+	for _, pl := range done {
+		f.stopLocked(pl, true) // touches pl alone: f.mu is not needed
+	}
+}
+
 // close ends the fleet after the server drained: a last exchange of
 // learned lengths, every lease given back, the connection closed.
 func (f *fleet) close() {
@@ -264,6 +309,12 @@ func (f *fleet) close() {
 	for _, pl := range f.lessees {
 		f.stopLocked(pl, true)
 	}
+	f.drainMu.Lock()
+	for pool, pl := range f.draining {
+		f.stopLocked(pl, true)
+		delete(f.draining, pool)
+	}
+	f.drainMu.Unlock()
 	if f.lengths != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), f.cfg.LeaseTTL.D)
 		_ = f.lengths.sync(ctx)

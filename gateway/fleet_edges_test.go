@@ -3,9 +3,11 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/kvgate/kvgate/backends/leases"
 	"github.com/kvgate/kvgate/backends/leases/leasestest"
+	"github.com/kvgate/kvgate/backends/sim"
 )
 
 // holeProxy forwards TCP to a server until its hole is opened; from then
@@ -278,4 +281,66 @@ func TestCutOffReplicaFallsBackWhileRedisIsSilent(t *testing.T) {
 		}
 	}
 	<-silent
+}
+
+// Issue 26, R4, shared budget: a GPU a reload removes may still run
+// requests the replica admitted there. Its lease must cover them until they
+// end — renewed, not given back nor left to expire, or another replica
+// would lease the memory they use — and go back once they have.
+func TestRemovedGPUKeepsItsLeaseWhileItsRequestsRun(t *testing.T) {
+	r := leasestest.StartRedis(t)
+	_, s0 := startSim(t, func(c *sim.Config) { c.TimeScale = 1; c.GPUMemoryUtilization = 0.75 }) // 500 tokens take ~8 s
+	_, s1 := startSim(t, func(c *sim.Config) { c.TimeScale = 1; c.GPUMemoryUtilization = 0.75 })
+	extra := fmt.Sprintf("admission:\n  queue: {timeout: 60s}\nshared_budget: {redis: '%s', replicas: 2, lease_ttl: 2s, chunk: 5%%, replica: a, lengths_interval: 100ms}\n", r.URL())
+	gw, gwURL := startGateway(t, fleetConfig(extra, s0, s1), Options{})
+	c, _ := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("hi", 500, true))
+	defer c.Close()
+	var removed, kept string
+	waitFor(t, "the stream to be admitted", func() bool {
+		switch {
+		case gpuPool(gw, "gpu0").Held > 0:
+			removed, kept = "gpu0", fleetConfig(extra, s1)
+			kept = strings.Replace(kept, "name: gpu0", "name: gpu1", 1) // s1 stays gpu1
+		case gpuPool(gw, "gpu1").Held > 0:
+			removed, kept = "gpu1", fleetConfig(extra, s0)
+		}
+		return removed != ""
+	})
+	cfg, err := Parse([]byte(kept), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	store := leases.NewRedis(r.Client(), leases.RedisOptions{Prefix: "kvgate:"})
+	mine := func() (leases.Holder, bool) {
+		fl, err := store.Leases(context.Background(), removed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range fl.Holders {
+			if h.Replica == "a" && h.Bytes > 0 {
+				return h, true
+			}
+		}
+		return leases.Holder{}, false
+	}
+	// Renewed: its time to live goes up again, while the stream runs.
+	first, ok := mine()
+	if !ok {
+		t.Fatalf("the removed GPU's lease was given back while its stream runs")
+	}
+	waitFor(t, "the removed GPU's lease to be renewed", func() bool {
+		h, ok := mine()
+		if !ok {
+			t.Fatalf("the removed GPU's lease expired while its stream runs (it had %v to live)", first.TTL)
+		}
+		return h.TTL > first.TTL
+	})
+	c.Close() // the stream ends: the lease goes back
+	waitFor(t, "the removed GPU's lease to go back once its stream ended", func() bool {
+		_, ok := mine()
+		return !ok
+	})
 }
