@@ -195,8 +195,9 @@ func (x *exchange) ended() (outcome, reason string, e *apiError) {
 	}
 }
 
-// statusClientClosed is nginx's 499, "client closed request": a client
-// error, and one no client is expected to act on but by not retrying blind.
+// statusClientClosed is nginx's 499, "client closed request": the client
+// ended the exchange itself, so the answer is a client error (4xx), and one
+// that still reads learns its request was cancelled, not served.
 const statusClientClosed = 499
 
 // failEnded finishes a request whose context ended, answering when there is
