@@ -180,3 +180,68 @@ func TestReconfigureDefaultShareAppliesToUnlistedTenants(t *testing.T) {
 		}
 	}
 }
+
+// Issue 26, R4: a pool removed by one Reconfigure and configured again by
+// the next is the same pool while tickets still run on it: its GPU holds
+// them, so it must not count from zero and admit them a second time. Once
+// they have ended it starts afresh; a limit it had (a lease given back on
+// removal) is not trusted again.
+func TestReconfigureReaddedPoolKeepsItsTickets(t *testing.T) {
+	two := func(c admission.Config) admission.Config {
+		return fleet([]admission.PoolConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
+			map[string][]string{"onlyA": {"a"}, "onlyB": {"b"}}, c)
+	}
+	one := func(c admission.Config) admission.Config {
+		return fleet([]admission.PoolConfig{{Name: "a", Capacity: 100}}, map[string][]string{"onlyA": {"a"}}, c)
+	}
+	for _, tc := range []struct {
+		name           string
+		limited        bool
+		releaseBetween bool // the ticket ends while b is not configured
+		wantHeld       string
+	}{
+		{"re-added while its ticket runs", false, false, "a=0 b=60"},
+		{"re-added after its ticket ended", false, true, "a=0 b=0"},
+		{"limited: re-added closed", true, false, "a=0 b=60"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, two(admission.Config{Limited: tc.limited}))
+			if tc.limited {
+				f.setLimit("a", 100)
+				f.setLimit("b", 100)
+			}
+			tk := f.acquire(in("onlyB", 60))
+			if err := f.b.Reconfigure(one(admission.Config{Limited: tc.limited})); err != nil {
+				t.Fatal(err)
+			}
+			// Removed, b is still asked for what it runs: a lessee shutting
+			// down must not give that back.
+			f.demand("b", 60, 0)
+			if tc.releaseBetween {
+				tk.Release()
+				f.demand("b", 0, 0)
+			}
+			if err := f.b.Reconfigure(two(admission.Config{Limited: tc.limited})); err != nil {
+				t.Fatal(err)
+			}
+			if got := f.poolsHeld(); got != tc.wantHeld {
+				t.Fatalf("held after re-adding b: %s, want %s", got, tc.wantHeld)
+			}
+			st, _ := f.b.Pool("b")
+			if tc.limited && st.Limit != 0 {
+				t.Errorf("re-added b has limit %d, want 0 until it is leased again", st.Limit)
+			}
+			if tc.limited {
+				f.setLimit("b", 100)
+			}
+			if tc.releaseBetween {
+				f.acquire(in("onlyB", 100)).Release()
+				return
+			}
+			w := f.enqueue(context.Background(), in("onlyB", 60))
+			f.stillQueued(w) // 60 + 60 > 100: the running ticket counts
+			tk.Release()
+			f.admitted(w).Release()
+		})
+	}
+}

@@ -63,6 +63,7 @@ func (s *Scheduler) allowsLocked(p *pool, w *waiter) (ok, spare bool) {
 // passes repeat until one grants nothing: the result does not depend on the
 // order in which one pass happened to look.
 func (s *Scheduler) dispatchLocked() {
+	s.expireLimitsLocked()
 	for {
 		if _, granted := s.passLocked(false); granted == 0 {
 			break

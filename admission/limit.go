@@ -3,6 +3,7 @@ package admission
 import (
 	"fmt"
 	"math"
+	"time"
 )
 
 // An external limit on a pool: the part of a GPU's budget this process may
@@ -26,6 +27,33 @@ type limitState struct {
 	limited  bool              // new pools start limited at 0 (Config.Limited)
 	onDemand func(pool string) // Config.OnDemand; nil = none
 	notes    []*pool           // pools whose OnDemand is due at the next unlockNotify; guarded by mu
+	// horizons counts the pools whose limit has a horizon (guarded by mu):
+	// while it is 0 no admission reads the clock for them.
+	horizons int
+}
+
+// A limit may come with a horizon (SetLimitUntil): a lease is trusted only
+// until a time measured on this process's own clock, and a process that was
+// paused, or cut off from the store, must not resume admitting on a lease
+// the others may have taken since. The horizon is checked where admissions
+// happen — the fast path of Acquire and every dispatch — not by a timer, so
+// no admission can slip in between the horizon and a timer firing late (a
+// paused process's timers and its request goroutines resume together).
+// Past the horizon the limit is 0 until the next SetLimit or SetLimitUntil:
+// nothing new is admitted on the lease until its holder has confirmed it.
+
+// expireLimitsLocked sets to 0 the limits whose horizon has passed.
+func (s *Scheduler) expireLimitsLocked() {
+	if s.limits.horizons == 0 {
+		return
+	}
+	now := s.clock.Now()
+	for _, p := range s.pools {
+		if !p.limitUntil.IsZero() && !now.Before(p.limitUntil) {
+			p.limit, p.limitUntil = 0, time.Time{}
+			s.limits.horizons--
+		}
+	}
 }
 
 // admitCap is what admissions to p are measured against: its effective
@@ -55,14 +83,35 @@ func (p *pool) limitOrNone() int64 {
 // so that a caller that then reads Demand sees every admission made under
 // the old one.
 func (s *Scheduler) SetLimit(pool string, limit int64) error {
+	return s.SetLimitUntil(pool, limit, time.Time{})
+}
+
+// SetLimitUntil is SetLimit with a horizon: from until on (by the
+// scheduler's Clock) the pool admits as if its limit were 0, until the next
+// SetLimit or SetLimitUntil. A zero until is no horizon; so is a negative
+// limit (no cap).
+func (s *Scheduler) SetLimitUntil(pool string, limit int64, until time.Time) error {
 	s.mu.Lock()
 	p := s.poolByName[pool]
 	if p == nil {
 		s.mu.Unlock()
 		return fmt.Errorf("admission: limit: unknown pool %q", pool)
 	}
+	s.expireLimitsLocked()
 	old := p.admitCap()
 	p.limited, p.limit = limit >= 0, max(limit, 0)
+	if limit < 0 {
+		until = time.Time{}
+	}
+	if had := !p.limitUntil.IsZero(); had != !until.IsZero() {
+		if had {
+			s.limits.horizons--
+		} else {
+			s.limits.horizons++
+		}
+	}
+	p.limitUntil = until
+	s.expireLimitsLocked() // an until already past
 	if p.admitCap() > old {
 		s.dispatchLocked()
 	} else {
@@ -82,12 +131,17 @@ const opLimit = "limit"
 // several pools counts in full on each of them — it is not known which will
 // take it — so the queued demand of pools that share queues is
 // over-counted: a limiter leases ahead of what will be bound, never behind.
+// A pool a Reconfigure removed is asked for what its running tickets still
+// hold, and nothing queued: its lessee must not give back what they hold.
 // An unknown pool has no demand.
 func (s *Scheduler) Demand(pool string) (held, queued int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := s.poolByName[pool]
 	if p == nil {
+		if r := s.retired[pool]; r != nil {
+			return s.committedLocked(r), 0
+		}
 		return 0, 0
 	}
 	held = s.committedLocked(p)

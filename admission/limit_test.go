@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/admission"
 )
@@ -293,5 +294,52 @@ func TestSetMarginScalesTheForecastMargin(t *testing.T) {
 	}
 	if err := f.b.SetMargin(gpu, math.NaN()); err == nil {
 		t.Error("SetMargin(NaN): no error")
+	}
+}
+
+// Issue 26, R2: a limit from a lease is trusted until its horizon. Past it
+// nothing new is admitted, however soon the holder's own timer would have
+// noticed, until the limit is confirmed with a new horizon; what is held
+// stays held; a limit without a horizon never lapses.
+func TestLimitHorizon(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		until   time.Duration // from now; 0: no horizon
+		advance time.Duration
+		atOnce  bool
+	}{
+		{"before the horizon", time.Second, 999 * time.Millisecond, true},
+		{"at the horizon", time.Second, time.Second, false},
+		{"past the horizon", time.Second, time.Hour, false},
+		{"no horizon", 0, time.Hour, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, oneGPU(100, admission.Config{}))
+			var until time.Time
+			if tc.until > 0 {
+				until = f.clock.Now().Add(tc.until)
+			}
+			if err := f.b.SetLimitUntil(gpu, 50, until); err != nil {
+				t.Fatal(err)
+			}
+			a := f.acquire(std(20))
+			f.clock.Advance(tc.advance)
+			if tc.atOnce {
+				f.acquire(std(20)).Release()
+				a.Release()
+				f.state(0, 0)
+				return
+			}
+			w := f.enqueue(context.Background(), std(20))
+			f.state(20, 1) // held stays held
+			f.stillQueued(w)
+			// Confirmed: a new horizon admits the waiter at once.
+			if err := f.b.SetLimitUntil(gpu, 50, f.clock.Now().Add(time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			f.admitted(w).Release()
+			a.Release()
+			f.state(0, 0)
+		})
 	}
 }

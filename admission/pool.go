@@ -38,6 +38,9 @@ type pool struct {
 	limited bool
 	limit   int64
 	noted   bool
+	// limitUntil is when limit stops being trusted (SetLimitUntil); zero:
+	// never. Past it the pool admits as if its limit were 0.
+	limitUntil time.Time
 	// margin scales the forecast's safety margin (SetMargin); 0 means 1.
 	margin float64
 

@@ -27,10 +27,14 @@ type Scheduler struct {
 	observer Observer // fixed at New; nil = none
 	count    counters // atomics; no lock
 
-	mu          sync.Mutex
-	set         settings
-	pools       []*pool // configured, in configuration order
-	poolByName  map[string]*pool
+	mu         sync.Mutex
+	set        settings
+	pools      []*pool // configured, in configuration order
+	poolByName map[string]*pool
+	// retired are pools a Reconfigure removed while tickets still held
+	// weight in them, by name: a pool configured again under its name is
+	// the same pool, so what its GPU still runs counts from the start.
+	retired     map[string]*pool
 	queues      []*queue
 	queueByName map[string]*queue
 	tenants     map[string]*tenantState // includes "" (anon)
@@ -122,7 +126,9 @@ func New(cfg Config) (*Scheduler, error) {
 // excepted) as one step. Pools and queues are matched by name: a pool that
 // stays keeps its tickets, its drain measurement and its AIMD ratio (its
 // capacity follows the new one as Resize would); a removed pool takes no new
-// admissions, and its tickets stay valid until released. A queue that stays
+// admissions, and its tickets stay valid until released; configured again
+// while any of them runs, it is that same pool (they still hold its GPU),
+// with its limit reset as a new pool's. A queue that stays
 // keeps its waiters, their places and deadlines, and what it has learned;
 // the waiters of a removed queue are refused with ErrNoRoute, those of a
 // removed class with ErrQueueFull, and those that can no longer ever fit
@@ -153,8 +159,20 @@ func (s *Scheduler) applyLocked(set settings, now time.Time) {
 	for i, pc := range set.pools {
 		p := s.poolByName[pc.Name]
 		if p == nil {
-			p = newPool(pc.Name, pc.Capacity, now, set.drainWindow)
-			p.limited = s.limits.limited
+			if r := s.retired[pc.Name]; r != nil {
+				// Back after a reload removed it: its running tickets
+				// still hold its GPU. A limit it had was its old lease's,
+				// given back when it was removed: it starts as a new pool.
+				p = r
+				delete(s.retired, pc.Name)
+				p.limited, p.limit = s.limits.limited, 0
+				if pc.Capacity != p.nominal {
+					s.resizePoolLocked(p, pc.Capacity)
+				}
+			} else {
+				p = newPool(pc.Name, pc.Capacity, now, set.drainWindow)
+				p.limited = s.limits.limited
+			}
 		} else if pc.Capacity != p.nominal {
 			s.resizePoolLocked(p, pc.Capacity)
 		}
@@ -165,6 +183,19 @@ func (s *Scheduler) applyLocked(set settings, now time.Time) {
 	for name, p := range s.poolByName {
 		if byName[name] == nil {
 			p.index = -1 // removed: its tickets release into it, nothing binds to it
+			if !p.limitUntil.IsZero() {
+				p.limitUntil = time.Time{}
+				s.limits.horizons--
+			}
+			if s.retired == nil {
+				s.retired = map[string]*pool{}
+			}
+			s.retired[name] = p
+		}
+	}
+	for name, p := range s.retired {
+		if p.tickets == 0 {
+			delete(s.retired, name) // nothing runs on it: a pool of this name may start afresh
 		}
 	}
 	s.pools, s.poolByName = pools, byName
@@ -339,6 +370,7 @@ func (s *Scheduler) acquire(ctx context.Context, r Request, into *Ticket) (*Tick
 		return nil, s.rejectUnlock(reason, w, limit, retry)
 	}
 	if !q.anyAheadLocked(w) {
+		s.expireLimitsLocked()
 		if p, backfill := s.pickLocked(w); p != nil {
 			tk := s.holdLocked(w, p, 0)
 			s.atOnce++

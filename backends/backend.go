@@ -84,7 +84,6 @@ type Budget interface {
 type Backend struct {
 	spec Spec
 	host string // host:port
-	base string // scheme://host:port, the start of every request's URI
 	auth string // the Authorization header for spec.APIKey; "" for none
 	up   *Upstream
 	// probe carries health checks and scrapes on connections of their own,
@@ -121,7 +120,7 @@ func NewBackend(spec Spec, budget Budget, now func() time.Time) (*Backend, error
 	if now == nil {
 		now = time.Now
 	}
-	b := &Backend{spec: spec, host: u.Host, base: u.Scheme + "://" + u.Host, up: NewUpstream(u.Host, spec.Upstream),
+	b := &Backend{spec: spec, host: u.Host, up: NewUpstream(u.Host, spec.Upstream),
 		probe:  NewUpstream(u.Host, UpstreamOptions{MaxConns: 2, DialTimeout: spec.Upstream.DialTimeout, DialForTesting: spec.Upstream.DialForTesting}),
 		budget: budget, now: now}
 	if spec.APIKey != "" {
@@ -187,8 +186,10 @@ func (b *Backend) ReportAnswered() { b.circ.answered() }
 // own credentials.
 func (b *Backend) NewRequest(req *fasthttp.Request, method, path string) {
 	req.Header.SetMethod(method)
-	var buf [128]byte // the URI is copied into req: no allocation for it
-	req.SetRequestURIBytes(append(append(buf[:0], b.base...), path...))
+	// Origin-form with Host, as a proxy sends it (RFC 9112 §3.2.1): the
+	// absolute form is for requests to a proxy, and fasthttp writes a URI
+	// given whole as it is.
+	req.SetRequestURI(path)
 	req.Header.SetHost(b.host)
 	if b.auth != "" {
 		req.Header.Set("Authorization", b.auth)

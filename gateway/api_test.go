@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -425,11 +426,13 @@ func TestModelsAndStatus(t *testing.T) {
 	}
 }
 
-// A panic in a handler is recovered, logged, and answered with a 500 in
+// A panic in a handler is recovered, logged with its stack (issue 26,
+// R10: the log said only "boom", not where), and answered with a 500 in
 // OpenAI's shape; the server keeps serving.
 func TestPanicIsRecovered(t *testing.T) {
 	_, url := startSim(t, nil)
-	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+	var logs syncBuffer
+	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	var once atomic.Bool
 	gw.testHookServe = func() {
 		if once.CompareAndSwap(false, true) {
@@ -442,6 +445,15 @@ func TestPanicIsRecovered(t *testing.T) {
 	}
 	if r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 2, false)); r.status != 200 {
 		t.Fatalf("after the panic: %d %s", r.status, r.body)
+	}
+	var rec struct{ Msg, Panic, Stack string }
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, `"panic"`) {
+			_ = json.Unmarshal([]byte(line), &rec)
+		}
+	}
+	if rec.Panic != "boom" || !strings.Contains(rec.Stack, "TestPanicIsRecovered") {
+		t.Errorf("the panic's log record has no stack through the panicking code: %+v\n%s", rec, logs.String())
 	}
 }
 

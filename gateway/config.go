@@ -74,6 +74,8 @@ type ServerConfig struct {
 	// IdleTimeout closes keep-alive connections idle this long. Default 2m.
 	IdleTimeout Duration `yaml:"idle_timeout"`
 	// MaxConnections caps concurrent client connections. Default 10000.
+	// Past it a request gets a 503 with Retry-After and its connection is
+	// closed; probes (/healthz, /readyz) are still answered.
 	MaxConnections int `yaml:"max_connections"`
 	// RequestTimeout bounds a request from arrival to its last byte,
 	// queueing included; past it the client gets 504. Default 10m.

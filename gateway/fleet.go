@@ -48,6 +48,13 @@ type fleet struct {
 	closed  bool
 	byPool  atomic.Pointer[map[string]*poolLease]
 
+	// draining holds the lessees of pools a reload removed while requests
+	// still ran on their GPU: the lease covering those requests is renewed
+	// until they end (reapDrained), or taken back if the pool returns.
+	// Lock order: mu, then drainMu.
+	drainMu  sync.Mutex
+	draining map[string]*poolLease // by admission pool name
+
 	bg     context.Context // cancelled by close/kill: every goroutine of the fleet stops
 	stopBG context.CancelFunc
 	wg     sync.WaitGroup // the lengths sharer and the fair-share loop
@@ -62,28 +69,44 @@ type poolLease struct {
 	pool     string
 	chunk    int64 // the lessee's
 	l        *leases.Lessee
-	budget   atomic.Int64        // the budget last passed to SetBudget
-	capacity atomic.Int64        // the lessee's last OnCapacity
-	level    atomic.Int64        // the fair level (fleet_fair.go); < 0: none
-	recent   [demandWindow]int64 // the last demands posted (the fair-share loop's own)
+	budget   atomic.Int64          // the budget last passed to SetBudget
+	trust    atomic.Pointer[trust] // the lessee's last OnTrust; nil: none yet (capacity 0)
+	level    atomic.Int64          // the fair level (fleet_fair.go); < 0: none
+	recent   [demandWindow]int64   // the last demands posted (the fair-share loop's own)
 	recentAt int
-	margin   float64 // the forecast margin last set (the fair-share loop's own; 0: never)
+	margin   float64                   // the forecast margin last set (the fair-share loop's own; 0: never)
+	list     atomic.Pointer[fleetList] // the fleet as last listed, for /status
+	listing  atomic.Bool               // a list is being read
 	applyMu  sync.Mutex
 	stop     context.CancelFunc
 	done     chan struct{}
 }
 
-// apply sets the pool's limit to min(capacity, level).
+// trust is a lessee's capacity and the horizon past which the pool must
+// not admit on it (zero: none), set together so that a capacity is never
+// applied with another's horizon.
+type trust struct {
+	capacity int64
+	until    time.Time
+}
+
+// apply sets the pool's limit to min(capacity, level), trusted until the
+// capacity's horizon: the scheduler checks it where it admits, so a replica
+// that was paused admits nothing on its lease before the lessee confirms it.
 func (pl *poolLease) apply(sched *admission.Scheduler) {
 	pl.applyMu.Lock()
 	defer pl.applyMu.Unlock()
-	c := pl.capacity.Load()
+	var tr trust
+	if t := pl.trust.Load(); t != nil {
+		tr = *t
+	}
+	c := tr.capacity
 	if lv := pl.level.Load(); lv >= 0 {
 		c = min(c, lv)
 	}
 	// A pool a reload removed is unknown to the scheduler: nothing to
 	// limit any more.
-	_ = sched.SetLimit(pl.pool, c)
+	_ = sched.SetLimitUntil(pl.pool, c, tr.until)
 }
 
 // demand is what the lessee leases for: the pool's demand, its queued part
@@ -102,7 +125,7 @@ func newFleet(cfg *SharedBudgetConfig, opt *Options, log *slog.Logger, requestTi
 	client := redis.NewClient(cfg.redisOpts)
 	f := &fleet{
 		cfg: cfg, log: log.With("replica", cfg.Replica), clock: opt.Clock, grace: requestTimeout,
-		client: client, rtt: rtt, lessees: map[string]*poolLease{},
+		client: client, rtt: rtt, lessees: map[string]*poolLease{}, draining: map[string]*poolLease{},
 	}
 	if f.clock == nil {
 		f.clock = admission.SystemClock()
@@ -140,7 +163,8 @@ func (f *fleet) wake(pool string) {
 // sync makes the lessees match rt's GPUs: a lessee per pool, started for a
 // new pool (closed at limit 0 until its lease comes), kept for a pool that
 // stays (its budget updated), replaced for a pool whose GPU name — its key
-// in Redis — changed, and shut down for a pool that is gone.
+// in Redis — changed, and shut down for a pool that is gone — once what
+// runs on its GPU has ended (draining), or taken back if it returns first.
 func (f *fleet) sync(rt *runtime) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -153,8 +177,17 @@ func (f *fleet) sync(rt *runtime) error {
 	}
 	for pool, pl := range f.lessees {
 		if g := want[pool]; g == nil || g.name != pl.gpu {
-			f.stopLocked(pl, true)
 			delete(f.lessees, pool)
+			if held, _ := f.sched.Demand(pool); held > 0 && g == nil {
+				// Its GPU still runs what the pool admitted: giving the
+				// lease back, or letting it expire, would let another
+				// replica admit into memory in use.
+				f.drainMu.Lock()
+				f.draining[pool] = pl
+				f.drainMu.Unlock()
+				continue
+			}
+			f.stopLocked(pl, true)
 		}
 	}
 	for pool, g := range want {
@@ -163,6 +196,17 @@ func (f *fleet) sync(rt *runtime) error {
 			pl.setBudget(budget)
 			continue
 		}
+		f.drainMu.Lock()
+		pl := f.draining[pool]
+		if pl != nil && pl.gpu == g.name {
+			delete(f.draining, pool) // back: its lease is the pool's again
+			f.drainMu.Unlock()
+			f.lessees[pool] = pl
+			pl.setBudget(budget)
+			pl.apply(f.sched)
+			continue
+		}
+		f.drainMu.Unlock()
 		pl, err := f.startLocked(g, budget)
 		if err != nil {
 			return err
@@ -182,8 +226,8 @@ func (f *fleet) startLocked(g *group, budget int64) (*poolLease, error) {
 		Store: f.store, Key: g.name, Replica: f.cfg.Replica, Replicas: f.cfg.Replicas,
 		Budget: budget, Chunk: pl.chunk, TTL: f.cfg.LeaseTTL.D, FallbackGrace: f.grace,
 		Demand: func() (int64, int64) { return pl.demand(sched) },
-		OnCapacity: func(c int64) {
-			pl.capacity.Store(c)
+		OnTrust: func(c int64, until time.Time) {
+			pl.trust.Store(&trust{capacity: c, until: until})
 			pl.apply(sched)
 		},
 		Clock:  f.clock,
@@ -234,6 +278,23 @@ func (f *fleet) stopLocked(pl *poolLease, giveBack bool) {
 	}
 }
 
+// reapDrained stops the lessees of removed pools whose requests have all
+// ended, giving their leases back. The fair-share loop calls it.
+func (f *fleet) reapDrained() {
+	var done []*poolLease
+	f.drainMu.Lock()
+	for pool, pl := range f.draining {
+		if held, _ := f.sched.Demand(pool); held == 0 {
+			done = append(done, pl)
+			delete(f.draining, pool)
+		}
+	}
+	f.drainMu.Unlock()
+	for _, pl := range done {
+		f.stopLocked(pl, true) // touches pl alone: f.mu is not needed
+	}
+}
+
 // close ends the fleet after the server drained: a last exchange of
 // learned lengths, every lease given back, the connection closed.
 func (f *fleet) close() {
@@ -248,6 +309,12 @@ func (f *fleet) close() {
 	for _, pl := range f.lessees {
 		f.stopLocked(pl, true)
 	}
+	f.drainMu.Lock()
+	for pool, pl := range f.draining {
+		f.stopLocked(pl, true)
+		delete(f.draining, pool)
+	}
+	f.drainMu.Unlock()
 	if f.lengths != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), f.cfg.LeaseTTL.D)
 		_ = f.lengths.sync(ctx)
@@ -258,6 +325,7 @@ func (f *fleet) close() {
 
 // leaseStatus is one GPU's lease as /status and the metrics show it.
 type leaseStatus struct {
+	pl        *poolLease
 	gpu, pool string
 	stats     leases.Stats
 	level     int64 // the fair level; < 0: none
@@ -267,9 +335,25 @@ type leaseStatus struct {
 func (f *fleet) statuses() []leaseStatus {
 	var out []leaseStatus
 	for _, pl := range *f.byPool.Load() {
-		out = append(out, leaseStatus{gpu: pl.gpu, pool: pl.pool, stats: pl.l.Stats(), level: pl.level.Load()})
+		out = append(out, leaseStatus{pl: pl, gpu: pl.gpu, pool: pl.pool, stats: pl.l.Stats(), level: pl.level.Load()})
 	}
 	return out
+}
+
+// usable says whether some GPU can admit, or will once it has demand: a
+// replica serving a fallback with no capacity (Redis never reached, or lost
+// while it held nothing) admits nothing there until Redis answers or the
+// fallback grace passes, and readiness says so, so that traffic goes to
+// replicas that can serve it. An idle replica that reaches Redis holds no
+// lease and is usable: it leases when requests come.
+func (f *fleet) usable() bool {
+	sts := f.statuses()
+	for _, ls := range sts {
+		if !ls.stats.Fallback || ls.stats.Capacity > 0 {
+			return true
+		}
+	}
+	return len(sts) == 0
 }
 
 // holders reads the fleet view of gpu from Redis: every replica's lease.

@@ -131,6 +131,11 @@ func (sb *SharedBudgetConfig) validate(bad func(field, format string, a ...any))
 		// go-redis's message may quote the URL: never echo a password.
 		bad(f+".redis", "%s is not a redis:// or rediss:// URL of a server (redis://[user:password@]host:port/db)", redactURL(sb.Redis))
 	} else {
+		// Without it go-redis bounds socket I/O by its own read and write
+		// timeouts alone and ignores a call's context deadline: a lease would
+		// stay trusted while Redis sleeps or the link is blackholed, long
+		// after the lessee stopped trusting it.
+		o.ContextTimeoutEnabled = true
 		sb.redisOpts = o
 	}
 	if sb.Replicas < 1 {

@@ -87,6 +87,7 @@ func (f *fleet) runFair(ctx context.Context, period time.Duration) {
 		for _, pl := range *f.byPool.Load() {
 			f.fairStep(ctx, pl)
 		}
+		f.reapDrained()
 	}
 }
 

@@ -5,11 +5,47 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/backends/leases"
 )
 
-// fleetListTimeout bounds the Redis round trip behind /status's fleet
-// view: an operator looking at a Redis outage gets the rest of the page.
+// fleetListTimeout bounds the Redis round trip that refreshes /status's
+// fleet view; /status itself never waits for it.
 const fleetListTimeout = 500 * time.Millisecond
+
+// fleetList is a GPU's fleet as Redis last listed it, for /status.
+type fleetList struct {
+	fl  leases.Fleet
+	at  time.Time // when fl was read; zero: never
+	err error     // the last refresh's failure, nil once one succeeds
+}
+
+// listed is pl's last fleet list, and starts reading a new one when it is
+// older than a third of the lease TTL and no read is under way. /status
+// answers from what is known at once: an operator looking at a Redis outage
+// must not wait on it, and a page polled often must not queue reads behind
+// a Redis that does not answer. nil before the first read ends.
+func (f *fleet) listed(pl *poolLease) *fleetList {
+	v := pl.list.Load()
+	stale := v == nil || f.clock.Now().Sub(v.at) >= f.cfg.LeaseTTL.D/3
+	if stale && pl.listing.CompareAndSwap(false, true) {
+		go func() {
+			defer pl.listing.Store(false)
+			ctx, cancel := context.WithTimeout(f.bg, fleetListTimeout)
+			fl, err := f.holders(ctx, pl.gpu)
+			cancel()
+			next := &fleetList{fl: fl, at: f.clock.Now()}
+			if err != nil {
+				next = &fleetList{err: err}
+				if prev := pl.list.Load(); prev != nil {
+					next.fl, next.at = prev.fl, prev.at
+				}
+			}
+			pl.list.Store(next)
+		}()
+	}
+	return v
+}
 
 // sharedBudgetView is /status's shared_budget: who this replica is and,
 // per GPU, its lease and the fleet's, as Redis lists it.
@@ -47,9 +83,12 @@ type leaseView struct {
 	Errors     uint64 `json:"errors"`
 	LostLeases uint64 `json:"lost_leases"`
 	LastError  string `json:"last_error,omitempty"`
-	// Fleet is every live replica's lease on the GPU, read from Redis for
-	// this page; FleetError says why it could not be.
+	// Fleet is every live replica's lease on the GPU as Redis last listed
+	// it, at FleetAsOf (RFC 3339; absent before the first list); the page
+	// never waits for Redis, and FleetError says why the last refresh
+	// failed.
 	Fleet      []holderView `json:"fleet"`
+	FleetAsOf  string       `json:"fleet_as_of,omitempty"`
 	FleetError string       `json:"fleet_error,omitempty"`
 }
 
@@ -70,8 +109,6 @@ func (s *Server) fleetStatus() *sharedBudgetView {
 	sb := f.cfg
 	v := &sharedBudgetView{Replica: sb.Replica, Replicas: sb.Replicas, Redis: redactURL(sb.Redis),
 		LeaseTTL: sb.LeaseTTL.D.String(), Chunk: sb.Chunk.String(), GPUs: []leaseView{}}
-	ctx, cancel := context.WithTimeout(context.Background(), fleetListTimeout)
-	defer cancel()
 	for _, ls := range f.statuses() {
 		st := ls.stats
 		lv := leaseView{GPU: ls.gpu, Capacity: st.Capacity, Leased: st.Leased, FleetLeased: st.FleetLeased, Budget: st.Budget,
@@ -84,10 +121,17 @@ func (s *Server) fleetStatus() *sharedBudgetView {
 		if st.LastError != nil {
 			lv.LastError = st.LastError.Error()
 		}
-		if fl, err := f.holders(ctx, ls.gpu); err != nil {
-			lv.FleetError = err.Error()
-		} else {
-			for _, h := range fl.Holders {
+		switch fl := f.listed(ls.pl); {
+		case fl == nil:
+			lv.FleetError = "not listed yet"
+		default:
+			if fl.err != nil {
+				lv.FleetError = fl.err.Error()
+			}
+			if !fl.at.IsZero() {
+				lv.FleetAsOf = fl.at.UTC().Format(time.RFC3339Nano)
+			}
+			for _, h := range fl.fl.Holders {
 				lv.Fleet = append(lv.Fleet, holderView{Replica: h.Replica, Self: h.Replica == sb.Replica, Bytes: h.Bytes,
 					TTLMs: h.TTL.Milliseconds(), Budget: h.Budget})
 			}

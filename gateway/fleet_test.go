@@ -81,6 +81,10 @@ func fleetSim(t *testing.T) (*sim.Server, string) {
 	return startSim(t, func(c *sim.Config) {
 		c.GPUMemoryUtilization = 0.75
 		c.OnOverflow = sim.OverflowOOM
+		// Every request sends the same prompt: with the prefix cache the
+		// backend would hold it once, and two replicas that each count it
+		// whole could not overflow it however much they admitted.
+		c.DisablePrefixCaching = true
 	})
 }
 

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime/debug"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -63,6 +65,10 @@ type exchange struct {
 	wmu        sync.Mutex // guards watchStop and watchEnded
 	watchStop  func() bool
 	watchEnded bool // finished: the client is never watched again
+	// stage and hungUp let a stream under way outlive a hang-up report
+	// (see hangUp); both are atomics, read by the watch's goroutine.
+	stage  atomic.Int32 // stageBefore, stageStreaming or stageDone
+	hungUp atomic.Bool  // the watch reported a hang-up during the stream
 
 	ticket *admission.Ticket // &ticketBuf once admitted
 	res    reservation
@@ -119,7 +125,7 @@ func (x *exchange) watchClient() {
 	if x.watchEnded || x.conn == nil {
 		return
 	}
-	if stop, err := x.s.watch.Watch(x.conn, x.clientGone); err == nil {
+	if stop, err := x.s.watch.Watch(x.conn, x.hangUp); err == nil {
 		x.watchStop = stop
 	}
 }
@@ -195,9 +201,19 @@ func (x *exchange) ended() (outcome, reason string, e *apiError) {
 		return outcomeShed, reasonGuard, &apiError{status: 503, typ: typeServer, code: reasonGuard, retryAfter: guardRetryAfter,
 			message: fmt.Sprintf("The requests running on this GPU outgrew their forecast: this one was stopped to keep its KV cache within budget before the backend ran out of memory. Retry after %s.", retryAfterText(guardRetryAfter))}
 	default:
-		return outcomeCanceled, "client_disconnect", nil
+		// The client hung up, or only shut its sending side (connwatch
+		// cannot tell the two apart). One that still reads must not take
+		// what it gets for a whole answer: it gets this error, and one that
+		// is gone never sees it.
+		return outcomeCanceled, "client_disconnect", &apiError{status: statusClientClosed, typ: typeInvalidRequest, code: "client_closed_request",
+			message: "The client closed its side of the connection before the answer was complete; the gateway takes that for a hang-up and cancelled the request."}
 	}
 }
+
+// statusClientClosed is nginx's 499, "client closed request": the client
+// ended the exchange itself, so the answer is a client error (4xx), and one
+// that still reads learns its request was cancelled, not served.
+const statusClientClosed = 499
 
 // failEnded finishes a request whose context ended, answering when there is
 // still a client to answer.
@@ -208,6 +224,9 @@ func (x *exchange) failEnded(ctx *fasthttp.RequestCtx) bool {
 	}
 	if e != nil {
 		e.write(ctx)
+		if e.status == statusClientClosed {
+			ctx.SetConnectionClose() // it sends nothing more
+		}
 	}
 	x.finish(outcome, reason)
 	return true
@@ -342,8 +361,13 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		ctx.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		streaming = true // from here the relay owns finish
+		streaming = true              // from here the relay owns finish
+		x.stage.Store(stageStreaming) // see hangUp
 		x.body = sseBody{x: x, resp: resp, er: er, first: first}
+		if !ctx.Request.Header.IsHTTP11() {
+			x.body.closeDelimited(ctx, rt.cfg.Server.writeTimeout())
+			return
+		}
 		ctx.Response.SetBodyStream(&x.body, -1)
 		return
 	}
@@ -600,8 +624,10 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 	moved := false
 	lastErr := errNoBackendOnGPU
 	for {
-		g := x.rt.poolGroup[x.ticket.Pool()]
-		be := g.backendFor(x.req.model, tried)
+		var be *backends.Backend
+		if g := x.group(x.ticket.Pool()); g != nil {
+			be = g.backendFor(x.req.model, tried)
+		}
 		if be == nil {
 			if moved || x.ctx.Err() != nil {
 				return nil, lastErr
@@ -637,6 +663,17 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 		x.s.log.Warn("backend failed before answering", "backend", be.Name(), "err", err)
 		lastErr = err
 	}
+}
+
+// group is the GPU of an admission pool. The scheduler binds a queued
+// request to any pool it knows, and a reload may have added that pool after
+// the request loaded its runtime: then only the current runtime has its
+// GPU. nil if neither has (a later reload removed it again).
+func (x *exchange) group(pool string) *group {
+	if g := x.rt.poolGroup[pool]; g != nil {
+		return g
+	}
+	return x.s.rt.Load().poolGroup[pool]
 }
 
 // passBody relays a whole (non-streamed) answer: the backend's status and
@@ -755,7 +792,7 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 	done := false // [DONE] reached the client: nothing after changes the outcome
 	defer func() {
 		if p := recover(); p != nil {
-			x.s.log.Error("panic relaying stream", "panic", p)
+			x.s.log.Error("panic relaying stream", "panic", p, "stack", string(debug.Stack()))
 			outcome, reason = outcomeFailed, "internal"
 		}
 		er.release()
@@ -787,6 +824,7 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 			}
 			if last && !done {
 				done = true
+				x.relayedDone()
 				// The backend has finished: its blocks are free already,
 				// even if its side of the stream stays open a moment.
 				x.ticket.Release()
@@ -847,6 +885,41 @@ func (x *exchange) overflowed() {
 	}
 	x.s.m.overflows.WithLabelValues(gpu).Inc()
 	x.s.log.Warn("a backend ran out of KV memory: the GPU goes to worst-case admission for the cool-down", "gpu", gpu, "backend", x.backend.Name())
+}
+
+// The stages of an exchange, as hangUp reads them.
+const (
+	stageBefore int32 = iota // no stream under way
+	stageStreaming
+	stageDone // [DONE] reached the client
+)
+
+// hangUp is the watch's report that the client hung up — or only shut its
+// sending side: the kernel tells the two apart only once we write. While a
+// stream is under way the relay's writes tell, within an event or two, so
+// the report is kept for later rather than cutting off a client that still
+// reads (HTTP/1.1 allows a half-close); once [DONE] has gone out nothing is
+// written any more, and the report ends the request, as it does before the
+// stream. Each side writes its own flag before it reads the other's, so a
+// report that races [DONE] is acted on by one of them.
+func (x *exchange) hangUp() {
+	if x.stage.Load() != stageStreaming {
+		x.clientGone()
+		return
+	}
+	x.hungUp.Store(true)
+	if x.stage.Load() != stageStreaming {
+		x.clientGone()
+	}
+}
+
+// relayedDone marks [DONE] as relayed, and ends the request if the client
+// was reported gone during the stream.
+func (x *exchange) relayedDone() {
+	x.stage.Store(stageDone)
+	if x.hungUp.Load() {
+		x.clientGone()
+	}
 }
 
 // writeStreamError ends a stream that has already begun with an error event,

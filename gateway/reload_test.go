@@ -162,3 +162,60 @@ func TestReloadKeepsTheServerSection(t *testing.T) {
 		t.Errorf("request_timeout after reload %s, want the running 1m", got)
 	}
 }
+
+// Issue 26, R1: a request queued before a reload that added a GPU could be
+// bound to that GPU, which its own runtime snapshot does not know: it was
+// answered 500 from a nil-pointer panic instead of being served there.
+func TestReloadServesAQueuedRequestOnANewGPU(t *testing.T) {
+	_, slow := startSim(t, func(c *sim.Config) { c.TimeScale = 1 }) // 500 tokens take ~8 s: longer than the test
+	_, fast := startSim(t, nil)
+	extra := "admission: {mode: count, max_concurrency: 1, queue: {timeout: 60s}}\n"
+	gw, gwURL := startGateway(t, fleetConfig(extra, slow), Options{})
+	c, _ := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("hi", 500, true))
+	defer c.Close()
+	eventually(t, "the first request to hold the only GPU", func() bool { return held(gw) > 0 })
+	done := make(chan result, 1)
+	go func() { done <- postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 5, false)) }()
+	eventually(t, "the second request to queue", func() bool { return queued(gw) == 1 })
+
+	cfg, err := Parse([]byte(fleetConfig(extra, slow, fast)), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.err != nil || r.status != 200 {
+		t.Fatalf("the queued request, bound to the new GPU: %d %v %.300s", r.status, r.err, r.body)
+	}
+}
+
+// Issue 26, R4: a backend removed by one reload and added back by the next
+// is the GPU it was, still running the requests it had: its pool must count
+// them, not start from zero and admit as many again.
+func TestReloadReaddedGPUKeepsItsRequests(t *testing.T) {
+	_, slow0 := startSim(t, func(c *sim.Config) { c.TimeScale = 1 }) // 500 tokens take ~8 s: longer than the test
+	_, slow1 := startSim(t, func(c *sim.Config) { c.TimeScale = 1 })
+	extra := "admission: {mode: count, max_concurrency: 1, queue: {timeout: 60s}}\n"
+	gw, gwURL := startGateway(t, fleetConfig(extra, slow0, slow1), Options{})
+	for range 2 { // one stream on each GPU
+		c, _ := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("hi", 500, true))
+		defer c.Close()
+	}
+	eventually(t, "a stream on each GPU", func() bool { return gpuPool(gw, "gpu0").Held == 1 && gpuPool(gw, "gpu1").Held == 1 })
+	reload := func(urls ...string) {
+		t.Helper()
+		cfg, err := Parse([]byte(fleetConfig(extra, urls...)), ".")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gw.Reload(cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reload(slow0)
+	reload(slow0, slow1)
+	if h := gpuPool(gw, "gpu1").Held; h != 1 {
+		t.Fatalf("gpu1 added back holds %d, want the 1 stream still running on it", h)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,7 @@ type Server struct {
 	watch          *connwatch.Watcher
 	parsers        fastjson.ParserPool
 	metricsHandler fasthttp.RequestHandler
+	conns          *connLimit // server.max_connections
 
 	rt atomic.Pointer[runtime]
 	// sched is the admission scheduler every runtime shares; set once by New.
@@ -158,6 +160,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	}
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	sc := cfg.Server
+	s.conns = &connLimit{limit: int64(sc.maxConns())}
 	s.srv = &fasthttp.Server{
 		Handler:                       s.handle,
 		ErrorHandler:                  s.handleServerError,
@@ -167,7 +170,8 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		ReadTimeout:                   sc.ReadTimeout.or(defaultReadTimeout),
 		WriteTimeout:                  sc.writeTimeout(),
 		IdleTimeout:                   sc.IdleTimeout.or(defaultIdleTimeout),
-		Concurrency:                   sc.maxConns(),
+		Concurrency:                   sc.maxConns() + probeHeadroom(sc.maxConns()),
+		ConnState:                     s.conns.state,
 		CloseOnShutdown:               true,
 		NoDefaultContentType:          true,
 		DisableHeaderNamesNormalizing: false,
@@ -362,10 +366,14 @@ func (s *Server) preemptionsRose(b *backends.Backend, n float64) bool {
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	defer func() {
 		if p := recover(); p != nil {
-			s.log.Error("panic serving request", "path", string(ctx.Path()), "panic", p)
+			s.log.Error("panic serving request", "path", string(ctx.Path()), "panic", p, "stack", string(debug.Stack()))
 			(&apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}).write(ctx)
 		}
 	}()
+	if s.conns.past(ctx.Conn()) && !isProbe(ctx.Path()) {
+		s.conns.refuse(ctx)
+		return
+	}
 	// The completion paths first, compared without making strings of them.
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
@@ -391,10 +399,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case "/healthz":
 		writeJSON(ctx, 200, map[string]string{"status": "ok"})
 	case "/readyz", "/health": // /health as vLLM spells it, for tools that probe backends
-		if s.rt.Load().pool.Ready() {
-			writeJSON(ctx, 200, map[string]string{"status": "ready"})
-		} else {
+		switch {
+		case !s.rt.Load().pool.Ready():
 			(&apiError{status: 503, typ: typeServer, code: "no_healthy_backend", message: "no backend is healthy"}).write(ctx)
+		case s.fleet != nil && !s.fleet.usable():
+			(&apiError{status: 503, typ: typeServer, code: "no_capacity",
+				message: "this replica cannot reach the shared budget's Redis and has no capacity to admit on"}).write(ctx)
+		default:
+			writeJSON(ctx, 200, map[string]string{"status": "ready"})
 		}
 	case "/status":
 		if !s.rt.Load().adminAllowed(ctx) {

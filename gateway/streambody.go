@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"net"
 	"sync"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -68,6 +70,29 @@ func (b *sseBody) Read(p []byte) (int, error) {
 		b.pipe = fasthttp.NewStreamReader(func(w *bufio.Writer) { b.x.relay(w, b.resp, b.er, b.first) })
 	}
 	return b.pipe.Read(p)
+}
+
+// closeDelimited relays the stream to an HTTP/1.0 client, which cannot
+// read chunked transfer coding (RFC 9112 §6.1): the answer has no length
+// and ends when the connection closes. fasthttp frames every body stream of
+// unknown length as chunks, so the connection is hijacked and the head and
+// events are written to it here; fasthttp closes it after. The hijacked
+// connection has no deadline of fasthttp's, so writeTimeout bounds the
+// writes as fasthttp's would.
+func (b *sseBody) closeDelimited(ctx *fasthttp.RequestCtx, writeTimeout time.Duration) {
+	ctx.Response.Header.SetContentLength(-2) // neither Content-Length nor Transfer-Encoding; Connection: close
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		if c.SetWriteDeadline(time.Now().Add(writeTimeout)) != nil {
+			_ = b.Close()
+			return
+		}
+		if _, err := c.Write(ctx.Response.Header.Header()); err != nil {
+			_ = b.Close()
+			return
+		}
+		_, _ = b.WriteTo(c)
+	})
 }
 
 // Close ends the body after fasthttp wrote it, or instead of writing it.

@@ -18,6 +18,10 @@
 // returns ErrUnsupported and callers carry on without hang-up detection.
 //
 // Limitation: a client that half-closes its sending side (shutdown(SHUT_WR))
-// while still waiting for the answer is reported as gone. HTTP clients do
-// not do that; netcat -N does.
+// while still waiting for the answer is reported as gone: the kernel tells
+// the two apart only once the server writes. Few HTTP clients do that;
+// netcat -N does. The gateway holds the report back while a stream is under
+// way (its writes tell a client that is gone) and answers a request it
+// cancelled for a hang-up with an error, so such a client never takes a
+// cut answer for a whole one.
 package connwatch

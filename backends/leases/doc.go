@@ -51,7 +51,10 @@
 //     what the pool holds after that, and gives back only the rest.
 //   - Renewal: every TTL/3. A lease is trusted until TTL − TTL/3 after the
 //     call that last renewed it was sent (before Redis stamped its expiry),
-//     which leaves a third of the TTL for late timers and callbacks.
+//     which leaves a third of the TTL for late timers and callbacks. That
+//     horizon goes to the pool with the capacity (OnTrust), which checks it
+//     where it admits: a replica paused past it admits nothing new on the
+//     lease, even before this lessee runs again, until a call confirms it.
 //
 // Capacity, when the store answers: the lease, scaled by budget / total
 // when the fleet's leases exceed a lowered budget, and never above the

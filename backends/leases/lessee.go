@@ -59,8 +59,17 @@ type LesseeConfig struct {
 	// applies it before returning and never revokes what it holds; it only
 	// stops admitting past the new capacity. The pool starts at 0.
 	OnCapacity func(capacity int64)
-	Clock      admission.Clock // default: the system clock
-	Logger     *slog.Logger    // default: slog.Default()
+	// OnTrust, if set, is called instead of OnCapacity, with the capacity's
+	// horizon: from until on (by Clock) the pool must admit nothing new on
+	// it until the next call, because the lease it comes from may have
+	// expired in the store by then (see doc.go, "Renewal"). The pool checks
+	// the horizon where it admits, so that a replica that was paused cannot
+	// admit on a stale lease before this lessee has run again. It is called
+	// whenever the capacity or its horizon changes (every renewal). A zero
+	// until is no horizon: the static share of a fallback, or nothing.
+	OnTrust func(capacity int64, until time.Time)
+	Clock   admission.Clock // default: the system clock
+	Logger  *slog.Logger    // default: slog.Default()
 }
 
 // Lessee holds one replica's lease on one GPU's budget and turns it into the
@@ -80,6 +89,7 @@ type Lessee struct {
 	fleet       int64     // all live leases on the key, at the last call
 	effective   int64     // the key's budget (smallest announced), at the last call
 	capacity    int64     // last reported to the pool
+	until       time.Time // the horizon last reported with it (OnTrust)
 	contacted   bool      // a call has succeeded since the start
 	lastSent    time.Time // when the last successful call was sent
 	failing     bool      // the last call failed
@@ -158,8 +168,8 @@ func NewLessee(cfg LesseeConfig) (*Lessee, error) {
 		err = fmt.Errorf("FallbackGrace %v is negative", cfg.FallbackGrace)
 	case cfg.Demand == nil:
 		err = errors.New("Demand is required")
-	case cfg.OnCapacity == nil:
-		err = errors.New("OnCapacity is required")
+	case cfg.OnCapacity == nil && cfg.OnTrust == nil:
+		err = errors.New("OnCapacity or OnTrust is required")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("leases: lessee for %q: %w", cfg.Key, err)
@@ -446,9 +456,19 @@ func scale(c, num, den int64) int64 {
 // setCapacity publishes the new state before the pool hears of it, so that
 // whoever the change wakes reads Stats that agree with it.
 func (l *Lessee) setCapacity(c int64) {
-	if c != l.capacity {
-		l.capacity = c
-		l.publish()
+	var until time.Time
+	if c > 0 && !l.fallback {
+		until = l.fallbackAt()
+	}
+	changed := c != l.capacity
+	if !changed && (l.cfg.OnTrust == nil || until.Equal(l.until)) {
+		return
+	}
+	l.capacity, l.until = c, until
+	l.publish()
+	if l.cfg.OnTrust != nil {
+		l.cfg.OnTrust(c, until)
+	} else {
 		l.cfg.OnCapacity(c)
 	}
 }

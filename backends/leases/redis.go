@@ -54,7 +54,10 @@ type Redis struct {
 
 var _ Store = (*Redis)(nil)
 
-// NewRedis returns a store over client c.
+// NewRedis returns a store over client c. Give c ContextTimeoutEnabled:
+// without it go-redis ignores a call's deadline on socket I/O, and a lessee
+// cut off from Redis would wait out go-redis's own timeouts on a lease it
+// no longer trusts.
 func NewRedis(c redis.Scripter, o RedisOptions) *Redis {
 	if o.Now == nil {
 		o.Now = time.Now

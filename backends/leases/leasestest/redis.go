@@ -123,7 +123,9 @@ func (r *Redis) start() error {
 	cmd := exec.Command(r.bin,
 		"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", r.dir,
-		"--daemonize", "no", "--logfile", "", "--loglevel", "notice")
+		"--daemonize", "no", "--logfile", "", "--loglevel", "notice",
+		// DEBUG SLEEP stands for a Redis that stops answering.
+		"--enable-debug-command", "local")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
