@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/kvgate/kvgate/kvbudget"
 )
 
 // Request is one request for admission.
@@ -84,15 +86,13 @@ func blocks(tokens int, per int) int64 {
 }
 
 // size is the bytes a group holds with live sequences that have generated
-// g tokens each: the shared full prompt blocks, and each sequence's own.
-// It saturates at math.MaxInt64.
+// g tokens each: the shared full prompt blocks, and each sequence's own, by
+// kvbudget's one formula. It saturates at math.MaxInt64.
 func (g Group) size(live, generated int) int64 {
 	if live <= 0 {
 		return 0
 	}
-	shared := int64(g.Prompt / g.BlockTokens)
-	own := blocks(satAdd(g.Prompt, generated), g.BlockTokens) - shared
-	return satMul(satAdd64(shared, satMul(int64(live), own)), g.BlockBytes)
+	return satMul(kvbudget.GroupBlocks(g.Prompt, generated, live, g.BlockTokens, 0), g.BlockBytes)
 }
 
 // final is the group's worst case: every sequence at its cap.

@@ -70,9 +70,7 @@ func (r *reservation) shape() []admission.Group {
 func (r *reservation) weight() int64 {
 	var blocks int64
 	for i, p := range r.prompts {
-		shared := int64(p / r.layout.BlockSize)
-		own := kvbudget.Blocks(int(satAdd(int64(p), int64(r.outs[i]))), r.layout.BlockSize) - shared
-		blocks = satAdd(blocks, satAdd(shared, satMul(int64(r.seqs), own)))
+		blocks = satAdd(blocks, kvbudget.GroupBlocks(p, r.outs[i], r.seqs, r.layout.BlockSize, 0))
 	}
 	return satMul(blocks, r.layout.BytesPerBlock)
 }

@@ -3,6 +3,7 @@ package kvbudget
 import (
 	"errors"
 	"fmt"
+	"math"
 )
 
 // DefaultBlockSize is vLLM's default KV block size in tokens.
@@ -95,22 +96,63 @@ func Blocks(tokens, blockSize int) int64 {
 	return b
 }
 
-// RequestBlocks is the blocks a request takes at its largest: n sequences
-// of prompt+output tokens that share the prompt's full blocks (vLLM's prefix
-// sharing for parallel sampling); each keeps its own partial prompt block and
-// its generated blocks.
-func (l KVLayout) RequestBlocks(prompt, output, n int) int64 {
+// GroupBlocks is the one formula for the KV blocks a request's prompt and
+// its sequences take: n sequences of prompt + output tokens each hold the
+// prompt's full blocks once between them (vLLM shares them between the
+// sequences of a request), and each its own partial prompt block and its
+// generated blocks. heldShared of the prompt's full blocks are already held
+// on the GPU by another request (vLLM's prefix cache holds a block once):
+// they are not counted again. Admission, the error messages and the
+// simulator all size a request with it. It saturates at math.MaxInt64: a
+// request too large to count is larger than any budget, never wrapped into a
+// small one.
+func GroupBlocks(prompt, output, n, blockSize int, heldShared int64) int64 {
 	if n < 1 {
 		n = 1
 	}
-	shared := int64(max(prompt, 0) / l.BlockSize)
-	own := Blocks(prompt+output, l.BlockSize) - shared
-	return shared + int64(n)*own
+	prompt, output = max(prompt, 0), max(output, 0)
+	shared := int64(prompt / blockSize)
+	own := Blocks(satAddInt(prompt, output), blockSize) - shared
+	return satAdd(max(shared-max(heldShared, 0), 0), satMul(int64(n), own))
+}
+
+// GroupBytes is GroupBlocks in bytes of one GPU, saturating too.
+func (l KVLayout) GroupBytes(prompt, output, n int, heldShared int64) int64 {
+	return satMul(GroupBlocks(prompt, output, n, l.BlockSize, heldShared), l.BytesPerBlock)
+}
+
+// RequestBlocks is the blocks a request of one prompt takes at its largest,
+// sharing nothing with other requests (GroupBlocks).
+func (l KVLayout) RequestBlocks(prompt, output, n int) int64 {
+	return GroupBlocks(prompt, output, n, l.BlockSize, 0)
 }
 
 // RequestBytes is RequestBlocks in bytes of one GPU.
 func (l KVLayout) RequestBytes(prompt, output, n int) int64 {
-	return l.RequestBlocks(prompt, output, n) * l.BytesPerBlock
+	return l.GroupBytes(prompt, output, n, 0)
+}
+
+// satAdd, satAddInt and satMul add and multiply sizes (non-negative),
+// stopping at the largest value instead of wrapping.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+func satAddInt(a, b int) int {
+	if a > math.MaxInt-b {
+		return math.MaxInt
+	}
+	return a + b
+}
+
+func satMul(a, b int64) int64 {
+	if a != 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
 }
 
 // ErrWeightsDoNotFit is returned (wrapped) when a GPU has no room left for any

@@ -2,6 +2,7 @@ package kvbudget
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 )
@@ -43,6 +44,36 @@ func TestRequestBlocks(t *testing.T) {
 		if got := l.RequestBytes(tt.prompt, tt.output, tt.n); got != tt.want*1000 {
 			t.Errorf("RequestBytes(%d, %d, %d) = %d", tt.prompt, tt.output, tt.n, got)
 		}
+	}
+}
+
+// GroupBlocks is the one formula: shared prompt blocks held elsewhere are
+// not counted again, never below nothing, and sizes saturate rather than
+// wrap.
+func TestGroupBlocks(t *testing.T) {
+	tests := []struct {
+		name                  string
+		prompt, output, n, bs int
+		held                  int64
+		want                  int64
+	}{
+		{"plain", 40, 8, 1, 16, 0, 3},
+		{"two full prompt blocks held elsewhere", 40, 8, 1, 16, 2, 1},
+		{"held counts only the prompt's full blocks", 40, 8, 1, 16, 9, 1},
+		{"negative held is nothing", 40, 8, 1, 16, -3, 3},
+		{"shared between sequences and held", 40, 8, 3, 16, 1, 1 + 3*1},
+		{"negative sizes are empty", -5, -5, 1, 16, 0, 0},
+		{"output past int saturates", 16, math.MaxInt, 32, 16, 0, math.MaxInt64},
+		{"many sequences saturate", 16, 1 << 40, math.MaxInt32, 1, 0, math.MaxInt64},
+	}
+	for _, tt := range tests {
+		if got := GroupBlocks(tt.prompt, tt.output, tt.n, tt.bs, tt.held); got != tt.want {
+			t.Errorf("%s: GroupBlocks(%d, %d, %d, %d, %d) = %d, want %d", tt.name, tt.prompt, tt.output, tt.n, tt.bs, tt.held, got, tt.want)
+		}
+	}
+	l := KVLayout{BlockSize: 16, BytesPerBlock: 1 << 40}
+	if got := l.GroupBytes(16, 1<<40, 1<<20, 0); got != math.MaxInt64 {
+		t.Errorf("GroupBytes of a huge request = %d, want it saturated", got)
 	}
 }
 
