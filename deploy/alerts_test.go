@@ -69,6 +69,15 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 			 kvgate_backend_last_report_timestamp_seconds{backend="unscraped",instance="a"} 0x10
 			 kvgate_backend_up{backend="unscraped",instance="a"} 1x10`,
 			`{backend="b0"} 480`},
+		{"KvgateBackendOutOfMemory",
+			`kvgate_backend_overflows_total{gpu="g0",instance="a"} 0+1x10
+			 kvgate_backend_overflows_total{gpu="g1",instance="a"} 0x10`,
+			`kvgate_backend_overflows_total{gpu="g0",instance="a"} 3x10`,
+			`{gpu="g0"} 5`},
+		{"KvgateGuardStopping",
+			`kvgate_admission_guard_stops_total{instance="a"} 0+60x10`,
+			`kvgate_admission_guard_stops_total{instance="a"} 5x10`,
+			`{} 1`},
 		{"KvgateSharedBudgetFallback",
 			`kvgate_shared_budget_fallback{gpu="g0",instance="a"} 0 0 1x8
 			 kvgate_shared_budget_fallback{gpu="g0",instance="b"} 0x10`,
@@ -89,7 +98,8 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 	for name := range exprs {
 		found := false
 		for _, a := range []string{"KvgateKVAboveCeiling", "KvgateBackendPreempting", "KvgateShedRateHigh", "KvgateBackendDown",
-			"KvgateNoBackendUp", "KvgateConfigReloadFailed", "KvgateBackendMetricsStale", "KvgateSharedBudgetFallback"} {
+			"KvgateNoBackendUp", "KvgateConfigReloadFailed", "KvgateBackendMetricsStale", "KvgateSharedBudgetFallback",
+			"KvgateBackendOutOfMemory", "KvgateGuardStopping"} {
 			found = found || a == name
 		}
 		if !found {
