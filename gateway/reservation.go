@@ -1,8 +1,6 @@
 package gateway
 
 import (
-	"math"
-
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/kvbudget"
 )
@@ -68,27 +66,11 @@ func (r *reservation) shape() []admission.Group {
 // arithmetic saturates: a request too large to count is larger than any
 // budget, and is refused as such rather than wrapped into a small one.
 func (r *reservation) weight() int64 {
-	var blocks int64
+	var total int64
 	for i, p := range r.prompts {
-		blocks = satAdd(blocks, kvbudget.GroupBlocks(p, r.outs[i], r.seqs, r.layout.BlockSize, 0))
+		total = kvbudget.SumBytes(total, r.layout.GroupBytes(p, r.outs[i], r.seqs, 0))
 	}
-	return satMul(blocks, r.layout.BytesPerBlock)
-}
-
-// satAdd and satMul are a+b and a×b for sizes (non-negative), stopping at
-// math.MaxInt64 instead of wrapping.
-func satAdd(a, b int64) int64 {
-	if a > math.MaxInt64-b {
-		return math.MaxInt64
-	}
-	return a + b
-}
-
-func satMul(a, b int64) int64 {
-	if a != 0 && b > math.MaxInt64/a {
-		return math.MaxInt64
-	}
-	return a * b
+	return total
 }
 
 // token notes one generated token of choice idx. It returns the choice's

@@ -121,6 +121,16 @@ func (l KVLayout) GroupBytes(prompt, output, n int, heldShared int64) int64 {
 	return satMul(GroupBlocks(prompt, output, n, l.BlockSize, heldShared), l.BytesPerBlock)
 }
 
+// SumBytes adds sizes in bytes, saturating: a request's groups, for one
+// size to compare with a budget.
+func SumBytes(sizes ...int64) int64 {
+	var t int64
+	for _, s := range sizes {
+		t = satAdd(t, s)
+	}
+	return t
+}
+
 // RequestBlocks is the blocks a request of one prompt takes at its largest,
 // sharing nothing with other requests (GroupBlocks).
 func (l KVLayout) RequestBlocks(prompt, output, n int) int64 {
