@@ -454,7 +454,7 @@ func Parse(data []byte, dir string) (*Config, error) {
 	c := &Config{dir: dir}
 	var doc yaml.Node
 	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("yaml: %w", err)
+		return nil, yamlSyntaxError(data, err)
 	}
 	if err := checkShape(&doc); err != nil {
 		return nil, err
@@ -462,7 +462,7 @@ func Parse(data []byte, dir string) (*Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true) // checkShape found every unknown key; this is a safety net
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("yaml: %w", err)
+		return nil, yamlSyntaxError(data, err)
 	}
 	if err := c.validate(); err != nil {
 		return nil, err
