@@ -392,7 +392,7 @@ func (x *exchange) upstreamFailed(ctx *fasthttp.RequestCtx, err error) {
 	x.stopFirstByte()
 	if errors.Is(x.rctx.Cause(), errFirstByteTimeout) && x.backend != nil {
 		if x.backend.ReportTimeout(errFirstByteTimeout) {
-			x.s.log.Warn("circuit opened: consecutive first-byte timeouts", "backend", x.backend.Name())
+			x.s.backendLog.observe(x.backend, "consecutive first-byte timeouts")
 		}
 	}
 	if x.failEnded(ctx) {
@@ -572,6 +572,9 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 			"queue_timeout": "The request could not be admitted within its queue deadline.",
 			"overloaded":    "The GPU is under memory pressure and this request's priority class is being shed.",
 		}[reason]
+		if field := x.rt.cfg.queueingOff(x.class); reason == "queue_full" && field != "" {
+			msg = fmt.Sprintf("No GPU serving model `%s` has room for this request now, and queueing is disabled (%s is negative).", x.req.model, field)
+		}
 		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason, retryAfter: rej.RetryAfter,
 			message: fmt.Sprintf("%s It needs %s of KV cache; retry after %s.", msg, kvbudget.FormatBytes(x.res.weight()), retryAfterText(rej.RetryAfter))},
 			outcomeShed, reason)

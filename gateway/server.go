@@ -96,6 +96,7 @@ type Server struct {
 	warnedBlocks sync.Map     // *backends.Backend → true once its block size mismatch is logged
 	warnedPools  sync.Map     // pool name → true once its unusable memory is logged
 	preemptions  sync.Map     // *backends.Backend → its last reported preemption counter
+	backendLog   *backendLog  // changes of backends' states and GPUs' budgets, logged once each
 
 	// testHookServe, when set by a test, runs at the start of every
 	// completion request (to inject a panic, say).
@@ -110,7 +111,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	s := &Server{opt: opt, log: opt.Logger, now: opt.Now}
+	s := &Server{opt: opt, log: opt.Logger, now: opt.Now, backendLog: newBackendLog(opt.Logger)}
 	s.m = newMetrics(s.rt.Load, opt.Now)
 	s.opt.metrics = s.m
 	if sb := cfg.SharedBudget; sb != nil {
@@ -309,6 +310,7 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 		return // a report of a configuration already replaced
 	}
 	rt.syncRoutes()
+	s.backendLog.observe(b, "")
 	if !ok || rt.count {
 		return
 	}
@@ -327,17 +329,19 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 		if _, seen := s.warnedPools.LoadOrStore(g.pool, true); !seen {
 			s.log.Warn("the backends' KV pool is larger than the ceiling allows: the difference will never be used",
 				"gpu", g.name, "pool", pool, "budget", g.nominal, "unused", pool-g.nominal,
-				"fix", "start the backend with --gpu-memory-utilization equal to admission.ceiling, or raise admission.ceiling")
+				"fix", g.oversizeFix(pool))
 		}
 	}
 	want := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
 	if s.fleet != nil {
 		s.fleet.setBudget(g.pool, want)
 	}
+	resized := true
 	if st, _ := rt.sched.Pool(g.pool); st.Capacity != want {
-		if err := rt.sched.Resize(g.pool, want); err == nil {
-			s.log.Info("budget follows the backend's pool", "gpu", g.name, "configured", g.nominal, "pool", pool, "capacity", want)
-		}
+		resized = rt.sched.Resize(g.pool, want) == nil
+	}
+	if resized {
+		s.backendLog.budget(g, pool, want)
 	}
 	_ = rt.sched.SetUsage(g.pool, used, true)
 	preempted := s.preemptionsRose(b, r.Preemptions)
