@@ -389,7 +389,15 @@ type ScrapeConfig struct {
 type LogConfig struct {
 	Level  string `yaml:"level"`  // debug, info (default), warn, error
 	Format string `yaml:"format"` // text (default) or json
+	// Access writes one line per proxied request (accesslog.go), at info.
+	// Default true: LLM requests are few and long, so a line each costs
+	// little beside them, and it is the one record of why a request was
+	// refused. A reload may change it.
+	Access *bool `yaml:"access"`
 }
+
+// access is the resolved log.access.
+func (l LogConfig) access() bool { return l.Access == nil || *l.Access }
 
 // Duration is a YAML duration ("30s"). A bad value is reported by Load with
 // the field's path.

@@ -91,6 +91,8 @@ type exchange struct {
 
 	body sseBody // a streamed answer, relayed as fasthttp writes it
 
+	access accessRecord // accesslog.go
+
 	done bool
 }
 
@@ -155,17 +157,19 @@ func (x *exchange) finish(outcome, reason string) {
 	m := x.s.m
 	m.inflight.Dec()
 	x.s.active.Add(-1)
+	took := x.s.now().Sub(x.start)
 	if x.m != nil && outcome == outcomeOK && reason == "" {
 		ms := m.forModel(x.m.name)
 		ms.ok.Inc()
-		ms.okDur.Observe(x.s.now().Sub(x.start).Seconds())
+		ms.okDur.Observe(took.Seconds())
 	} else {
 		m.requests.WithLabelValues(x.label, outcome, reason).Inc()
-		m.duration.WithLabelValues(x.label, outcome).Observe(x.s.now().Sub(x.start).Seconds())
+		m.duration.WithLabelValues(x.label, outcome).Observe(took.Seconds())
 	}
 	if x.hasUsage {
 		x.recordUsage()
 	}
+	x.logAccess(outcome, reason, took)
 }
 
 // fail answers with e and finishes.
@@ -219,6 +223,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	}
 	rt := s.rt.Load()
 	x := s.newExchange(ctx, rt)
+	x.noteAccess(ctx, kind.path())
 	streaming := false
 	defer func() {
 		if !streaming {
@@ -542,7 +547,9 @@ func (x *exchange) reserve(prompts []int, exact []bool) *apiError {
 func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 	reason := admission.ReasonOf(err)
 	var rej *admission.RejectError
-	errors.As(err, &rej)
+	if errors.As(err, &rej) {
+		x.access.waited = rej.Waited
+	}
 	switch reason {
 	case "canceled":
 		if !x.failEnded(ctx) {
@@ -960,7 +967,8 @@ func (x *exchange) finished(idx int, capped bool) {
 func (x *exchange) firstToken() {
 	if !x.firstTok {
 		x.firstTok = true
-		x.s.m.forModel(x.m.name).ttft.Observe(x.s.now().Sub(x.start).Seconds())
+		x.access.ttft = x.s.now().Sub(x.start)
+		x.s.m.forModel(x.m.name).ttft.Observe(x.access.ttft.Seconds())
 	}
 }
 
