@@ -78,6 +78,7 @@ type exchange struct {
 	exact     [1]bool
 	injectMax int // max_tokens the gateway adds to the body (the model's default); 0 = none
 	firstTok  bool
+	lastTok   time.Time // the first choice's last token, for the inter-token latency
 	usage     struct{ prompt, completion int }
 	hasUsage  bool
 
@@ -725,10 +726,11 @@ func (x *exchange) readUsage(u *fastjson.Value) {
 // calibrates the estimate tokenizer against it.
 func (x *exchange) recordUsage() {
 	ms := x.s.m.forModel(x.m.name)
-	ms.predicted[0].Add(float64(x.predicted))
-	ms.actual[0].Add(float64(x.usage.prompt))
-	ms.predicted[1].Add(float64(x.res.reservedOutput()))
-	ms.actual[1].Add(float64(x.usage.completion))
+	ts := x.s.m.forTenant(x.m.name, x.tenant)
+	ts.predicted[0].Add(float64(x.predicted))
+	ts.actual[0].Add(float64(x.usage.prompt))
+	ts.predicted[1].Add(float64(x.res.reservedOutput()))
+	ts.actual[1].Add(float64(x.usage.completion))
 	if x.ticket != nil {
 		ms.outPredicted.Add(float64(x.ticket.PredictedOutput()))
 		ms.outGenerated.Add(float64(x.usage.completion))
@@ -950,6 +952,9 @@ var generatedKeys = [...]string{"content", "reasoning", "reasoning_content"}
 // token counts one token of choice idx.
 func (x *exchange) token(idx int) {
 	x.firstToken()
+	if idx == 0 {
+		x.interToken()
+	}
 	if prompt, furthest, moved := x.res.token(idx); moved {
 		x.ticket.Progress(prompt, furthest)
 	}
@@ -970,6 +975,17 @@ func (x *exchange) firstToken() {
 		x.access.ttft = x.s.now().Sub(x.start)
 		x.s.m.forModel(x.m.name).ttft.Observe(x.access.ttft.Seconds())
 	}
+}
+
+// interToken observes the time since the first choice's previous token:
+// one sequence's pace, which the other choices of the request share (a
+// backend steps every running sequence together).
+func (x *exchange) interToken() {
+	now := x.s.now()
+	if !x.lastTok.IsZero() {
+		x.s.m.forModel(x.m.name).itl.Observe(now.Sub(x.lastTok).Seconds())
+	}
+	x.lastTok = now
 }
 
 // sseData is the payload of an event's data line(s); nil for comments and
