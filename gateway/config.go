@@ -78,9 +78,14 @@ type ServerConfig struct {
 	// RequestTimeout bounds a request from arrival to its last byte,
 	// queueing included; past it the client gets 504. Default 10m.
 	RequestTimeout Duration `yaml:"request_timeout"`
-	// ShutdownTimeout is how long SIGTERM waits for in-flight requests.
-	// Default 30s.
+	// ShutdownTimeout is how long SIGTERM waits for in-flight requests,
+	// once drain_delay is over. Default 30s.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+	// DrainDelay is how long the gateway serves on after SIGTERM while
+	// /readyz answers 503, so that load balancers and Kubernetes endpoints
+	// stop sending before the listener closes. Default 5s; 0s: the
+	// listener closes at once.
+	DrainDelay Duration `yaml:"drain_delay"`
 }
 
 // Admission modes (AdmissionConfig.Mode).
@@ -565,6 +570,7 @@ func (c *Config) validate() error {
 	dur("server.idle_timeout", s.IdleTimeout)
 	dur("server.request_timeout", s.RequestTimeout)
 	dur("server.shutdown_timeout", s.ShutdownTimeout)
+	dur("server.drain_delay", s.DrainDelay)
 	if s.MaxConnections < 0 {
 		bad("server.max_connections", "must be >= 0 (0 = %d)", defaultMaxConns)
 	}
@@ -898,7 +904,7 @@ func (s ServerConfig) sameAs(o ServerConfig) bool {
 	return s.MaxBodyBytes.Bytes == o.MaxBodyBytes.Bytes && s.MaxHeaderBytes.Bytes == o.MaxHeaderBytes.Bytes &&
 		s.MaxSSELineBytes.Bytes == o.MaxSSELineBytes.Bytes && s.ReadTimeout.D == o.ReadTimeout.D && s.WriteTimeout.D == o.WriteTimeout.D &&
 		s.IdleTimeout.D == o.IdleTimeout.D && s.MaxConnections == o.MaxConnections && s.RequestTimeout.D == o.RequestTimeout.D &&
-		s.ShutdownTimeout.D == o.ShutdownTimeout.D
+		s.ShutdownTimeout.D == o.ShutdownTimeout.D && s.drainDelay() == o.drainDelay()
 }
 
 // maxBody, timeouts: the server's resolved limits.
@@ -911,6 +917,20 @@ func (s ServerConfig) requestTimeout() time.Duration {
 func (s ServerConfig) DrainTimeout() time.Duration {
 	return s.ShutdownTimeout.or(defaultShutdownTimeout)
 }
+
+// drainDelay is the resolved server.drain_delay: an explicit 0s is none.
+func (s ServerConfig) drainDelay() time.Duration {
+	if s.DrainDelay.raw == "" && s.DrainDelay.D == 0 {
+		return defaultDrainDelay
+	}
+	return s.DrainDelay.D
+}
+
+// defaultDrainDelay: Kubernetes takes a terminating pod out of its
+// Service's endpoints at once, and kube-proxy and ingress controllers
+// follow within a few seconds; a load balancer probing /readyz needs its
+// interval times its failure threshold, which the operator sets to match.
+const defaultDrainDelay = 5 * time.Second
 
 func (s ServerConfig) writeTimeout() time.Duration {
 	return s.WriteTimeout.or(s.requestTimeout() + time.Minute)

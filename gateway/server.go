@@ -78,6 +78,7 @@ type Server struct {
 	// stopping is set when Shutdown ends them.
 	flights   inflight
 	stopping  atomic.Bool
+	draining  atomic.Bool // Drain began: /readyz answers 503 (drain.go)
 	parked    atomic.Bool   // the sweep sleeps until wake
 	wake      chan struct{} // a request arrived while the sweep was parked, or began to wait
 	sweepStop chan struct{}
@@ -370,6 +371,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			(&apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}).write(ctx)
 		}
 	}()
+	if s.draining.Load() {
+		ctx.SetConnectionClose() // keep-alive clients reconnect to a replica that stays
+	}
 	// The completion paths first, compared without making strings of them.
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
@@ -395,7 +399,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case "/healthz":
 		writeJSON(ctx, 200, map[string]string{"status": "ok"})
 	case "/readyz", "/health": // /health as vLLM spells it, for tools that probe backends
-		if s.rt.Load().pool.Ready() {
+		if s.draining.Load() {
+			(&apiError{status: 503, typ: typeServer, code: "draining", message: "The gateway is shutting down."}).write(ctx)
+		} else if s.rt.Load().pool.Ready() {
 			writeJSON(ctx, 200, map[string]string{"status": "ready"})
 		} else {
 			(&apiError{status: 503, typ: typeServer, code: "no_healthy_backend", message: "no backend is healthy"}).write(ctx)
