@@ -78,7 +78,7 @@ type Server struct {
 	// stopping is set when Shutdown ends them.
 	flights   inflight
 	stopping  atomic.Bool
-	draining  atomic.Bool // Drain began: /readyz answers 503 (drain.go)
+	draining  atomic.Bool   // Drain began: /readyz answers 503 (drain.go)
 	parked    atomic.Bool   // the sweep sleeps until wake
 	wake      chan struct{} // a request arrived while the sweep was parked, or began to wait
 	sweepStop chan struct{}
