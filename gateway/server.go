@@ -328,7 +328,7 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 	}
 	if pool > g.nominal {
 		if _, seen := s.warnedPools.LoadOrStore(g.pool, true); !seen {
-			s.log.Warn("the backends' KV pool is larger than the ceiling allows: the difference will never be used",
+			s.log.Warn("the backends' KV pool is larger than the GPU's budget: the difference will never be used",
 				"gpu", g.name, "pool", pool, "budget", g.nominal, "unused", pool-g.nominal,
 				"fix", g.oversizeFix(pool))
 		}
