@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/backends"
 )
@@ -153,5 +154,40 @@ func TestQueueingOffNamesTheSetting(t *testing.T) {
 				t.Errorf("got %q, want %q", got, c.want)
 			}
 		})
+	}
+}
+
+// End to end, with probes: a backend whose pool is larger than the
+// kv_budget gets a warning naming kv_budget (not vLLM's utilization), and
+// the budget learned from its reports is logged once, however many
+// reports follow.
+func TestKVBudgetBelowThePoolIsLoggedOnce(t *testing.T) {
+	_, simURL := startSim(t, nil) // vLLM's default --gpu-memory-utilization, 0.9
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	cfg := strings.Replace(baseConfig(simURL, ""), "gpu_memory: 24GiB", "kv_budget: 1GiB", 1)
+	gw, _ := startGateway(t, cfg, Options{Logger: logger})
+	eventually(t, "the pool's warning", func() bool { return strings.Contains(logs.String(), "KV pool is larger") })
+	be := gw.rt.Load().pool.Backends()[0]
+	var last time.Time
+	reports := 0
+	eventually(t, "more reports", func() bool {
+		if kv, ok := be.KV(); ok && !kv.At.Equal(last) {
+			last, reports = kv.At, reports+1
+		}
+		return reports > 3
+	})
+	out := logs.String()
+	if n := strings.Count(out, "KV pool is larger"); n != 1 {
+		t.Errorf("the warning was logged %d times", n)
+	}
+	if !strings.Contains(out, "backends[0].kv_budget is below the pool") || strings.Contains(out, "gpu-memory-utilization") {
+		t.Errorf("the warning names the wrong fix:\n%s", out)
+	}
+	if n := strings.Count(out, "GPU budget learned"); n != 1 {
+		t.Errorf("the budget was logged as learned %d times:\n%s", n, out)
+	}
+	if strings.Contains(out, "GPU budget changed") {
+		t.Errorf("a budget that did not change was logged as changed:\n%s", out)
 	}
 }
