@@ -359,6 +359,8 @@ func TestChartRefusesAndRolls(t *testing.T) {
 		{"replicas without a shared budget", map[string]any{"replicaCount": 2}, "replicaCount 2 needs sharedBudget.enabled"},
 		{"shared budget without Redis", map[string]any{"sharedBudget": map[string]any{"enabled": true}}, "needs a Redis"},
 		{"listen in config", map[string]any{"config": map[string]any{"listen": "0.0.0.0:1"}}, "config.listen is set from containerPort"},
+		{"drain_delay in config", map[string]any{"config": map[string]any{"server": map[string]any{"drain_delay": "1s"}}}, "config.server.drain_delay is rendered from drainDelaySeconds"},
+		{"grace shorter than the shutdown", map[string]any{"shutdownTimeoutSeconds": 60}, "terminationGracePeriodSeconds 45 is too short"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render(t, "", tc.vals)
@@ -404,5 +406,68 @@ func TestChartToggles(t *testing.T) {
 	}
 	if dep := find[appsv1.Deployment](t, objs, "Deployment", "kvgate"); dep.Spec.Template.Spec.ServiceAccountName != "default" {
 		t.Errorf("service account %q", dep.Spec.Template.Spec.ServiceAccountName)
+	}
+}
+
+// The pod's shutdown timings agree: the config's drain_delay and
+// shutdown_timeout are the values', the preStop sleep is rendered when
+// asked for, and terminationGracePeriodSeconds outlasts preStop +
+// drain_delay + shutdown_timeout, so the kubelet never kills a pod whose
+// streams are still finishing.
+func TestChartShutdownTimings(t *testing.T) {
+	for _, tc := range []struct {
+		name                        string
+		vals                        map[string]any
+		preStop, drain, stop, grace int64
+		serverKept                  string // another server key that must survive the rendering
+	}{
+		{"defaults", nil, 0, 5, 30, 45, ""},
+		{"a preStop sleep", map[string]any{"preStopSleepSeconds": 5, "terminationGracePeriodSeconds": 50}, 5, 5, 30, 50, ""},
+		{"long streams", map[string]any{"shutdownTimeoutSeconds": 600, "drainDelaySeconds": 10, "terminationGracePeriodSeconds": 620,
+			"config": map[string]any{"server": map[string]any{"request_timeout": "10m"}}}, 0, 10, 600, 620, "request_timeout: 10m"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			files, err := render(t, "", tc.vals)
+			if err != nil {
+				t.Fatalf("render: %v", err)
+			}
+			objs := decode(t, files)
+			spec := find[appsv1.Deployment](t, objs, "Deployment", "kvgate").Spec.Template.Spec
+			cfg := find[corev1.ConfigMap](t, objs, "ConfigMap", "kvgate").Data["kvgate.yaml"]
+			var parsed struct {
+				Server map[string]string `json:"server"`
+			}
+			if err := yaml.Unmarshal([]byte(cfg), &parsed); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := parsed.Server["drain_delay"], fmt.Sprintf("%ds", tc.drain); got != want {
+				t.Errorf("server.drain_delay %q, want %q", got, want)
+			}
+			if got, want := parsed.Server["shutdown_timeout"], fmt.Sprintf("%ds", tc.stop); got != want {
+				t.Errorf("server.shutdown_timeout %q, want %q", got, want)
+			}
+			if tc.serverKept != "" && !strings.Contains(cfg, tc.serverKept) {
+				t.Errorf("the config lost %q:\n%s", tc.serverKept, cfg)
+			}
+			c := spec.Containers[0]
+			var preStop int64
+			if c.Lifecycle != nil && c.Lifecycle.PreStop != nil {
+				if c.Lifecycle.PreStop.Sleep == nil {
+					t.Fatalf("preStop %+v is not a sleep", c.Lifecycle.PreStop)
+				}
+				preStop = c.Lifecycle.PreStop.Sleep.Seconds
+			}
+			if preStop != tc.preStop {
+				t.Errorf("preStop sleep %ds, want %ds", preStop, tc.preStop)
+			}
+			grace := spec.TerminationGracePeriodSeconds
+			if grace == nil || *grace != tc.grace || *grace < preStop+tc.drain+tc.stop+5 {
+				t.Errorf("terminationGracePeriodSeconds %v: want %d, and at least preStop %d + drain_delay %d + shutdown_timeout %d + 5",
+					grace, tc.grace, preStop, tc.drain, tc.stop)
+			}
+			if out := checkConfig(t, cfg, c.Env); !strings.Contains(out, "is valid") {
+				t.Errorf("check-config: %s", out)
+			}
+		})
 	}
 }

@@ -285,11 +285,13 @@ tenants:
 		header []string
 		code   string
 		retry  bool
+		msg    string // in the message
 	}{
-		{"sheddable under pressure", `{"model":"llama-3-8b","prompt":"hi","max_tokens":5}`, append([]string{"X-Priority", "sheddable"}, big...), "overloaded", true},
-		{"never-queue class without room", `{"model":"llama-3-8b","prompt":"hi","max_tokens":1600}`, append([]string{"X-Priority", "standard"}, big...), "queue_full", true},
-		{"deadline passes in the queue", `{"model":"llama-3-8b","prompt":"hi","max_tokens":1600}`, big, "queue_timeout", true},
-		{"tenant over its whole share", `{"model":"llama-3-8b","prompt":"hi","max_tokens":6000}`, []string{"Authorization", "Bearer key-small"}, "tenant_quota", false},
+		{"sheddable under pressure", `{"model":"llama-3-8b","prompt":"hi","max_tokens":5}`, append([]string{"X-Priority", "sheddable"}, big...), "overloaded", true, "being shed"},
+		{"never-queue class without room", `{"model":"llama-3-8b","prompt":"hi","max_tokens":1600}`, append([]string{"X-Priority", "standard"}, big...), "queue_full", true,
+			"queueing is disabled (admission.classes[1].max_requests is negative)"},
+		{"deadline passes in the queue", `{"model":"llama-3-8b","prompt":"hi","max_tokens":1600}`, big, "queue_timeout", true, "queue deadline"},
+		{"tenant over its whole share", `{"model":"llama-3-8b","prompt":"hi","max_tokens":6000}`, []string{"Authorization", "Bearer key-small"}, "tenant_quota", false, "your tenant"},
 	}
 	for _, c := range cases {
 		r := postJSON(gwURL, "/v1/completions", c.body, c.header...)
@@ -298,7 +300,7 @@ tenants:
 			continue
 		}
 		e := decodeError(t, r.body)
-		if e.Error.Code == nil || *e.Error.Code != c.code || e.Error.Type != typeRateLimit {
+		if e.Error.Code == nil || *e.Error.Code != c.code || e.Error.Type != typeRateLimit || !strings.Contains(e.Error.Message, c.msg) {
 			t.Errorf("%s: %+v", c.name, e.Error)
 		}
 		ms, msErr := strconv.Atoi(r.header.Get("Retry-After-Ms"))

@@ -80,9 +80,14 @@ type ServerConfig struct {
 	// RequestTimeout bounds a request from arrival to its last byte,
 	// queueing included; past it the client gets 504. Default 10m.
 	RequestTimeout Duration `yaml:"request_timeout"`
-	// ShutdownTimeout is how long SIGTERM waits for in-flight requests.
-	// Default 30s.
+	// ShutdownTimeout is how long SIGTERM waits for in-flight requests,
+	// once drain_delay is over. Default 30s.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+	// DrainDelay is how long the gateway serves on after SIGTERM while
+	// /readyz answers 503, so that load balancers and Kubernetes endpoints
+	// stop sending before the listener closes. Default 5s; 0s: the
+	// listener closes at once.
+	DrainDelay Duration `yaml:"drain_delay"`
 }
 
 // Admission modes (AdmissionConfig.Mode).
@@ -391,7 +396,15 @@ type ScrapeConfig struct {
 type LogConfig struct {
 	Level  string `yaml:"level"`  // debug, info (default), warn, error
 	Format string `yaml:"format"` // text (default) or json
+	// Access writes one line per proxied request (accesslog.go), at info.
+	// Default true: LLM requests are few and long, so a line each costs
+	// little beside them, and it is the one record of why a request was
+	// refused. A reload may change it.
+	Access *bool `yaml:"access"`
 }
+
+// access is the resolved log.access.
+func (l LogConfig) access() bool { return l.Access == nil || *l.Access }
 
 // Duration is a YAML duration ("30s"). A bad value is reported by Load with
 // the field's path.
@@ -456,7 +469,7 @@ func Parse(data []byte, dir string) (*Config, error) {
 	c := &Config{dir: dir}
 	var doc yaml.Node
 	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("yaml: %w", err)
+		return nil, yamlSyntaxError(data, err)
 	}
 	if err := checkShape(&doc); err != nil {
 		return nil, err
@@ -464,7 +477,7 @@ func Parse(data []byte, dir string) (*Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true) // checkShape found every unknown key; this is a safety net
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("yaml: %w", err)
+		return nil, yamlSyntaxError(data, err)
 	}
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -559,6 +572,7 @@ func (c *Config) validate() error {
 	dur("server.idle_timeout", s.IdleTimeout)
 	dur("server.request_timeout", s.RequestTimeout)
 	dur("server.shutdown_timeout", s.ShutdownTimeout)
+	dur("server.drain_delay", s.DrainDelay)
 	if s.MaxConnections < 0 {
 		bad("server.max_connections", "must be >= 0 (0 = %d)", defaultMaxConns)
 	}
@@ -892,7 +906,7 @@ func (s ServerConfig) sameAs(o ServerConfig) bool {
 	return s.MaxBodyBytes.Bytes == o.MaxBodyBytes.Bytes && s.MaxHeaderBytes.Bytes == o.MaxHeaderBytes.Bytes &&
 		s.MaxSSELineBytes.Bytes == o.MaxSSELineBytes.Bytes && s.ReadTimeout.D == o.ReadTimeout.D && s.WriteTimeout.D == o.WriteTimeout.D &&
 		s.IdleTimeout.D == o.IdleTimeout.D && s.MaxConnections == o.MaxConnections && s.RequestTimeout.D == o.RequestTimeout.D &&
-		s.ShutdownTimeout.D == o.ShutdownTimeout.D
+		s.ShutdownTimeout.D == o.ShutdownTimeout.D && s.drainDelay() == o.drainDelay()
 }
 
 // maxBody, timeouts: the server's resolved limits.
@@ -905,6 +919,20 @@ func (s ServerConfig) requestTimeout() time.Duration {
 func (s ServerConfig) DrainTimeout() time.Duration {
 	return s.ShutdownTimeout.or(defaultShutdownTimeout)
 }
+
+// drainDelay is the resolved server.drain_delay: an explicit 0s is none.
+func (s ServerConfig) drainDelay() time.Duration {
+	if s.DrainDelay.raw == "" && s.DrainDelay.D == 0 {
+		return defaultDrainDelay
+	}
+	return s.DrainDelay.D
+}
+
+// defaultDrainDelay: Kubernetes takes a terminating pod out of its
+// Service's endpoints at once, and kube-proxy and ingress controllers
+// follow within a few seconds; a load balancer probing /readyz needs its
+// interval times its failure threshold, which the operator sets to match.
+const defaultDrainDelay = 5 * time.Second
 
 func (s ServerConfig) writeTimeout() time.Duration {
 	return s.WriteTimeout.or(s.requestTimeout() + time.Minute)

@@ -26,8 +26,8 @@
 // that ends otherwise gets a final error event and is a failure.
 //
 // Invariants. Every request leaves through exactly one finish, which
-// releases its reservation, stops watching its client and cancels its
-// upstream exchange; a client hang-up (noticed through package connwatch
+// releases its reservation, stops watching its client, cancels its
+// upstream exchange and writes its access-log line; a client hang-up (noticed through package connwatch
 // even while the request is queued or waiting for a non-streamed answer), a
 // request timeout and a shutdown all end the request's context, and an
 // ended context closes the upstream connection, which is how the backend
@@ -40,6 +40,10 @@
 // backend of its GPU, and once on another GPU (its ticket moved, never held
 // twice). After every probe the gateway tells the scheduler which GPUs may
 // take each model's requests.
+//
+// On SIGTERM (Drain) readiness turns first and the listener serves on for
+// server.drain_delay, so that load balancers stop sending before it closes;
+// then the requests in flight get server.shutdown_timeout to finish.
 //
 // What it does not do: retry after the first byte reached the client, or
 // enforce separate pools for several vLLM processes that share one GPU

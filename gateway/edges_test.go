@@ -374,6 +374,7 @@ func (s *syncBuffer) String() string {
 // the client sends; a 502 names the backend, not its address.
 func TestSecretsStayInside(t *testing.T) {
 	const secret = "sk-live-7f3a9c1e5b"
+	const prompt = "my-private-prompt-3b1d" // nor a prompt, in the access log or elsewhere
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	deadAddr := ln.Addr().String()
 	ln.Close()
@@ -390,7 +391,7 @@ func TestSecretsStayInside(t *testing.T) {
 		"headers too large": raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: " + auth + "\r\nX-Pad: " + strings.Repeat("p", 20<<10) + "\r\n\r\n"),
 		"malformed length":  raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: " + auth + "\r\nContent-Length: 12x\r\n\r\n"),
 		"malformed line":    raw("POST /v1/chat/completions\r\nAuthorization: " + auth + "\r\n\r\n"),
-		"unreachable":       raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: " + auth + "\r\nContent-Length: " + fmt.Sprint(len(chatBody("hi", 5, false))) + "\r\n\r\n" + chatBody("hi", 5, false)),
+		"unreachable":       raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: " + auth + "\r\nContent-Length: " + fmt.Sprint(len(chatBody(prompt, 5, false))) + "\r\n\r\n" + chatBody(prompt, 5, false)),
 	}
 	for name, a := range answers {
 		if strings.Contains(a, secret) {
@@ -403,8 +404,11 @@ func TestSecretsStayInside(t *testing.T) {
 	if a := answers["unreachable"]; !strings.HasPrefix(a, "502 ") || !strings.Contains(a, `\"gpu0\"`) || strings.Contains(a, deadAddr) || strings.Contains(a, "127.0.0.1") {
 		t.Errorf("502 should name the backend, not its address: %s", a)
 	}
-	if strings.Contains(logs.String(), secret) {
-		t.Errorf("the key was logged:\n%s", logs.String())
+	if strings.Contains(logs.String(), secret) || strings.Contains(logs.String(), prompt) {
+		t.Errorf("the key or the prompt was logged:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "msg=request") || !strings.Contains(logs.String(), "status=502") {
+		t.Errorf("no access line for the 502 (log.access is on by default):\n%s", logs.String())
 	}
 }
 

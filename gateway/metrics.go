@@ -47,6 +47,7 @@ type metrics struct {
 	tokensActual     *prometheus.CounterVec
 	promptRatio      *prometheus.HistogramVec
 	ttft             *prometheus.HistogramVec
+	itl              *prometheus.HistogramVec
 	duration         *prometheus.HistogramVec
 	upstreamErrors   *prometheus.CounterVec
 	tokenizeFalls    *prometheus.CounterVec
@@ -61,17 +62,43 @@ type metrics struct {
 	// its labels and takes the vector's lock on every call, and an answered
 	// request made about ten such calls.
 	series sync.Map
+	// tokens caches the token counters of each configured model and
+	// tenant (tenantModel → *tokenSeries), for the same reason.
+	tokens sync.Map
+}
+
+// tenantModel keys the series of one model's requests from one tenant.
+type tenantModel struct{ model, tenant string }
+
+// tokenSeries are kvgate_tokens_{predicted,actual}_total of one model and
+// tenant: [0] prompt, [1] output.
+type tokenSeries struct{ predicted, actual [2]prometheus.Counter }
+
+// forTenant returns the token series of a configured model and a tenant of
+// the running configuration ("" anonymous): both are bounded by the
+// configuration, so the series are too.
+func (m *metrics) forTenant(model, tenant string) *tokenSeries {
+	k := tenantModel{model, tenant}
+	if v, ok := m.tokens.Load(k); ok {
+		return v.(*tokenSeries)
+	}
+	s := &tokenSeries{}
+	for i, kind := range tokenKinds {
+		s.predicted[i] = m.tokensPredicted.WithLabelValues(model, kind, tenant)
+		s.actual[i] = m.tokensActual.WithLabelValues(model, kind, tenant)
+	}
+	v, _ := m.tokens.LoadOrStore(k, s)
+	return v.(*tokenSeries)
 }
 
 // modelSeries are one model's series that every answered request updates.
 type modelSeries struct {
 	ok           prometheus.Counter  // requests{outcome="ok", reason=""}
 	okDur        prometheus.Observer // duration{outcome="ok"}
-	predicted    [2]prometheus.Counter
-	actual       [2]prometheus.Counter // [0] prompt, [1] output
 	outPredicted prometheus.Counter
 	outGenerated prometheus.Counter
 	ttft         prometheus.Observer
+	itl          prometheus.Observer
 	ratio        map[string]prometheus.Observer // by the count's source; read-only
 }
 
@@ -88,11 +115,10 @@ func (m *metrics) forModel(name string) *modelSeries {
 	s := &modelSeries{
 		ok:           m.requests.WithLabelValues(name, outcomeOK, ""),
 		okDur:        m.duration.WithLabelValues(name, outcomeOK),
-		predicted:    [2]prometheus.Counter{m.tokensPredicted.WithLabelValues(name, "prompt"), m.tokensPredicted.WithLabelValues(name, "output")},
-		actual:       [2]prometheus.Counter{m.tokensActual.WithLabelValues(name, "prompt"), m.tokensActual.WithLabelValues(name, "output")},
 		outPredicted: m.outPredicted.WithLabelValues(name),
 		outGenerated: m.outGenerated.WithLabelValues(name),
 		ttft:         m.ttft.WithLabelValues(name),
+		itl:          m.itl.WithLabelValues(name),
 		ratio:        map[string]prometheus.Observer{},
 	}
 	for _, src := range promptSources {
@@ -168,10 +194,11 @@ var (
 	defBackfilled       = def{"kvgate_admission_backfilled_total", "Requests admitted past an earlier request that did not fit, without delaying its expected start (EASY backfilling).", []string{"model", "gpu"}}
 	defOutPredicted     = def{"kvgate_output_tokens_predicted_total", "Output tokens predicted at admission for requests that finished: the learned median length, capped by max_tokens (max_tokens itself while the model warms up or under worst_case).", []string{"model"}}
 	defOutGenerated     = def{"kvgate_output_tokens_generated_total", "Output tokens the same requests really generated.", []string{"model"}}
-	defTokensPredicted  = def{"kvgate_tokens_predicted_total", "Tokens the gateway reserved KV for: prompt (predicted) and output (max_tokens), of answered requests.", []string{"model", "kind"}}
-	defTokensActual     = def{"kvgate_tokens_actual_total", "Tokens backends reported in usage for the same requests.", []string{"model", "kind"}}
+	defTokensPredicted  = def{"kvgate_tokens_predicted_total", "Tokens the gateway reserved KV for: prompt (predicted) and output (max_tokens), of answered requests, by tenant (\"\" is anonymous).", []string{"model", "kind", "tenant"}}
+	defTokensActual     = def{"kvgate_tokens_actual_total", "Tokens backends reported in usage for the same requests, by tenant (\"\" is anonymous).", []string{"model", "kind", "tenant"}}
 	defPromptRatio      = def{"kvgate_prompt_tokens_actual_over_predicted", "Actual / predicted prompt tokens per request: above 1 the prediction was low. tokenizer is where the count came from: backend (its /tokenize, asked now), cache (an earlier /tokenize answer), estimate.", []string{"model", "tokenizer"}}
 	defTTFT             = def{"kvgate_time_to_first_token_seconds", "Arrival to the first generated token of a stream (content, reasoning or a piece of a tool call) relayed to the client, queueing included.", []string{"model"}}
+	defITL              = def{"kvgate_inter_token_latency_seconds", "Time between successive streamed events carrying a token of a stream's first choice, relayed to the client (an event may carry several tokens when the backend batches them).", []string{"model"}}
 	defDuration         = def{"kvgate_request_duration_seconds", "Arrival to last byte, by outcome.", []string{"model", "outcome"}}
 	defUpstreamErrors   = def{"kvgate_upstream_errors_total", "Failures talking to backends: transport, status (5xx answers), tokenize.", []string{"backend", "kind"}}
 	defTokenizeFalls    = def{"kvgate_tokenize_fallbacks_total", "Prompts estimated because the backend's /tokenize failed, by reason (timeout: past backends[].tokenize_timeout; error).", []string{"model", "reason"}}
@@ -216,6 +243,11 @@ var (
 	descDistrust   = def{"kvgate_admission_distrusted", "1 while a model's forecast is distrusted (cool-down: its requests are held at their worst case).", []string{"model"}}.desc()
 )
 
+// itlBuckets are vLLM's own for its inter-token latency
+// (vllm:inter_token_latency_seconds), from a millisecond, so that the two
+// read side by side.
+var itlBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+
 func newMetrics(current func() *runtime, now func() time.Time) *metrics {
 	reg := prometheus.NewRegistry()
 	latency := prometheus.ExponentialBucketsRange(0.005, 300, 20)
@@ -233,6 +265,7 @@ func newMetrics(current func() *runtime, now func() time.Time) *metrics {
 		tokensActual:     defTokensActual.counterVec(),
 		promptRatio:      defPromptRatio.histogramVec([]float64{0.5, 0.7, 0.8, 0.9, 0.95, 1, 1.02, 1.05, 1.1, 1.2, 1.5, 2}),
 		ttft:             defTTFT.histogramVec(latency),
+		itl:              defITL.histogramVec(itlBuckets),
 		duration:         defDuration.histogramVec(latency),
 		upstreamErrors:   defUpstreamErrors.counterVec(),
 		tokenizeFalls:    defTokenizeFalls.counterVec(),
@@ -277,7 +310,7 @@ type seededCollector struct {
 func (c *seededCollector) vecs() []prometheus.Collector {
 	m := c.m
 	return []prometheus.Collector{m.requests, m.admissions, m.admissionRejects, m.queueWait, m.backfilled,
-		m.outPredicted, m.outGenerated, m.tokensPredicted, m.tokensActual, m.promptRatio, m.ttft, m.duration,
+		m.outPredicted, m.outGenerated, m.tokensPredicted, m.tokensActual, m.promptRatio, m.ttft, m.itl, m.duration,
 		m.upstreamErrors, m.tokenizeFalls, m.reloads, m.overflows}
 }
 
@@ -316,9 +349,8 @@ func (m *metrics) seed(rt *runtime) {
 		if md == nil {
 			continue
 		}
-		for _, k := range tokenKinds {
-			m.tokensPredicted.WithLabelValues(name, k)
-			m.tokensActual.WithLabelValues(name, k)
+		for _, t := range tenants {
+			m.forTenant(name, t)
 		}
 		m.outPredicted.WithLabelValues(name)
 		m.outGenerated.WithLabelValues(name)
@@ -326,6 +358,7 @@ func (m *metrics) seed(rt *runtime) {
 			m.promptRatio.WithLabelValues(name, src)
 		}
 		m.ttft.WithLabelValues(name)
+		m.itl.WithLabelValues(name)
 		for _, r := range tokenizeFallbacks {
 			m.tokenizeFalls.WithLabelValues(name, r)
 		}

@@ -168,7 +168,13 @@ func TestLabelledSeriesExistAtZero(t *testing.T) {
 		has("kvgate_backend_kv_usage_ratio", map[string]string{"backend": be})
 	}
 	has("kvgate_time_to_first_token_seconds", map[string]string{"model": "llama-3-8b"})
-	has("kvgate_tokens_actual_total", map[string]string{"model": "llama-3-8b", "kind": "output"})
+	has("kvgate_inter_token_latency_seconds", map[string]string{"model": "llama-3-8b"})
+	for _, tenant := range []string{"search", "batch"} {
+		for _, kind := range []string{"prompt", "output"} {
+			has("kvgate_tokens_actual_total", map[string]string{"model": "llama-3-8b", "kind": kind, "tenant": tenant})
+			has("kvgate_tokens_predicted_total", map[string]string{"model": "llama-3-8b", "kind": kind, "tenant": tenant})
+		}
+	}
 	has("kvgate_config_reloads_total", map[string]string{"result": "error"})
 }
 
@@ -397,5 +403,79 @@ func TestTimeToFirstTokenAtTheFirstToken(t *testing.T) {
 	}
 	if n, _ := metricValue(t, gw, "kvgate_time_to_first_token_seconds", map[string]string{"model": "llama-3-8b"}); n != 1 {
 		t.Fatalf("the client has its first token, and the time to it was observed %g times", n)
+	}
+}
+
+// The inter-token latency is observed between successive tokens of a
+// stream's first choice: max_tokens − 1 times for a stream that generates
+// them all, whatever n is, and never for an answer that is not streamed.
+func TestInterTokenLatencyPerToken(t *testing.T) {
+	_, simURL := startSim(t, nil)
+	gw, gwURL := startGateway(t, baseConfig(simURL, ""), Options{DisableProbes: true})
+	itl := func() float64 {
+		v, ok := metricValue(t, gw, "kvgate_inter_token_latency_seconds", map[string]string{"model": "llama-3-8b"})
+		if !ok {
+			t.Fatal("no kvgate_inter_token_latency_seconds")
+		}
+		return v
+	}
+	for _, c := range []struct {
+		name, path, body string
+		want             float64
+	}{
+		{"chat, streamed", "/v1/chat/completions", `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true}`, 7},
+		{"completion, streamed", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":5,"stream":true}`, 4},
+		{"two choices, streamed", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":8,"n":2,"stream":true}`, 7},
+		{"one token", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":1,"stream":true}`, 0},
+		{"not streamed", "/v1/chat/completions", `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":8}`, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := itl()
+			if r := postJSON(gwURL, c.path, c.body); r.status != 200 {
+				t.Fatalf("%d %s", r.status, r.body)
+			}
+			// The relay observes the last gap before it relays [DONE].
+			if got := itl() - before; got != c.want {
+				t.Errorf("observed %g times, want %g", got, c.want)
+			}
+		})
+	}
+}
+
+// Prompt and output tokens are counted under the tenant whose key sent the
+// request, and under no other.
+func TestTokensByTenant(t *testing.T) {
+	_, simURL := startSim(t, nil)
+	extra := "tenants: [{name: a, api_keys: [key-a]}, {name: b, api_keys: [key-b]}]\n"
+	gw, gwURL := startGateway(t, baseConfig(simURL, extra), Options{DisableProbes: true})
+	for _, c := range []struct {
+		key    string
+		stream bool
+	}{{"key-a", false}, {"key-a", true}, {"key-b", true}} {
+		if r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 6, c.stream), "Authorization", "Bearer "+c.key); r.status != 200 {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+	}
+	eventually(t, "the last stream's usage", func() bool {
+		v, _ := metricValue(t, gw, "kvgate_tokens_actual_total", map[string]string{"tenant": "b", "kind": "output"})
+		return v == 6
+	})
+	for _, c := range []struct {
+		tenant, name, kind string
+		want               float64
+	}{
+		{"a", "kvgate_tokens_actual_total", "output", 12},
+		{"b", "kvgate_tokens_actual_total", "output", 6},
+		{"a", "kvgate_tokens_predicted_total", "output", 12},
+		{"b", "kvgate_tokens_predicted_total", "output", 6},
+	} {
+		if v, _ := metricValue(t, gw, c.name, map[string]string{"model": "llama-3-8b", "tenant": c.tenant, "kind": c.kind}); v != c.want {
+			t.Errorf("%s{tenant=%q,kind=%q} = %g, want %g", c.name, c.tenant, c.kind, v, c.want)
+		}
+	}
+	for _, tenant := range []string{"a", "b"} {
+		if v, _ := metricValue(t, gw, "kvgate_tokens_actual_total", map[string]string{"tenant": tenant, "kind": "prompt"}); v <= 0 {
+			t.Errorf("tenant %s: no prompt tokens counted", tenant)
+		}
 	}
 }

@@ -84,6 +84,7 @@ type exchange struct {
 	exact     [1]bool
 	injectMax int // max_tokens the gateway adds to the body (the model's default); 0 = none
 	firstTok  bool
+	lastTok   time.Time // the first choice's last token, for the inter-token latency
 	usage     struct{ prompt, completion int }
 	hasUsage  bool
 
@@ -96,6 +97,8 @@ type exchange struct {
 	cacheCount int
 
 	body sseBody // a streamed answer, relayed as fasthttp writes it
+
+	access accessRecord // accesslog.go
 
 	done bool
 }
@@ -161,17 +164,19 @@ func (x *exchange) finish(outcome, reason string) {
 	m := x.s.m
 	m.inflight.Dec()
 	x.s.active.Add(-1)
+	took := x.s.now().Sub(x.start)
 	if x.m != nil && outcome == outcomeOK && reason == "" {
 		ms := m.forModel(x.m.name)
 		ms.ok.Inc()
-		ms.okDur.Observe(x.s.now().Sub(x.start).Seconds())
+		ms.okDur.Observe(took.Seconds())
 	} else {
 		m.requests.WithLabelValues(x.label, outcome, reason).Inc()
-		m.duration.WithLabelValues(x.label, outcome).Observe(x.s.now().Sub(x.start).Seconds())
+		m.duration.WithLabelValues(x.label, outcome).Observe(took.Seconds())
 	}
 	if x.hasUsage {
 		x.recordUsage()
 	}
+	x.logAccess(outcome, reason, took)
 }
 
 // fail answers with e and finishes.
@@ -238,6 +243,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	}
 	rt := s.rt.Load()
 	x := s.newExchange(ctx, rt)
+	x.noteAccess(ctx, kind.path())
 	streaming := false
 	defer func() {
 		if !streaming {
@@ -416,7 +422,7 @@ func (x *exchange) upstreamFailed(ctx *fasthttp.RequestCtx, err error) {
 	x.stopFirstByte()
 	if errors.Is(x.rctx.Cause(), errFirstByteTimeout) && x.backend != nil {
 		if x.backend.ReportTimeout(errFirstByteTimeout) {
-			x.s.log.Warn("circuit opened: consecutive first-byte timeouts", "backend", x.backend.Name())
+			x.s.backendLog.observe(x.backend, "consecutive first-byte timeouts")
 		}
 	}
 	if x.failEnded(ctx) {
@@ -566,7 +572,9 @@ func (x *exchange) reserve(prompts []int, exact []bool) *apiError {
 func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 	reason := admission.ReasonOf(err)
 	var rej *admission.RejectError
-	errors.As(err, &rej)
+	if errors.As(err, &rej) {
+		x.access.waited = rej.Waited
+	}
 	switch reason {
 	case "canceled":
 		if !x.failEnded(ctx) {
@@ -596,6 +604,9 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 			"queue_timeout": "The request could not be admitted within its queue deadline.",
 			"overloaded":    "The GPU is under memory pressure and this request's priority class is being shed.",
 		}[reason]
+		if field := x.rt.cfg.queueingOff(x.class); reason == "queue_full" && field != "" {
+			msg = fmt.Sprintf("No GPU serving model `%s` has room for this request now, and queueing is disabled (%s is negative).", x.req.model, field)
+		}
 		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason, retryAfter: rej.RetryAfter,
 			message: fmt.Sprintf("%s It needs %s of KV cache; retry after %s.", msg, kvbudget.FormatBytes(x.res.weight()), retryAfterText(rej.RetryAfter))},
 			outcomeShed, reason)
@@ -752,10 +763,11 @@ func (x *exchange) readUsage(u *fastjson.Value) {
 // calibrates the estimate tokenizer against it.
 func (x *exchange) recordUsage() {
 	ms := x.s.m.forModel(x.m.name)
-	ms.predicted[0].Add(float64(x.predicted))
-	ms.actual[0].Add(float64(x.usage.prompt))
-	ms.predicted[1].Add(float64(x.res.reservedOutput()))
-	ms.actual[1].Add(float64(x.usage.completion))
+	ts := x.s.m.forTenant(x.m.name, x.tenant)
+	ts.predicted[0].Add(float64(x.predicted))
+	ts.actual[0].Add(float64(x.usage.prompt))
+	ts.predicted[1].Add(float64(x.res.reservedOutput()))
+	ts.actual[1].Add(float64(x.usage.completion))
 	if x.ticket != nil {
 		ms.outPredicted.Add(float64(x.ticket.PredictedOutput()))
 		ms.outGenerated.Add(float64(x.usage.completion))
@@ -1013,6 +1025,9 @@ var generatedKeys = [...]string{"content", "reasoning", "reasoning_content"}
 // token counts one token of choice idx.
 func (x *exchange) token(idx int) {
 	x.firstToken()
+	if idx == 0 {
+		x.interToken()
+	}
 	if prompt, furthest, moved := x.res.token(idx); moved {
 		x.ticket.Progress(prompt, furthest)
 	}
@@ -1030,8 +1045,20 @@ func (x *exchange) finished(idx int, capped bool) {
 func (x *exchange) firstToken() {
 	if !x.firstTok {
 		x.firstTok = true
-		x.s.m.forModel(x.m.name).ttft.Observe(x.s.now().Sub(x.start).Seconds())
+		x.access.ttft = x.s.now().Sub(x.start)
+		x.s.m.forModel(x.m.name).ttft.Observe(x.access.ttft.Seconds())
 	}
+}
+
+// interToken observes the time since the first choice's previous token:
+// one sequence's pace, which the other choices of the request share (a
+// backend steps every running sequence together).
+func (x *exchange) interToken() {
+	now := x.s.now()
+	if !x.lastTok.IsZero() {
+		x.s.m.forModel(x.m.name).itl.Observe(now.Sub(x.lastTok).Seconds())
+	}
+	x.lastTok = now
 }
 
 // sseData is the payload of an event's data line(s); nil for comments and

@@ -50,8 +50,12 @@ type group struct {
 	pool string
 	// nominal is the budget from the config (gpu_memory × ceiling − weights
 	// − reserve − other), or, in count mode, the concurrency limit.
-	nominal  int64
-	backends []*backends.Backend
+	nominal int64
+	// budgetField names the kv_budget that set nominal ("" when it was
+	// computed from gpu_memory): the warning about an oversized pool
+	// names the setting to change.
+	budgetField string
+	backends    []*backends.Backend
 	// bytesPerToken of the model each backend serves, on one GPU: with the
 	// block size the backend reports, it turns its pool (in blocks) into
 	// bytes.
@@ -145,6 +149,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		memory, other, explicit int64
 		concurrency             int64
 		field                   string
+		budgetField             string // the kv_budget behind explicit
 		weights                 map[string]int64
 		urls                    map[string]bool
 	}
@@ -169,7 +174,9 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		}
 		gs.memory = max(gs.memory, mem)
 		gs.other = max(gs.other, bc.OtherUsed.Bytes)
-		gs.explicit = max(gs.explicit, bc.KVBudget.Bytes)
+		if bc.KVBudget.Bytes > gs.explicit {
+			gs.explicit, gs.budgetField = bc.KVBudget.Bytes, f+".kv_budget"
+		}
 		gs.urls[bc.URL] = true
 		for _, name := range bc.Models {
 			gs.weights[name] = rt.models[name].weightsPerGPU()
@@ -220,6 +227,9 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 			capacity = kv
 		}
 		g := &group{name: name, pool: carried(name, gs.urls), nominal: capacity, bytesPerToken: map[*backends.Backend]int64{}}
+		if !rt.count {
+			g.budgetField = gs.budgetField
+		}
 		rt.groups[name] = g
 		rt.poolGroup[g.pool] = g
 	}
@@ -349,6 +359,21 @@ func backendSpec(bc BackendConfig) backends.Spec {
 		FirstByteTimeout: bc.FirstByteTimeout.D, TokenizeTimeout: bc.TokenizeTimeout.D,
 		Upstream: backends.UpstreamOptions{MaxConns: bc.MaxConnections},
 	}
+}
+
+// queueingOff names the setting that makes class never queue (a negative
+// max_requests, the class's own or admission.queue's), or "" if it queues.
+func (c *Config) queueingOff(class string) string {
+	for i, cl := range c.Admission.Classes {
+		switch {
+		case cl.Name != class:
+		case cl.MaxRequests < 0:
+			return fmt.Sprintf("admission.classes[%d].max_requests", i)
+		case cl.MaxRequests == 0 && c.Admission.Queue.MaxRequests < 0:
+			return "admission.queue.max_requests"
+		}
+	}
+	return ""
 }
 
 // admissionConfig maps the gateway's admission section onto the

@@ -80,6 +80,7 @@ type Server struct {
 	// stopping is set when Shutdown ends them.
 	flights   inflight
 	stopping  atomic.Bool
+	draining  atomic.Bool   // Drain began: /readyz answers 503 (drain.go)
 	parked    atomic.Bool   // the sweep sleeps until wake
 	wake      chan struct{} // a request arrived while the sweep was parked, or began to wait
 	sweepStop chan struct{}
@@ -98,6 +99,7 @@ type Server struct {
 	warnedBlocks sync.Map     // *backends.Backend → true once its block size mismatch is logged
 	warnedPools  sync.Map     // pool name → true once its unusable memory is logged
 	preemptions  sync.Map     // *backends.Backend → its last reported preemption counter
+	backendLog   *backendLog  // changes of backends' states and GPUs' budgets, logged once each
 
 	// testHookServe, when set by a test, runs at the start of every
 	// completion request (to inject a panic, say).
@@ -112,7 +114,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	s := &Server{opt: opt, log: opt.Logger, now: opt.Now}
+	s := &Server{opt: opt, log: opt.Logger, now: opt.Now, backendLog: newBackendLog(opt.Logger)}
 	s.m = newMetrics(s.rt.Load, opt.Now)
 	s.opt.metrics = s.m
 	if sb := cfg.SharedBudget; sb != nil {
@@ -313,6 +315,7 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 		return // a report of a configuration already replaced
 	}
 	rt.syncRoutes()
+	s.backendLog.observe(b, "")
 	if !ok || rt.count {
 		return
 	}
@@ -329,19 +332,21 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 	}
 	if pool > g.nominal {
 		if _, seen := s.warnedPools.LoadOrStore(g.pool, true); !seen {
-			s.log.Warn("the backends' KV pool is larger than the ceiling allows: the difference will never be used",
+			s.log.Warn("the backends' KV pool is larger than the GPU's budget: the difference will never be used",
 				"gpu", g.name, "pool", pool, "budget", g.nominal, "unused", pool-g.nominal,
-				"fix", "start the backend with --gpu-memory-utilization equal to admission.ceiling, or raise admission.ceiling")
+				"fix", g.oversizeFix(pool))
 		}
 	}
 	want := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
 	if s.fleet != nil {
 		s.fleet.setBudget(g.pool, want)
 	}
+	resized := true
 	if st, _ := rt.sched.Pool(g.pool); st.Capacity != want {
-		if err := rt.sched.Resize(g.pool, want); err == nil {
-			s.log.Info("budget follows the backend's pool", "gpu", g.name, "configured", g.nominal, "pool", pool, "capacity", want)
-		}
+		resized = rt.sched.Resize(g.pool, want) == nil
+	}
+	if resized {
+		s.backendLog.budget(g, pool, want)
 	}
 	_ = rt.sched.SetUsage(g.pool, used, true)
 	preempted := s.preemptionsRose(b, r.Preemptions)
@@ -374,6 +379,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.conns.refuse(ctx)
 		return
 	}
+	if s.draining.Load() {
+		ctx.SetConnectionClose() // keep-alive clients reconnect to a replica that stays
+	}
 	// The completion paths first, compared without making strings of them.
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
@@ -400,6 +408,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		writeJSON(ctx, 200, map[string]string{"status": "ok"})
 	case "/readyz", "/health": // /health as vLLM spells it, for tools that probe backends
 		switch {
+		case s.draining.Load():
+			(&apiError{status: 503, typ: typeServer, code: "draining", message: "The gateway is shutting down."}).write(ctx)
 		case !s.rt.Load().pool.Ready():
 			(&apiError{status: 503, typ: typeServer, code: "no_healthy_backend", message: "no backend is healthy"}).write(ctx)
 		case s.fleet != nil && !s.fleet.usable():

@@ -148,11 +148,8 @@ send load to %[3]s directly to see it, or through the gateway to see it not happ
 				logger.Info("config reloaded", "file", *cfgPath)
 			}
 		case <-ctx.Done():
-			timeout := cfg.Server.DrainTimeout()
-			logger.Info("shutting down: finishing in-flight requests", "drain_timeout", timeout)
-			sctx, cancel := context.WithTimeout(context.Background(), timeout)
-			err := srv.Shutdown(sctx)
-			cancel()
+			logger.Info("shutting down: /readyz turns 503, then in-flight requests finish", "drain_timeout", cfg.Server.DrainTimeout())
+			err := <-srv.Drain()
 			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				return fail(stderr, "serve", exitNo, "shutdown: %v", err)
 			}

@@ -82,6 +82,7 @@ func TestServeReloadAndGracefulShutdown(t *testing.T) {
 	cfgPath := filepath.Join(dir, "kvgate.yaml")
 	write := func(ceiling string) {
 		y := fmt.Sprintf(`admission: {ceiling: %s}
+server: {drain_delay: 50ms}
 models:
   - {name: llama-3-8b, config: %s, max_model_len: 8192}
 backends:

@@ -64,4 +64,24 @@ app.kubernetes.io/component: gateway
 {{- if and .Values.sharedBudget.enabled (hasKey .Values.config "shared_budget") }}
 {{- fail "config.shared_budget is rendered from sharedBudget; set sharedBudget.config instead" }}
 {{- end }}
+{{- $server := get (.Values.config | default dict) "server" | default dict }}
+{{- range $key, $value := dict "drain_delay" "drainDelaySeconds" "shutdown_timeout" "shutdownTimeoutSeconds" }}
+{{- if hasKey $server $key }}
+{{- fail (printf "config.server.%s is rendered from %s; set that instead" $key $value) }}
+{{- end }}
+{{- end }}
+{{- $stop := add (int .Values.preStopSleepSeconds) (int .Values.drainDelaySeconds) (int .Values.shutdownTimeoutSeconds) }}
+{{- if lt (int .Values.terminationGracePeriodSeconds) (add $stop 5) }}
+{{- fail (printf "terminationGracePeriodSeconds %d is too short: preStopSleepSeconds + drainDelaySeconds + shutdownTimeoutSeconds is %ds, and the kubelet would kill the pod before its streams end; give it at least %d" (int .Values.terminationGracePeriodSeconds) (int $stop) (int (add $stop 5))) }}
+{{- end }}
+{{- end }}
+
+{{/* The gateway's config, with the shutdown timings rendered from the values. */}}
+{{- define "kvgate.config" -}}
+{{- $config := deepCopy (.Values.config | default dict) }}
+{{- $server := deepCopy (get $config "server" | default dict) }}
+{{- $_ := set $server "drain_delay" (printf "%ds" (int .Values.drainDelaySeconds)) }}
+{{- $_ = set $server "shutdown_timeout" (printf "%ds" (int .Values.shutdownTimeoutSeconds)) }}
+{{- $_ = set $config "server" $server }}
+{{- toYaml $config }}
 {{- end }}

@@ -1,0 +1,52 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+
+	"github.com/kvgate/kvgate/admission"
+)
+
+// Drain is the gateway's answer to SIGTERM, in two steps, so that no client
+// is refused by a replica on its way out:
+//
+//  1. From the call on, /readyz (and /health) answer 503, so that load
+//     balancers stop sending; the listener keeps serving everything that
+//     still arrives for server.drain_delay, measured on the Options' clock,
+//     and each answer asks its client to close the connection, so that
+//     keep-alive clients reconnect to another replica.
+//  2. Then Shutdown: the listener closes, and the requests in flight (streams
+//     included) get server.shutdown_timeout to finish before they are
+//     cancelled.
+//
+// Drain returns once /readyz has turned; the channel receives Shutdown's
+// result when the gateway has stopped. A second call finds it draining
+// and reports so at once.
+func (s *Server) Drain() <-chan error {
+	out := make(chan error, 1)
+	if !s.draining.CompareAndSwap(false, true) {
+		out <- errors.New("gateway: already draining")
+		return out
+	}
+	sc := s.rt.Load().cfg.Server
+	delay := sc.drainDelay()
+	s.log.Info("draining: /readyz answers 503 while the listener serves on for drain_delay",
+		"drain_delay", delay, "shutdown_timeout", sc.DrainTimeout())
+	clock := s.opt.Clock
+	if clock == nil {
+		clock = admission.SystemClock()
+	}
+	elapsed := make(chan struct{})
+	clock.AfterFunc(delay, func() { close(elapsed) })
+	go func() {
+		<-elapsed
+		s.log.Info("drain_delay over: closing the listener, finishing the requests in flight",
+			"in_flight", s.active.Load(), "shutdown_timeout", sc.DrainTimeout())
+		// shutdown_timeout is a deadline on the sockets' side (fasthttp's
+		// ShutdownWithContext), so it runs on the wall clock.
+		ctx, cancel := context.WithTimeout(context.Background(), sc.DrainTimeout())
+		defer cancel()
+		out <- s.Shutdown(ctx)
+	}()
+	return out
+}
