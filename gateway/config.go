@@ -88,6 +88,9 @@ type ServerConfig struct {
 	// stop sending before the listener closes. Default 5s; 0s: the
 	// listener closes at once.
 	DrainDelay Duration `yaml:"drain_delay"`
+	// CORS lets browser pages of the listed origins call the gateway
+	// (preflights answered, answers readable). Default: off.
+	CORS *CORSConfig `yaml:"cors"`
 }
 
 // Admission modes (AdmissionConfig.Mode).
@@ -544,6 +547,9 @@ func (c *Config) validate() error {
 
 	if c.Listen == "" {
 		c.Listen = defaultListen
+	}
+	if c.Server.CORS != nil {
+		c.Server.CORS.validate("server.cors", bad)
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen", "%q is not host:port", c.Listen)

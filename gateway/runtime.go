@@ -32,6 +32,7 @@ type runtime struct {
 	groupOf    map[*backends.Backend]*group
 	poolGroup  map[string]*group // by admission pool name
 	pool       *backends.Pool
+	cors       *corsPolicy          // nil: no CORS
 	sched      *admission.Scheduler // shared by every runtime of a server
 	count      bool                 // admission.mode count: requests, not bytes
 }
@@ -114,7 +115,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 	rt := &runtime{
 		cfg: cfg, models: map[string]*model{}, tenants: map[string]*tenant{},
 		classRank: map[string]int{}, groups: map[string]*group{}, groupOf: map[*backends.Backend]*group{},
-		poolGroup: map[string]*group{}, count: cfg.Admission.Mode == modeCount,
+		poolGroup: map[string]*group{}, count: cfg.Admission.Mode == modeCount, cors: newCORSPolicy(cfg.Server.CORS),
 	}
 	var errs []error
 	for i, mc := range cfg.Models {

@@ -382,6 +382,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if s.draining.Load() {
 		ctx.SetConnectionClose() // keep-alive clients reconnect to a replica that stays
 	}
+	if c := s.rt.Load().cors; c != nil && c.apply(ctx) {
+		return // a preflight, answered
+	}
 	// The completion paths first, compared without making strings of them.
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
