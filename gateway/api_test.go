@@ -475,3 +475,20 @@ func snakeKeys(t *testing.T, path string, v any) {
 		}
 	}
 }
+
+// A request too large to admit is told how to make it smaller; one that
+// sets no length is told that this is why, since without max_tokens the
+// whole remaining context is reserved (LangChain and the AI SDK omit it).
+func TestTooLargeSaysWhatToLower(t *testing.T) {
+	_, url := startSim(t, nil)
+	_, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+	for _, tc := range []struct{ body, want string }{
+		{`{"model":"llama-3-8b","prompt":"hi","n":4}`, "Set max_tokens or max_completion_tokens: without it the whole remaining context"},
+		{`{"model":"llama-3-8b","prompt":"hi","max_tokens":8000,"n":16}`, "Lower max_tokens or n"},
+	} {
+		r := postJSON(gwURL, "/v1/completions", tc.body)
+		if r.status != 400 || !strings.Contains(decodeError(t, r.body).Error.Message, tc.want) {
+			t.Errorf("%s: %d %s; want a 400 saying %q", tc.body, r.status, r.body, tc.want)
+		}
+	}
+}

@@ -582,8 +582,8 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 		}
 	case "too_large":
 		e := &apiError{status: 400, typ: typeInvalidRequest, code: "kv_budget_exceeded", param: "max_tokens", noRetry: true,
-			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, %d sequences), more than the whole budget of any GPU serving model `%s` (%s). Lower max_tokens or n, or shorten the prompt.",
-				kvbudget.FormatBytes(x.res.weight()), x.predicted, x.res.maxOut(), x.req.seqs, x.req.model, kvbudget.FormatBytes(rej.Capacity))}
+			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, %d sequences), more than the whole budget of any GPU serving model `%s` (%s). %s",
+				kvbudget.FormatBytes(x.res.weight()), x.predicted, x.res.maxOut(), x.req.seqs, x.req.model, kvbudget.FormatBytes(rej.Capacity), x.lowerHint())}
 		if x.rt.count {
 			e.message = fmt.Sprintf("This request cannot be admitted by model `%s`'s concurrency limit.", x.req.model)
 		}
@@ -593,8 +593,8 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 		// that merely finds its tenant at its cap waits): retrying cannot
 		// help, and the client is told not to.
 		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason, noRetry: true,
-			message: fmt.Sprintf("This request needs %s of KV cache, more than your tenant may hold at once on any GPU serving model `%s` (%s). Lower max_tokens or n, or shorten the prompt.",
-				kvbudget.FormatBytes(x.res.weight()), x.req.model, kvbudget.FormatBytes(rej.Capacity))},
+			message: fmt.Sprintf("This request needs %s of KV cache, more than your tenant may hold at once on any GPU serving model `%s` (%s). %s",
+				kvbudget.FormatBytes(x.res.weight()), x.req.model, kvbudget.FormatBytes(rej.Capacity), x.lowerHint())},
 			outcomeShed, reason)
 	case "no_route":
 		x.fail(ctx, noBackend(x.req.model), outcomeFailed, "no_backend")
@@ -613,6 +613,17 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 	default:
 		x.fail(ctx, &apiError{status: 500, typ: typeServer, message: err.Error()}, outcomeFailed, "internal")
 	}
+}
+
+// lowerHint is how a request too large to admit can be made smaller. One
+// that sets no length (LangChain and the AI SDK omit it by default) is told
+// that this is why: without max_tokens the whole remaining context is
+// reserved for its output.
+func (x *exchange) lowerHint() string {
+	if x.req.maxTokens == 0 && x.injectMax == 0 {
+		return fmt.Sprintf("Set max_tokens or max_completion_tokens: without it the whole remaining context, %d tokens, is reserved for the output.", x.res.maxOut())
+	}
+	return "Lower max_tokens or n, or shorten the prompt."
 }
 
 // forward sends the request to a backend of the GPU its ticket is bound
