@@ -576,11 +576,11 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 		x.access.waited = rej.Waited
 	}
 	switch reason {
-	case "canceled":
+	case admission.ReasonCanceled:
 		if !x.failEnded(ctx) {
 			x.finish(outcomeCanceled, "client_disconnect")
 		}
-	case "too_large":
+	case admission.ReasonTooLarge:
 		e := &apiError{status: 400, typ: typeInvalidRequest, code: "kv_budget_exceeded", param: "max_tokens", noRetry: true,
 			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, %d sequences), more than the whole budget of any GPU serving model `%s` (%s). %s",
 				kvbudget.FormatBytes(x.res.weight()), x.predicted, x.res.maxOut(), x.req.seqs, x.req.model, kvbudget.FormatBytes(rej.Capacity), x.lowerHint())}
@@ -588,7 +588,7 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 			e.message = fmt.Sprintf("This request cannot be admitted by model `%s`'s concurrency limit.", x.req.model)
 		}
 		x.fail(ctx, e, outcomeRejected, "kv_budget_exceeded")
-	case "tenant_quota":
+	case admission.ReasonTenantQuota:
 		// Only a request larger than the tenant's whole share gets here (one
 		// that merely finds its tenant at its cap waits): retrying cannot
 		// help, and the client is told not to.
@@ -596,15 +596,15 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 			message: fmt.Sprintf("This request needs %s of KV cache, more than your tenant may hold at once on any GPU serving model `%s` (%s). %s",
 				kvbudget.FormatBytes(x.res.weight()), x.req.model, kvbudget.FormatBytes(rej.Capacity), x.lowerHint())},
 			outcomeShed, reason)
-	case "no_route":
+	case admission.ReasonNoRoute:
 		x.fail(ctx, noBackend(x.req.model), outcomeFailed, "no_backend")
-	case "queue_full", "queue_timeout", "overloaded":
+	case admission.ReasonQueueFull, admission.ReasonQueueTimeout, admission.ReasonOverloaded:
 		msg := map[string]string{
-			"queue_full":    "The admission queue is full.",
-			"queue_timeout": "The request could not be admitted within its queue deadline.",
-			"overloaded":    "The GPU is under memory pressure and this request's priority class is being shed.",
+			admission.ReasonQueueFull:    "The admission queue is full.",
+			admission.ReasonQueueTimeout: "The request could not be admitted within its queue deadline.",
+			admission.ReasonOverloaded:   "The GPU is under memory pressure and this request's priority class is being shed.",
 		}[reason]
-		if field := x.rt.cfg.queueingOff(x.class); reason == "queue_full" && field != "" {
+		if field := x.rt.cfg.queueingOff(x.class); reason == admission.ReasonQueueFull && field != "" {
 			msg = fmt.Sprintf("No GPU serving model `%s` has room for this request now, and queueing is disabled (%s is negative).", x.req.model, field)
 		}
 		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason, retryAfter: rej.RetryAfter,

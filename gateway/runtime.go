@@ -341,6 +341,8 @@ func (rt *runtime) syncRoutes() {
 				}
 			}
 			if serves {
+				// Only an unknown queue or pool fails, and both are
+				// this runtime's own: nothing to report.
 				_ = rt.sched.SetAvailable(name, g.pool, up)
 			}
 		}

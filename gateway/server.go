@@ -348,7 +348,9 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 	if resized {
 		s.backendLog.budget(g, pool, want)
 	}
-	_ = rt.sched.SetUsage(g.pool, used, true)
+	if err := rt.sched.SetUsage(g.pool, used, true); err != nil {
+		s.log.Error("record a backend's KV usage", "gpu", g.name, "err", err)
+	}
 	preempted := s.preemptionsRose(b, r.Preemptions)
 	if preempted {
 		// The backend ran out of blocks: whatever the forecast said was
@@ -356,7 +358,9 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 		rt.sched.Overflowed(g.pool)
 	}
 	if *rt.cfg.Admission.Feedback.Enabled {
-		_ = rt.sched.Feedback(g.pool, used > want || preempted)
+		if err := rt.sched.Feedback(g.pool, used > want || preempted); err != nil {
+			s.log.Error("feed a backend's KV usage back to its budget", "gpu", g.name, "err", err)
+		}
 	}
 }
 
