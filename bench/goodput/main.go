@@ -28,11 +28,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/kvgate/kvgate/bench/internal/benchkit"
@@ -68,12 +66,7 @@ func main() {
 	flag.StringVar(&o.workloads, "workloads", "early-stop,fixed", "workloads to run: early-stop (lognormal outputs stopping early), fixed (outputs of 128 or 512)")
 	flag.Uint64Var(&o.seed, "seed", 7, "seed of the prompt and output lengths")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, o); err != nil {
-		fmt.Fprintln(os.Stderr, "goodput:", err)
-		os.Exit(1)
-	}
+	benchkit.Main("goodput", func(ctx context.Context) error { return run(ctx, o) })
 }
 
 func run(ctx context.Context, o options) error {
@@ -221,32 +214,12 @@ func (w *workload) gateway(ctx context.Context, o options, kit *benchkit.Kit, na
 		return nil, err
 	}
 	defer sim.Stop()
-	port, err := benchkit.FreePort()
-	if err != nil {
-		return nil, err
-	}
-	cfg := fmt.Sprintf(`listen: 127.0.0.1:%d
-server: {request_timeout: 30m}
-admission:
-  ceiling: %s
-  queue: {timeout: 20m}
-%s%sbackends:
-  - name: sim0
-    url: %s
-    models: [%s]
-    gpu_memory: 24GiB
-`, port, utilization, admission, benchkit.ModelsYAML, sim.URL, model)
-	path := kit.Path(benchkit.Slug(name) + ".yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
-		return nil, err
-	}
-	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	g, err := kit.Start(ctx, benchkit.Slug(name)+"-gateway", url, "serve", "--config", path)
+	g, err := kit.StartGateway(ctx, name, sim.URL, utilization, admission, "")
 	if err != nil {
 		return nil, err
 	}
 	defer g.Stop()
-	return w.load(ctx, o, kit, name, url, sim.URL+"/metrics", levels)
+	return w.load(ctx, o, kit, name, g.URL, sim.URL+"/metrics", levels)
 }
 
 // load runs kvgate loadtest against url at levels.

@@ -40,13 +40,11 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/signal"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/kvgate/kvgate/bench/internal/benchkit"
@@ -85,12 +83,7 @@ func main() {
 	flag.DurationVar(&o.after, "after", 60*time.Second, "how long the run goes on after the change")
 	flag.StringVar(&o.reservation, "reservation", "predicted", "admission.reservation of the gateway under test (predicted, worst_case)")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, o); err != nil {
-		fmt.Fprintln(os.Stderr, "shift:", err)
-		os.Exit(1)
-	}
+	benchkit.Main("shift", func(ctx context.Context) error { return run(ctx, o) })
 }
 
 func run(ctx context.Context, o options) error {
@@ -246,32 +239,11 @@ func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*res
 		return nil, err
 	}
 	defer sim.Stop()
-	port, err := benchkit.FreePort()
-	if err != nil {
-		return nil, err
-	}
 	reservation := sc.reservation
 	if reservation == "" {
 		reservation = o.reservation
 	}
-	adm := "  reservation: " + reservation + "\n"
-	cfg := fmt.Sprintf(`listen: 127.0.0.1:%d
-server: {request_timeout: 30m}
-admission:
-  ceiling: %s
-  queue: {timeout: 20m}
-%s%s%sbackends:
-  - name: sim0
-    url: %s
-    models: [%s]
-    gpu_memory: 24GiB
-`, port, utilization, adm, sc.tenants, benchkit.ModelsYAML, sim.URL, model)
-	path := kit.Path("shift-" + sc.name + ".yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
-		return nil, err
-	}
-	url := fmt.Sprintf("http://127.0.0.1:%d", port)
-	gw, err := kit.Start(ctx, "shift-"+sc.name+"-gateway", url, "serve", "--config", path)
+	gw, err := kit.StartGateway(ctx, "shift-"+sc.name, sim.URL, utilization, "  reservation: "+reservation+"\n", sc.tenants)
 	if err != nil {
 		return nil, err
 	}
@@ -280,7 +252,7 @@ admission:
 	if sc.fromStart {
 		res.changeAt = 0
 	}
-	err = drive(ctx, o, sc, url, sim.URL, res)
+	err = drive(ctx, o, sc, gw.URL, sim.URL, res)
 	if m, err := benchkit.Scrape(ctx, http.DefaultClient, sim.URL+"/metrics"); err == nil {
 		res.overflow = m.Sum("kvsim_oom_events_total")
 	}
