@@ -255,6 +255,11 @@ type TenantConfig struct {
 // ModelConfig is one served model.
 type ModelConfig struct {
 	Name string `yaml:"name"`
+	// ServedName, when set, is the name clients send instead of Name (as
+	// LiteLLM's model_name → model): the gateway forwards Name, the
+	// backend's own, and gives ServedName back in every answer and in
+	// /v1/models. Name itself is then not served. Default: Name.
+	ServedName string `yaml:"served_name"`
 	// Config is a Hugging Face config.json (or a directory holding one),
 	// relative to this file. Either Config or Geometry is required.
 	Config   string          `yaml:"config"`
@@ -733,10 +738,19 @@ func (c *Config) validate() error {
 		bad("models", "at least one model is required")
 	}
 	models := map[string]bool{}
+	served := map[string]bool{} // the names clients send
 	for i := range c.Models {
 		m := &c.Models[i]
 		f := fmt.Sprintf("models[%d]", i)
 		name(models, f+".name", "model", m.Name)
+		client, field := m.Name, f+".name"
+		if m.ServedName != "" {
+			client, field = m.ServedName, f+".served_name"
+		}
+		if served[client] {
+			bad(field, "%q is already a name clients send for another model", client)
+		}
+		served[client] = true
 		switch {
 		case m.Config == "" && m.Geometry == nil:
 			bad(f, "one of config (a config.json path) or geometry is required")

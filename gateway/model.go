@@ -15,6 +15,7 @@ import (
 // costs in KV bytes, and how its prompts are counted.
 type model struct {
 	name       string
+	servedName string // what clients send and see (served_name, else name)
 	layout     kvbudget.KVLayout
 	weights    int64 // the whole model; each GPU of a TP group holds weights/TP
 	maxLen     int

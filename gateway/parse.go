@@ -749,9 +749,9 @@ func hasControl(b []byte) bool {
 // re-serialised body would re-quote keys, and fastjson's quoting is not
 // always JSON's). body is one parseRequest accepted: it is read by a scan,
 // not parsed again.
-func rewriteBody(body []byte, usage bool, maxTokens int, dropMaxCompletion bool) ([]byte, error) {
+func rewriteBody(body []byte, usage bool, maxTokens int, dropMaxCompletion bool, model string) ([]byte, error) {
 	drop := func(name []byte) bool {
-		return (usage && keyIs(name, "stream_options")) ||
+		return (usage && keyIs(name, "stream_options")) || (model != "" && keyIs(name, "model")) ||
 			(maxTokens > 0 && keyIs(name, "max_tokens")) ||
 			((maxTokens > 0 || dropMaxCompletion) && keyIs(name, "max_completion_tokens"))
 	}
@@ -790,6 +790,9 @@ func rewriteBody(body []byte, usage bool, maxTokens int, dropMaxCompletion bool)
 	}
 	if maxTokens > 0 {
 		add = append(strconv.AppendInt(append(add, `"max_tokens":`...), int64(maxTokens), 10), ',')
+	}
+	if model != "" {
+		add = append(appendJSONString(append(add, `"model":`...), model), ',')
 	}
 	open := bytes.IndexByte(body, '{')
 	out := append(append(make([]byte, 0, len(body)+len(add)), body[:open+1]...), add...)

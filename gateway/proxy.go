@@ -83,10 +83,15 @@ type exchange struct {
 	counts    [1]int
 	exact     [1]bool
 	injectMax int // max_tokens the gateway adds to the body (the model's default); 0 = none
-	firstTok  bool
-	lastTok   time.Time // the first choice's last token, for the inter-token latency
-	usage     struct{ prompt, completion int }
-	hasUsage  bool
+	// alias is the model's served_name the client sent ("" when it sent
+	// the model's own name): the backend is sent req.model, the client
+	// sees alias in answers; renames are the patterns renameModel swaps.
+	alias    string
+	renames  [][2][]byte
+	firstTok bool
+	lastTok  time.Time // the first choice's last token, for the inter-token latency
+	usage    struct{ prompt, completion int }
+	hasUsage bool
 
 	// source is how the prompts were counted (sourceBackend, ...); "" for
 	// token ids only. A single prompt counted from the model's tokenize
@@ -269,7 +274,12 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 	x.req = req
-	m := rt.models[req.model]
+	m := rt.byClientName[req.model]
+	if m != nil && m.servedName != m.name {
+		// From here on the request is the backend's model; the client's
+		// name goes back into the body forwarded and the answers.
+		x.alias, req.model = req.model, m.name
+	}
 	if m == nil {
 		x.fail(ctx, &apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
 			message: fmt.Sprintf("The model `%s` does not exist.", req.model)}, outcomeRejected, "unknown_model")
@@ -615,6 +625,27 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 	}
 }
 
+// renameModel gives the client back the model name it sent (served_name)
+// where the backend's answer names its own: the "model" member of a body
+// or of a stream's event. A member's quotes in a JSON string value would be
+// escaped, so the pattern cannot match inside the generated text. Without
+// an alias it returns b as it is, allocating nothing.
+func (x *exchange) renameModel(b []byte) []byte {
+	if x.alias == "" {
+		return b
+	}
+	if x.renames == nil {
+		from, to := appendJSONString(nil, x.req.model), appendJSONString(nil, x.alias)
+		for _, sep := range []string{`"model":`, `"model": `} {
+			x.renames = append(x.renames, [2][]byte{append([]byte(sep), from...), append([]byte(sep), to...)})
+		}
+	}
+	for _, r := range x.renames {
+		b = bytes.ReplaceAll(b, r[0], r[1])
+	}
+	return b
+}
+
 // lowerHint is how a request too large to admit can be made smaller. One
 // that sets no length (LangChain and the AI SDK omit it by default) is told
 // that this is why: without max_tokens the whole remaining context is
@@ -633,8 +664,12 @@ func (x *exchange) lowerHint() string {
 // yet, so a retry is safe, and the reservation moves rather than doubles.
 func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error) {
 	body := ctx.PostBody()
-	if usage := x.req.stream && !x.req.includeUsage; usage || x.injectMax > 0 || x.req.dropMaxCompletion {
-		b, err := rewriteBody(body, usage, x.injectMax, x.req.dropMaxCompletion)
+	if usage := x.req.stream && !x.req.includeUsage; usage || x.injectMax > 0 || x.req.dropMaxCompletion || x.alias != "" {
+		model := ""
+		if x.alias != "" {
+			model = x.req.model
+		}
+		b, err := rewriteBody(body, usage, x.injectMax, x.req.dropMaxCompletion, model)
 		if err != nil {
 			return nil, fmt.Errorf("rewrite body: %w", err)
 		}
@@ -719,7 +754,7 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 	if ct := resp.Header.ContentType(); len(ct) > 0 {
 		ctx.Response.Header.SetContentTypeBytes(ct)
 	}
-	ctx.SetBody(body)
+	ctx.SetBody(x.renameModel(body))
 	switch {
 	case status < 300:
 		p := x.s.parsers.Get()
@@ -833,7 +868,7 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 			outcome, reason = outcomeFailed, "backend_stream_error"
 		}
 		if keep && !done {
-			if _, werr := w.Write(ev); werr != nil {
+			if _, werr := w.Write(x.renameModel(ev)); werr != nil {
 				x.clientGone()
 				outcome, reason = outcomeCanceled, "client_disconnect"
 				return

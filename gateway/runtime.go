@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"reflect"
@@ -25,16 +26,19 @@ type runtime struct {
 	models map[string]*model
 	// modelOrder is the configured order, for /v1/models.
 	modelOrder []string
-	tenants    map[string]*tenant // by API key
-	auth       bool               // keys are required
-	classRank  map[string]int     // 0 is the highest priority
-	groups     map[string]*group  // by GPU name
-	groupOf    map[*backends.Backend]*group
-	poolGroup  map[string]*group // by admission pool name
-	pool       *backends.Pool
-	cors       *corsPolicy          // nil: no CORS
-	sched      *admission.Scheduler // shared by every runtime of a server
-	count      bool                 // admission.mode count: requests, not bytes
+	// byClientName is each model by the name clients send (its
+	// served_name, else its name).
+	byClientName map[string]*model
+	tenants      map[string]*tenant // by API key
+	auth         bool               // keys are required
+	classRank    map[string]int     // 0 is the highest priority
+	groups       map[string]*group  // by GPU name
+	groupOf      map[*backends.Backend]*group
+	poolGroup    map[string]*group // by admission pool name
+	pool         *backends.Pool
+	cors         *corsPolicy          // nil: no CORS
+	sched        *admission.Scheduler // shared by every runtime of a server
+	count        bool                 // admission.mode count: requests, not bytes
 }
 
 type tenant struct {
@@ -130,6 +134,11 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		}
 		rt.models[mc.Name] = m
 		rt.modelOrder = append(rt.modelOrder, mc.Name)
+		if rt.byClientName == nil {
+			rt.byClientName = map[string]*model{}
+		}
+		m.servedName = cmp.Or(mc.ServedName, mc.Name)
+		rt.byClientName[m.servedName] = m
 	}
 	for i, c := range cfg.Admission.Classes {
 		rt.classRank[c.Name] = i

@@ -510,16 +510,17 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx, id string) {
 		OwnedBy     string `json:"owned_by"`
 		MaxModelLen int    `json:"max_model_len"`
 	}
-	model := func(name string) entry {
-		return entry{ID: name, Object: "model", Created: 0, OwnedBy: "kvgate", MaxModelLen: rt.models[name].maxLen}
+	model := func(m *model) entry {
+		return entry{ID: m.servedName, Object: "model", Created: 0, OwnedBy: "kvgate", MaxModelLen: m.maxLen}
 	}
 	if id != "" {
-		if rt.models[id] == nil {
+		m := rt.byClientName[id]
+		if m == nil {
 			(&apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
 				message: fmt.Sprintf("The model `%s` does not exist.", id)}).write(ctx)
 			return
 		}
-		writeJSON(ctx, 200, model(id))
+		writeJSON(ctx, 200, model(m))
 		return
 	}
 	out := struct {
@@ -527,7 +528,7 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx, id string) {
 		Data   []entry `json:"data"`
 	}{Object: "list", Data: []entry{}}
 	for _, name := range rt.modelOrder {
-		out.Data = append(out.Data, model(name))
+		out.Data = append(out.Data, model(rt.models[name]))
 	}
 	writeJSON(ctx, 200, out)
 }

@@ -37,10 +37,19 @@ func (s *Server) serveTokenize(ctx *fasthttp.RequestCtx) {
 	case model == "":
 		(&apiError{status: 400, typ: typeInvalidRequest, param: "model", message: "you must provide a model parameter (a non-empty string)"}).write(ctx)
 		return
-	case rt.models[model] == nil:
+	case rt.byClientName[model] == nil:
 		(&apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
 			message: fmt.Sprintf("The model `%s` does not exist.", model)}).write(ctx)
 		return
+	}
+	body := ctx.PostBody()
+	if m := rt.byClientName[model]; m.name != model {
+		// A served_name: the backend knows the model by its own name.
+		if body, err = rewriteBody(body, false, 0, false, m.name); err != nil {
+			(&apiError{status: 400, typ: typeInvalidRequest, message: fmt.Sprintf("We could not parse the JSON body of your request: %v", err)}).write(ctx)
+			return
+		}
+		model = m.name
 	}
 	be, err := rt.pool.Pick(model, nil)
 	if err != nil {
@@ -53,19 +62,19 @@ func (s *Server) serveTokenize(ctx *fasthttp.RequestCtx) {
 	defer fasthttp.ReleaseRequest(req)
 	be.NewRequest(req, fasthttp.MethodPost, "/tokenize")
 	req.Header.SetContentType("application/json")
-	req.SetBodyRaw(ctx.PostBody())
+	req.SetBodyRaw(body)
 	resp, err := be.Do(cctx, req)
 	if err != nil {
 		(&apiError{status: 502, typ: typeServer, code: "upstream_error", message: fmt.Sprintf("backend %s: %v", be.Name(), err)}).write(ctx)
 		return
 	}
 	defer resp.Release()
-	body, err := resp.ReadAll(1 << 20)
+	answer, err := resp.ReadAll(1 << 20)
 	if err != nil {
 		(&apiError{status: 502, typ: typeServer, code: "upstream_error", message: fmt.Sprintf("backend %s: %v", be.Name(), err)}).write(ctx)
 		return
 	}
 	ctx.SetStatusCode(resp.Status())
 	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
+	ctx.SetBody(answer)
 }
