@@ -56,3 +56,52 @@ backends:
 		t.Errorf("error %v", err)
 	}
 }
+
+// A LoRA adapter (models[].base) counts only its own weights beside its
+// base's on the GPU that serves both: where two full models do not fit, the
+// base and its adapter do, and share the GPU's budget.
+func TestLoRAAdapterCountsItsOwnWeights(t *testing.T) {
+	cfg := func(adapter string) string {
+		c := strings.Replace(fleetConfig("", "http://127.0.0.1:1"), "backends:\n", adapter+"backends:\n", 1)
+		return strings.Replace(c, "models: [llama-3-8b]", "models: [llama-3-8b, llama-lora]", 1)
+	}
+	twice := cfg(`  - name: llama-lora
+    geometry: {layers: 32, kv_heads: 8, head_dim: 128, dtype: bfloat16}
+    weights_bytes: 16060522496
+`)
+	c, err := Parse([]byte(twice), ".")
+	if err == nil {
+		var s *Server
+		if s, err = New(c, Options{DisableProbes: true}); err == nil {
+			s.Shutdown(t.Context())
+		}
+	}
+	if err == nil || !strings.Contains(err.Error(), "do not fit") {
+		t.Fatalf("the base's weights counted twice should not fit a 24 GiB GPU: %v", err)
+	}
+	c, err = Parse([]byte(cfg("  - {name: llama-lora, base: llama-3-8b, weights_bytes: 200MiB}\n")), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(c, Options{DisableProbes: true})
+	if err != nil {
+		t.Fatalf("an adapter beside its base: %v", err)
+	}
+	defer s.Shutdown(t.Context())
+	rt := s.rt.Load()
+	lora, base := rt.models["llama-lora"], rt.models["llama-3-8b"]
+	if lora == nil || lora.layout != base.layout || lora.maxLen != base.maxLen || lora.weights != 200<<20 {
+		t.Fatalf("adapter %+v, base %+v", lora, base)
+	}
+	if pools := rt.sched.Stats().Pools; len(pools) != 1 {
+		t.Fatalf("base and adapter on one GPU should share one budget: %d pools", len(pools))
+	}
+	for _, tc := range []struct{ yaml, want string }{
+		{"  - {name: x, base: nope}\n", `models[1].base: "nope" is not one of the models`},
+		{"  - {name: x, base: llama-3-8b, tp: 2}\n", "an adapter (base: llama-3-8b) takes its base's"},
+	} {
+		if _, err := Parse([]byte(cfg(tc.yaml)), "."); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+}

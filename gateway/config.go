@@ -260,6 +260,14 @@ type ModelConfig struct {
 	// backend's own, and gives ServedName back in every answer and in
 	// /v1/models. Name itself is then not served. Default: Name.
 	ServedName string `yaml:"served_name"`
+	// Base makes this model a LoRA adapter of the model named Base (vLLM's
+	// --lora-modules): it takes its base's geometry and every setting of
+	// its KV cache, and counts only its own weights (WeightsBytes, default
+	// none) on the GPUs that serve it, beside its base's. Requests for the
+	// adapter and its base share the GPU's budget, as on the backend.
+	Base string `yaml:"base"`
+	// adapterOf is Base once validate has filled the adapter in from it.
+	adapterOf string
 	// Config is a Hugging Face config.json (or a directory holding one),
 	// relative to this file. Either Config or Geometry is required.
 	Config   string          `yaml:"config"`
@@ -751,6 +759,9 @@ func (c *Config) validate() error {
 			bad(field, "%q is already a name clients send for another model", client)
 		}
 		served[client] = true
+		if m.Base != "" {
+			continue // checked, and filled in from its base, below
+		}
 		switch {
 		case m.Config == "" && m.Geometry == nil:
 			bad(f, "one of config (a config.json path) or geometry is required")
@@ -828,6 +839,8 @@ func (c *Config) validate() error {
 			bad(f+".estimate", "per_message_tokens and image_tokens must be >= 0")
 		}
 	}
+
+	c.fillAdapters(bad)
 
 	if len(c.Backends) == 0 {
 		bad("backends", "at least one backend is required")
@@ -963,4 +976,42 @@ func (s ServerConfig) maxConns() int {
 		return defaultMaxConns
 	}
 	return s.MaxConnections
+}
+
+// fillAdapters checks each LoRA adapter (models[].base) and fills it in
+// from its base, checked and defaulted already: an adapter is its base's
+// geometry and cache settings under its own names and weights.
+func (c *Config) fillAdapters(bad func(field, format string, a ...any)) {
+	index := map[string]int{}
+	for i, m := range c.Models {
+		index[m.Name] = i
+	}
+	for i := range c.Models {
+		m := &c.Models[i]
+		if m.Base == "" {
+			continue
+		}
+		f := fmt.Sprintf("models[%d]", i)
+		j, ok := index[m.Base]
+		switch {
+		case !ok:
+			bad(f+".base", "%q is not one of the models", m.Base)
+			continue
+		case c.Models[j].Base != "":
+			bad(f+".base", "%q is an adapter itself: an adapter's base must be a model", m.Base)
+			continue
+		case m.Config != "" || m.Geometry != nil || m.TP != 0 || m.KVDType != "" || m.BlockSize != 0 || m.MaxModelLen != 0:
+			bad(f, "an adapter (base: %s) takes its base's config, geometry, tp, kv_dtype, block_size and max_model_len; set them on %s", m.Base, m.Base)
+			continue
+		}
+		if m.WeightsBytes.Bytes < 0 {
+			bad(f+".weights_bytes", "must be >= 0")
+		}
+		own := *m
+		*m = c.Models[j]
+		m.Name, m.ServedName, m.Base, m.adapterOf, m.WeightsBytes = own.Name, own.ServedName, own.Base, own.Base, own.WeightsBytes
+		if own.DefaultMaxTokens != 0 {
+			m.DefaultMaxTokens = own.DefaultMaxTokens
+		}
+	}
 }

@@ -47,7 +47,7 @@ func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
 			km.MLA = &kvbudget.MLA{KVLoraRank: g.HeadDim}
 			km.KVHeads = 1
 		}
-		if mc.WeightsBytes.Bytes == 0 {
+		if mc.WeightsBytes.Bytes == 0 && mc.adapterOf == "" {
 			return nil, fmt.Errorf("weights_bytes: required with an inline geometry (there is no config to estimate them from)")
 		}
 	}
@@ -57,10 +57,14 @@ func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
 	}
 	m := &model{name: mc.Name, layout: l, tokenizer: mc.Tokenizer, defaultMax: mc.DefaultMaxTokens}
 	m.weights = mc.WeightsBytes.Bytes
-	if m.weights == 0 && !km.WeightsKnown() {
+	if mc.adapterOf != "" {
+		// A LoRA adapter's weights are its own alone: its base's are
+		// counted once, by the base.
+		m.weights = max(m.weights, 0)
+	} else if m.weights == 0 && !km.WeightsKnown() {
 		return nil, fmt.Errorf("weights_bytes: required: the model config lacks %s, which the weight estimate needs", strings.Join(km.WeightKeysMissing, ", "))
 	}
-	if m.weights == 0 {
+	if m.weights == 0 && mc.adapterOf == "" {
 		m.weights = km.WeightBytes(km.ServedDType())
 	}
 	m.maxLen = mc.MaxModelLen
