@@ -492,3 +492,17 @@ func TestTooLargeSaysWhatToLower(t *testing.T) {
 		}
 	}
 }
+
+// A trailing slash names the same route, as vLLM takes it; an unknown URL's
+// 404 names the routes that are served.
+func TestRouteSlashAndUnknownURL(t *testing.T) {
+	_, url := startSim(t, nil)
+	_, gw := startGateway(t, baseConfig(url, ""), Options{})
+	if r := postJSON(gw, "/v1/chat/completions/", chatBody("hi", 3, false)); r.status != 200 {
+		t.Errorf("trailing slash: %d %s", r.status, r.body)
+	}
+	r := postJSON(gw, "/v1/nope", `{}`)
+	if e := decodeError(t, r.body); r.status != 404 || !strings.Contains(e.Error.Message, "POST /v1/chat/completions") || !strings.Contains(e.Error.Message, "/v1/nope") {
+		t.Errorf("unknown URL: %d %s", r.status, r.body)
+	}
+}

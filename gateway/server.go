@@ -371,6 +371,10 @@ func (s *Server) preemptionsRose(b *backends.Backend, n float64) bool {
 	return seen && n > prev.(float64)
 }
 
+// servedRoutes is what a 404 lists: the routes a client may call.
+const servedRoutes = "POST /v1/chat/completions, POST /v1/completions, POST /tokenize, GET /v1/models, GET /v1/models/{id}, " +
+	"GET /healthz, GET /readyz (and /health), GET /metrics, GET /status"
+
 // handle routes a request; no panic reaches the client.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	defer func() {
@@ -390,7 +394,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return // a preflight, answered
 	}
 	// The completion paths first, compared without making strings of them.
-	switch string(ctx.Path()) {
+	// A trailing slash names the same route, as vLLM (Starlette) takes it.
+	p := ctx.Path()
+	if len(p) > 1 && p[len(p)-1] == '/' {
+		p = p[:len(p)-1]
+	}
+	switch string(p) {
 	case "/v1/chat/completions":
 		s.serveCompletionPost(ctx, chatCompletions)
 		return
@@ -398,7 +407,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.serveCompletionPost(ctx, completions)
 		return
 	}
-	path := string(ctx.Path())
+	path := string(p)
 	method := string(ctx.Method())
 	switch path {
 	case "/v1/models":
@@ -437,7 +446,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		(&apiError{status: 404, typ: typeInvalidRequest, code: "unknown_url",
-			message: fmt.Sprintf("Unknown request URL: %s %s.", method, path)}).write(ctx)
+			message: fmt.Sprintf("Unknown request URL: %s %s. This gateway serves %s.", method, string(ctx.Path()), servedRoutes)}).write(ctx)
 	}
 }
 
