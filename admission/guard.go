@@ -16,11 +16,11 @@ import (
 //
 //   - What each ticket may hold on the backend now is known: for a request
 //     that reports its progress, its prompt and what it has generated plus
-//     the forecast's lead (a block and the tokens in flight: what the
-//     backend may have taken before the gateway sees it); for any other,
-//     its worst case, since nothing bounds it better. A pool's now is their
-//     sum. When a Progress takes it past the pool's line (its capacity, or
-//     its lease), the scheduler stops running requests — predicted ones
+//     the forecast's lead and the next block (what the backend may have
+//     taken before the gateway sees it, and will take before the next
+//     report); for any other, its worst case, since nothing bounds it
+//     better. A pool's now is their sum. When a Progress takes it past the
+//     pool's capacity (guardLine), the scheduler stops running requests — predicted ones
 //     first, lowest class first, then the tenant holding the most for its
 //     share, then the newest — until what is left fits, through their
 //     Stopper, before the backend has to fail them all. A stopped request
