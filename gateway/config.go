@@ -322,9 +322,13 @@ type BackendConfig struct {
 	// OtherUsed is memory used on the GPU by other processes. Default 0.
 	OtherUsed Size `yaml:"other_used"`
 	// APIKey is sent to the backend as a bearer token. Default none.
-	APIKey string       `yaml:"api_key"`
-	Health HealthConfig `yaml:"health"`
-	Scrape ScrapeConfig `yaml:"metrics"`
+	APIKey string `yaml:"api_key"`
+	// TLS tunes an https:// url (tls.go): CA, server name, client
+	// certificate. Default: the system's roots and the url's host. Refused
+	// with an http:// url.
+	TLS    *BackendTLSConfig `yaml:"tls"`
+	Health HealthConfig      `yaml:"health"`
+	Scrape ScrapeConfig      `yaml:"metrics"`
 	// MaxConnections to the backend. Default 1024.
 	MaxConnections int `yaml:"max_connections"`
 	// FirstByteTimeout bounds the wait for a streamed request's first event
@@ -898,6 +902,7 @@ func (c *Config) validate() error {
 	if c.SharedBudget != nil {
 		c.SharedBudget.validate(bad)
 	}
+	c.validateBackendTLS(bad)
 	return errors.Join(errs...)
 }
 
