@@ -88,6 +88,10 @@ type ServerConfig struct {
 	// stop sending before the listener closes. Default 5s; 0s: the
 	// listener closes at once.
 	DrainDelay Duration `yaml:"drain_delay"`
+	// TLS serves HTTPS instead of HTTP (listener_tls.go); its files are
+	// read again on every reload. Default: plain HTTP. Turning it on or off
+	// needs a restart.
+	TLS *ServerTLSConfig `yaml:"tls"`
 }
 
 // Admission modes (AdmissionConfig.Mode).
@@ -902,6 +906,7 @@ func (c *Config) validate() error {
 	if c.SharedBudget != nil {
 		c.SharedBudget.validate(bad)
 	}
+	c.validateServerTLS(bad)
 	c.validateBackendTLS(bad)
 	return errors.Join(errs...)
 }

@@ -3,8 +3,11 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -106,8 +109,15 @@ func TestTLSConfigErrors(t *testing.T) {
 
 	tests := []struct {
 		name, url, tls string
+		server         string // server.tls, a flow mapping
 		want           string // "" = valid
 	}{
+		{name: "server valid", url: https, server: "{cert_file: " + certFile + ", key_file: " + keyFile + ", client_ca_file: " + caFile + "}"},
+		{name: "server without key", url: https, server: "{cert_file: " + certFile + "}", want: "server.tls.key_file: required"},
+		{name: "server without cert", url: https, server: "{key_file: " + keyFile + "}", want: "server.tls.cert_file: required"},
+		{name: "server cert missing", url: https, server: "{cert_file: " + missing + ", key_file: " + keyFile + "}", want: "server.tls.cert_file: open " + missing},
+		{name: "server key of another cert", url: https, server: "{cert_file: " + certFile + ", key_file: " + otherKey + "}", want: "server.tls.cert_file: " + certFile + " with key_file " + otherKey},
+		{name: "server client CA not PEM", url: https, server: "{cert_file: " + certFile + ", key_file: " + keyFile + ", client_ca_file: " + junk + "}", want: "server.tls.client_ca_file: " + junk + ": no PEM certificate found"},
 		{name: "valid", url: https, tls: "{ca_file: " + caFile + ", server_name: vllm.internal, cert_file: " + certFile + ", key_file: " + keyFile + "}"},
 		{name: "https without tls", url: https},
 		{name: "tls on http", url: "http://127.0.0.1:8000", tls: "{ca_file: " + caFile + "}", want: "backends[0].tls: given for url"},
@@ -122,6 +132,9 @@ func TestTLSConfigErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := baseConfig(tt.url, "")
+			if tt.server != "" {
+				cfg = baseConfig(tt.url, "server:\n  tls: "+tt.server+"\n")
+			}
 			if tt.tls != "" {
 				cfg = withBackendTLS(cfg, tt.url, tt.tls)
 			}
@@ -133,5 +146,140 @@ func TestTLSConfigErrors(t *testing.T) {
 				t.Fatalf("error %v; want it to say %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// tlsClient is an HTTP client trusting roots, presenting cert when given.
+// It keeps no connections, so each request makes a handshake of its own.
+func tlsClient(roots *x509.CertPool, cert *tls.Certificate) *http.Client {
+	c := &tls.Config{RootCAs: roots}
+	if cert != nil {
+		// Sent whatever the server asks for: Go's client would keep back a
+		// certificate of a CA the server does not name.
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: c, DisableKeepAlives: true}, Timeout: 30 * time.Second}
+}
+
+// TestTLSListener: the gateway serves HTTPS to a client trusting the
+// test's CA; with client_ca_file it refuses, at the handshake, a client
+// without a certificate that CA signed.
+func TestTLSListener(t *testing.T) {
+	dir := t.TempDir()
+	ca, clientCA, other := testcerts.NewCA(t, "gateway CA"), testcerts.NewCA(t, "client CA"), testcerts.NewCA(t, "other CA")
+	certFile, keyFile := ca.Server(t, "gateway").Write(t, dir, "gateway")
+	clientCAFile := filepath.Join(dir, "clients.pem")
+	testcerts.WriteFile(t, clientCAFile, clientCA.CertPEM)
+	good, stranger := clientCA.Client(t, "app").TLS(t), other.Client(t, "app").TLS(t)
+	_, simURL := startSim(t, nil)
+
+	tests := []struct {
+		name     string
+		clientCA bool // server.tls.client_ca_file set
+		roots    *x509.CertPool
+		cert     *tls.Certificate
+		wantErr  string // "" = served
+	}{
+		{name: "trusted", roots: ca.Pool()},
+		{name: "untrusted server", roots: other.Pool(), wantErr: "certificate signed by unknown authority"},
+		{name: "client certificate", clientCA: true, roots: ca.Pool(), cert: &good},
+		{name: "no client certificate", clientCA: true, roots: ca.Pool(), wantErr: "certificate required"},
+		{name: "client certificate of another CA", clientCA: true, roots: ca.Pool(), cert: &stranger, wantErr: "unknown certificate authority"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			section := "{cert_file: " + certFile + ", key_file: " + keyFile + "}"
+			if tt.clientCA {
+				section = "{cert_file: " + certFile + ", key_file: " + keyFile + ", client_ca_file: " + clientCAFile + "}"
+			}
+			_, gw := startGateway(t, baseConfig(simURL, "server:\n  tls: "+section+"\n"), Options{})
+			gw = "https://" + strings.TrimPrefix(gw, "http://")
+			resp, err := tlsClient(tt.roots, tt.cert).Post(gw+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(words(10), 4, false)))
+			if tt.wantErr != "" {
+				if err == nil {
+					resp.Body.Close()
+					t.Fatalf("served (%d); want the handshake refused with %q", resp.StatusCode, tt.wantErr)
+				}
+				if !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v; want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 || resp.TLS == nil || resp.TLS.Version < tls.VersionTLS12 {
+				t.Fatalf("%d %s over %+v", resp.StatusCode, body, resp.TLS)
+			}
+		})
+	}
+}
+
+// servedLeaf is the certificate a new TLS connection to addr is shown.
+func servedLeaf(t *testing.T, addr string, roots *x509.CertPool) *x509.Certificate {
+	t.Helper()
+	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return c.ConnectionState().PeerCertificates[0]
+}
+
+// TestTLSListenerReload: a reload (what SIGHUP runs) serves the pair now
+// in the files to new connections; a reload whose pair does not load fails
+// naming the field and keeps the served one.
+func TestTLSListenerReload(t *testing.T) {
+	dir := t.TempDir()
+	ca := testcerts.NewCA(t, "gateway CA")
+	first, second, third := ca.Server(t, "first"), ca.Server(t, "second"), ca.Server(t, "third")
+	certFile, keyFile := first.Write(t, dir, "gateway")
+	_, simURL := startSim(t, nil)
+	cfg := baseConfig(simURL, "server:\n  tls: {cert_file: gateway.crt, key_file: gateway.key}\n")
+	parsed, err := Parse([]byte(cfg), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	s, err := New(parsed, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := strings.TrimPrefix(serveLoopback(t, s.Serve, s.Shutdown), "http://")
+	reload := func() error { return s.ReloadFrom(func() (*Config, error) { return Parse([]byte(cfg), dir) }) }
+
+	steps := []struct {
+		name     string
+		cert     []byte // written to the cert file; the key below to the key file
+		key      []byte
+		wantErr  string
+		wantLeaf testcerts.Pair
+	}{
+		{name: "rotated", cert: second.CertPEM, key: second.KeyPEM, wantLeaf: second},
+		{name: "key of another certificate", cert: third.CertPEM, key: first.KeyPEM, wantErr: "server.tls.cert_file: gateway.crt with key_file gateway.key", wantLeaf: second},
+		{name: "not PEM", cert: []byte("junk"), key: third.KeyPEM, wantErr: "server.tls.cert_file", wantLeaf: second},
+		{name: "rotated again", cert: third.CertPEM, key: third.KeyPEM, wantLeaf: third},
+	}
+	if got := servedLeaf(t, addr, ca.Pool()); !got.Equal(first.Leaf) {
+		t.Fatalf("serving %s; want %s", got.Subject, first.Leaf.Subject)
+	}
+	for _, st := range steps {
+		testcerts.WriteFile(t, certFile, st.cert)
+		testcerts.WriteFile(t, keyFile, st.key)
+		err := reload()
+		switch {
+		case st.wantErr == "" && err != nil:
+			t.Fatalf("%s: reload: %v", st.name, err)
+		case st.wantErr != "" && (err == nil || !strings.Contains(err.Error(), st.wantErr)):
+			t.Fatalf("%s: reload error %v; want %q", st.name, err, st.wantErr)
+		}
+		if got := servedLeaf(t, addr, ca.Pool()); !got.Equal(st.wantLeaf.Leaf) {
+			t.Fatalf("%s: a new connection is shown %s; want %s", st.name, got.Subject, st.wantLeaf.Leaf.Subject)
+		}
+	}
+	if !strings.Contains(logs.String(), "serving the reloaded TLS certificate") {
+		t.Errorf("no log line for the new certificate:\n%s", logs.String())
 	}
 }
