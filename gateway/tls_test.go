@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/backends/sim"
 	"github.com/kvgate/kvgate/internal/testcerts"
 )
 
@@ -281,5 +283,65 @@ func TestTLSListenerReload(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "serving the reloaded TLS certificate") {
 		t.Errorf("no log line for the new certificate:\n%s", logs.String())
+	}
+}
+
+// TestTLSListenerHangUpWhileQueued: a queued request whose client hangs up
+// leaves the queue over TLS as over plain TCP — the hang-up watch looks at
+// the socket beneath the TLS connection, which has no descriptor of its
+// own.
+func TestTLSListenerHangUpWhileQueued(t *testing.T) {
+	dir := t.TempDir()
+	ca := testcerts.NewCA(t, "gateway CA")
+	certFile, keyFile := ca.Server(t, "gateway").Write(t, dir, "gateway")
+	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 })
+	gw, gwURL := startGateway(t, baseConfig(url, "admission:\n  queue: {timeout: 60s}\nserver:\n  tls: {cert_file: "+certFile+", key_file: "+keyFile+"}\n"), Options{})
+	addr := strings.TrimPrefix(gwURL, "http://")
+	send := func(body string) net.Conn {
+		c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: ca.Pool()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: kvgate\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		return c
+	}
+	// Two 7990-token requests hold 1000 of the 1045 blocks.
+	var fillers []net.Conn
+	for range 2 {
+		fillers = append(fillers, send(`{"model":"llama-3-8b","prompt":"hi","max_tokens":7990}`))
+	}
+	eventually(t, "the budget to fill", func() bool { return held(gw) >= 1000*(2<<20) })
+	c := send(`{"model":"llama-3-8b","prompt":"hi","max_tokens":1600}`)
+	eventually(t, "the request to queue", func() bool { return queued(gw) == 1 })
+	c.Close()
+	eventually(t, "the queue to empty", func() bool { return queued(gw) == 0 })
+	for _, f := range fillers {
+		f.Close()
+	}
+	eventually(t, "all reservations to return", func() bool { return held(gw) == 0 })
+}
+
+// TestTLSBackendWrongCAHealth: with a CA that did not sign the backend's
+// certificate, the health checks fail to connect, the circuit opens, and
+// the gateway is not ready; /status shows why.
+func TestTLSBackendWrongCAHealth(t *testing.T) {
+	dir := t.TempDir()
+	ca, other := testcerts.NewCA(t, "backend CA"), testcerts.NewCA(t, "other CA")
+	otherFile := filepath.Join(dir, "other.pem")
+	testcerts.WriteFile(t, otherFile, other.CertPEM)
+	simURL := startTLSSim(t, ca.Server(t, "sim").TLS(t))
+	s, gw := startGateway(t, withBackendTLS(baseConfig(simURL, ""), simURL, "{ca_file: "+otherFile+"}"), Options{})
+	be := s.rt.Load().pool.Backends()[0]
+	eventually(t, "the circuit to open", func() bool { return !be.Available() })
+	if !strings.Contains(be.LastError(), "certificate signed by unknown authority") {
+		t.Errorf("last error %q", be.LastError())
+	}
+	resp, err := httpClient.Get(gw + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 {
+		t.Fatalf("/readyz: %d; want 503", resp.StatusCode)
 	}
 }
