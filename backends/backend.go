@@ -17,9 +17,12 @@ import (
 // defaults given on each field.
 type Spec struct {
 	Name   string
-	URL    string   // http://host:port of the OpenAI-compatible server
+	URL    string   // http://host:port or https://host[:port] of the OpenAI-compatible server
 	Models []string // served model names
 	APIKey string   // sent upstream as a bearer token; "" = none
+	// TLS configures an https:// URL; nil there = the system's roots, the
+	// URL's host as server name, no client certificate. Refused with http://.
+	TLS *TLSSpec
 
 	HealthPath     string        // "" = /health
 	HealthInterval time.Duration // 0 = 1s
@@ -105,8 +108,8 @@ func NewBackend(spec Spec, budget Budget, now func() time.Time) (*Backend, error
 		return nil, errors.New("backend: name is required")
 	}
 	u, err := url.Parse(spec.URL)
-	if err != nil || u.Host == "" || (u.Scheme != "http") {
-		return nil, fmt.Errorf("backend %s: url %q: want http://host:port", spec.Name, spec.URL)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, fmt.Errorf("backend %s: url %q: want http://host:port or https://host[:port]", spec.Name, spec.URL)
 	}
 	if u.Path != "" && u.Path != "/" {
 		return nil, fmt.Errorf("backend %s: url %q: give the server root, without a path (the gateway forwards /v1/...)", spec.Name, spec.URL)
@@ -120,8 +123,21 @@ func NewBackend(spec Spec, budget Budget, now func() time.Time) (*Backend, error
 	if now == nil {
 		now = time.Now
 	}
-	b := &Backend{spec: spec, host: u.Host, up: NewUpstream(u.Host, spec.Upstream),
-		probe:  NewUpstream(u.Host, UpstreamOptions{MaxConns: 2, DialTimeout: spec.Upstream.DialTimeout, DialForTesting: spec.Upstream.DialForTesting}),
+	// Health checks, scrapes and /tokenize share the transport's TLS: a
+	// probe that bypassed it would call healthy a backend no request can
+	// reach.
+	up, addr := spec.Upstream, u.Host
+	switch {
+	case u.Scheme == "https":
+		if up.TLS, err = spec.TLS.clientConfig(u.Hostname()); err != nil {
+			return nil, fmt.Errorf("backend %s: tls: %w", spec.Name, err)
+		}
+		addr = fasthttp.AddMissingPort(addr, true)
+	case spec.TLS != nil:
+		return nil, fmt.Errorf("backend %s: tls: given for url %q, which is not https://", spec.Name, spec.URL)
+	}
+	b := &Backend{spec: spec, host: u.Host, up: NewUpstream(addr, up),
+		probe:  NewUpstream(addr, UpstreamOptions{MaxConns: 2, DialTimeout: up.DialTimeout, TLS: up.TLS, DialForTesting: up.DialForTesting}),
 		budget: budget, now: now}
 	if spec.APIKey != "" {
 		b.auth = "Bearer " + spec.APIKey

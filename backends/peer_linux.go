@@ -34,6 +34,15 @@ func keepFD(c net.Conn) net.Conn {
 	return &fdConn{Conn: c, fd: fd}
 }
 
+// withFD gives c (a connection layered over raw, such as TLS) raw's
+// descriptor, when keepFD kept one: the peek looks at the socket beneath.
+func withFD(c, raw net.Conn) net.Conn {
+	if fc, ok := raw.(*fdConn); ok {
+		return &fdConn{Conn: c, fd: fc.fd}
+	}
+	return c
+}
+
 // connClosedByPeer peeks, without blocking or consuming anything, at a
 // pooled connection: an end of file (or stray bytes, or an error) means it
 // must not carry a request. A Go read with a past deadline would not reach

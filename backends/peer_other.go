@@ -10,3 +10,6 @@ func connClosedByPeer(net.Conn) bool { return false }
 
 // keepFD has nothing to keep where connClosedByPeer cannot peek.
 func keepFD(c net.Conn) net.Conn { return c }
+
+// withFD has no descriptor to carry over.
+func withFD(c, _ net.Conn) net.Conn { return c }

@@ -179,7 +179,11 @@ func TestNewBackendValidation(t *testing.T) {
 	}{
 		{Spec{URL: "http://a:1", Models: []string{"m"}}, "name is required"},
 		{Spec{Name: "a", URL: "a:1", Models: []string{"m"}}, "want http://host:port"},
-		{Spec{Name: "a", URL: "https://a:1", Models: []string{"m"}}, "want http://host:port"},
+		{Spec{Name: "a", URL: "ftp://a:1", Models: []string{"m"}}, "want http://host:port or https://"},
+		{Spec{Name: "a", URL: "http://a:1", Models: []string{"m"}, TLS: &TLSSpec{}}, "not https://"},
+		{Spec{Name: "a", URL: "https://a:1", Models: []string{"m"}, TLS: &TLSSpec{CAPEM: PEM("junk")}}, "tls: ca_file: no PEM certificate"},
+		{Spec{Name: "a", URL: "https://a:1", Models: []string{"m"}, TLS: &TLSSpec{CertPEM: PEM("x")}}, "give both or neither"},
+		{Spec{Name: "a", URL: "https://a:1", Models: []string{"m"}, TLS: &TLSSpec{CertPEM: PEM("x"), KeyPEM: PEM("y")}}, "tls: cert_file, key_file"},
 		{Spec{Name: "a", URL: "http://a:1/v1", Models: []string{"m"}}, "without a path"},
 		{Spec{Name: "a", URL: "http://a:1"}, "at least one model"},
 	}

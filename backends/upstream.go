@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -41,8 +42,12 @@ type UpstreamOptions struct {
 	// MaxIdleConn closes pooled connections idle this long; 0 = 4s, under
 	// the 5 s keep-alive of uvicorn (vLLM's server), so the gateway rarely
 	// holds a connection the backend has already dropped.
-	MaxIdleConn    time.Duration
-	MaxBodyBytes   int64 // largest non-streamed response read into memory; 0 = 64 MiB
+	MaxIdleConn  time.Duration
+	MaxBodyBytes int64 // largest non-streamed response read into memory; 0 = 64 MiB
+	// TLS, when set, wraps every connection in a TLS client handshake
+	// completed within DialTimeout, before the connection carries anything.
+	// nil = plain HTTP.
+	TLS            *tls.Config
 	DialForTesting func(addr string) (net.Conn, error)
 }
 
@@ -70,6 +75,9 @@ func NewUpstream(addr string, o UpstreamOptions) *Upstream {
 			}
 			return keepFD(c), nil
 		}
+	}
+	if o.TLS != nil {
+		dial = tlsDial(dial, o.TLS, o.DialTimeout)
 	}
 	return &Upstream{
 		hc: &fasthttp.HostClient{

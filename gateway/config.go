@@ -91,6 +91,10 @@ type ServerConfig struct {
 	// CORS lets browser pages of the listed origins call the gateway
 	// (preflights answered, answers readable). Default: off.
 	CORS *CORSConfig `yaml:"cors"`
+	// TLS serves HTTPS instead of HTTP (listener_tls.go); its files are
+	// read again on every reload. Default: plain HTTP. Turning it on or off
+	// needs a restart.
+	TLS *ServerTLSConfig `yaml:"tls"`
 }
 
 // Admission modes (AdmissionConfig.Mode).
@@ -338,9 +342,13 @@ type BackendConfig struct {
 	// OtherUsed is memory used on the GPU by other processes. Default 0.
 	OtherUsed Size `yaml:"other_used"`
 	// APIKey is sent to the backend as a bearer token. Default none.
-	APIKey string       `yaml:"api_key"`
-	Health HealthConfig `yaml:"health"`
-	Scrape ScrapeConfig `yaml:"metrics"`
+	APIKey string `yaml:"api_key"`
+	// TLS tunes an https:// url (tls.go): CA, server name, client
+	// certificate. Default: the system's roots and the url's host. Refused
+	// with an http:// url.
+	TLS    *BackendTLSConfig `yaml:"tls"`
+	Health HealthConfig      `yaml:"health"`
+	Scrape ScrapeConfig      `yaml:"metrics"`
 	// MaxConnections to the backend. Default 1024.
 	MaxConnections int `yaml:"max_connections"`
 	// FirstByteTimeout bounds the wait for a streamed request's first event
@@ -931,6 +939,8 @@ func (c *Config) validate() error {
 	if c.SharedBudget != nil {
 		c.SharedBudget.validate(bad)
 	}
+	c.validateServerTLS(bad)
+	c.validateBackendTLS(bad)
 	return errors.Join(errs...)
 }
 

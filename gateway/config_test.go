@@ -100,7 +100,7 @@ func TestBuildErrors(t *testing.T) {
 		{"tp not dividing", strings.Replace(minimal, "config: ../examples/llama-3-8b.json", "config: ../examples/llama-3-8b.json\n    tp: 3", 1), "models[0] (m): 32 attention heads are not divisible by tensor parallel size 3"},
 		{"inline geometry needs weights", "models: [{name: m, geometry: {layers: 32, kv_heads: 8, head_dim: 128}}]\nbackends: [{name: b, url: 'http://x:1', models: [m], gpu_memory: 24GiB}]\n", "weights_bytes: required"},
 		{"nvml without a gpu", strings.Replace(minimal, "gpu_memory: 24GiB", "gpu_memory: nvml", 1), "backends[0].gpu_memory: nvml: no NVIDIA GPU visible"},
-		{"bad url", strings.Replace(minimal, "http://127.0.0.1:8000", "ftp://x", 1), "backends[0]: backend b: url"},
+		{"bad url", strings.Replace(minimal, "http://127.0.0.1:8000", "ftp://x", 1), "backends[0].url: \"ftp://x\": want http://host:port or https://host[:port]"},
 	}
 	noGPU := func() ([]gpuinfo.Device, error) { return nil, gpuinfo.ErrNoGPU }
 	for _, tt := range tests {

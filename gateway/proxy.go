@@ -133,7 +133,7 @@ func (x *exchange) watchClient() {
 	if x.watchEnded || x.conn == nil {
 		return
 	}
-	if stop, err := x.s.watch.Watch(x.conn, x.hangUp); err == nil {
+	if stop, err := x.s.watch.Watch(socketOf(x.conn), x.hangUp); err == nil {
 		x.watchStop = stop
 	}
 }

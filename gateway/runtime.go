@@ -364,7 +364,7 @@ func sameSpec(a, b backends.Spec) bool { return reflect.DeepEqual(a, b.WithDefau
 
 func backendSpec(bc BackendConfig) backends.Spec {
 	return backends.Spec{
-		Name: bc.Name, URL: bc.URL, Models: bc.Models, APIKey: bc.APIKey,
+		Name: bc.Name, URL: bc.URL, Models: bc.Models, APIKey: bc.APIKey, TLS: bc.tlsSpec(),
 		HealthPath: bc.Health.Path, HealthInterval: bc.Health.Interval.D, HealthTimeout: bc.Health.Timeout.D,
 		FailThreshold: bc.Health.Failures, Cooldown: bc.Health.Cooldown.D,
 		MetricsPath: bc.Scrape.Path, ScrapeInterval: bc.Scrape.Interval.D,

@@ -12,6 +12,8 @@ import (
 	"syscall"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/backends"
 )
 
 // Secrets never leave: an API key is not echoed to a client nor written to
@@ -81,6 +83,10 @@ func upstreamProblem(backend string, err error) string {
 		what = "ended its stream before it was complete (no [DONE])"
 	case errors.Is(err, errEventTooLarge):
 		what = "sent a stream event larger than this gateway relays (server.max_sse_line_bytes)"
+	case errors.Is(err, backends.ErrTLS):
+		// The certificate's detail is the operator's (in the log): it
+		// names hosts and authorities a client need not see.
+		what = "could not be reached: its TLS handshake failed"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		what = "refused the connection"
 	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):

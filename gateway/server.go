@@ -62,6 +62,9 @@ type Server struct {
 	parsers        fastjson.ParserPool
 	metricsHandler fasthttp.RequestHandler
 	conns          *connLimit // server.max_connections
+	// tls is the listener's TLS (server.tls), nil for plain HTTP. Set once
+	// by New; its certificate changes with reloads.
+	tls *listenerTLS
 
 	rt atomic.Pointer[runtime]
 	// sched is the admission scheduler every runtime shares; set once by New.
@@ -163,6 +166,9 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	sc := cfg.Server
 	s.conns = &connLimit{limit: int64(sc.maxConns())}
+	if sc.TLS != nil {
+		s.tls = newListenerTLS(sc.TLS)
+	}
 	s.srv = &fasthttp.Server{
 		Handler:                       s.handle,
 		ErrorHandler:                  s.handleServerError,
@@ -193,6 +199,12 @@ func (p slogPrintf) Printf(format string, args ...any) {
 
 // Serve serves on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
+	if s.tls != nil {
+		leaf := s.tls.leaf()
+		s.log.Info("kvgate listening", "addr", ln.Addr().String(), "tls", true,
+			"certificate", leaf.Subject.String(), "not_after", leaf.NotAfter)
+		return s.srv.Serve(s.tls.wrap(ln))
+	}
 	s.log.Info("kvgate listening", "addr", ln.Addr().String())
 	return s.srv.Serve(ln)
 }
@@ -250,9 +262,17 @@ func (s *Server) Reload(cfg *Config) error {
 	}
 	// The HTTP server's limits are fixed when it starts; keeping the old
 	// section keeps request_timeout and write_timeout in step with them.
+	// Its TLS files are the exception: rotating a certificate must not
+	// need a restart.
+	newTLS := cfg.Server.TLS
 	if !cfg.Server.sameAs(old.cfg.Server) {
-		s.log.Warn("server.* changes need a restart; keeping the running server section")
+		s.log.Warn("server.* changes need a restart; keeping the running server section (server.tls apart)")
 		cfg.Server = old.cfg.Server
+	}
+	cfg.Server.TLS = newTLS
+	if (newTLS == nil) != (s.tls == nil) {
+		s.log.Warn("turning server.tls on or off needs a restart; keeping the listener as it is")
+		cfg.Server.TLS = old.cfg.Server.TLS
 	}
 	if !cfg.SharedBudget.sameAs(old.cfg.SharedBudget) {
 		s.log.Warn("shared_budget changes need a restart; keeping the running shared_budget section")
@@ -268,6 +288,12 @@ func (s *Server) Reload(cfg *Config) error {
 	}
 	s.rt.Store(rt)
 	s.m.reloaded(true, s.now())
+	if s.tls != nil && cfg.Server.TLS != old.cfg.Server.TLS {
+		s.tls.set(cfg.Server.TLS)
+		leaf := s.tls.leaf()
+		s.log.Info("serving the reloaded TLS certificate to new connections", "certificate", leaf.Subject.String(),
+			"serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter)
+	}
 	if s.fleet != nil {
 		if err := s.fleet.sync(rt); err != nil {
 			s.log.Error("shared budget: a new GPU's lease could not start; it admits nothing", "err", err)
