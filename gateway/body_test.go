@@ -230,3 +230,27 @@ func TestBackendHeadersPassed(t *testing.T) {
 		}
 	}
 }
+
+// The client's request id and W3C trace context reach the backend, which
+// continues the trace (vLLM's --otlp-traces-endpoint).
+func TestTraceContextForwarded(t *testing.T) {
+	got := make(chan http.Header, 1)
+	url := startFake(t, func(w http.ResponseWriter, r *http.Request, _ <-chan struct{}) {
+		if tokenize3(w, r) {
+			return
+		}
+		got <- r.Header.Clone()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+	}).URL
+	_, gw := startGateway(t, baseConfig(url, ""), Options{DisableProbes: true})
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	r := postJSON(gw, "/v1/chat/completions", chatBody("hi", 5, false), "Traceparent", tp, "Tracestate", "vendor=x", "X-Request-Id", "r-1")
+	if r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	h := <-got
+	if h.Get("Traceparent") != tp || h.Get("Tracestate") != "vendor=x" || h.Get("X-Request-Id") != "r-1" {
+		t.Errorf("the backend got %v", h)
+	}
+}

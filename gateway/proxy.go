@@ -646,6 +646,10 @@ func (x *exchange) renameModel(b []byte) []byte {
 	return b
 }
 
+// forwardedHeaders are the client's headers a backend is sent besides the
+// body's type: what ties its work to the client's request and trace.
+var forwardedHeaders = [...]string{"Accept", "X-Request-Id", "Traceparent", "Tracestate"}
+
 // lowerHint is how a request too large to admit can be made smaller. One
 // that sets no length (LangChain and the AI SDK omit it by default) is told
 // that this is why: without max_tokens the whole remaining context is
@@ -701,11 +705,12 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 		x.armFirstByte(be) // on the first backend tried
 		be.NewRequest(ureq, fasthttp.MethodPost, x.req.kind.path())
 		ureq.Header.SetContentType("application/json")
-		if acc := ctx.Request.Header.Peek("Accept"); len(acc) > 0 {
-			ureq.Header.SetBytesV("Accept", acc)
-		}
-		if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 {
-			ureq.Header.SetBytesV("X-Request-Id", id)
+		// The request id and W3C trace context reach the backend: vLLM
+		// started with --otlp-traces-endpoint continues the client's trace.
+		for _, h := range forwardedHeaders {
+			if v := ctx.Request.Header.Peek(h); len(v) > 0 {
+				ureq.Header.SetBytesV(h, v)
+			}
 		}
 		ureq.SetBodyRaw(body)
 		x.backend = be // the backend waited on, for a first-byte timeout
