@@ -22,6 +22,15 @@ import (
 // ports; stopSim stops the backend alone.
 func startStack(t *testing.T) (gwURL string, stopSim func()) {
 	t.Helper()
+	addr, stopSim := startStackWith(t, "", ".")
+	return "http://" + addr, stopSim
+}
+
+// startStackWith is startStack with head (YAML before models:, such as a
+// server: section) in a config whose relative paths are read from dir; it
+// returns the gateway's host:port.
+func startStackWith(t *testing.T, head, dir string) (addr string, stopSim func()) {
+	t.Helper()
 	s, err := sim.New(sim.Config{TimeScale: 0.01, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +48,7 @@ func startStack(t *testing.T) (gwURL string, stopSim func()) {
 		}
 	}
 	t.Cleanup(stopSim)
-	cfg, err := gateway.Parse([]byte(`models:
+	cfg, err := gateway.Parse([]byte(head+`models:
   - {name: llama-3-8b, geometry: {layers: 32, kv_heads: 8, head_dim: 128, dtype: bfloat16}, weights_bytes: 16060522496}
 backends:
   - name: sim0
@@ -47,7 +56,7 @@ backends:
     models: [llama-3-8b]
     gpu_memory: 24GiB
     health: {interval: 20ms, failures: 1, cooldown: 1h}
-`), ".")
+`), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +74,7 @@ backends:
 		defer cancel()
 		gw.Shutdown(ctx)
 	})
-	return "http://" + gln.Addr().String(), stopSim
+	return gln.Addr().String(), stopSim
 }
 
 func TestHealth(t *testing.T) {

@@ -1,17 +1,10 @@
 package main
 
 import (
-	"context"
-	"io"
-	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/kvgate/kvgate/backends/sim"
-	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/internal/testcerts"
 )
 
@@ -27,44 +20,8 @@ func TestHealthTLS(t *testing.T) {
 	testcerts.WriteFile(t, caFile, ca.CertPEM)
 	testcerts.WriteFile(t, clientCAFile, clients.CertPEM)
 
-	s, err := sim.New(sim.Config{TimeScale: 0.01, Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(sln)
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
-	cfg, err := gateway.Parse([]byte(`server:
-  tls: {cert_file: gateway.crt, key_file: gateway.key, client_ca_file: clients.pem}
-models:
-  - {name: llama-3-8b, geometry: {layers: 32, kv_heads: 8, head_dim: 128, dtype: bfloat16}, weights_bytes: 16060522496}
-backends:
-  - name: sim0
-    url: http://`+sln.Addr().String()+`
-    models: [llama-3-8b]
-    gpu_memory: 24GiB
-`), dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := gateway.New(cfg, gateway.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gw.Serve(gln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		gw.Shutdown(ctx)
-	})
-	url := "https://" + gln.Addr().String()
+	addr, _ := startStackWith(t, "server:\n  tls: {cert_file: gateway.crt, key_file: gateway.key, client_ca_file: clients.pem}\n", dir)
+	url := "https://" + addr
 
 	tests := []struct {
 		name string
