@@ -203,9 +203,8 @@ const cusumTrip = 16.0
 
 // trustState is a queue's change detector and cool-down.
 type trustState struct {
-	cusum      float64
-	distrusted bool      // held at worst case until until
-	until      time.Time // end of the cool-down
+	cusum float64
+	until time.Time // end of the cool-down; zero while the forecast is trusted
 }
 
 // markFor is the length past which a sequence predicted by lens counts as
@@ -251,7 +250,7 @@ func (s *Scheduler) distrustLocked(q *queue, reason string) {
 		return
 	}
 	s.trips[reason]++
-	q.trust.distrusted, q.trust.until = true, until
+	q.trust.until = until
 	if l, err := predict.NewLengths(predict.LengthsConfig{MaxLen: q.spec.maxLen}); err == nil {
 		q.lengths, q.byTenant = l, map[string]*predict.Lengths{}
 		if q.tally != nil {
@@ -274,13 +273,13 @@ func (s *Scheduler) distrustLocked(q *queue, reason string) {
 // trustedLocked says whether q's forecast may be used now, ending its
 // cool-down when it has run out.
 func (s *Scheduler) trustedLocked(q *queue) bool {
-	if !q.trust.distrusted {
+	if q.trust.until.IsZero() {
 		return true
 	}
 	if s.clock.Now().Before(q.trust.until) {
 		return false
 	}
-	q.trust.distrusted = false
+	q.trust.until = time.Time{}
 	return true
 }
 
