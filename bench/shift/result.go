@@ -1,0 +1,178 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// outcome is how one request ended.
+type outcome int
+
+const (
+	ok       outcome = iota
+	stopped          // the gateway stopped it (kv_guard_stopped)
+	oom              // the backend failed it: out of memory
+	shed             // 429
+	canceled         // our own hang-up
+	other
+)
+
+var outcomeNames = [...]string{"ok", "stopped", "oom", "shed", "canceled", "other"}
+
+type record struct {
+	start, end time.Duration
+	tenant     string
+	long       bool
+	outcome    outcome
+	tokens     int
+	detail     string
+}
+
+type sample struct {
+	at         time.Duration
+	kv         float64
+	p90        int
+	distrusted bool
+	overcommit float64 // worst cases held / capacity
+	trips      map[string]int64
+}
+
+type result struct {
+	sc       *scenario
+	records  []record
+	samples  []sample
+	overflow float64
+	total    time.Duration
+	shiftAt  time.Duration
+	// changeAt is when the traffic starts to depart from its history:
+	// requests sent from then on are the ones the stop bar counts.
+	changeAt    time.Duration
+	reservation string
+}
+
+// window sums what answered requests generated between from and to
+// (finished in it), per second.
+func (r *result) goodput(from, to time.Duration) float64 {
+	var t int
+	for _, x := range r.records {
+		if x.outcome == ok && x.end >= from && x.end < to {
+			t += x.tokens
+		}
+	}
+	return float64(t) / (to - from).Seconds()
+}
+
+func (r *result) kvMean(from, to time.Duration) float64 {
+	var s float64
+	n := 0
+	for _, x := range r.samples {
+		if x.at >= from && x.at < to {
+			s += x.kv
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return s / float64(n)
+}
+
+// count is how many records match.
+func (r *result) count(f func(record) bool) int {
+	n := 0
+	for _, x := range r.records {
+		if f(x) {
+			n++
+		}
+	}
+	return n
+}
+
+// admittedAfter counts the requests sent from t on that got a backend's
+// answer or were stopped (not shed, not our hang-ups).
+func (r *result) admittedAfter(t time.Duration) int {
+	return r.count(func(x record) bool { return x.start >= t && x.outcome != shed && x.outcome != canceled })
+}
+
+// p90At is the learned p90 the gateway showed at t (the last sample
+// before it).
+func (r *result) p90At(t time.Duration) int {
+	p := 0
+	for _, s := range r.samples {
+		if s.at <= t {
+			p = s.p90
+		}
+	}
+	return p
+}
+
+// longP90 is the p90 of the answered long requests' lengths.
+func (r *result) longP90() int {
+	var n []int
+	for _, x := range r.records {
+		if x.long && x.outcome == ok {
+			n = append(n, x.tokens)
+		}
+	}
+	if len(n) == 0 {
+		return 0
+	}
+	slices.Sort(n)
+	return n[int(math.Ceil(0.9*float64(len(n))))-1]
+}
+
+func (r *result) print(w io.Writer) {
+	fmt.Fprintf(w, "Scenario %s (reservation %s): %s\n", r.sc.name, r.reservation, r.sc.title)
+	by := map[outcome]int{}
+	for _, x := range r.records {
+		by[x.outcome]++
+	}
+	var parts []string
+	for i, n := range outcomeNames {
+		parts = append(parts, fmt.Sprintf("%s %d", n, by[outcome(i)]))
+	}
+	fmt.Fprintf(w, "  requests: %s\n", strings.Join(parts, ", "))
+	after := r.admittedAfter(r.changeAt)
+	stoppedAfter := r.count(func(x record) bool { return x.start >= r.changeAt && x.outcome == stopped })
+	fmt.Fprintf(w, "  overflow events %.0f; stopped by the gateway %d of %d admitted after the change (%.2f%%)\n",
+		r.overflow, stoppedAfter, after, 100*float64(stoppedAfter)/math.Max(1, float64(after)))
+	if r.sc.tenantOf != nil {
+		lostB := r.count(func(x record) bool { return x.tenant == "b" && (x.outcome == oom || x.outcome == stopped) })
+		okB := r.count(func(x record) bool { return x.tenant == "b" && x.outcome == ok })
+		fmt.Fprintf(w, "  tenant B: %d answered, %d lost (out of memory or stopped)\n", okB, lostB)
+	}
+	s := r.shiftAt
+	fmt.Fprintf(w, "  goodput tok/s: before %.0f, first 30s after %.0f, 30–60s after %.0f; KV mean before %.1f%%, 30–60s after %.1f%%\n",
+		r.goodput(s/3, s), r.goodput(s, s+30*time.Second), r.goodput(s+30*time.Second, s+60*time.Second),
+		100*r.kvMean(s/3, s), 100*r.kvMean(s+30*time.Second, s+60*time.Second))
+	fmt.Fprintf(w, "  learned p90: %d before, %d at +10s, %d at +30s; long answers' p90 %d\n",
+		r.p90At(s-time.Second), r.p90At(s+10*time.Second), r.p90At(s+30*time.Second), r.longP90())
+	var distrusted, before int
+	var overcommit float64
+	var trips map[string]int64
+	for _, x := range r.samples {
+		if x.at < s {
+			before++
+			overcommit += x.overcommit
+			if x.distrusted {
+				distrusted++
+			}
+		}
+		if x.trips != nil {
+			trips = x.trips
+		}
+	}
+	fmt.Fprintf(w, "  before the change: distrusted %d of %d samples, worst cases held %.1f× the budget on average; forecast trips by the end %v\n",
+		distrusted, before, overcommit/math.Max(1, float64(before)), trips)
+	shown := 0
+	for _, x := range r.records {
+		if x.outcome == other && shown < 3 {
+			fmt.Fprintf(w, "  other: %s\n", x.detail)
+			shown++
+		}
+	}
+}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/kvgate/kvgate/bench/internal/benchkit"
+)
+
+// scenario is one traffic shape. Its functions see the client's index, the
+// time since the start and a random source of the client's own.
+type scenario struct {
+	name, title string
+	reservation string // "" = --reservation
+	outputLen   string // the simulator's short distribution; "" = lognormal:50,0.8
+	tenants     string // the gateway's tenants section ("" = none)
+	tenantOf    func(client int) string
+	long        func(client int, t time.Duration, r *rand.Rand) bool
+	minTokens   func(client int, r *rand.Rand) int
+	noStream    func(client int, r *rand.Rand) bool
+	hangupAt    time.Duration // 0: none
+	hangups     int
+	// fromStart: the traffic departs from its history from the start (a
+	// ramp, a field, a heavy tail), so requests count from there.
+	fromStart bool
+}
+
+func scenarios(o options) map[string]*scenario {
+	after := func(t time.Duration) bool { return t >= o.shiftAt }
+	byTenant := func(c int) string {
+		if c < o.clients*3/4 {
+			return "a"
+		}
+		return "b"
+	}
+	tenants := func(share string) string {
+		return fmt.Sprintf("tenants:\n  - {name: a, api_keys: [key-a]%s}\n  - {name: b, api_keys: [key-b]%s}\n", share, share)
+	}
+	return map[string]*scenario{
+		"shift": {name: "shift", title: "every request long from the change on",
+			long: func(_ int, t time.Duration, _ *rand.Rand) bool { return after(t) }},
+		"ramp": {name: "ramp", title: "the long share grows from 0 to 100 % over the run", fromStart: true,
+			long: func(_ int, t time.Duration, r *rand.Rand) bool {
+				return r.Float64() < float64(t)/float64(o.shiftAt+o.after)
+			}},
+		"tenant": {name: "tenant", title: "tenant A (3/4 of the clients) turns long, tenant B stays short",
+			tenants: tenants(""), tenantOf: byTenant,
+			long: func(c int, t time.Duration, _ *rand.Rand) bool { return byTenant(c) == "a" && after(t) }},
+		"tenant-shares": {name: "tenant-shares", title: "the same, each tenant with share 0.5",
+			tenants: tenants(", share: 0.5"), tenantOf: byTenant,
+			long: func(c int, t time.Duration, _ *rand.Rand) bool { return byTenant(c) == "a" && after(t) }},
+		"min-tokens": {name: "min-tokens", title: "10 % of requests carry min_tokens 1500 from the start", fromStart: true,
+			minTokens: func(_ int, r *rand.Rand) int {
+				if r.Float64() < 0.1 {
+					return 1500
+				}
+				return 0
+			}},
+		"heavy-tail": {name: "heavy-tail", title: "lognormal outputs σ 1.2, half of the requests not streamed",
+			outputLen: "lognormal:50,1.2", fromStart: true, noStream: func(c int, _ *rand.Rand) bool { return c%2 == 0 }},
+		"hangup": {name: "hangup", title: "64 clients hang up on their running requests at once, then send again",
+			hangupAt: o.shiftAt, hangups: 64},
+	}
+}
+
+func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*result, error) {
+	outLen := sc.outputLen
+	if outLen == "" {
+		outLen = "lognormal:50,0.8"
+	}
+	sim, err := kit.StartSim(ctx, "shift-"+sc.name+"-sim", "--on-overflow", "oom", "--gpu-memory-utilization", utilization,
+		"--time-scale", strconv.FormatFloat(o.timeScale, 'g', -1, 64), "--seed", strconv.FormatUint(o.seed, 10), "--model", model,
+		"--output-len", outLen, "--output-len-when", longMarker+"=uniform:1000-2000")
+	if err != nil {
+		return nil, err
+	}
+	defer sim.Stop()
+	reservation := sc.reservation
+	if reservation == "" {
+		reservation = o.reservation
+	}
+	gw, err := kit.StartGateway(ctx, "shift-"+sc.name, sim.URL, utilization, "  reservation: "+reservation+"\n", sc.tenants)
+	if err != nil {
+		return nil, err
+	}
+	defer gw.Stop()
+	res := &result{sc: sc, total: o.shiftAt + o.after, shiftAt: o.shiftAt, changeAt: o.shiftAt, reservation: reservation}
+	if sc.fromStart {
+		res.changeAt = 0
+	}
+	if err := drive(ctx, o, sc, gw.URL, sim.URL, res); err != nil {
+		return nil, err
+	}
+	// An overflow count that cannot be read is a failed run, never a zero.
+	m, err := benchkit.Scrape(ctx, http.DefaultClient, sim.URL+"/metrics")
+	if err != nil {
+		return nil, fmt.Errorf("read the simulator's overflow count: %w", err)
+	}
+	res.overflow = m.Sum("kvsim_oom_events_total")
+	return res, nil
+}
