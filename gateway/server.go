@@ -20,7 +20,7 @@ import (
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
-	"github.com/kvgate/kvgate/backends/connwatch"
+	"github.com/kvgate/kvgate/internal/connwatch"
 	"github.com/kvgate/kvgate/backends/gpuinfo"
 )
 

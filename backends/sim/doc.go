@@ -157,7 +157,7 @@
 // A client that disconnects has its request aborted and its blocks freed at
 // once, as vLLM aborts it: a stream at its first failed write; a request
 // still queued, or waiting for its answer or its first token, when
-// backends/connwatch sees the connection hang up (Linux TCP; not in-memory
+// internal/connwatch sees the connection hang up (Linux TCP; not in-memory
 // listeners).
 //
 // # Not modelled
