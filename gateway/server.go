@@ -20,8 +20,8 @@ import (
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
-	"github.com/kvgate/kvgate/internal/connwatch"
 	"github.com/kvgate/kvgate/backends/gpuinfo"
+	"github.com/kvgate/kvgate/internal/connwatch"
 )
 
 // Options are the Server's collaborators; zero values take the real ones.
