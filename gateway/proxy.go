@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/jsonscan"
 	"github.com/kvgate/kvgate/kvbudget"
 )
 
@@ -635,7 +636,7 @@ func (x *exchange) renameModel(b []byte) []byte {
 		return b
 	}
 	if x.renames == nil {
-		from, to := appendJSONString(nil, x.req.model), appendJSONString(nil, x.alias)
+		from, to := jsonscan.AppendString(nil, x.req.model), jsonscan.AppendString(nil, x.alias)
 		for _, sep := range []string{`"model":`, `"model": `} {
 			x.renames = append(x.renames, [2][]byte{append([]byte(sep), from...), append([]byte(sep), to...)})
 		}
