@@ -143,7 +143,7 @@ const reasonGuard = "kv_guard_stopped"
 // requestReasons are the reasons of kvgate_requests_total, by outcome, that
 // exist at zero for every model. A backend's own status (backend_503, ...)
 // is open-ended and appears when it first happens.
-// TestRequestReasonsCoverTheCode keeps this list in step with proxy.go.
+// TestRequestReasonsCoverTheCode keeps this list in step with the code.
 var requestReasons = map[string][]string{
 	outcomeOK:       {""},
 	outcomeShed:     {admission.ReasonQueueFull, admission.ReasonQueueTimeout, admission.ReasonOverloaded, admission.ReasonTenantQuota, reasonGuard},
