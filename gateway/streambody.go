@@ -81,7 +81,7 @@ func (b *sseBody) closeDelimited(ctx *fasthttp.RequestCtx, writeTimeout time.Dur
 	ctx.Response.Header.SetContentLength(-2) // neither Content-Length nor Transfer-Encoding; Connection: close
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
-		if c.SetWriteDeadline(time.Now().Add(writeTimeout)) != nil {
+		if c.SetWriteDeadline(time.Now().Add(writeTimeout)) != nil { // a socket deadline is on wall time, not the server's clock
 			_ = b.Close()
 			return
 		}
