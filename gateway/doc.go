@@ -1,51 +1,86 @@
 // Package gateway is kvgate's OpenAI-compatible reverse proxy: it admits a
 // request only when the KV cache the request will need fits in the budget
-// of the GPU that will serve it.
+// of the GPU that will serve it. What to admit, when and where is package
+// admission's; the gateway turns HTTP into the shapes admission weighs, and
+// admission's answers back into HTTP.
 //
-// One request, end to end: the handler reads only the fields that decide
-// admission (model, messages or prompt, max_tokens / max_completion_tokens,
-// n / best_of, stream, stream_options), exactly as vLLM will read them — a
-// body parsers could read two ways (a repeated field, a length field the
-// endpoint does not have, a number past int64) is refused or rewritten to
-// the backend's reading — and forwards the body otherwise byte for byte.
-// It counts the prompt's tokens (a backend's /tokenize, remembered per
-// prompt in a bounded cache, or an estimate calibrated against the usage
-// backends report), and describes the request
-// to the admission scheduler as a shape: per prompt its tokens, the output
-// it may generate (max_tokens, else the model's default, else the rest of
-// the context) and its sequences, in the model's KV blocks (package
-// kvbudget). It waits in its model's queue (package admission: priority
-// classes, tenants, bounded queue, early shedding with Retry-After) until
-// one of the model's GPUs has room for it — under the predicted policy,
-// room for the forecast of its growth beside the others' — and is bound
-// there; it is forwarded to a backend of that GPU and the answer relayed,
-// SSE event by event, flushed as it arrives, the 200 promised only once the
-// first event is here (a backend that sends none within first_byte_timeout
-// gives a 504), while the relay reports each choice's progress and end to
-// its ticket. A stream is a success once [DONE] reached the client; one
-// that ends otherwise gets a final error event and is a failure.
+// # A request, end to end
 //
-// Invariants. Every request leaves through exactly one finish, which
+// The handler (serveCompletion, exchange.go) authenticates the client
+// (auth.go) and reads only the fields that decide admission (parse.go:
+// model, messages or prompt, max_tokens / max_completion_tokens, n /
+// best_of, stream, stream_options), exactly as vLLM will read them — a body
+// parsers could read two ways (a repeated field, a length field the
+// endpoint does not have, a number past int64, what JSON forbids in a
+// string; the grammar's checks are package jsonscan's) is refused or
+// rewritten to the backend's reading (rewrite.go) — and forwards the body
+// otherwise byte for byte.
+//
+// It counts the prompt's tokens (reservation.go: a backend's /tokenize,
+// remembered per prompt in a bounded cache, tokencache.go, or an estimate
+// calibrated against the usage backends report, model.go) and sizes the
+// output (max_tokens, else the model's default, else the rest of the
+// context). That is the reservation (reservation.go): per prompt its
+// tokens, the output it may generate and its sequences, in the model's KV
+// blocks (package kvbudget), described to the scheduler as a shape. It
+// waits in its model's queue (package admission: priority classes,
+// tenants, bounded queue, early shedding with Retry-After) until one of the
+// model's GPUs has room for it — under the predicted policy, room for the
+// forecast of its growth beside the others' — and is bound there. A refusal
+// becomes an OpenAI error with its status and Retry-After (refuse.go, in
+// the shape errors.go writes).
+//
+// It is forwarded to a backend of that GPU (forward.go). A non-streamed
+// answer is relayed whole (answer.go); a streamed one event by event
+// (relay.go: events cut by stream.go, told apart without a parse by
+// eventscan.go, written by fasthttp through streambody.go), flushed as
+// they arrive, the 200 promised only once the first event is here (a
+// backend that sends none within first_byte_timeout gives a 504), while
+// the relay reports each choice's progress and end to its ticket. A stream
+// is a success once [DONE] reached the client; one that ends otherwise gets
+// a final error event and is a failure. What an answer reports it used
+// (usage.go) calibrates the estimate, checks the tokenize cache, teaches
+// the output-length predictor and feeds the metrics.
+//
+// # Invariants
+//
+// Every request leaves through exactly one finish (exchange.go), which
 // releases its reservation, stops watching its client, cancels its
-// upstream exchange and writes its access-log line; a client hang-up (noticed through package connwatch
-// even while the request is queued or waiting for a non-streamed answer), a
-// request timeout and a shutdown all end the request's context, and an
+// upstream exchange and writes its access-log line (accesslog.go). A
+// client hang-up (noticed through package connwatch even while the request
+// is queued or waiting for a non-streamed answer), a request timeout and a
+// shutdown all end the request's context (reqctx.go; its deadlines are
+// checked by the sweep of the requests in flight, inflight.go), and an
 // ended context closes the upstream connection, which is how the backend
 // learns to abort. A choice that finishes early gives its blocks back at
-// once. A request reads the configuration once (an immutable runtime) and a
-// reload swaps in a new one, keeping the budgets and backends that persist,
-// so reservations in flight survive it.
+// once. A request reads the configuration once (an immutable runtime,
+// runtime.go) and a reload swaps in a new one, keeping the budgets and
+// backends that persist, so reservations in flight survive it.
 //
-// A request whose backend fails before the first byte is retried on another
-// backend of its GPU, and once on another GPU (its ticket moved, never held
-// twice). After every probe the gateway tells the scheduler which GPUs may
-// take each model's requests.
+// # Failures and retries
 //
-// On SIGTERM (Drain) readiness turns first and the listener serves on for
-// server.drain_delay, so that load balancers stop sending before it closes;
-// then the requests in flight get server.shutdown_timeout to finish.
+// A request whose backend fails before the first byte is retried on
+// another backend of its GPU, and once on another GPU (its ticket moved,
+// never held twice; forward.go). After every probe the gateway tells the
+// scheduler which GPUs may take each model's requests (runtime.go). A
+// backend that answers out of memory puts its GPU on worst-case admission
+// for the cool-down (answer.go).
 //
-// What it does not do: retry after the first byte reached the client, or
-// enforce separate pools for several vLLM processes that share one GPU
-// budget.
+// # Operating it
+//
+// The server, its routes and its probes are server.go; the configuration
+// and its checks config*.go, and Check (check.go) reports what a
+// configuration builds; the operator's /status view is status.go and the
+// Prometheus series metrics.go (fed as requests pass), metrics_collect.go
+// (seeded and read at scrape time) and metrics_lease.go (a replica's
+// shared budget, whose leases and fair shares are the fleet code's). Secrets
+// never reach a client or a log (secrets.go). On SIGTERM (Drain, drain.go)
+// readiness turns first and the listener serves on for server.drain_delay,
+// so that load balancers stop sending before it closes; then the requests
+// in flight get server.shutdown_timeout to finish.
+//
+// # What it does not do
+//
+// Retry after the first byte reached the client, or enforce separate pools
+// for several vLLM processes that share one GPU budget.
 package gateway

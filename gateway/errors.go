@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/jsonscan"
 	"github.com/valyala/fasthttp"
 )
 
@@ -51,8 +52,8 @@ func (e *apiError) write(ctx *fasthttp.RequestCtx) {
 // JSON's own escapes. A stream's error event carries no param, as vLLM's
 // does not.
 func (e *apiError) appendJSON(dst []byte, withParam bool) []byte {
-	dst = appendJSONString(append(dst, `{"error":{"message":`...), e.message)
-	dst = appendJSONString(append(dst, `,"type":`...), e.typ)
+	dst = jsonscan.AppendString(append(dst, `{"error":{"message":`...), e.message)
+	dst = jsonscan.AppendString(append(dst, `,"type":`...), e.typ)
 	if withParam {
 		dst = appendNullOr(append(dst, `,"param":`...), e.param)
 	}
@@ -64,7 +65,7 @@ func appendNullOr(dst []byte, s string) []byte {
 	if s == "" {
 		return append(dst, "null"...)
 	}
-	return appendJSONString(dst, s)
+	return jsonscan.AppendString(dst, s)
 }
 
 // retryAfterSeconds rounds up to whole seconds, at least 1: a client told

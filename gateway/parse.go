@@ -1,14 +1,10 @@
 package gateway
 
 import (
-	"bytes"
-	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"strconv"
-	"unicode/utf8"
 
 	"github.com/valyala/fastjson"
 
@@ -34,8 +30,9 @@ func (e endpoint) path() string {
 // admission. Everything else is forwarded untouched.
 type request struct {
 	kind endpoint
-	// numText is badNumber's scratch: the request is on the heap already,
-	// a buffer on the stack would not be (fastjson's MarshalTo leaks it).
+	// numText is jsonscan.InvalidNumber's scratch: the request is on the
+	// heap already, a buffer on the stack would not be (fastjson's MarshalTo
+	// leaks it).
 	numText      [32]byte
 	model        string
 	stream       bool
@@ -102,14 +99,14 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	if v.Type() != fastjson.TypeObject {
 		return nil, &parseError{msg: "The request body must be a JSON object."}
 	}
-	if at, what := badString(body); at >= 0 {
+	if at, what := jsonscan.InvalidString(body); at >= 0 {
 		return nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %s at offset %d", what, at)}
 	}
-	if dup := duplicate(v, topLevelKeys); dup != "" {
+	if dup := jsonscan.Duplicate(v, topLevelKeys); dup != "" {
 		return nil, duplicateKey(dup)
 	}
 	r := &request{kind: kind, n: 1, seqs: 1}
-	if bad := badNumber(v, r.numText[:0]); bad != "" {
+	if bad := jsonscan.InvalidNumber(v, r.numText[:0]); bad != "" {
 		return nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %q is not a JSON number", bad)}
 	}
 	mv := v.Get("model")
@@ -129,7 +126,7 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 		if so.Type() != fastjson.TypeObject {
 			return nil, badParam("stream_options", "stream_options must be an object")
 		}
-		if dup := duplicate(so, streamOptionKeys); dup != "" {
+		if dup := jsonscan.Duplicate(so, streamOptionKeys); dup != "" {
 			return nil, duplicateKey("stream_options." + dup)
 		}
 		// vLLM's StreamOptions.include_usage defaults to true: an object
@@ -257,32 +254,6 @@ var (
 	partKeys         = []string{"type", "text"}
 )
 
-// duplicate is the first of keys that appears more than once in the
-// object v ("" if none, or if v is not an object).
-func duplicate(v *fastjson.Value, keys []string) string {
-	o, err := v.Object()
-	if err != nil {
-		return ""
-	}
-	var seen uint64 // bit i: keys[i] met
-	var dup string
-	o.Visit(func(k []byte, _ *fastjson.Value) {
-		if dup != "" {
-			return
-		}
-		for i, want := range keys {
-			if string(k) == want {
-				if seen&(1<<i) != 0 {
-					dup = want
-				}
-				seen |= 1 << i
-				return
-			}
-		}
-	})
-	return dup
-}
-
 // duplicateKey refuses a body in which the key at path appears twice.
 func duplicateKey(path string) error {
 	return badParam(path, "duplicate key %q: give each field once (JSON parsers disagree on which occurrence counts)", path)
@@ -332,7 +303,7 @@ func (r *request) readMessages(v *fastjson.Value) error {
 		if m.Type() != fastjson.TypeObject {
 			return badParam(fmt.Sprintf("messages[%d]", i), "each message must be an object")
 		}
-		if dup := duplicate(m, messageKeys); dup != "" {
+		if dup := jsonscan.Duplicate(m, messageKeys); dup != "" {
 			return duplicateKey(fmt.Sprintf("messages[%d].%s", i, dup))
 		}
 		if role := m.Get("role"); role == nil || role.Type() != fastjson.TypeString {
@@ -346,7 +317,7 @@ func (r *request) readMessages(v *fastjson.Value) error {
 		case c.Type() == fastjson.TypeArray:
 			parts, _ := c.Array()
 			for j, part := range parts {
-				if dup := duplicate(part, partKeys); dup != "" {
+				if dup := jsonscan.Duplicate(part, partKeys); dup != "" {
 					return duplicateKey(fmt.Sprintf("messages[%d].content[%d].%s", i, j, dup))
 				}
 				if t := part.GetStringBytes("text"); t != nil {
@@ -497,7 +468,7 @@ func (r *request) promptTextsFromTree(p *fastjson.Parser, body []byte) error {
 			// fastjson unescapes a string it was asked the type of, and
 			// would quote it again the Go way: re-quoted here with JSON's
 			// escapes.
-			r.prompts[i].text = appendJSONString(nil, string(items[i].GetStringBytes()))
+			r.prompts[i].text = jsonscan.AppendString(nil, string(items[i].GetStringBytes()))
 		}
 	}
 	return nil
@@ -507,7 +478,7 @@ func (r *request) promptTextsFromTree(p *fastjson.Parser, body []byte) error {
 // r: the prompt exactly as the client sent it, so the backend counts what
 // it will run.
 func tokenizeBody(dst []byte, r *request, i int) []byte {
-	dst = appendJSONString(append(dst, `{"model":`...), r.model)
+	dst = jsonscan.AppendString(append(dst, `{"model":`...), r.model)
 	pt := r.prompts[i]
 	if r.kind == completions {
 		dst = append(append(dst, `,"prompt":`...), pt.text...)
@@ -518,303 +489,4 @@ func tokenizeBody(dst []byte, r *request, i int) []byte {
 		dst = append(append(dst, `,"tools":`...), pt.tools...)
 	}
 	return append(dst, '}')
-}
-
-// appendJSONString appends s as a JSON string. fastjson quotes a string with
-// special characters by strconv.AppendQuote, whose \x00, \a and \U escapes
-// are Go, not JSON; this writes JSON's escapes only, and invalid UTF-8 as
-// U+FFFD, as encoding/json does.
-func appendJSONString(dst []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	dst = append(dst, '"')
-	done := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= utf8.RuneSelf {
-			r, size := utf8.DecodeRuneInString(s[i:])
-			if r == utf8.RuneError && size == 1 {
-				dst = append(append(dst, s[done:i]...), `\ufffd`...)
-				done = i + 1
-			}
-			i += size
-			continue
-		}
-		if c >= 0x20 && c != '"' && c != '\\' {
-			i++
-			continue
-		}
-		dst = append(dst, s[done:i]...)
-		switch c {
-		case '"', '\\':
-			dst = append(dst, '\\', c)
-		case '\n':
-			dst = append(dst, '\\', 'n')
-		case '\r':
-			dst = append(dst, '\\', 'r')
-		case '\t':
-			dst = append(dst, '\\', 't')
-		default:
-			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		}
-		i++
-		done = i
-	}
-	return append(append(dst, s[done:]...), '"')
-}
-
-// badString returns the offset of the first byte inside a string of the JSON
-// text body that JSON forbids there — a control character (below U+0020)
-// written raw, or a backslash that starts no valid escape — with what is
-// wrong, or -1. Python's json, which reads the body for vLLM, refuses both;
-// fastjson lets them through, and a string copied from the body into a
-// /tokenize body or a rewritten one would carry them into invalid JSON.
-//
-// body has been parsed by fastjson, so every backslash in it is inside a
-// string, and so is every control character but JSON's whitespace: the
-// escapes are checked by jumping from backslash to backslash, and only a
-// body with a tab, newline or carriage return (pretty-printed JSON) is
-// walked string by string.
-func badString(body []byte) (int, string) {
-	for j := 0; ; {
-		k := bytes.IndexByte(body[j:], '\\')
-		if k < 0 {
-			break
-		}
-		i := j + k
-		n := escapeLen(body[i+1:])
-		if n == 0 {
-			return i, "invalid escape sequence in a string"
-		}
-		j = i + 1 + n
-	}
-	if !hasControl(body) {
-		return -1, ""
-	}
-	in := false
-	for i := 0; i < len(body); i++ {
-		switch c := body[i]; {
-		case c == '"':
-			in = !in
-		case !in:
-		case c < 0x20:
-			return i, fmt.Sprintf("control character U+%04X inside a string (write it as \\u%04x)", c, c)
-		case c == '\\':
-			i++
-		}
-	}
-	return -1, ""
-}
-
-// badNumber returns the text of the first number in v that JSON's grammar
-// refuses, or "". fastjson takes any run of digits, signs, dots and
-// exponents for a number, and inf and nan too: 00, 1-2, +1, .5 or nan
-// parse. Python's json, which reads the body for vLLM, refuses them, and a
-// body the gateway accepted must not come back as the backend's error
-// after its KV was reserved. The walk is over the parse tree, not the
-// body: a long prompt is one string, which costs nothing here. Overlong
-// text is cut for the message. scratch holds each number's text in turn.
-func badNumber(v *fastjson.Value, scratch []byte) string {
-	switch v.Type() {
-	case fastjson.TypeNumber:
-		if raw := v.MarshalTo(scratch[:0]); !jsonNumber(raw) {
-			if len(raw) > 24 {
-				return string(raw[:24]) + "…"
-			}
-			return string(raw)
-		}
-	case fastjson.TypeArray:
-		a, _ := v.Array()
-		for _, e := range a {
-			if bad := badNumber(e, scratch); bad != "" {
-				return bad
-			}
-		}
-	case fastjson.TypeObject:
-		o, _ := v.Object()
-		var bad string
-		o.Visit(func(_ []byte, e *fastjson.Value) {
-			if bad == "" {
-				bad = badNumber(e, scratch)
-			}
-		})
-		return bad
-	}
-	return ""
-}
-
-// jsonNumber reports whether b is a number by JSON's grammar:
-// -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
-func jsonNumber(b []byte) bool {
-	i := 0
-	digits := func() int {
-		n := 0
-		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
-			i++
-			n++
-		}
-		return n
-	}
-	if i < len(b) && b[i] == '-' {
-		i++
-	}
-	switch n := digits(); {
-	case n == 0:
-		return false
-	case n > 1 && b[i-n] == '0':
-		return false // a leading zero
-	}
-	if i < len(b) && b[i] == '.' {
-		i++
-		if digits() == 0 {
-			return false
-		}
-	}
-	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		i++
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			i++
-		}
-		if digits() == 0 {
-			return false
-		}
-	}
-	return i == len(b)
-}
-
-// escapeLen is the length of the escape that esc, what follows a
-// backslash, starts (1, or 5 for \uXXXX), or 0 if it is none of JSON's.
-func escapeLen(esc []byte) int {
-	if len(esc) == 0 {
-		return 0
-	}
-	switch esc[0] {
-	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-		return 1
-	case 'u':
-		if len(esc) < 5 {
-			return 0
-		}
-		for _, h := range esc[1:5] {
-			if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
-				return 0
-			}
-		}
-		return 5
-	}
-	return 0
-}
-
-// hasControl reports whether b holds any byte below 0x20, 32 bytes at a
-// time: most bodies (compact JSON from the SDKs) have none and pay only
-// this, which on a 4k-token prompt is most of the cost of checking its
-// strings. A word's bytes below 0x20 are those whose high bit
-// (x - 0x20…) &^ x sets (a borrow can only spread from a byte that is
-// below 0x20 itself); four words are tested at once, so that their
-// arithmetic overlaps.
-func hasControl(b []byte) bool {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	const lo = ones * 0x20
-	i := 0
-	for ; i+32 <= len(b); i += 32 {
-		w := b[i : i+32 : i+32]
-		x0 := binary.LittleEndian.Uint64(w)
-		x1 := binary.LittleEndian.Uint64(w[8:])
-		x2 := binary.LittleEndian.Uint64(w[16:])
-		x3 := binary.LittleEndian.Uint64(w[24:])
-		if ((x0-lo)&^x0|(x1-lo)&^x1|(x2-lo)&^x2|(x3-lo)&^x3)&highs != 0 {
-			return true
-		}
-	}
-	for ; i+8 <= len(b); i += 8 {
-		x := binary.LittleEndian.Uint64(b[i:])
-		if (x-lo)&^x&highs != 0 {
-			return true
-		}
-	}
-	for ; i < len(b); i++ {
-		if b[i] < 0x20 {
-			return true
-		}
-	}
-	return false
-}
-
-// rewriteBody returns body with what the gateway must add or remove: with
-// usage, stream_options.include_usage (so it learns the real token counts
-// of a stream); with maxTokens > 0, max_tokens (the model's
-// default_max_tokens, which the reservation assumed); with dropMaxCompletion,
-// no max_completion_tokens (a /v1/completions body, whose reservation
-// followed max_tokens). Members are added after the opening brace and
-// removed by their bytes; every other byte stays as the client sent it (a
-// re-serialised body would re-quote keys, and fastjson's quoting is not
-// always JSON's). body is one parseRequest accepted: it is read by a scan,
-// not parsed again.
-func rewriteBody(body []byte, usage bool, maxTokens int, dropMaxCompletion bool, model string) ([]byte, error) {
-	drop := func(name []byte) bool {
-		return (usage && keyIs(name, "stream_options")) || (model != "" && keyIs(name, "model")) ||
-			(maxTokens > 0 && keyIs(name, "max_tokens")) ||
-			((maxTokens > 0 || dropMaxCompletion) && keyIs(name, "max_completion_tokens"))
-	}
-	// One pass over the members: the spans kept, and the stream options
-	// (an object or null: parseRequest refused anything else).
-	var keptBuf [16][2]int // a request has a few members: no allocation for their spans
-	kept := keptBuf[:0]
-	var so []byte
-	if err := jsonscan.Members(body, func(name []byte, start, value, end int) bool {
-		if !drop(name) {
-			kept = append(kept, [2]int{start, end})
-		} else if usage && so == nil && keyIs(name, "stream_options") {
-			so = body[value:end]
-		}
-		return true
-	}); err != nil {
-		return nil, err
-	}
-	var addBuf [128]byte // the members added, before they are copied into out
-	add := addBuf[:0]
-	if usage {
-		add = append(add, `"stream_options":{"include_usage":true`...)
-		if len(so) > 0 && so[0] == '{' {
-			// Keep the client's other stream options (continuous usage
-			// stats, ...).
-			if err := jsonscan.Members(so, func(name []byte, start, _, end int) bool {
-				if !keyIs(name, "include_usage") {
-					add = append(append(add, ','), so[start:end]...)
-				}
-				return true
-			}); err != nil {
-				return nil, fmt.Errorf("stream_options: %w", err)
-			}
-		}
-		add = append(add, "},"...)
-	}
-	if maxTokens > 0 {
-		add = append(strconv.AppendInt(append(add, `"max_tokens":`...), int64(maxTokens), 10), ',')
-	}
-	if model != "" {
-		add = append(appendJSONString(append(add, `"model":`...), model), ',')
-	}
-	open := bytes.IndexByte(body, '{')
-	out := append(append(make([]byte, 0, len(body)+len(add)), body[:open+1]...), add...)
-	for k, m := range kept {
-		if k > 0 {
-			out = append(out, ',')
-		}
-		out = append(out, body[m[0]:m[1]]...)
-	}
-	if len(kept) == 0 && len(add) > 0 {
-		out = out[:len(out)-1] // the added members' trailing comma
-	}
-	return append(out, '}'), nil
-}
-
-// keyIs reports whether a key, as written between its quotes, names want:
-// a key spelled with escapes (max\u005ftokens) is the same key to the
-// backend's parser.
-func keyIs(raw []byte, want string) bool {
-	if bytes.IndexByte(raw, '\\') < 0 {
-		return string(raw) == want
-	}
-	var k string
-	return json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &k) == nil && k == want
 }

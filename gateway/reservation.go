@@ -1,7 +1,11 @@
 package gateway
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/kvbudget"
 )
 
@@ -117,4 +121,102 @@ func (r *reservation) reservedOutput() int {
 		t += o * r.seqs
 	}
 	return t
+}
+
+// countPrompts counts each prompt's tokens by the model's strategy; exact
+// says which counts are the backend's own (or token ids) rather than
+// estimates. The backend strategy asks a backend of the model (the one
+// with the most room: the request is bound to no GPU yet), picked only
+// when the cache cannot answer; where it cannot answer either, the
+// calibrated estimate stands in. backends.ErrNoBackend: none is left.
+func (x *exchange) countPrompts() (counts []int, exact []bool, err error) {
+	var be *backends.Backend
+	if len(x.req.shapes) <= len(x.counts) { // one prompt: no allocation
+		counts, exact = x.counts[:len(x.req.shapes)], x.exact[:len(x.req.shapes)]
+	} else {
+		counts, exact = make([]int, len(x.req.shapes)), make([]bool, len(x.req.shapes))
+	}
+	for i, sh := range x.req.shapes {
+		if sh.ids {
+			counts[i], exact[i] = sh.tokenIDs, true
+			continue
+		}
+		if x.req.prompts != nil {
+			n, err := x.tokenizeCached(&be, i)
+			if err == nil {
+				counts[i], exact[i] = n, true
+				continue
+			}
+			if x.ctx.Err() != nil || errors.Is(err, backends.ErrNoBackend) {
+				return nil, nil, err
+			}
+			reason := "error"
+			if errors.Is(err, backends.ErrTokenizeTimeout) {
+				reason = "timeout"
+			}
+			x.s.m.upstreamErrors.WithLabelValues(be.Name(), "tokenize").Inc()
+			x.s.m.tokenizeFalls.WithLabelValues(x.label, reason).Inc()
+			x.s.log.Warn("backend tokenize failed; estimating", "backend", be.Name(), "err", err)
+		}
+		counts[i] = x.m.est.predict(sh)
+		x.noteSource(sourceEstimate)
+	}
+	return counts, exact, nil
+}
+
+// reserve turns token counts into the reservation, or into the 400 that a
+// request over the model's context length gets. Only an exact count can
+// prove a request too long: an estimate errs high on purpose, so where it
+// says "too long" the whole context is reserved and the backend judges.
+// A model's default_max_tokens is sent to the backend (x.injectMax), or the
+// backend would generate past what was reserved.
+func (x *exchange) reserve(prompts []int, exact []bool) *apiError {
+	m, req := x.m, x.req
+	param := "messages"
+	if req.kind == completions {
+		param = "prompt"
+	}
+	var outs []int
+	if len(prompts) == 1 {
+		outs = x.one.outs[:]
+	} else {
+		outs = make([]int, len(prompts))
+	}
+	for i, p := range prompts {
+		x.predicted += p
+		room := m.maxLen - p
+		switch {
+		case req.maxTokens > 0:
+			outs[i] = req.maxTokens
+		case m.defaultMax > 0 && m.defaultMax <= room:
+			outs[i] = m.defaultMax
+		case m.defaultMax > 0 && exact[i]:
+			outs[i] = max(room, 1) // vLLM caps its own default to the room left
+		default:
+			outs[i] = max(room, 0)
+		}
+		if p+outs[i] <= m.maxLen && room > 0 {
+			continue
+		}
+		if exact[i] {
+			return &apiError{status: 400, typ: typeInvalidRequest, code: "context_length_exceeded", param: param,
+				message: fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+					m.maxLen, p+outs[i], p, outs[i])}
+		}
+		prompts[i] = min(p, m.maxLen)
+		outs[i] = m.maxLen - prompts[i]
+	}
+	if req.maxTokens == 0 && m.defaultMax > 0 {
+		x.injectMax = m.defaultMax
+		for i, o := range outs {
+			if prompts[i]+m.defaultMax <= m.maxLen {
+				x.injectMax = min(x.injectMax, o)
+			} else if !exact[i] {
+				x.injectMax = 0 // an estimate too long for the default: leave the backend its own
+				break
+			}
+		}
+	}
+	x.res = newReservation(m.layout, prompts, outs, req.n, req.seqs, &x.one)
+	return nil
 }

@@ -13,4 +13,16 @@
 // Lookup says so (ErrEscapedKey). Skip, SkipSpace and After are the steps
 // its walks are made of, for a scanner of its own that walks a document's
 // known shape (the relay's test for a token event).
+//
+// Grammar (grammar.go). fastjson is lenient where Python's json, which
+// reads the same documents again behind the gateway, is not: it takes a
+// raw control character or a bad escape inside a string, and 00, +1, .5
+// or nan for numbers, and it keeps the first of a repeated key where
+// Python keeps the last. InvalidString, InvalidNumber and Duplicate find
+// what a strict parser would refuse or read otherwise, so that a document
+// is refused once, up front, rather than read two ways.
+//
+// Writing (quote.go). AppendString writes a string with JSON's escapes
+// only (fastjson quotes the Go way, \x00), for documents built from
+// pieces of others.
 package jsonscan

@@ -1,0 +1,357 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/backends"
+)
+
+// Causes of a request's context ending, told apart when it does.
+var (
+	errClientGone     = errors.New("client disconnected")
+	errRequestTimeout = errors.New("request timeout")
+	errShutdown       = errors.New("gateway shutting down")
+	// errFirstByteTimeout: a streamed request's backend sent no event
+	// within its first_byte_timeout.
+	errFirstByteTimeout = errors.New("first byte timeout")
+	// errStoppedForMemory: the admission guard stopped the request, so
+	// that the GPU's KV cache stays within its budget when the requests
+	// running there outgrew their forecast.
+	errStoppedForMemory = errors.New("stopped to keep the GPU within its KV budget")
+)
+
+// exchange is one proxied request from arrival to its last byte. It holds
+// everything that must be given back — the admission ticket, the client
+// watch, the request context — and finish gives it all back exactly once,
+// whichever way the request leaves.
+type exchange struct {
+	s     *Server
+	rt    *runtime
+	start time.Time
+	label string // model label for metrics ("" until the model is known)
+
+	req    *request
+	m      *model
+	class  string
+	tenant string
+
+	// ctx is &rctx, the request's context (reqctx.go).
+	ctx  context.Context
+	rctx reqCtx
+	fl   flight   // in the server's set of requests in flight
+	conn net.Conn // the client's, watched for a hang-up once it waits
+
+	wmu        sync.Mutex // guards watchStop and watchEnded
+	watchStop  func() bool
+	watchEnded bool // finished: the client is never watched again
+	// stage and hungUp let a stream under way outlive a hang-up report
+	// (see hangUp); both are atomics, read by the watch's goroutine.
+	stage  atomic.Int32 // stageBefore, stageStreaming or stageDone
+	hungUp atomic.Bool  // the watch reported a hang-up during the stream
+
+	ticket *admission.Ticket // &ticketBuf once admitted
+	res    reservation
+	one    oneChoice // res's slices, for one prompt and one choice
+	// ticketBuf is the admission held, in the exchange itself so that an
+	// admission that fits at once allocates nothing.
+	ticketBuf admission.Ticket
+	backend   *backends.Backend
+
+	predicted int // prompt tokens reserved, all prompts
+	// counts and exact hold countPrompts' answer for a single prompt.
+	counts    [1]int
+	exact     [1]bool
+	injectMax int // max_tokens the gateway adds to the body (the model's default); 0 = none
+	// alias is the model's served_name the client sent ("" when it sent
+	// the model's own name): the backend is sent req.model, the client
+	// sees alias in answers; renames are the patterns renameModel swaps.
+	alias    string
+	renames  [][2][]byte
+	firstTok bool
+	lastTok  time.Time // the first choice's last token, for the inter-token latency
+	usage    struct{ prompt, completion int }
+	hasUsage bool
+
+	// source is how the prompts were counted (sourceBackend, ...); "" for
+	// token ids only. A single prompt counted from the model's tokenize
+	// cache keeps its key, to be checked against the usage reported.
+	source     string
+	cacheHit   bool
+	cacheKey   tokenKey
+	cacheCount int
+
+	body sseBody // a streamed answer, relayed as fasthttp writes it
+
+	access accessRecord // accesslog.go
+
+	done bool
+}
+
+func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
+	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown", conn: ctx.Conn()}
+	x.rctx.deadline = x.start.Add(rt.cfg.Server.requestTimeout())
+	x.rctx.waiting = s.wake
+	x.rctx.linger = rt.cfg.Admission.abortHold()
+	x.ctx = &x.rctx
+	s.m.inflight.Inc()
+	s.active.Add(1)
+	s.flights.add(x)
+	if s.stopping.Load() {
+		x.rctx.cancel(errShutdown)
+	}
+	s.wakeSweep()
+	return x
+}
+
+// watchClient has the client's hang-up end the request's context; the
+// sweep calls it once the request waits (inflight.go). It holds wmu across
+// the registration, which only the request's own finish waits for.
+func (x *exchange) watchClient() {
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	if x.watchEnded || x.conn == nil {
+		return
+	}
+	if stop, err := x.s.watch.Watch(socketOf(x.conn), x.hangUp); err == nil {
+		x.watchStop = stop
+	}
+}
+
+// unwatch stops watching the client, for good.
+func (x *exchange) unwatch() {
+	x.wmu.Lock()
+	x.watchEnded = true
+	stop := x.watchStop
+	x.watchStop = nil
+	x.wmu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// finish records the outcome and releases everything. Later calls do
+// nothing, so every exit path may call it.
+func (x *exchange) finish(outcome, reason string) {
+	if x.done {
+		return
+	}
+	x.done = true
+	x.s.flights.remove(x)
+	x.stopFirstByte()
+	x.unwatch()
+	if x.ticket != nil && x.rctx.Cause() == nil {
+		// A context that ended first gave the ticket up itself, lingering
+		// while the backend may still hold the blocks (reqctx.go).
+		x.ticket.Release()
+	}
+	x.rctx.cancel(context.Canceled)
+	m := x.s.m
+	m.inflight.Dec()
+	x.s.active.Add(-1)
+	took := x.s.now().Sub(x.start)
+	if x.m != nil && outcome == outcomeOK && reason == "" {
+		ms := m.forModel(x.m.name)
+		ms.ok.Inc()
+		ms.okDur.Observe(took.Seconds())
+	} else {
+		m.requests.WithLabelValues(x.label, outcome, reason).Inc()
+		m.duration.WithLabelValues(x.label, outcome).Observe(took.Seconds())
+	}
+	if x.hasUsage {
+		x.recordUsage()
+	}
+	x.logAccess(outcome, reason, took)
+}
+
+// fail answers with e and finishes.
+func (x *exchange) fail(ctx *fasthttp.RequestCtx, e *apiError, outcome, reason string) {
+	e.write(ctx)
+	x.finish(outcome, reason)
+}
+
+// failEnded finishes a request whose context ended, answering when there is
+// still a client to answer.
+func (x *exchange) failEnded(ctx *fasthttp.RequestCtx) bool {
+	outcome, reason, e := x.ended()
+	if outcome == "" {
+		return false
+	}
+	if e != nil {
+		e.write(ctx)
+		if e.status == statusClientClosed {
+			ctx.SetConnectionClose() // it sends nothing more
+		}
+	}
+	x.finish(outcome, reason)
+	return true
+}
+
+func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
+	if s.testHookServe != nil {
+		s.testHookServe()
+	}
+	rt := s.rt.Load()
+	x := s.newExchange(ctx, rt)
+	x.noteAccess(ctx, kind.path())
+	streaming := false
+	defer func() {
+		if !streaming {
+			x.finish(outcomeFailed, "internal") // no-op unless a path forgot to finish
+		}
+	}()
+
+	tn, ok := rt.authenticate(ctx)
+	if !ok {
+		x.fail(ctx, unauthorized(), outcomeRejected, "unauthorized")
+		return
+	}
+	if tn != nil {
+		x.tenant = tn.name
+	}
+	p := s.parsers.Get()
+	req, err := parseRequest(p, ctx.PostBody(), kind)
+	s.parsers.Put(p)
+	if err != nil {
+		var pe *parseError
+		errors.As(err, &pe)
+		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: pe.param, message: pe.msg}, outcomeRejected, "invalid_request")
+		return
+	}
+	x.req = req
+	m := rt.byClientName[req.model]
+	if m != nil && m.servedName != m.name {
+		// From here on the request is the backend's model; the client's
+		// name goes back into the body forwarded and the answers.
+		x.alias, req.model = req.model, m.name
+	}
+	if m == nil {
+		x.fail(ctx, &apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
+			message: fmt.Sprintf("The model `%s` does not exist.", req.model)}, outcomeRejected, "unknown_model")
+		return
+	}
+	x.m, x.label = m, m.name
+	if e := req.outOfRange(m.maxLen); e != nil {
+		x.fail(ctx, e, outcomeRejected, "invalid_request")
+		return
+	}
+	if m.tokenizer == "backend" {
+		if err := promptTexts(&s.parsers, ctx.PostBody(), req); err != nil {
+			s.log.Error("find the prompts of a parsed request", "err", err)
+			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
+			return
+		}
+	}
+	if x.class, err = rt.classFor(tn, ctx.Request.Header.Peek(rt.cfg.Admission.PriorityHeader)); err != nil {
+		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: rt.cfg.Admission.PriorityHeader, message: err.Error()}, outcomeRejected, "invalid_request")
+		return
+	}
+
+	if !rt.pool.Serves(req.model) {
+		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
+		return
+	}
+	prompts, exact, err := x.countPrompts()
+	if errors.Is(err, backends.ErrNoBackend) {
+		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
+		return
+	}
+	if err != nil {
+		if !x.failEnded(ctx) {
+			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
+		}
+		return
+	}
+	if e := x.reserve(prompts, exact); e != nil {
+		x.fail(ctx, e, outcomeRejected, e.code)
+		return
+	}
+
+	// The queue wait ends at the class's timeout or when the request as a
+	// whole would time out, whichever is first; the scheduler sheds at once
+	// a request whose expected wait already passes that.
+	areq := admission.Request{Queue: req.model, Class: x.class, Tenant: x.tenant, Opaque: !req.stream,
+		Pinned: req.pinned, Deadline: x.start.Add(rt.cfg.Server.requestTimeout())}
+	if req.stream {
+		areq.Stopper = x
+	}
+	if rt.count {
+		areq.Weight = 1
+	} else {
+		areq.Shape = x.res.shape()
+	}
+	if rt.cfg.Routing == routingAffinity {
+		areq.Affinity = x.affinity(ctx)
+	}
+	s.flights.admitting(x)
+	err = rt.sched.AcquireTicket(x.ctx, areq, &x.ticketBuf)
+	s.flights.admitted(x)
+	if err != nil {
+		x.admissionFailed(ctx, err)
+		return
+	}
+	x.ticket = &x.ticketBuf
+	x.rctx.releaseOnEnd(x.ticket)
+	if w := x.ticket.Waited(); w > 0 {
+		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
+	}
+
+	resp, err := x.forward(ctx)
+	if err != nil {
+		x.upstreamFailed(ctx, err)
+		return
+	}
+	ctx.Response.Header.Set("X-Kvgate-Backend", x.backend.Name())
+	copyBackendHeaders(ctx, resp)
+	if resp.Status() == fasthttp.StatusOK && req.stream && resp.IsEventStream() {
+		// The client is promised a 200 only once the first event is here:
+		// until then a backend that hangs can still get a 504.
+		er := newEventReader(resp, rt.cfg.Server.MaxSSELineBytes.Bytes)
+		first, err := er.next()
+		if err != nil {
+			er.release()
+			resp.Release()
+			if errors.Is(err, io.EOF) {
+				err = errStreamTruncated
+			}
+			x.upstreamFailed(ctx, err)
+			return
+		}
+		x.answered()
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		ctx.SetContentType("text/event-stream")
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		streaming = true              // from here the relay owns finish
+		x.stage.Store(stageStreaming) // see hangUp
+		x.body = sseBody{x: x, resp: resp, er: er, first: first}
+		if !ctx.Request.Header.IsHTTP11() {
+			x.body.closeDelimited(ctx, rt.cfg.Server.writeTimeout())
+			return
+		}
+		ctx.Response.SetBodyStream(&x.body, -1)
+		return
+	}
+	x.answered()
+	x.passBody(ctx, resp)
+}
+
+func (x *exchange) clientGone() { x.rctx.cancel(errClientGone) }
+
+// StopForMemory is the admission guard stopping the request (see
+// admission's guard.go): its context ends, which closes the upstream
+// exchange and lingers its reservation until the backend has let the
+// blocks go; the relay then ends the stream with an error event.
+func (x *exchange) StopForMemory() { x.rctx.cancel(errStoppedForMemory) }
+
+var _ admission.Stopper = (*exchange)(nil)

@@ -1,0 +1,151 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/backends"
+)
+
+// forward sends the request to a backend of the GPU its ticket is bound
+// to. On a transport failure it tries another backend of that GPU (whose
+// pool the ticket already holds), and once, when there is none, moves the
+// ticket to another GPU and tries there: nothing has reached the client
+// yet, so a retry is safe, and the reservation moves rather than doubles.
+func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error) {
+	body := ctx.PostBody()
+	if usage := x.req.stream && !x.req.includeUsage; usage || x.injectMax > 0 || x.req.dropMaxCompletion || x.alias != "" {
+		model := ""
+		if x.alias != "" {
+			model = x.req.model
+		}
+		b, err := rewriteBody(body, usage, x.injectMax, x.req.dropMaxCompletion, model)
+		if err != nil {
+			return nil, fmt.Errorf("rewrite body: %w", err)
+		}
+		body = b
+	}
+	ureq := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(ureq)
+	tried := map[*backends.Backend]bool{}
+	moved := false
+	lastErr := errNoBackendOnGPU
+	for {
+		var be *backends.Backend
+		if g := x.group(x.ticket.Pool()); g != nil {
+			be = g.backendFor(x.req.model, tried)
+		}
+		if be == nil {
+			if moved || x.ctx.Err() != nil {
+				return nil, lastErr
+			}
+			moved = true
+			x.rt.syncRoutes() // the failure may have opened a circuit: bind elsewhere
+			if err := x.ticket.Move(x.ctx); err != nil {
+				return nil, fmt.Errorf("%w (and no other GPU could take the request: %v)", lastErr, err)
+			}
+			x.s.log.Warn("backend failed before answering; moved the request to another GPU", "model", x.req.model, "gpu", x.ticket.Pool(), "err", lastErr)
+			continue
+		}
+		tried[be] = true
+		x.armFirstByte(be) // on the first backend tried
+		be.NewRequest(ureq, fasthttp.MethodPost, x.req.kind.path())
+		ureq.Header.SetContentType("application/json")
+		// The request id and W3C trace context reach the backend: vLLM
+		// started with --otlp-traces-endpoint continues the client's trace.
+		for _, h := range forwardedHeaders {
+			if v := ctx.Request.Header.Peek(h); len(v) > 0 {
+				ureq.Header.SetBytesV(h, v)
+			}
+		}
+		ureq.SetBodyRaw(body)
+		x.backend = be // the backend waited on, for a first-byte timeout
+		resp, err := be.Do(x.ctx, ureq)
+		if err == nil {
+			return resp, nil
+		}
+		if x.ctx.Err() != nil {
+			return nil, err
+		}
+		x.s.m.upstreamErrors.WithLabelValues(be.Name(), "transport").Inc()
+		x.s.log.Warn("backend failed before answering", "backend", be.Name(), "err", err)
+		lastErr = err
+	}
+}
+
+// forwardedHeaders are the client's headers a backend is sent besides the
+// body's type: what ties its work to the client's request and trace.
+var forwardedHeaders = [...]string{"Accept", "X-Request-Id", "Traceparent", "Tracestate"}
+
+// errNoBackendOnGPU is forward's error when the GPU a request is bound to
+// has no backend left to try.
+var errNoBackendOnGPU = errors.New("no available backend on the GPU the request was bound to")
+
+// group is the GPU of an admission pool. The scheduler binds a queued
+// request to any pool it knows, and a reload may have added that pool after
+// the request loaded its runtime: then only the current runtime has its
+// GPU. nil if neither has (a later reload removed it again).
+func (x *exchange) group(pool string) *group {
+	if g := x.rt.poolGroup[pool]; g != nil {
+		return g
+	}
+	return x.s.rt.Load().poolGroup[pool]
+}
+
+// armFirstByte starts a streamed request's first-byte clock: if no event
+// has come from the backend when it runs out, the sweep ends the request's
+// context (errFirstByteTimeout), which closes the upstream exchange,
+// releases the reservation and answers 504. A non-streamed answer arrives
+// whole, so only server.request_timeout bounds it.
+func (x *exchange) armFirstByte(be *backends.Backend) {
+	if x.req.stream && x.fl.firstByte.Load() == 0 {
+		x.fl.firstByte.Store(x.s.now().Add(be.FirstByteTimeout()).UnixNano())
+	}
+}
+
+// stopFirstByte stops the first-byte clock; false if it ran out first.
+func (x *exchange) stopFirstByte() bool {
+	for {
+		fb := x.fl.firstByte.Load()
+		switch {
+		case fb == firstByteFired:
+			return false
+		case fb == 0 || x.fl.firstByte.CompareAndSwap(fb, 0):
+			return true
+		}
+	}
+}
+
+// answered stops the first-byte clock: the backend answers. Unless the
+// clock ran out first, that resets the backend's count of timeouts.
+func (x *exchange) answered() {
+	if !x.stopFirstByte() {
+		return
+	}
+	x.backend.ReportAnswered()
+}
+
+// upstreamFailed answers a request whose backend failed before the client
+// got anything: 504 if its first byte timed out (a timeout the backend's
+// circuit counts), the answer for its ended context if it ended otherwise,
+// else 502 naming the backend — never its address, which goes to the log.
+func (x *exchange) upstreamFailed(ctx *fasthttp.RequestCtx, err error) {
+	x.stopFirstByte()
+	if errors.Is(x.rctx.Cause(), errFirstByteTimeout) && x.backend != nil {
+		if x.backend.ReportTimeout(errFirstByteTimeout) {
+			x.s.backendLog.observe(x.backend, "consecutive first-byte timeouts")
+		}
+	}
+	if x.failEnded(ctx) {
+		return
+	}
+	name := ""
+	if x.backend != nil {
+		name = x.backend.Name()
+	}
+	x.s.m.upstreamErrors.WithLabelValues(name, "transport").Inc()
+	x.s.log.Warn("backend failed before answering", "backend", name, "err", err)
+	x.fail(ctx, &apiError{status: 502, typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)}, outcomeFailed, "upstream_error")
+}

@@ -1,0 +1,87 @@
+package gateway
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Shared budget (shared_budget): this replica's leases on each GPU's
+// budget and its round trips to Redis. Registered only when the gateway
+// runs as a replica of a fleet (docs/METRICS.md lists them in a section of
+// their own); the lessees' counters are read at scrape time, like the
+// budgets (metrics_collect.go).
+
+var (
+	descLeaseHeld     = def{"kvgate_lease_held_bytes", "This replica's lease on a GPU's shared budget, as Redis last answered (requests, in admission mode count).", []string{"gpu"}}.desc()
+	descLeaseCapacity = def{"kvgate_lease_capacity_bytes", "What this replica may commit on a GPU under the shared budget: its lease, or its static share while Redis is unreachable.", []string{"gpu"}}.desc()
+	descLeaseFleet    = def{"kvgate_lease_fleet_held_bytes", "All replicas' live leases on a GPU's shared budget, at this replica's last call to Redis.", []string{"gpu"}}.desc()
+	descLeaseBudget   = def{"kvgate_lease_budget_bytes", "A GPU's shared budget in Redis: the smallest that a live replica announces.", []string{"gpu"}}.desc()
+	descLeaseFair     = def{"kvgate_lease_fair_share_bytes", "The max-min fair level of a GPU's shared budget over the live replicas' demands, which this replica admits no more than; 0 while the demands fit the budget.", []string{"gpu"}}.desc()
+	descLeaseGrants   = def{"kvgate_lease_grants_total", "Lease requests to Redis that granted something.", []string{"gpu"}}.desc()
+	descLeaseDenials  = def{"kvgate_lease_denials_total", "Lease requests to Redis that granted nothing: the budget was fully leased.", []string{"gpu"}}.desc()
+	descLeaseErrors   = def{"kvgate_lease_errors_total", "Calls to Redis for a GPU's lease that failed.", []string{"gpu"}}.desc()
+	descLeaseLost     = def{"kvgate_lease_lost_total", "Times Redis held less of this replica's lease than it counted (Redis restarted empty, or the replica stalled past its TTL).", []string{"gpu"}}.desc()
+	descFallback      = def{"kvgate_shared_budget_fallback", "1 while this replica cannot reach Redis and admits on its static share of a GPU's budget (budget / replicas), 0 otherwise.", []string{"gpu"}}.desc()
+	defRedisRTT       = def{"kvgate_redis_round_trip_seconds", "Round trips to Redis for the shared budget, by operation (acquire, renew, release, list, demand, lengths) and result (ok, error).", []string{"op", "result"}}
+)
+
+// Label values of kvgate_redis_round_trip_seconds, which exist from the start.
+var (
+	redisOps     = []string{"acquire", "renew", "release", "list", "demand", "lengths"}
+	redisResults = []string{"ok", "error"}
+)
+
+// redisRTT is the latency histogram of the round trips to Redis, fed by
+// leases.RedisOptions.Observe, the fair-share board and the lengths sharer.
+type redisRTT struct{ h *prometheus.HistogramVec }
+
+func newRedisRTT() *redisRTT {
+	r := &redisRTT{h: defRedisRTT.histogramVec(prometheus.ExponentialBucketsRange(0.00005, 2, 16))}
+	for _, op := range redisOps {
+		for _, res := range redisResults {
+			r.h.WithLabelValues(op, res)
+		}
+	}
+	return r
+}
+
+func (r *redisRTT) observe(op string, took time.Duration, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	r.h.WithLabelValues(op, result).Observe(took.Seconds())
+}
+
+// fleetCollector reads the lessees at scrape time.
+type fleetCollector struct{ f *fleet }
+
+func (c fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLeaseHeld, descLeaseCapacity, descLeaseFleet, descLeaseBudget, descLeaseFair,
+		descLeaseGrants, descLeaseDenials, descLeaseErrors, descLeaseLost, descFallback} {
+		ch <- d
+	}
+}
+
+func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, ls := range c.f.statuses() {
+		s := ls.stats
+		gauge := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, ls.gpu)
+		}
+		counter := func(d *prometheus.Desc, v uint64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), ls.gpu)
+		}
+		gauge(descLeaseHeld, float64(s.Leased))
+		gauge(descLeaseCapacity, float64(s.Capacity))
+		gauge(descLeaseFleet, float64(s.FleetLeased))
+		gauge(descLeaseBudget, float64(s.Budget))
+		gauge(descLeaseFair, float64(max(ls.level, 0)))
+		gauge(descFallback, boolFloat(s.Fallback))
+		counter(descLeaseGrants, s.Grants)
+		counter(descLeaseDenials, s.Denials)
+		counter(descLeaseErrors, s.Failures)
+		counter(descLeaseLost, s.LostLeases)
+	}
+}

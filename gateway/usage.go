@@ -1,0 +1,118 @@
+package gateway
+
+import (
+	"github.com/valyala/fastjson"
+)
+
+func (x *exchange) readUsage(u *fastjson.Value) {
+	if u == nil || u.Type() != fastjson.TypeObject {
+		return
+	}
+	x.usage.prompt, x.usage.completion = u.GetInt("prompt_tokens"), u.GetInt("completion_tokens")
+	x.hasUsage = true
+}
+
+// learnWhole teaches the model's output-length predictor what a
+// non-streamed answer generated: only a single choice's length is known
+// (usage counts all choices together).
+func (x *exchange) learnWhole(v *fastjson.Value) {
+	choices := v.GetArray("choices")
+	if !x.hasUsage || len(choices) != 1 || len(x.res.prompts) != 1 {
+		return
+	}
+	if fr := choices[0].Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
+		if prompt, n, ok := x.res.finish(0, x.usage.completion); ok {
+			x.ticket.Done(prompt, n, string(fr.GetStringBytes()) == "length")
+		}
+	}
+}
+
+// recordUsage compares what was reserved with what the backend reports, and
+// calibrates the estimate tokenizer against it.
+func (x *exchange) recordUsage() {
+	ms := x.s.m.forModel(x.m.name)
+	ts := x.s.m.forTenant(x.m.name, x.tenant)
+	ts.predicted[0].Add(float64(x.predicted))
+	ts.actual[0].Add(float64(x.usage.prompt))
+	ts.predicted[1].Add(float64(x.res.reservedOutput()))
+	ts.actual[1].Add(float64(x.usage.completion))
+	if x.ticket != nil {
+		ms.outPredicted.Add(float64(x.ticket.PredictedOutput()))
+		ms.outGenerated.Add(float64(x.usage.completion))
+	}
+	if x.predicted > 0 && x.usage.prompt > 0 {
+		source := x.source
+		if source == "" {
+			source = x.m.tokenizer
+		}
+		ms.ratio[source].Observe(float64(x.usage.prompt) / float64(x.predicted))
+	}
+	x.checkCached()
+	if len(x.req.shapes) == 1 && !x.req.shapes[0].ids && x.usage.prompt > 0 {
+		x.m.est.observe(x.req.shapes[0], x.usage.prompt)
+	}
+}
+
+// token counts one token of choice idx.
+func (x *exchange) token(idx int) {
+	x.firstToken()
+	if idx == 0 {
+		x.interToken()
+	}
+	if prompt, furthest, moved := x.res.token(idx); moved {
+		x.ticket.Progress(prompt, furthest)
+	}
+}
+
+// finished notes that choice idx finished, by its length cap or not: its
+// blocks go back at once.
+func (x *exchange) finished(idx int, capped bool) {
+	if prompt, n, ok := x.res.finish(idx, -1); ok {
+		x.ticket.Done(prompt, n, capped)
+	}
+}
+
+// generated says whether a streamed choice carries what its sequence
+// generated, which the relay counts as a token: a completion's text, or in
+// a chat's delta the content, the reasoning of a reasoning model (vLLM's
+// "reasoning", formerly "reasoning_content") or a piece of a tool call.
+// Each is output the backend holds KV blocks for; a stream that counted
+// only content would report no progress while a model reasons or calls a
+// tool, and its reservation would fall behind what it holds.
+func generated(c *fastjson.Value) bool {
+	if len(c.GetStringBytes("text")) > 0 {
+		return true
+	}
+	d := c.Get("delta")
+	if d == nil {
+		return false
+	}
+	for _, k := range generatedKeys {
+		if len(d.GetStringBytes(k)) > 0 {
+			return true
+		}
+	}
+	return len(d.GetArray("tool_calls")) > 0
+}
+
+var generatedKeys = [...]string{"content", "reasoning", "reasoning_content"}
+
+// firstToken observes the time to the first token, once per request.
+func (x *exchange) firstToken() {
+	if !x.firstTok {
+		x.firstTok = true
+		x.access.ttft = x.s.now().Sub(x.start)
+		x.s.m.forModel(x.m.name).ttft.Observe(x.access.ttft.Seconds())
+	}
+}
+
+// interToken observes the time since the first choice's previous token:
+// one sequence's pace, which the other choices of the request share (a
+// backend steps every running sequence together).
+func (x *exchange) interToken() {
+	now := x.s.now()
+	if !x.lastTok.IsZero() {
+		x.s.m.forModel(x.m.name).itl.Observe(now.Sub(x.lastTok).Seconds())
+	}
+	x.lastTok = now
+}
