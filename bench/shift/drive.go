@@ -96,13 +96,8 @@ type statusView struct {
 
 func status(ctx context.Context, url string) (statusView, error) {
 	var v statusView
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/status", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return v, err
-	}
-	defer resp.Body.Close()
-	return v, json.NewDecoder(resp.Body).Decode(&v)
+	err := benchkit.Status(ctx, http.DefaultClient, url, &v)
+	return v, err
 }
 
 // prompt is about 340 tokens of the simulator's tokenizer (four bytes a
