@@ -38,7 +38,6 @@ import (
 	"net/http"
 	"os"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,32 +56,23 @@ const (
 )
 
 type options struct {
-	requests   int
-	perBackend int
-	backends   int
-	timeScale  float64
-	killAt     float64
-	out        string
-	kvgate     string
-	seed       uint64
+	*benchkit.Flags
+	requests, perBackend, backends int
+	killAt                         float64
 }
 
 func main() {
-	var o options
+	o := options{Flags: benchkit.Register(benchkit.Defaults{TimeScale: 0.5, Seed: 7, Draws: "the prompt and output lengths", Out: true})}
 	flag.IntVar(&o.requests, "requests", 3000, "counted requests of each configuration (the same workload in each)")
 	flag.IntVar(&o.perBackend, "clients-per-backend", 128, "concurrent clients per backend (at least 4× what a pool holds at worst case)")
 	flag.IntVar(&o.backends, "backends", 3, "backends of the fleet")
-	flag.Float64Var(&o.timeScale, "time-scale", 0.5, "simulator wall time per simulated time (0.5: twice as fast as a real GPU)")
 	flag.Float64Var(&o.killAt, "kill-at", 0.3, "share of the run's requests answered when one simulator is killed in (c)")
-	flag.StringVar(&o.out, "out", "", "directory for the load tester's JSON reports, the configs and the logs (default: a temporary one)")
-	flag.StringVar(&o.kvgate, "kvgate", "", "kvgate binary (default: go build ./cmd/kvgate)")
-	flag.Uint64Var(&o.seed, "seed", 7, "seed of the prompt and output lengths")
 	flag.Parse()
-	if o.requests < 100 || o.perBackend < 1 || o.backends < 2 || o.timeScale <= 0 || o.killAt <= 0 || o.killAt >= 0.8 {
+	if o.requests < 100 || o.perBackend < 1 || o.backends < 2 || o.TimeScale <= 0 || o.killAt <= 0 || o.killAt >= 0.8 {
 		fmt.Fprintln(os.Stderr, "fleet: --requests must be >= 100, --clients-per-backend >= 1, --backends >= 2, --time-scale > 0, --kill-at in (0, 0.8)")
 		os.Exit(2)
 	}
-	benchkit.Main("fleet", func(ctx context.Context) error { return run(ctx, o) })
+	o.Main("fleet", func(ctx context.Context, kit *benchkit.Kit) error { return run(ctx, kit, o) })
 }
 
 // setup is one configuration of the run.
@@ -92,18 +82,12 @@ type setup struct {
 	kill     bool // SIGKILL the last simulator mid-run
 }
 
-func run(ctx context.Context, o options) error {
-	kit, err := benchkit.New(ctx, "kvgate-fleet-", o.out, o.kvgate)
-	if err != nil {
-		return err
-	}
+func run(ctx context.Context, kit *benchkit.Kit, o options) error {
 	prompts := kit.Path("prompts.txt")
-	if err := benchkit.WritePromptLengths(prompts, o.seed); err != nil {
+	if err := benchkit.WritePromptLengths(prompts, o.Seed); err != nil {
 		return err
 	}
-	fmt.Printf("kvgate fleet benchmark: %s, %d CPUs, %s; %d requests a configuration, %d clients a backend, simulator time scale %g\n",
-		runtime.GOOS+"/"+runtime.GOARCH, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"), o.requests, o.perBackend, o.timeScale)
-	fmt.Printf("reports and logs: %s\n\n", kit.Dir)
+	kit.Header(os.Stdout, "fleet", fmt.Sprintf("%d requests a configuration, %d clients a backend, simulator time scale %g", o.requests, o.perBackend, o.TimeScale), "reports and logs")
 	setups := []setup{
 		{name: "one backend", backends: 1},
 		{name: fmt.Sprintf("%d backends", o.backends), backends: o.backends},
@@ -133,7 +117,7 @@ func measure(ctx context.Context, kit *benchkit.Kit, o options, s setup, prompts
 	sims := make([]*benchkit.Process, s.backends)
 	for i := range sims {
 		p, err := kit.StartSim(ctx, fmt.Sprintf("%s-sim%d", slug, i), "--on-overflow", "oom", "--gpu-memory-utilization", utilization,
-			"--time-scale", strconv.FormatFloat(o.timeScale, 'g', -1, 64), "--seed", strconv.FormatUint(o.seed+uint64(i), 10),
+			"--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64), "--seed", strconv.FormatUint(o.Seed+uint64(i), 10),
 			"--model", model, "--output-len", "lognormal:200,0.8")
 		if err != nil {
 			return nil, err
@@ -163,7 +147,7 @@ func measure(ctx context.Context, kit *benchkit.Kit, o options, s setup, prompts
 	go func() { defer wg.Done(); smp.run(sctx) }()
 	steps, err := kit.Load(ctx, benchkit.Load{Name: s.name, Target: gw.URL, MetricsURL: "none", Model: model,
 		Levels: strconv.Itoa(r.clients), Requests: o.requests, Prompts: prompts, Outputs: "fixed:" + strconv.Itoa(maxTokens),
-		Seed: o.seed, Strict: true})
+		Seed: o.Seed, Strict: true})
 	stopSampling()
 	wg.Wait()
 	if err != nil {

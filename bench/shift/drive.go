@@ -31,7 +31,7 @@ func drive(ctx context.Context, o options, sc *scenario, url, simURL string, res
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rnd := rand.New(rand.NewPCG(o.seed, uint64(c)))
+			rnd := rand.New(rand.NewPCG(o.Seed, uint64(c)))
 			for seq := 0; ctx.Err() == nil; seq++ {
 				rec := send(ctx, client, url, sc, c, seq, time.Since(start), rnd, hangup)
 				rec.end = time.Since(start)

@@ -12,7 +12,7 @@ import (
 )
 
 func (s *soak) startSim(ctx context.Context, i int) error {
-	p, err := s.kit.StartSimAt(ctx, fmt.Sprintf("sim%d", i), s.simAt[i], "--time-scale", strconv.FormatFloat(s.o.timeScale, 'g', -1, 64),
+	p, err := s.kit.StartSimAt(ctx, fmt.Sprintf("sim%d", i), s.simAt[i], "--time-scale", strconv.FormatFloat(s.o.TimeScale, 'g', -1, 64),
 		"--gpu-memory-utilization", "0.75", "--seed", strconv.Itoa(i+1))
 	if err != nil {
 		return err

@@ -22,7 +22,7 @@ func (s *soak) load(ctx context.Context, from, to int, event func(i int)) error 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(s.o.seed, uint64(w)))
+			rng := rand.New(rand.NewPCG(s.o.Seed, uint64(w)))
 			for ctx.Err() == nil {
 				i := int(next.Add(1) - 1)
 				if i >= to {

@@ -31,29 +31,25 @@ import (
 )
 
 type options struct {
+	*benchkit.Flags
 	requests, concurrency, reloadEvery int
-	cancelRate, timeScale              float64
-	kvgate                             string
-	seed                               uint64
+	cancelRate                         float64
 	timeout                            time.Duration
 }
 
 func main() {
-	var o options
+	o := options{Flags: benchkit.Register(benchkit.Defaults{TimeScale: 0.001, Seed: 1, Draws: "the request mix and the cancels"})}
 	flag.IntVar(&o.requests, "requests", 100000, "requests to send")
 	flag.IntVar(&o.concurrency, "concurrency", 64, "concurrent clients")
 	flag.IntVar(&o.reloadEvery, "reload-every", 10000, "send SIGHUP every this many requests")
 	flag.Float64Var(&o.cancelRate, "cancel-rate", 0.05, "share of requests whose client hangs up at a random moment")
-	flag.Float64Var(&o.timeScale, "time-scale", 0.001, "the simulators' --time-scale")
-	flag.StringVar(&o.kvgate, "kvgate", "", "kvgate binary (default: built from this checkout)")
-	flag.Uint64Var(&o.seed, "seed", 1, "seed of the request mix and the cancels")
 	flag.DurationVar(&o.timeout, "timeout", 30*time.Minute, "give up after this long")
 	flag.Parse()
 	if o.requests < 1000 || o.concurrency < 1 || o.reloadEvery < 1 || o.cancelRate < 0 || o.cancelRate > 1 {
 		fmt.Fprintln(os.Stderr, "soak: --requests must be >= 1000, --concurrency and --reload-every >= 1, --cancel-rate in [0, 1]")
 		os.Exit(2)
 	}
-	benchkit.Main("soak", func(ctx context.Context) error { return (&soak{o: o}).run(ctx) })
+	o.Main("soak", func(ctx context.Context, kit *benchkit.Kit) error { return (&soak{o: o, kit: kit}).run(ctx) })
 }
 
 type soak struct {
@@ -79,10 +75,6 @@ type soak struct {
 
 func (s *soak) run(ctx context.Context) error {
 	var err error
-	if s.kit, err = benchkit.New(ctx, "kvgate-soak-", "", s.o.kvgate); err != nil {
-		return err
-	}
-	defer s.kit.StopAll()
 	fmt.Printf("soak: logs and config in %s\n", s.kit.Dir)
 	s.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4 * s.o.concurrency, MaxIdleConns: 4 * s.o.concurrency}}
 	for i := range s.simAt {

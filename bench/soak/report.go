@@ -64,7 +64,7 @@ func (s *soak) report(base, end atRest, series []sample, reloadsOK, reloadsBad i
 	s.check("no transport errors but our own hang-ups", s.netErrs.Load() == 0, "%d", s.netErrs.Load())
 
 	fmt.Printf("\nkvgate soak: %d requests, %d clients, sims at --time-scale %g, %s on %d CPUs (%s/%s)\n",
-		s.sent.Load(), s.o.concurrency, s.o.timeScale, elapsed.Round(time.Second), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
+		s.sent.Load(), s.o.concurrency, s.o.TimeScale, elapsed.Round(time.Second), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
 	fmt.Printf("  %.0f requests/s while sending (%s of the run)\n", float64(s.sent.Load())/s.loadTime.Seconds(), s.loadTime.Round(time.Second))
 	fmt.Printf("  client saw:")
 	for _, c := range codes {

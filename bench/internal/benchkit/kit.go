@@ -3,13 +3,16 @@ package benchkit
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Main runs a benchmark's run until it returns or the process is
@@ -60,6 +63,15 @@ func New(ctx context.Context, prefix, dir, bin string) (*Kit, error) {
 		}
 	}
 	return &Kit{Bin: bin, Dir: dir}, nil
+}
+
+// Header prints a benchmark's first lines: its name, the machine, the
+// time and what the run does (about), then where its files are (files
+// says what they are).
+func (k *Kit) Header(w io.Writer, name, about, files string) {
+	fmt.Fprintf(w, "kvgate %s benchmark: %s, %d CPUs, %s; %s\n",
+		name, runtime.GOOS+"/"+runtime.GOARCH, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"), about)
+	fmt.Fprintf(w, "%s: %s\n\n", files, k.Dir)
 }
 
 // Path is name inside the run's directory.
