@@ -22,10 +22,9 @@ func newKit(t *testing.T) *Kit {
 
 func TestWaitReady(t *testing.T) {
 	tests := []struct {
-		name    string
-		script  string
-		ready   bool
-		wantErr string // "" = ready
+		name, script string
+		ready        bool
+		wantErr      string // "" = ready
 	}{
 		{"ready at once", "sleep 60", true, ""},
 		{"exits first, its log in the error", "echo listen failed; exit 3", false, "exited at start; the end of"},
