@@ -10,6 +10,8 @@ import (
 	"time"
 )
 
+// phases runs the four phases the package comment lists, in order, and
+// prints the table and the verdicts.
 func (b *bench) phases(ctx context.Context) error {
 	o := b.o
 	// 1a. Saturation through the in-process gateway alone.
