@@ -1,17 +1,18 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/bench/internal/benchkit"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 )
@@ -183,7 +184,7 @@ func sweep(o options, stdout, stderr io.Writer) error {
 		targets = append(targets, t)
 	}
 	started := time.Now()
-	load := loadAverage()
+	load := cmp.Or(benchkit.LoadAverage(), "unknown")
 
 	if err := waitReady(targets, o.model, o.ready); err != nil {
 		return err
@@ -300,20 +301,13 @@ func waitReady(targets []*target, model string, timeout time.Duration) error {
 
 // printFreePorts prints n loopback ports that were free a moment ago.
 func printFreePorts(n int, stdout, stderr io.Writer) int {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			fmt.Fprintf(stderr, "overhead: %v\n", err)
-			return 1
-		}
-		lns = append(lns, ln)
-		fmt.Fprintln(stdout, ln.Addr().(*net.TCPAddr).Port)
+	ports, err := benchkit.FreePorts(n)
+	if err != nil {
+		fmt.Fprintf(stderr, "overhead: %v\n", err)
+		return 1
+	}
+	for _, p := range ports {
+		fmt.Fprintln(stdout, p)
 	}
 	return 0
 }

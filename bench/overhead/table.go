@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/kvgate/kvgate/bench/internal/benchkit"
 )
 
 // header is what the table says about how it was measured.
@@ -179,30 +182,9 @@ func fmtDur(d time.Duration) string {
 // machine describes where the run happened: CPU model and count, OS and
 // kernel, Go version.
 func machine() string {
-	cpu := "unknown CPU"
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				cpu = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
 	osName := runtime.GOOS
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		osName += " " + strings.TrimSpace(string(b))
 	}
-	return fmt.Sprintf("%s, %d CPUs, %s, %s", cpu, runtime.NumCPU(), osName, runtime.Version())
-}
-
-// loadAverage is the 1-minute load average, where the system tells it.
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	if f := strings.Fields(string(b)); len(f) > 0 {
-		return f[0]
-	}
-	return "unknown"
+	return fmt.Sprintf("%s, %d CPUs, %s, %s", cmp.Or(benchkit.CPUModel(), "unknown CPU"), runtime.NumCPU(), osName, runtime.Version())
 }

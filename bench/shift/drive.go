@@ -31,7 +31,7 @@ func drive(ctx context.Context, o options, sc *scenario, url, simURL string, res
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rnd := rand.New(rand.NewPCG(o.seed, uint64(c)))
+			rnd := rand.New(rand.NewPCG(o.Seed, uint64(c)))
 			for seq := 0; ctx.Err() == nil; seq++ {
 				rec := send(ctx, client, url, sc, c, seq, time.Since(start), rnd, hangup)
 				rec.end = time.Since(start)
@@ -96,13 +96,8 @@ type statusView struct {
 
 func status(ctx context.Context, url string) (statusView, error) {
 	var v statusView
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/status", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return v, err
-	}
-	defer resp.Body.Close()
-	return v, json.NewDecoder(resp.Body).Decode(&v)
+	err := benchkit.Status(ctx, http.DefaultClient, url, &v)
+	return v, err
 }
 
 // prompt is about 340 tokens of the simulator's tokenizer (four bytes a

@@ -36,7 +36,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"runtime"
 	"strings"
 	"time"
 
@@ -53,40 +52,26 @@ const (
 )
 
 type options struct {
-	clients     int
-	timeScale   float64
-	scenarios   string
-	out         string
-	kvgate      string
-	seed        uint64
-	shiftAt     time.Duration
-	after       time.Duration
-	reservation string
+	*benchkit.Flags
+	clients        int
+	scenarios      string
+	shiftAt, after time.Duration
+	reservation    string
 }
 
 func main() {
-	var o options
+	o := options{Flags: benchkit.Register(benchkit.Defaults{TimeScale: 0.5, Seed: 7, Draws: "the simulator and the clients", Out: true})}
 	flag.IntVar(&o.clients, "clients", 128, "concurrent clients")
-	flag.Float64Var(&o.timeScale, "time-scale", 0.5, "simulator wall time per simulated time")
 	flag.StringVar(&o.scenarios, "scenarios", "shift,ramp,tenant,tenant-shares,min-tokens,heavy-tail,hangup", "scenarios to run")
-	flag.StringVar(&o.out, "out", "", "directory for configs and logs (default: a temporary one)")
-	flag.StringVar(&o.kvgate, "kvgate", "", "kvgate binary (default: go build ./cmd/kvgate)")
-	flag.Uint64Var(&o.seed, "seed", 7, "seed of the simulator and the clients")
 	flag.DurationVar(&o.shiftAt, "shift-at", 30*time.Second, "when the traffic changes")
 	flag.DurationVar(&o.after, "after", 60*time.Second, "how long the run goes on after the change")
 	flag.StringVar(&o.reservation, "reservation", "predicted", "admission.reservation of the gateway under test (predicted, worst_case)")
 	flag.Parse()
-	benchkit.Main("shift", func(ctx context.Context) error { return run(ctx, o) })
+	o.Main("shift", func(ctx context.Context, kit *benchkit.Kit) error { return run(ctx, kit, o) })
 }
 
-func run(ctx context.Context, o options) error {
-	kit, err := benchkit.New(ctx, "kvgate-shift-", o.out, o.kvgate)
-	if err != nil {
-		return err
-	}
-	fmt.Printf("kvgate shift benchmark: %s, %d CPUs, %s; %d clients, simulator time scale %g, change at %s, then %s\n",
-		runtime.GOOS+"/"+runtime.GOARCH, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"), o.clients, o.timeScale, o.shiftAt, o.after)
-	fmt.Printf("configs and logs: %s\n\n", kit.Dir)
+func run(ctx context.Context, kit *benchkit.Kit, o options) error {
+	kit.Header(os.Stdout, "shift", fmt.Sprintf("%d clients, simulator time scale %g, change at %s, then %s", o.clients, o.TimeScale, o.shiftAt, o.after), "configs and logs")
 	all := scenarios(o)
 	var results []*result
 	for _, name := range strings.Split(o.scenarios, ",") {

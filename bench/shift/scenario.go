@@ -73,7 +73,7 @@ func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*res
 		outLen = "lognormal:50,0.8"
 	}
 	sim, err := kit.StartSim(ctx, "shift-"+sc.name+"-sim", "--on-overflow", "oom", "--gpu-memory-utilization", utilization,
-		"--time-scale", strconv.FormatFloat(o.timeScale, 'g', -1, 64), "--seed", strconv.FormatUint(o.seed, 10), "--model", model,
+		"--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64), "--seed", strconv.FormatUint(o.Seed, 10), "--model", model,
 		"--output-len", outLen, "--output-len-when", longMarker+"=uniform:1000-2000")
 	if err != nil {
 		return nil, err

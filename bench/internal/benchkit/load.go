@@ -13,18 +13,6 @@ import (
 	"github.com/kvgate/kvgate/loadtest"
 )
 
-// Model is the model every benchmark serves: Llama-3-8B, which kvgate sim
-// simulates by default.
-const Model = "llama-3-8b"
-
-// ModelsYAML is the models section of a gateway config serving Model.
-const ModelsYAML = `models:
-  - name: llama-3-8b
-    geometry: {layers: 32, kv_heads: 8, head_dim: 128, dtype: bfloat16}
-    weights_bytes: 16060522496
-    max_model_len: 8192
-`
-
 // Load is one kvgate loadtest run.
 type Load struct {
 	Name       string // names its report and log files

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -47,31 +46,39 @@ func Scrape(ctx context.Context, c *http.Client, url string) (Metrics, error) {
 	return m, sc.Err()
 }
 
+// Value is the first series of the metric name whose labels contain each
+// of want, and whether there is one: a metric a page lacks is not a zero.
+func (m Metrics) Value(name string, want ...string) (float64, bool) {
+	for k, v := range m {
+		if m.matches(k, name, want) {
+			return v, true
+		}
+	}
+	return 0, false
+}
+
 // Sum adds every series of the metric name whose labels contain each of
 // want (`reason="no_backend"`).
 func (m Metrics) Sum(name string, want ...string) float64 {
 	var t float64
 	for k, v := range m {
-		if k != name && !strings.HasPrefix(k, name+"{") {
-			continue
-		}
-		all := true
-		for _, w := range want {
-			all = all && strings.Contains(k, w)
-		}
-		if all {
+		if m.matches(k, name, want) {
 			t += v
 		}
 	}
 	return t
 }
 
-// Check prints one acceptance line, [PASS] or [FAIL], and returns ok.
-func Check(w io.Writer, ok bool, format string, a ...any) bool {
-	mark := "PASS"
-	if !ok {
-		mark = "FAIL"
+// matches says whether the series k is of the metric name and its labels
+// contain each of want.
+func (Metrics) matches(k, name string, want []string) bool {
+	if k != name && !strings.HasPrefix(k, name+"{") {
+		return false
 	}
-	fmt.Fprintf(w, "  [%s] %s\n", mark, fmt.Sprintf(format, a...))
-	return ok
+	for _, w := range want {
+		if !strings.Contains(k, w) {
+			return false
+		}
+	}
+	return true
 }

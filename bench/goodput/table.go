@@ -1,0 +1,49 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/kvgate/kvgate/bench/internal/benchkit"
+)
+
+func printTable(w io.Writer, wl *workload, rows []row) {
+	fmt.Fprintf(w, "Workload %s: %s; prompts 90%% ≈256, 10%% ≈4000 tokens\n", wl.name, wl.title)
+	fmt.Fprintf(w, "%-26s %-20s %6s %10s %7s %8s %7s %8s %8s %6s %6s %6s\n",
+		"configuration", "", "conc", "goodput", "×best", "KV mean", "KV peak", "overflow", "preempt", "ok", "429", "failed")
+	base := rows[0].Goodput
+	for _, r := range rows {
+		fmt.Fprintf(w, "%-26s %-20s %6d %10.0f %6.2f× %7.1f%% %6.1f%% %8.0f %8.0f %6d %6d %6d\n",
+			r.name, r.note, r.Level, r.Goodput, r.Goodput/base, 100*r.KVMean, 100*r.KVPeak, r.Overflow, r.Preemptions, r.OK, r.Shed, r.Failed)
+	}
+	fmt.Fprintln(w, "goodput: output tokens/s of answered requests; KV mean: the simulator's KV use (share of its pool, = the gateway's budget) from 20% to 80% of the step's time; overflow: the simulator's out-of-memory events")
+}
+
+// printChecks states the issue's acceptance bars against the early-stop
+// table.
+func printChecks(w io.Writer, rows []row) {
+	find := func(name, note string) *row {
+		for i := range rows {
+			if rows[i].name == name && (note == "" || rows[i].note == note) {
+				return &rows[i]
+			}
+		}
+		return nil
+	}
+	best, worst := find("direct, best safe limit", ""), find("gateway worst_case", "")
+	pred, predPre := find("gateway predicted", "oom simulator"), find("gateway predicted", "preempt simulator")
+	pre, unb := find("direct, vLLM preempt", ""), find("unbounded pool", "")
+	if best == nil || worst == nil || pred == nil || predPre == nil || pre == nil || unb == nil {
+		return
+	}
+	check := func(ok bool, format string, a ...any) { benchkit.Check(w, ok, format, a...) }
+	fmt.Fprintln(w, "Acceptance (issue \"Fill the pool\"), default config, early-stopping workload:")
+	check(pred.KVMean >= 0.85, "real KV use %.1f%% of the budget over the saturated part (≥ 85%%)", 100*pred.KVMean)
+	check(pred.Overflow == 0 && predPre.Overflow == 0, "zero overflow on the oom simulator (%.0f)", pred.Overflow)
+	check(predPre.PreemptedPct <= 1, "preemptions on the preempt simulator %.0f, %.2f%% of requests (≤ 1%%)", predPre.Preemptions, predPre.PreemptedPct)
+	check(pred.Failed == 0 && pred.Shed == 0, "every answer a 200 (%d sheds, %d failures)", pred.Shed, pred.Failed)
+	check(pred.Goodput >= 1.3*worst.Goodput, "predicted %.2f× worst_case (≥ 1.3×)", pred.Goodput/worst.Goodput)
+	check(pred.Goodput >= 1.6*best.Goodput, "gateway %.2f× the best safe limit straight at the simulator (≥ 1.6×)", pred.Goodput/best.Goodput)
+	check(pred.Goodput >= 0.95*pre.Goodput, "gateway %.0f%% of vLLM's preempt mode driven directly (≥ 95%%)", 100*pred.Goodput/pre.Goodput)
+	check(pred.Goodput >= 0.8*unb.Goodput, "gateway %.0f%% of the unbounded pool (≥ 80%%)", 100*pred.Goodput/unb.Goodput)
+}
