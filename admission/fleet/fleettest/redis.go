@@ -106,7 +106,7 @@ func (r *Redis) Stop() {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.exited:
-	case <-time.After(startTimeout):
+	case <-time.After(startTimeout): // wall time: a real process (see the package doc)
 		_ = p.cmd.Process.Kill()
 		<-p.exited
 		r.t.Errorf("fleettest: redis-server ignored SIGTERM for %v; killed", startTimeout)
@@ -169,7 +169,7 @@ func (r *Redis) start() error {
 		return nil
 	case <-p.exited:
 		return fmt.Errorf("redis-server exited before it was ready: %v; its log:\n%s", cmd.ProcessState, p.out.String())
-	case <-time.After(startTimeout):
+	case <-time.After(startTimeout): // wall time: a real process (see the package doc)
 		_ = cmd.Process.Kill()
 		<-p.exited
 		return errors.New("redis-server was not ready after " + startTimeout.String() + "; its log:\n" + p.out.String())
