@@ -123,7 +123,8 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	s.opt.metrics = s.m
 	if sb := cfg.SharedBudget; sb != nil {
 		rtt := newRedisRTT()
-		s.fleet = fleet.New(sb, fleet.Deps{Clock: s.opt.Clock, Logger: s.log, FallbackGrace: cfg.Server.requestTimeout(), Observe: rtt.observe})
+		s.fleet = fleet.New(sb, fleet.Deps{Clock: s.opt.Clock, Logger: s.log, FallbackGrace: cfg.Server.requestTimeout(),
+			Observe: rtt.observe})
 		s.opt.onDemand = s.fleet.Wake
 		s.m.reg.MustRegister(rtt.h, fleetCollector{f: s.fleet})
 	}

@@ -104,7 +104,8 @@ func TestSyncKeepsDrainsAndGivesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	sched.waitLimit(t, "p0", 200) // two chunks of 10%
-	store := NewRedis(srv.Client(), RedisOptions{Prefix: cfg.KeyPrefix}) // outlives the fleet's own client
+	// A store of the test's own: it outlives the fleet's client.
+	store := NewRedis(srv.Client(), RedisOptions{Prefix: cfg.KeyPrefix})
 	leased := func(gpu string) int64 {
 		t.Helper()
 		l, err := store.Leases(context.Background(), gpu)
