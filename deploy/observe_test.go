@@ -22,7 +22,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/kvgate/kvgate/backends/leases/leasestest"
+	"github.com/kvgate/kvgate/admission/fleet/fleettest"
 	"github.com/kvgate/kvgate/backends/sim"
 	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/internal/metricdoc"
@@ -41,7 +41,7 @@ const (
 // is over by then), so that the lease and fallback series the rules use
 // are served too.
 func live(t testing.TB) (map[string]bool, error) {
-	liveOnce.Do(func() { liveNames, liveErr = scrapeUnderLoad(leasestest.StartRedis(t).URL()) })
+	liveOnce.Do(func() { liveNames, liveErr = scrapeUnderLoad(fleettest.StartRedis(t).URL()) })
 	return liveNames, liveErr
 }
 

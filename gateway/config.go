@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/admission/fleet"
 	"github.com/kvgate/kvgate/kvbudget"
 )
 
@@ -47,9 +48,9 @@ type Config struct {
 	// Admin guards the operators' views. A reload may change it.
 	Admin AdminConfig `yaml:"admin"`
 	// SharedBudget shares each GPU's budget with other gateway replicas
-	// through Redis (fleet_config.go). Default: none, the budget is this
+	// through Redis (package fleet). Default: none, the budget is this
 	// process's alone.
-	SharedBudget *SharedBudgetConfig `yaml:"shared_budget"`
+	SharedBudget *fleet.Config `yaml:"shared_budget"`
 
 	// dir is the directory of the file, against which relative paths resolve.
 	dir string
@@ -936,9 +937,7 @@ func (c *Config) validate() error {
 	default:
 		bad("log.format", "%q is not text or json", c.Log.Format)
 	}
-	if c.SharedBudget != nil {
-		c.SharedBudget.validate(bad)
-	}
+	errs = append(errs, c.SharedBudget.Validate()) // nil without the section
 	c.validateServerTLS(bad)
 	c.validateBackendTLS(bad)
 	return errors.Join(errs...)

@@ -2,195 +2,32 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/kvgate/kvgate/backends/leases"
-	"github.com/kvgate/kvgate/backends/leases/leasestest"
+	"github.com/kvgate/kvgate/admission/fleet"
+	"github.com/kvgate/kvgate/admission/fleet/fleettest"
 	"github.com/kvgate/kvgate/backends/sim"
 )
-
-// holeProxy forwards TCP to a server until its hole is opened; from then
-// on it reads what either side sends and drops it, as a network that
-// blackholes the link without closing it.
-type holeProxy struct {
-	ln   net.Listener
-	hole atomic.Bool
-	wg   sync.WaitGroup
-	mu   sync.Mutex
-	open []net.Conn
-}
-
-func startHoleProxy(t *testing.T, target string) *holeProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &holeProxy{ln: ln}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.open = append(p.open, c, s)
-			p.mu.Unlock()
-			p.wg.Add(2)
-			go p.pipe(s, c)
-			go p.pipe(c, s)
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		for _, c := range p.open {
-			_ = c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *holeProxy) pipe(dst io.Writer, src io.Reader) {
-	defer p.wg.Done()
-	buf := make([]byte, 4096)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && !p.hole.Load() {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// Issue 26, R3: a replica cut off from Redis kept its lease for go-redis's
-// own socket timeout (or forever with timeouts disabled in the URL),
-// because go-redis ignored the lessee's call deadline. Each call must end
-// at its context's deadline whatever Redis does, while Redis still has not
-// answered.
-func TestRedisCallEndsAtItsDeadline(t *testing.T) {
-	r := leasestest.StartRedis(t)
-	req := leases.Request{Replica: "a", Budget: 1 << 30, TTL: 3 * time.Second}
-	for _, tc := range []struct {
-		name string
-		// cut makes Redis stop answering and returns a channel closed once
-		// it would answer again (nil: never, within the test).
-		cut   func(t *testing.T, p *holeProxy) <-chan struct{}
-		retry bool // the cut may have begun after the call was served
-	}{
-		{"redis under DEBUG SLEEP", func(t *testing.T, _ *holeProxy) <-chan struct{} {
-			done := make(chan struct{})
-			c := r.Client()
-			// Connected already, so that the sleep usually reaches Redis
-			// before the call, which goes through the proxy.
-			if err := c.Ping(context.Background()).Err(); err != nil {
-				t.Fatal(err)
-			}
-			go func() {
-				defer close(done)
-				if err := c.Do(context.Background(), "DEBUG", "SLEEP", "2").Err(); err != nil {
-					t.Errorf("DEBUG SLEEP: %v", err)
-				}
-			}()
-			return done
-		}, true},
-		{"link blackholed", func(t *testing.T, p *holeProxy) <-chan struct{} {
-			p.hole.Store(true)
-			return nil
-		}, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := startHoleProxy(t, r.Addr())
-			// Socket timeouts off: only the call's own deadline can end it.
-			c, err := Parse([]byte(minimal+"shared_budget: {redis: 'redis://"+p.ln.Addr().String()+"/0?read_timeout=-1&write_timeout=-1', replicas: 2}\n"), ".")
-			if err != nil {
-				t.Fatal(err)
-			}
-			client := redis.NewClient(c.SharedBudget.redisOpts)
-			t.Cleanup(func() { _ = client.Close() })
-			store := leases.NewRedis(client, leases.RedisOptions{Prefix: "t26:"})
-			if _, err := store.Renew(context.Background(), "gpu0", req); err != nil {
-				t.Fatalf("renew before the cut: %v", err)
-			}
-			for attempt := 0; ; attempt++ {
-				answers := tc.cut(t, p)
-				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-				type res struct{ err error }
-				got := make(chan res, 1)
-				go func() { _, err := store.Renew(ctx, "gpu0", req); got <- res{err} }()
-				var err error
-				select {
-				case g := <-got:
-					err = g.err
-				case <-time.After(30 * time.Second): // a guard against hanging, not a measurement
-					t.Fatal("the call is still waiting on Redis long after its deadline")
-				}
-				cancel()
-				answered := false
-				if answers != nil {
-					select {
-					case <-answers:
-						answered = true
-					default:
-					}
-				}
-				switch {
-				case err == nil && !answered && tc.retry && attempt < 5:
-					<-answers // the call ran before the sleep began: again
-					continue
-				case err == nil:
-					t.Fatal("the call waited for Redis to answer, past its deadline")
-				case answered:
-					t.Fatalf("the call ended only once Redis answered again: %v", err)
-				case !errors.Is(err, leases.ErrUnavailable):
-					t.Fatalf("err = %v, want ErrUnavailable", err)
-				}
-				if answers != nil {
-					<-answers
-				}
-				return
-			}
-		})
-	}
-}
 
 // Issue 26, R9: /status read the fleet from Redis on its own path and so
 // waited on a Redis that did not answer. It answers from what is known: the
 // fleet as last listed, with when, while the link to Redis is blackholed.
 func TestStatusAnswersFromWhatIsKnown(t *testing.T) {
-	r := leasestest.StartRedis(t)
-	p := startHoleProxy(t, r.Addr())
+	r := fleettest.StartRedis(t)
+	p := fleettest.StartHoleProxy(t, r.Addr())
 	_, url := fleetSim(t)
-	_, gw := startGateway(t, replicaConfig(url, "redis://"+p.ln.Addr().String()+"/0", "a"), Options{})
+	_, gw := startGateway(t, replicaConfig(url, "redis://"+p.Addr()+"/0", "a"), Options{})
 	waitFor(t, "/status to list this replica", func() bool {
 		g := statusOf(t, gw).SharedBudget.GPUs[0]
 		return len(g.Fleet) == 1 && g.Fleet[0].Self && g.FleetAsOf != ""
 	})
-	p.hole.Store(true)
+	p.Cut()
 	for range 3 {
 		g := statusOf(t, gw).SharedBudget.GPUs[0]
 		if len(g.Fleet) != 1 || !g.Fleet[0].Self || g.FleetAsOf == "" {
@@ -205,14 +42,14 @@ func TestStatusAnswersFromWhatIsKnown(t *testing.T) {
 // can use; an idle replica that reaches Redis is ready though it holds no
 // lease yet.
 func TestReadyOnlyWithUsableCapacity(t *testing.T) {
-	r := leasestest.StartRedis(t)
+	r := fleettest.StartRedis(t)
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	refused := closed.Addr().String()
 	closed.Close()
-	locked := leasestest.StartRedis(t)
+	locked := fleettest.StartRedis(t)
 	if err := locked.Client().ConfigSet(context.Background(), "requirepass", "right").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +91,7 @@ func TestReadyOnlyWithUsableCapacity(t *testing.T) {
 // the last renewal was sent), while Redis is still silent — not when go-redis
 // gives up on the socket, nor when Redis answers again.
 func TestCutOffReplicaFallsBackWhileRedisIsSilent(t *testing.T) {
-	r := leasestest.StartRedis(t)
+	r := fleettest.StartRedis(t)
 	_, url := fleetSim(t)
 	g, _ := startGateway(t, replicaConfig(url, r.URL(), "a"), Options{})
 	waitFor(t, "the lessee to reach Redis", func() bool { return lease(g).Renewals > 0 })
@@ -288,7 +125,7 @@ func TestCutOffReplicaFallsBackWhileRedisIsSilent(t *testing.T) {
 // end — renewed, not given back nor left to expire, or another replica
 // would lease the memory they use — and go back once they have.
 func TestRemovedGPUKeepsItsLeaseWhileItsRequestsRun(t *testing.T) {
-	r := leasestest.StartRedis(t)
+	r := fleettest.StartRedis(t)
 	_, s0 := startSim(t, func(c *sim.Config) { c.TimeScale = 1; c.GPUMemoryUtilization = 0.75 }) // 500 tokens take ~8 s
 	_, s1 := startSim(t, func(c *sim.Config) { c.TimeScale = 1; c.GPUMemoryUtilization = 0.75 })
 	extra := fmt.Sprintf("admission:\n  queue: {timeout: 60s}\nshared_budget: {redis: '%s', replicas: 2, lease_ttl: 2s, chunk: 5%%, replica: a, lengths_interval: 100ms}\n", r.URL())
@@ -313,8 +150,8 @@ func TestRemovedGPUKeepsItsLeaseWhileItsRequestsRun(t *testing.T) {
 	if err := gw.Reload(cfg); err != nil {
 		t.Fatal(err)
 	}
-	store := leases.NewRedis(r.Client(), leases.RedisOptions{Prefix: "kvgate:"})
-	mine := func() (leases.Holder, bool) {
+	store := fleet.NewRedis(r.Client(), fleet.RedisOptions{Prefix: "kvgate:"})
+	mine := func() (fleet.Holder, bool) {
 		fl, err := store.Leases(context.Background(), removed)
 		if err != nil {
 			t.Fatal(err)
@@ -324,7 +161,7 @@ func TestRemovedGPUKeepsItsLeaseWhileItsRequestsRun(t *testing.T) {
 				return h, true
 			}
 		}
-		return leases.Holder{}, false
+		return fleet.Holder{}, false
 	}
 	// Renewed: its time to live goes up again, while the stream runs.
 	first, ok := mine()

@@ -16,14 +16,15 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/kvgate/kvgate/backends/leases"
-	"github.com/kvgate/kvgate/backends/leases/leasestest"
+	"github.com/kvgate/kvgate/admission/fleet"
+	"github.com/kvgate/kvgate/admission/fleet/fleettest"
 	"github.com/kvgate/kvgate/backends/sim"
 	"github.com/kvgate/kvgate/internal/metricdoc"
 )
 
-// The shared budget's configuration: defaults, and every mistake named by
-// its field (never echoing a Redis password).
+// The shared budget's configuration, through the gateway's: its defaults
+// are filled, and every mistake is named by its path in the file (never
+// echoing a Redis password). Package fleet tests the section on its own.
 func TestSharedBudgetConfig(t *testing.T) {
 	c, err := Parse([]byte(minimal+"shared_budget: {redis: 'redis://127.0.0.1:6379/0', replicas: 3}\n"), ".")
 	if err != nil {
@@ -31,23 +32,8 @@ func TestSharedBudgetConfig(t *testing.T) {
 	}
 	sb := c.SharedBudget
 	if sb.LeaseTTL.D != 3*time.Second || sb.KeyPrefix != "kvgate:" || sb.LengthsInterval.D != 2*time.Second ||
-		sb.Chunk.String() != "2%" || sb.Chunk.of(1000) != 20 || !strings.Contains(sb.Replica, "-") {
+		sb.Chunk.String() != "2%" || sb.Chunk.Of(1000) != 20 || !strings.Contains(sb.Replica, "-") {
 		t.Errorf("defaults: %+v (chunk %s)", sb, sb.Chunk)
-	}
-	if a, b := defaultReplica(), defaultReplica(); a == b {
-		t.Errorf("two processes' default replica names can collide: %q", a)
-	}
-	for _, tc := range []struct {
-		chunk string
-		of    int64
-	}{{"5%", 50}, {"0.5%", 5}, {"64MiB", 64 << 20}, {"1", 1}} {
-		c, err := Parse([]byte(minimal+"shared_budget: {redis: 'redis://h:1/0', replicas: 1, chunk: '"+tc.chunk+"'}\n"), ".")
-		if err != nil {
-			t.Fatalf("chunk %s: %v", tc.chunk, err)
-		}
-		if got := c.SharedBudget.Chunk.of(1000); got != tc.of {
-			t.Errorf("chunk %s of 1000: %d, want %d", tc.chunk, got, tc.of)
-		}
 	}
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"no redis", "shared_budget: {replicas: 2}", "shared_budget.redis: required"},
@@ -154,21 +140,22 @@ var fleetBody = chatBody(words(1000), 1000, true)
 // serving is cut off (the backend sees the connections close). The test
 // sends it nothing more.
 func (s *Server) crash() {
-	f := s.fleet
-	f.mu.Lock()
-	f.closed = true
-	for _, pl := range f.lessees {
-		pl.stop()
-		<-pl.done
-	}
-	f.mu.Unlock()
-	f.stopBG()
-	f.wg.Wait()
+	s.fleet.Abandon()
 	s.endRequests()
 }
 
 // lease is s's lease on its only GPU.
-func lease(s *Server) leases.Stats { return s.fleet.statuses()[0].stats }
+func lease(s *Server) fleet.Stats { return s.fleet.Leases()[0].Stats }
+
+// leaseOn is s's lease on gpu; ok is false without a lessee there.
+func leaseOn(s *Server, gpu string) (st fleet.Stats, ok bool) {
+	for _, ls := range s.fleet.Leases() {
+		if ls.GPU == gpu {
+			return ls.Stats, true
+		}
+	}
+	return fleet.Stats{}, false
+}
 
 // waitFor polls cond until it holds, for up to a generous deadline: real
 // time is unavoidable with two real servers and a real Redis, and the
@@ -207,7 +194,7 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 	})
 
 	t.Run("shared they fit, and a killed replica's capacity comes back", func(t *testing.T) {
-		srv := leasestest.StartRedis(t)
+		srv := fleettest.StartRedis(t)
 		backend, url := fleetSim(t)
 		ga, a := startGateway(t, replicaConfig(url, srv.URL(), "a"), Options{})
 		gb, b := startGateway(t, replicaConfig(url, srv.URL(), "b"), Options{})
@@ -220,7 +207,7 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 			return la.ok.Load() >= 24 && lb.ok.Load() >= 24
 		})
 		budget := onlyPool(ga).Capacity
-		chunk := ga.fleet.cfg.Chunk.of(budget)
+		chunk := ga.rt.Load().cfg.SharedBudget.Chunk.Of(budget)
 		// Whoever leased first, both end up with half: the fair level moves
 		// the lease of the one above it to the one below. Give or take two
 		// chunks: the level is rounded up to whole chunks, and a lease goes
@@ -279,55 +266,6 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 	})
 }
 
-func TestIndependentBatches(t *testing.T) {
-	for _, tc := range []struct {
-		board []string
-		level int64
-		want  float64
-	}{
-		{nil, -1, 1},
-		{[]string{"100"}, -1, 1},
-		{[]string{"100", "100", "100"}, -1, 3},
-		{[]string{"300", "500", "100"}, 100, 3},   // all cut at the level: three equal batches
-		{[]string{"900", "100"}, -1, 1.6},         // (30+10)²/1000
-		{[]string{"1000", "0", "x", "-5"}, -1, 1}, // idle and unreadable entries run nothing
-	} {
-		if got := independentBatches(demandsAt(tc.board, tc.level)); math.Abs(got-tc.want) > 1e-9 {
-			t.Errorf("independentBatches(%v at level %d) = %v, want %v", tc.board, tc.level, got, tc.want)
-		}
-	}
-}
-
-func TestFairLevel(t *testing.T) {
-	for _, tc := range []struct {
-		budget  int64
-		demands []int64
-		want    int64
-	}{
-		{100, nil, -1},
-		{100, []int64{30, 70}, -1},                // they fit
-		{100, []int64{200}, 100},                  // one replica: the whole budget
-		{100, []int64{200, 200}, 50},              // even halves
-		{100, []int64{10, 200, 200}, 45},          // the small one keeps its 10, the rest split 90
-		{100, []int64{10, 20, 200}, 70},           // only one above the level
-		{100, []int64{40, 40, 40}, 33},            // 3 × 33 ≤ 100
-		{1 << 40, []int64{1 << 41, 1}, 1<<40 - 1}, // large numbers
-	} {
-		if got := fairLevel(tc.budget, tc.demands); got != tc.want {
-			t.Errorf("fairLevel(%d, %v) = %d, want %d", tc.budget, tc.demands, got, tc.want)
-		}
-		if lv := fairLevel(tc.budget, tc.demands); lv >= 0 {
-			var sum int64
-			for _, d := range tc.demands {
-				sum += min(d, lv)
-			}
-			if sum > tc.budget {
-				t.Errorf("fairLevel(%d, %v) = %d: Σ min(d, L) = %d over the budget", tc.budget, tc.demands, lv, sum)
-			}
-		}
-	}
-}
-
 func statusOf(t *testing.T, url string) statusView {
 	t.Helper()
 	resp, err := http.Get(url + "/status")
@@ -346,7 +284,7 @@ func statusOf(t *testing.T, url string) statusView {
 // say so in /status and the fallback metric) without overflowing the GPU;
 // Redis comes back empty: both lease again, as the fleet view shows.
 func TestSharedBudgetThroughARedisOutage(t *testing.T) {
-	srv := leasestest.StartRedis(t)
+	srv := fleettest.StartRedis(t)
 	backend, url := fleetSim(t)
 	ga, a := startGateway(t, replicaConfig(url, srv.URL(), "a"), Options{})
 	gb, b := startGateway(t, replicaConfig(url, srv.URL(), "b"), Options{})
@@ -407,7 +345,7 @@ func TestSharedBudgetThroughARedisOutage(t *testing.T) {
 // its pool closed wakes the lessee and is admitted as soon as the lease
 // comes; Shutdown gives the lease back.
 func TestSharedBudgetReloadAndShutdown(t *testing.T) {
-	srv := leasestest.StartRedis(t)
+	srv := fleettest.StartRedis(t)
 	_, url0 := fleetSim(t)
 	_, url1 := fleetSim(t)
 	one := replicaConfig(url0, srv.URL(), "a")
@@ -431,9 +369,15 @@ admission:`, url1), 1)
 	if r := postJSON(url, "/v1/chat/completions", chatBody("hi", 16, false)); r.status != 200 {
 		t.Fatalf("first request: %d %s", r.status, r.body)
 	}
-	pl0 := g.fleet.lessees["gpu0"]
-	if l := pl0.l.Stats(); l.Leased == 0 || l.Grants == 0 {
-		t.Fatalf("the request was served without a lease: %+v", l)
+	before, _ := leaseOn(g, "gpu0")
+	if before.Leased == 0 || before.Grants == 0 {
+		t.Fatalf("the request was served without a lease: %+v", before)
+	}
+	// kept says gpu0's lessee is the one that served the first request: a
+	// new one would start at no grants, and without demand it asks for none.
+	kept := func() bool {
+		l, ok := leaseOn(g, "gpu0")
+		return ok && l.Grants >= before.Grants && l.Renewals >= before.Renewals
 	}
 
 	reload := func(y string) {
@@ -447,10 +391,10 @@ admission:`, url1), 1)
 		}
 	}
 	reload(two)
-	if g.fleet.lessees["gpu0"] != pl0 {
+	if !kept() {
 		t.Fatal("the reload replaced the lessee of a GPU that stays: its lease would start over")
 	}
-	if g.fleet.lessees["gpu1"] == nil {
+	if _, ok := leaseOn(g, "gpu1"); !ok {
 		t.Fatal("no lessee for the GPU the reload added")
 	}
 	if st, _ := g.sched.Pool("gpu1"); st.Limit != 0 {
@@ -460,8 +404,8 @@ admission:`, url1), 1)
 		t.Fatalf("after the reload: %d %s", r.status, r.body)
 	}
 	reload(strings.NewReplacer("replica: a", "replica: renamed", "replicas: 2", "replicas: 3").Replace(one)) // shared_budget needs a restart
-	if g.fleet.cfg.Replica != "a" || g.fleet.cfg.Replicas != 2 || len(g.fleet.lessees) != 1 || g.fleet.lessees["gpu0"] != pl0 {
-		t.Fatalf("after removing gpu1: replica %q of %d, lessees %v", g.fleet.cfg.Replica, g.fleet.cfg.Replicas, g.fleet.lessees)
+	if sb := g.rt.Load().cfg.SharedBudget; sb.Replica != "a" || sb.Replicas != 2 || len(g.fleet.Leases()) != 1 || !kept() {
+		t.Fatalf("after removing gpu1: replica %q of %d, lessees %+v", sb.Replica, sb.Replicas, g.fleet.Leases())
 	}
 	if n, _ := metricValue(t, g, "kvgate_redis_round_trip_seconds", map[string]string{"op": "acquire", "result": "ok"}); n == 0 {
 		t.Error("no acquire round trip in the latency histogram")
@@ -472,7 +416,7 @@ admission:`, url1), 1)
 	if err := g.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	store := leases.NewRedis(srv.Client(), leases.RedisOptions{Prefix: "kvgate:"})
+	store := fleet.NewRedis(srv.Client(), fleet.RedisOptions{Prefix: "kvgate:"})
 	for _, gpu := range []string{"gpu0", "gpu1"} {
 		f, err := store.Leases(context.Background(), gpu)
 		if err != nil {
@@ -489,7 +433,7 @@ func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 // A replica's own series are the ones docs/METRICS.md lists for it, follow
 // the naming rules, and exist at zero from the start for each GPU.
 func TestSharedBudgetMetricsMatchDocs(t *testing.T) {
-	srv := leasestest.StartRedis(t)
+	srv := fleettest.StartRedis(t)
 	_, url := fleetSim(t)
 	_, gw := startGateway(t, replicaConfig(url, srv.URL(), "a"), Options{DisableProbes: true})
 	rows, err := metricdoc.ParseFile("../docs/METRICS.md", "shared_budget")

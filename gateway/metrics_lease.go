@@ -3,6 +3,7 @@ package gateway
 import (
 	"time"
 
+	"github.com/kvgate/kvgate/admission/fleet"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -33,7 +34,7 @@ var (
 )
 
 // redisRTT is the latency histogram of the round trips to Redis, fed by
-// leases.RedisOptions.Observe, the fair-share board and the lengths sharer.
+// fleet.Deps.Observe: the leases, the fair-share board and the lengths sharer.
 type redisRTT struct{ h *prometheus.HistogramVec }
 
 func newRedisRTT() *redisRTT {
@@ -55,7 +56,7 @@ func (r *redisRTT) observe(op string, took time.Duration, err error) {
 }
 
 // fleetCollector reads the lessees at scrape time.
-type fleetCollector struct{ f *fleet }
+type fleetCollector struct{ f *fleet.Fleet }
 
 func (c fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLeaseHeld, descLeaseCapacity, descLeaseFleet, descLeaseBudget, descLeaseFair,
@@ -65,19 +66,19 @@ func (c fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, ls := range c.f.statuses() {
-		s := ls.stats
+	for _, ls := range c.f.Leases() {
+		s := ls.Stats
 		gauge := func(d *prometheus.Desc, v float64) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, ls.gpu)
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, ls.GPU)
 		}
 		counter := func(d *prometheus.Desc, v uint64) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), ls.gpu)
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), ls.GPU)
 		}
 		gauge(descLeaseHeld, float64(s.Leased))
 		gauge(descLeaseCapacity, float64(s.Capacity))
 		gauge(descLeaseFleet, float64(s.FleetLeased))
 		gauge(descLeaseBudget, float64(s.Budget))
-		gauge(descLeaseFair, float64(max(ls.level, 0)))
+		gauge(descLeaseFair, float64(max(ls.Level, 0)))
 		gauge(descFallback, boolFloat(s.Fallback))
 		counter(descLeaseGrants, s.Grants)
 		counter(descLeaseDenials, s.Denials)

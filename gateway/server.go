@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fastjson"
 
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/admission/fleet"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/backends/gpuinfo"
 	"github.com/kvgate/kvgate/internal/connwatch"
@@ -71,7 +72,7 @@ type Server struct {
 	sched *admission.Scheduler
 	// fleet shares the budgets with other replicas (shared_budget); nil
 	// when the budget is this process's alone. Set once by New.
-	fleet *fleet
+	fleet *fleet.Fleet
 
 	reloadMu  sync.Mutex // serialises Reload and Shutdown; guards probeStop and closed
 	probeStop context.CancelFunc
@@ -122,8 +123,9 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	s.opt.metrics = s.m
 	if sb := cfg.SharedBudget; sb != nil {
 		rtt := newRedisRTT()
-		s.fleet = newFleet(sb, &s.opt, s.log, cfg.Server.requestTimeout(), rtt)
-		s.opt.onDemand = s.fleet.wake
+		s.fleet = fleet.New(sb, fleet.Deps{Clock: s.opt.Clock, Logger: s.log, FallbackGrace: cfg.Server.requestTimeout(),
+			Observe: rtt.observe})
+		s.opt.onDemand = s.fleet.Wake
 		s.m.reg.MustRegister(rtt.h, fleetCollector{f: s.fleet})
 	}
 	rt, commit, err := buildRuntime(cfg, nil, &s.opt, nil)
@@ -141,7 +143,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	}
 	if err != nil {
 		if s.fleet != nil {
-			s.fleet.close()
+			s.fleet.Close()
 		}
 		return nil, err
 	}
@@ -153,15 +155,11 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	go s.sweepLoop(s.sweepStop)
 	s.rt.Store(rt)
 	if s.fleet != nil {
-		s.fleet.attach(s.sched, func() []string { return s.rt.Load().modelOrder })
-		if err := s.fleet.sync(rt); err != nil {
-			s.fleet.close()
+		if err := s.fleet.Start(s.sched, func() []string { return s.rt.Load().modelOrder }, rt.fleetGPUs()); err != nil {
+			s.fleet.Close()
 			w.Close()
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
-		sb := cfg.SharedBudget
-		s.log.Info("sharing GPU budgets with the fleet through Redis", "replica", sb.Replica, "replicas", sb.Replicas,
-			"redis", redactURL(sb.Redis), "lease_ttl", sb.LeaseTTL.D, "chunk", sb.Chunk.String())
 	}
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	sc := cfg.Server
@@ -236,7 +234,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if s.fleet != nil {
-		s.fleet.close() // drained: give the leases back
+		s.fleet.Close() // drained: give the leases back
 	}
 	s.stopOnce.Do(func() {
 		close(s.sweepStop)
@@ -274,7 +272,7 @@ func (s *Server) Reload(cfg *Config) error {
 		s.log.Warn("turning server.tls on or off needs a restart; keeping the listener as it is")
 		cfg.Server.TLS = old.cfg.Server.TLS
 	}
-	if !cfg.SharedBudget.sameAs(old.cfg.SharedBudget) {
+	if !cfg.SharedBudget.SameAs(old.cfg.SharedBudget) {
 		s.log.Warn("shared_budget changes need a restart; keeping the running shared_budget section")
 	}
 	cfg.SharedBudget = old.cfg.SharedBudget // the running replica's name too
@@ -295,7 +293,7 @@ func (s *Server) Reload(cfg *Config) error {
 			"serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter)
 	}
 	if s.fleet != nil {
-		if err := s.fleet.sync(rt); err != nil {
+		if err := s.fleet.Sync(rt.fleetGPUs()); err != nil {
 			s.log.Error("shared budget: a new GPU's lease could not start; it admits nothing", "err", err)
 		}
 	}
@@ -365,7 +363,7 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 	}
 	want := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
 	if s.fleet != nil {
-		s.fleet.setBudget(g.pool, want)
+		s.fleet.SetBudget(g.pool, want)
 	}
 	resized := true
 	if st, _ := rt.sched.Pool(g.pool); st.Capacity != want {
@@ -454,7 +452,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			(&apiError{status: 503, typ: typeServer, code: "draining", message: "The gateway is shutting down."}).write(ctx)
 		case !s.rt.Load().pool.Ready():
 			(&apiError{status: 503, typ: typeServer, code: "no_healthy_backend", message: "no backend is healthy"}).write(ctx)
-		case s.fleet != nil && !s.fleet.usable():
+		case s.fleet != nil && !s.fleet.Usable():
 			(&apiError{status: 503, typ: typeServer, code: "no_capacity",
 				message: "this replica cannot reach the shared budget's Redis and has no capacity to admit on"}).write(ctx)
 		default:

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/admission/fleet"
 	"github.com/kvgate/kvgate/kvbudget"
 )
 
@@ -23,8 +24,8 @@ type statusView struct {
 	Counters  counterView      `json:"admission"`
 
 	// SharedBudget is this replica's part of a fleet sharing the budgets
-	// (fleet_status.go); absent when the budget is this process's alone.
-	SharedBudget *sharedBudgetView `json:"shared_budget,omitempty"`
+	// (package fleet); absent when the budget is this process's alone.
+	SharedBudget *fleet.Status `json:"shared_budget,omitempty"`
 }
 
 type policyView struct {
@@ -230,7 +231,9 @@ func (s *Server) status() statusView {
 	for _, t := range st.Tenants {
 		v.Tenants = append(v.Tenants, tenantView{Name: t.Name, HeldBytes: t.Held, Queued: t.Queued, QueuedBytes: t.QueuedBytes})
 	}
-	v.SharedBudget = s.fleetStatus()
+	if s.fleet != nil {
+		v.SharedBudget = s.fleet.Status()
+	}
 	v.Counters = counterView{Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Backfilled: st.Backfilled,
 		Rejected: st.Rejected, Canceled: st.Canceled, GuardStops: st.GuardStops, ForecastTrips: st.Trips}
 	for _, b := range rt.pool.Backends() {

@@ -1,4 +1,4 @@
-package leases
+package fleet
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kvgate/kvgate/admission"
 )
 
 //go:embed lease.lua
@@ -31,7 +33,7 @@ type RedisOptions struct {
 	// error (nil on success): the hook for a latency histogram. It runs on
 	// the caller's goroutine and must be quick.
 	Observe func(op string, took time.Duration, err error)
-	// Now times the round trips for Observe. Default: time.Now. Lease time
+	// Now times the round trips for Observe. Default: the system clock's. Lease time
 	// never comes from it: leases are timed by Redis's own clock.
 	Now func() time.Time
 }
@@ -60,7 +62,7 @@ var _ Store = (*Redis)(nil)
 // no longer trusts.
 func NewRedis(c redis.Scripter, o RedisOptions) *Redis {
 	if o.Now == nil {
-		o.Now = time.Now
+		o.Now = admission.SystemClock().Now
 	}
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
@@ -125,17 +127,17 @@ func (s *Redis) run(ctx context.Context, op, key string, r Request, bytes, least
 }
 
 // Leases implements Store.
-func (s *Redis) Leases(ctx context.Context, key string) (Fleet, error) {
+func (s *Redis) Leases(ctx context.Context, key string) (Listing, error) {
 	if key == "" {
-		return Fleet{}, opError("list", key, "", invalid("empty key"))
+		return Listing{}, opError("list", key, "", invalid("empty key"))
 	}
 	v, err := s.eval(ctx, "list", key, []any{"list", "", 0, 0, 0, 0, ""})
 	if err != nil {
-		return Fleet{}, opError("list", key, "", err)
+		return Listing{}, opError("list", key, "", err)
 	}
-	f, err := parseFleet(v)
+	f, err := parseListing(v)
 	if err != nil {
-		return Fleet{}, opError("list", key, "", err)
+		return Listing{}, opError("list", key, "", err)
 	}
 	return f, nil
 }
@@ -202,31 +204,31 @@ func toInt(x any) (int64, error) {
 	return 0, fmt.Errorf("unexpected %T %v in script answer", x, x)
 }
 
-// parseFleet reads the list answer: budget, total, then quadruples of
+// parseListing reads the list answer: budget, total, then quadruples of
 // replica, bytes, ttl ms, announced budget. The script lists leaseholders
 // first, then announcers, each once.
-func parseFleet(v any) (Fleet, error) {
+func parseListing(v any) (Listing, error) {
 	a, ok := v.([]any)
 	if !ok || len(a) < 2 || (len(a)-2)%4 != 0 {
-		return Fleet{}, fmt.Errorf("unexpected script answer %v", v)
+		return Listing{}, fmt.Errorf("unexpected script answer %v", v)
 	}
-	var f Fleet
+	var f Listing
 	var err error
 	if f.Budget, err = toInt(a[0]); err != nil {
-		return Fleet{}, err
+		return Listing{}, err
 	}
 	if f.Total, err = toInt(a[1]); err != nil {
-		return Fleet{}, err
+		return Listing{}, err
 	}
 	for i := 2; i < len(a); i += 4 {
 		replica, ok := a[i].(string)
 		if !ok {
-			return Fleet{}, fmt.Errorf("unexpected replica %v in script answer", a[i])
+			return Listing{}, fmt.Errorf("unexpected replica %v in script answer", a[i])
 		}
 		var n [3]int64
 		for j := range n {
 			if n[j], err = toInt(a[i+1+j]); err != nil {
-				return Fleet{}, err
+				return Listing{}, err
 			}
 		}
 		f.Holders = append(f.Holders, Holder{Replica: replica, Bytes: n[0], TTL: time.Duration(n[1]) * time.Millisecond, Budget: n[2]})

@@ -1,4 +1,4 @@
-package leases_test
+package fleet_test
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/kvgate/kvgate/backends/leases"
-	"github.com/kvgate/kvgate/backends/leases/leasestest"
+	"github.com/kvgate/kvgate/admission/fleet"
+	"github.com/kvgate/kvgate/admission/fleet/fleettest"
 )
 
 // Redis stops (its data gone, as without persistence) and comes back on the
@@ -20,9 +20,9 @@ import (
 // afterwards work again on an empty store (the script is sent again after
 // the restarted server's NOSCRIPT).
 func TestRedisStopsAndReturns(t *testing.T) {
-	srv := leasestest.StartRedis(t)
+	srv := fleettest.StartRedis(t)
 	noRetry := func(o *redis.Options) { o.MaxRetries = -1 }
-	s := leases.NewRedis(srv.Client(noRetry), leases.RedisOptions{Prefix: "kvgate:"})
+	s := fleet.NewRedis(srv.Client(noRetry), fleet.RedisOptions{Prefix: "kvgate:"})
 	ctx := context.Background()
 	if l := lease(t)(s.Acquire(ctx, "gpu0", req("a", 100), 40, 0)); l.Granted != 40 {
 		t.Fatalf("granted %d, want 40", l.Granted)
@@ -37,7 +37,7 @@ func TestRedisStopsAndReturns(t *testing.T) {
 	for op, call := range calls {
 		err := call()
 		var netErr *net.OpError
-		if !errors.Is(err, leases.ErrUnavailable) || !errors.As(err, &netErr) || !strings.Contains(err.Error(), `"gpu0"`) || !strings.Contains(err.Error(), op) {
+		if !errors.Is(err, fleet.ErrUnavailable) || !errors.As(err, &netErr) || !strings.Contains(err.Error(), `"gpu0"`) || !strings.Contains(err.Error(), op) {
 			t.Errorf("%s with Redis stopped: %v, want ErrUnavailable wrapping the network error, naming %s and the key", op, err, op)
 		}
 	}
@@ -45,8 +45,8 @@ func TestRedisStopsAndReturns(t *testing.T) {
 	// too, not the caller's cancellation.
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	slow := leases.NewRedis(srv.Client(), leases.RedisOptions{}) // go-redis retries until the deadline
-	if _, err := slow.Renew(short, "gpu0", req("a", 100)); !errors.Is(err, leases.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+	slow := fleet.NewRedis(srv.Client(), fleet.RedisOptions{}) // go-redis retries until the deadline
+	if _, err := slow.Renew(short, "gpu0", req("a", 100)); !errors.Is(err, fleet.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("renew past its deadline with Redis stopped: %v, want ErrUnavailable and the deadline", err)
 	}
 	srv.Restart()
@@ -75,20 +75,20 @@ func (doubleSend) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 func TestRedisRetriedCallIsAnsweredNotRedone(t *testing.T) {
-	srv := leasestest.StartRedis(t)
+	srv := fleettest.StartRedis(t)
 	c := srv.Client()
 	c.AddHook(doubleSend{})
-	s, ctx := leases.NewRedis(c, leases.RedisOptions{}), context.Background()
+	s, ctx := fleet.NewRedis(c, fleet.RedisOptions{}), context.Background()
 	steps := []struct {
 		name               string
-		call               func() (leases.Lease, error)
+		call               func() (fleet.Lease, error)
 		granted, released  int64
 		held, total, owned int64
 	}{
-		{"acquire 30", func() (leases.Lease, error) { return s.Acquire(ctx, "gpu0", req("a", 100), 30, 0) }, 30, 0, 30, 30, 30},
-		{"acquire 50", func() (leases.Lease, error) { return s.Acquire(ctx, "gpu0", req("a", 100), 50, 0) }, 50, 0, 80, 80, 80},
-		{"release 20", func() (leases.Lease, error) { return s.Release(ctx, "gpu0", req("a", 100), 20) }, 0, 20, 60, 60, 60},
-		{"release 60", func() (leases.Lease, error) { return s.Release(ctx, "gpu0", req("a", 100), 60) }, 0, 60, 0, 0, 0},
+		{"acquire 30", func() (fleet.Lease, error) { return s.Acquire(ctx, "gpu0", req("a", 100), 30, 0) }, 30, 0, 30, 30, 30},
+		{"acquire 50", func() (fleet.Lease, error) { return s.Acquire(ctx, "gpu0", req("a", 100), 50, 0) }, 50, 0, 80, 80, 80},
+		{"release 20", func() (fleet.Lease, error) { return s.Release(ctx, "gpu0", req("a", 100), 20) }, 0, 20, 60, 60, 60},
+		{"release 60", func() (fleet.Lease, error) { return s.Release(ctx, "gpu0", req("a", 100), 60) }, 0, 60, 0, 0, 0},
 	}
 	for _, st := range steps {
 		l := lease(t)(st.call())
@@ -99,7 +99,7 @@ func TestRedisRetriedCallIsAnsweredNotRedone(t *testing.T) {
 }
 
 func TestRedisObservesEveryRoundTrip(t *testing.T) {
-	srv := leasestest.StartRedis(t)
+	srv := fleettest.StartRedis(t)
 	var mu sync.Mutex
 	type seen struct {
 		op   string
@@ -108,7 +108,7 @@ func TestRedisObservesEveryRoundTrip(t *testing.T) {
 	}
 	var got []seen
 	var now time.Time
-	s := leases.NewRedis(srv.Client(func(o *redis.Options) { o.MaxRetries = -1 }), leases.RedisOptions{
+	s := fleet.NewRedis(srv.Client(func(o *redis.Options) { o.MaxRetries = -1 }), fleet.RedisOptions{
 		// Each reading of the clock moves it 7ms: every round trip takes
 		// exactly 7ms.
 		Now: func() time.Time { now = now.Add(7 * time.Millisecond); return now },
@@ -122,7 +122,7 @@ func TestRedisObservesEveryRoundTrip(t *testing.T) {
 	lease(t)(s.Acquire(ctx, "gpu0", req("a", 100), 1, 0))
 	lease(t)(s.Renew(ctx, "gpu0", req("a", 100)))
 	lease(t)(s.Release(ctx, "gpu0", req("a", 100), 1))
-	fleet(t)(s.Leases(ctx, "gpu0"))
+	listing(t)(s.Leases(ctx, "gpu0"))
 	if _, err := s.Acquire(ctx, "gpu0", req("a", 100), 0, 0); err == nil {
 		t.Fatal("a zero acquire was accepted")
 	}
@@ -146,15 +146,15 @@ func TestRedisObservesEveryRoundTrip(t *testing.T) {
 
 // A key that holds something else is a fault to show, not an outage.
 func TestRedisWrongTypeIsAFaultNotAnOutage(t *testing.T) {
-	srv := leasestest.StartRedis(t)
+	srv := fleettest.StartRedis(t)
 	c := srv.Client()
 	ctx := context.Background()
 	if err := c.Set(ctx, "p:{gpu0}:leases", "not a hash", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	s := leases.NewRedis(c, leases.RedisOptions{Prefix: "p:"})
+	s := fleet.NewRedis(c, fleet.RedisOptions{Prefix: "p:"})
 	_, err := s.Acquire(ctx, "gpu0", req("a", 100), 1, 0)
-	if err == nil || errors.Is(err, leases.ErrUnavailable) || !strings.Contains(err.Error(), `"gpu0"`) {
+	if err == nil || errors.Is(err, fleet.ErrUnavailable) || !strings.Contains(err.Error(), `"gpu0"`) {
 		t.Errorf("acquire over a string key: %v, want an error naming the key that is not ErrUnavailable", err)
 	}
 }

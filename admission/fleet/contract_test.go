@@ -1,4 +1,4 @@
-package leases_test
+package fleet_test
 
 import (
 	"context"
@@ -12,24 +12,24 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/admission/admissiontest"
-	"github.com/kvgate/kvgate/backends/leases"
-	"github.com/kvgate/kvgate/backends/leases/leasestest"
+	"github.com/kvgate/kvgate/admission/fleet"
+	"github.com/kvgate/kvgate/admission/fleet/fleettest"
 )
 
 // harness is one Store implementation as the contract sees it.
 type harness struct {
 	// open returns a store on the shared backend whose keys live under
 	// prefix.
-	open func(prefix string) leases.Store
+	open func(prefix string) fleet.Store
 	// advance lets at least d pass on the store's clock.
 	advance func(d time.Duration)
 }
 
 func memoryHarness(t *testing.T) harness {
 	clock := admissiontest.NewClock(time.Unix(1_000_000, 0))
-	m := leases.NewMemory(clock.Now)
+	m := fleet.NewMemory(clock.Now)
 	return harness{
-		open:    func(prefix string) leases.Store { return m.Prefixed(prefix) },
+		open:    func(prefix string) fleet.Store { return m.Prefixed(prefix) },
 		advance: clock.Advance,
 	}
 }
@@ -37,11 +37,11 @@ func memoryHarness(t *testing.T) harness {
 // redisHarness runs the contract on a real redis-server. Its clock cannot be
 // moved, so advance waits until Redis's own TIME has moved on.
 func redisHarness(t *testing.T) harness {
-	srv := leasestest.StartRedis(t)
+	srv := fleettest.StartRedis(t)
 	c := srv.Client()
 	return harness{
-		open: func(prefix string) leases.Store {
-			return leases.NewRedis(c, leases.RedisOptions{Prefix: prefix})
+		open: func(prefix string) fleet.Store {
+			return fleet.NewRedis(c, fleet.RedisOptions{Prefix: prefix})
 		},
 		advance: func(d time.Duration) {
 			ctx := context.Background()
@@ -97,7 +97,7 @@ func TestStoreContract(t *testing.T) {
 					// Each point gets its own prefix, so points never see
 					// each other's leases on the shared backend.
 					p.run(t, harness{
-						open:    func(prefix string) leases.Store { return h.open(fmt.Sprintf("t%d:%s", i, prefix)) },
+						open:    func(prefix string) fleet.Store { return h.open(fmt.Sprintf("t%d:%s", i, prefix)) },
 						advance: h.advance,
 					})
 				})
@@ -108,14 +108,14 @@ func TestStoreContract(t *testing.T) {
 
 const long = time.Minute // a TTL no test outlives
 
-func req(replica string, budget int64) leases.Request {
-	return leases.Request{Replica: replica, Budget: budget, TTL: long}
+func req(replica string, budget int64) fleet.Request {
+	return fleet.Request{Replica: replica, Budget: budget, TTL: long}
 }
 
-// lease and fleet fail the test on an error and pass the value on:
+// lease and listing fail the test on an error and pass the value on:
 // lease(t)(s.Acquire(...)).
-func lease(t *testing.T) func(leases.Lease, error) leases.Lease {
-	return func(l leases.Lease, err error) leases.Lease {
+func lease(t *testing.T) func(fleet.Lease, error) fleet.Lease {
+	return func(l fleet.Lease, err error) fleet.Lease {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
@@ -124,8 +124,8 @@ func lease(t *testing.T) func(leases.Lease, error) leases.Lease {
 	}
 }
 
-func fleet(t *testing.T) func(leases.Fleet, error) leases.Fleet {
-	return func(f leases.Fleet, err error) leases.Fleet {
+func listing(t *testing.T) func(fleet.Listing, error) fleet.Listing {
+	return func(f fleet.Listing, err error) fleet.Listing {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
@@ -188,7 +188,7 @@ func contractReleaseReturnsExactlyWhatWasGranted(t *testing.T, h harness) {
 	if l := lease(t)(s.Release(ctx, "gpu0", a, 50)); l.Released != 5 || l.Held != 0 || l.Total != 20 {
 		t.Errorf("over-release: released %d held %d total %d, want 5 0 20", l.Released, l.Held, l.Total)
 	}
-	f := fleet(t)(s.Leases(ctx, "gpu0"))
+	f := listing(t)(s.Leases(ctx, "gpu0"))
 	if f.Total != 20 || len(f.Holders) != 2 || f.Holders[0].Bytes != 0 || f.Holders[1].Bytes != 20 {
 		t.Errorf("fleet after releases: %+v, want a announcing with no lease, b holding 20", f)
 	}
@@ -241,7 +241,7 @@ func contractConcurrentReplicasNeverExceedBudget(t *testing.T, h harness) {
 		})
 	}
 	wg.Wait()
-	f := fleet(t)(s.Leases(ctx, "gpu0"))
+	f := listing(t)(s.Leases(ctx, "gpu0"))
 	var sum int64
 	for i, b := range books {
 		sum += b
@@ -257,12 +257,12 @@ func contractConcurrentReplicasNeverExceedBudget(t *testing.T, h harness) {
 			lease(t)(s.Release(ctx, "gpu0", req(fmt.Sprintf("r%d", i), budget), b))
 		}
 	}
-	if f := fleet(t)(s.Leases(ctx, "gpu0")); f.Total != 0 {
+	if f := listing(t)(s.Leases(ctx, "gpu0")); f.Total != 0 {
 		t.Errorf("after every release the fleet still holds %d", f.Total)
 	}
 }
 
-func holderBytes(f leases.Fleet, replica string) int64 {
+func holderBytes(f fleet.Listing, replica string) int64 {
 	for _, h := range f.Holders {
 		if h.Replica == replica {
 			return h.Bytes
@@ -277,8 +277,8 @@ func contractLostLeaseComesBackAfterTTL(t *testing.T, h harness) {
 	s, ctx := h.open(""), context.Background()
 	// Two seconds leave room for a stalled machine between two calls.
 	const ttl = 2 * time.Second
-	short := func(replica string) leases.Request {
-		return leases.Request{Replica: replica, Budget: 100, TTL: ttl}
+	short := func(replica string) fleet.Request {
+		return fleet.Request{Replica: replica, Budget: 100, TTL: ttl}
 	}
 	lease(t)(s.Acquire(ctx, "gpu0", short("dead"), 60, 0))
 	lease(t)(s.Acquire(ctx, "gpu0", short("alive"), 30, 0))
@@ -296,7 +296,7 @@ func contractLostLeaseComesBackAfterTTL(t *testing.T, h harness) {
 	if l := lease(t)(s.Renew(ctx, "gpu0", short("dead"))); l.Held != 0 || l.TTL != 0 {
 		t.Errorf("the dead replica's renewal after its TTL: held %d ttl %v, want its lease gone", l.Held, l.TTL)
 	}
-	if got := holderBytes(fleet(t)(s.Leases(ctx, "gpu0")), "alive"); got != 30 {
+	if got := holderBytes(listing(t)(s.Leases(ctx, "gpu0")), "alive"); got != 30 {
 		t.Errorf("the renewed lease holds %d after the wait, want 30", got)
 	}
 }
@@ -336,7 +336,7 @@ func contractSmallestBudgetWins(t *testing.T, h harness) {
 // that are still alive takes effect once the one that disagreed is gone.
 func contractRaisedBudgetWaitsForTheLastAnnouncement(t *testing.T, h harness) {
 	s, ctx := h.open(""), context.Background()
-	lease(t)(s.Renew(ctx, "gpu0", leases.Request{Replica: "gone", Budget: 40, TTL: 200 * time.Millisecond}))
+	lease(t)(s.Renew(ctx, "gpu0", fleet.Request{Replica: "gone", Budget: 40, TTL: 200 * time.Millisecond}))
 	lease(t)(s.Renew(ctx, "gpu0", req("raised", 100)))
 	// The "gone" announcement may already have expired on a stalled
 	// machine; what matters is that it counts until then, and not after.
@@ -351,7 +351,7 @@ func contractPrefixAndKeyIsolateBudgets(t *testing.T, h harness) {
 	a, b := h.open("a:"), h.open("b:")
 	stores := []struct {
 		name string
-		s    leases.Store
+		s    fleet.Store
 		key  string
 	}{
 		{"a:gpu1", a, "gpu1"},
@@ -369,7 +369,7 @@ func contractPrefixAndKeyIsolateBudgets(t *testing.T, h harness) {
 		}
 	}
 	for _, st := range stores {
-		if f := fleet(t)(st.s.Leases(ctx, st.key)); f.Total != 100 || len(f.Holders) != 1 {
+		if f := listing(t)(st.s.Leases(ctx, st.key)); f.Total != 100 || len(f.Holders) != 1 {
 			t.Errorf("%s: fleet %+v, want one holder of 100", st.name, f)
 		}
 	}
@@ -386,17 +386,17 @@ func contractErrorsNameTheKey(t *testing.T, h harness) {
 		call func() error
 		is   error
 	}{
-		{"zero size", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, 0, 0); return err }, leases.ErrInvalid},
-		{"negative size", func() error { _, err := s.Release(ctx, "gpu-z", ok, -1); return err }, leases.ErrInvalid},
-		{"size past MaxBytes", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, leases.MaxBytes+1, 0); return err }, leases.ErrInvalid},
-		{"least above size", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, 5, 6); return err }, leases.ErrInvalid},
-		{"negative least", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, 5, -1); return err }, leases.ErrInvalid},
-		{"no replica", func() error { _, err := s.Renew(ctx, "gpu-z", req("", 100)); return err }, leases.ErrInvalid},
+		{"zero size", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, 0, 0); return err }, fleet.ErrInvalid},
+		{"negative size", func() error { _, err := s.Release(ctx, "gpu-z", ok, -1); return err }, fleet.ErrInvalid},
+		{"size past MaxBytes", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, fleet.MaxBytes+1, 0); return err }, fleet.ErrInvalid},
+		{"least above size", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, 5, 6); return err }, fleet.ErrInvalid},
+		{"negative least", func() error { _, err := s.Acquire(ctx, "gpu-z", ok, 5, -1); return err }, fleet.ErrInvalid},
+		{"no replica", func() error { _, err := s.Renew(ctx, "gpu-z", req("", 100)); return err }, fleet.ErrInvalid},
 		{"ttl below 1ms", func() error {
-			_, err := s.Renew(ctx, "gpu-z", leases.Request{Replica: "r", TTL: time.Microsecond})
+			_, err := s.Renew(ctx, "gpu-z", fleet.Request{Replica: "r", TTL: time.Microsecond})
 			return err
-		}, leases.ErrInvalid},
-		{"negative budget", func() error { _, err := s.Renew(ctx, "gpu-z", req("r", -1)); return err }, leases.ErrInvalid},
+		}, fleet.ErrInvalid},
+		{"negative budget", func() error { _, err := s.Renew(ctx, "gpu-z", req("r", -1)); return err }, fleet.ErrInvalid},
 		{"cancelled context", func() error { _, err := s.Acquire(cancelled, "gpu-z", ok, 1, 0); return err }, context.Canceled},
 		{"cancelled list", func() error { _, err := s.Leases(cancelled, "gpu-z"); return err }, context.Canceled},
 	}
@@ -406,25 +406,25 @@ func contractErrorsNameTheKey(t *testing.T, h harness) {
 			t.Errorf("%s: error %v, want one wrapping %v that names the key", c.name, err, c.is)
 		}
 	}
-	if _, err := s.Leases(ctx, ""); !errors.Is(err, leases.ErrInvalid) {
+	if _, err := s.Leases(ctx, ""); !errors.Is(err, fleet.ErrInvalid) {
 		t.Errorf("listing an empty key: %v, want ErrInvalid", err)
 	}
-	if f := fleet(t)(s.Leases(ctx, "gpu-z")); f.Total != 0 || len(f.Holders) != 0 {
+	if f := listing(t)(s.Leases(ctx, "gpu-z")); f.Total != 0 || len(f.Holders) != 0 {
 		t.Errorf("refused calls left state behind: %+v", f)
 	}
 }
 
 func contractFleetListsEveryReplica(t *testing.T, h harness) {
 	s, ctx := h.open(""), context.Background()
-	if f := fleet(t)(s.Leases(ctx, "gpu0")); f.Total != 0 || f.Budget != 0 || len(f.Holders) != 0 {
+	if f := listing(t)(s.Leases(ctx, "gpu0")); f.Total != 0 || f.Budget != 0 || len(f.Holders) != 0 {
 		t.Fatalf("unknown key: %+v, want an empty fleet", f)
 	}
 	lease(t)(s.Acquire(ctx, "gpu0", req("b", 90), 30, 0))
 	lease(t)(s.Acquire(ctx, "gpu0", req("a", 100), 20, 0))
 	lease(t)(s.Renew(ctx, "gpu0", req("c", 95)))
 	lease(t)(s.Acquire(ctx, "gpu0", req("d", 0), 5, 0))
-	f := fleet(t)(s.Leases(ctx, "gpu0"))
-	want := []leases.Holder{{Replica: "a", Bytes: 20, Budget: 100}, {Replica: "b", Bytes: 30, Budget: 90}, {Replica: "c", Budget: 95}, {Replica: "d", Bytes: 5}}
+	f := listing(t)(s.Leases(ctx, "gpu0"))
+	want := []fleet.Holder{{Replica: "a", Bytes: 20, Budget: 100}, {Replica: "b", Bytes: 30, Budget: 90}, {Replica: "c", Budget: 95}, {Replica: "d", Bytes: 5}}
 	if f.Budget != 90 || f.Total != 55 || len(f.Holders) != len(want) {
 		t.Fatalf("fleet %+v, want budget 90, total 55, holders %+v", f, want)
 	}
@@ -439,7 +439,7 @@ func contractFleetListsEveryReplica(t *testing.T, h harness) {
 // Sizes up to MaxBytes survive the trip through Redis's Lua numbers.
 func contractLargeSizesAreExact(t *testing.T, h harness) {
 	s, ctx := h.open(""), context.Background()
-	const budget = leases.MaxBytes - 1
+	const budget = fleet.MaxBytes - 1
 	l := lease(t)(s.Acquire(ctx, "gpu0", req("a", budget), budget-3, 0))
 	if l.Granted != budget-3 || l.Held != budget-3 || l.Budget != budget {
 		t.Fatalf("large grant: %+v", l)

@@ -1,4 +1,4 @@
-package leasestest_test
+package fleettest_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/backends/leases/leasestest"
+	"github.com/kvgate/kvgate/admission/fleet/fleettest"
 )
 
 // fatalRecorder catches a Fatalf instead of failing the test.
@@ -34,7 +34,7 @@ func TestStartRedisFailsLoudlyWithoutTheServer(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		leasestest.StartRedis(rec)
+		fleettest.StartRedis(rec)
 		rec.msg = "returned"
 	}()
 	<-done
@@ -44,7 +44,7 @@ func TestStartRedisFailsLoudlyWithoutTheServer(t *testing.T) {
 }
 
 func TestRedisStopsAndRestartsOnTheSamePort(t *testing.T) {
-	srv := leasestest.StartRedis(t)
+	srv := fleettest.StartRedis(t)
 	c := srv.Client()
 	ctx := context.Background()
 	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {

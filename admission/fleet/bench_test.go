@@ -1,29 +1,29 @@
-package leases_test
+package fleet_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/backends/leases"
-	"github.com/kvgate/kvgate/backends/leases/leasestest"
+	"github.com/kvgate/kvgate/admission/fleet"
+	"github.com/kvgate/kvgate/admission/fleet/fleettest"
 )
 
 // One grant and one return: the two round trips a chunk of demand change
 // costs on loopback Redis.
 func BenchmarkRedisAcquireRelease(b *testing.B) {
-	srv := leasestest.StartRedis(b)
-	s := leases.NewRedis(srv.Client(), leases.RedisOptions{Prefix: "bench:"})
+	srv := fleettest.StartRedis(b)
+	s := fleet.NewRedis(srv.Client(), fleet.RedisOptions{Prefix: "bench:"})
 	benchAcquireRelease(b, s)
 }
 
 func BenchmarkMemoryAcquireRelease(b *testing.B) {
-	benchAcquireRelease(b, leases.NewMemory(nil))
+	benchAcquireRelease(b, fleet.NewMemory(nil))
 }
 
-func benchAcquireRelease(b *testing.B, s leases.Store) {
+func benchAcquireRelease(b *testing.B, s fleet.Store) {
 	ctx := context.Background()
-	r := leases.Request{Replica: "a", Budget: 1 << 40, TTL: 3 * time.Second}
+	r := fleet.Request{Replica: "a", Budget: 1 << 40, TTL: 3 * time.Second}
 	b.ReportAllocs()
 	for b.Loop() {
 		if l, err := s.Acquire(ctx, "gpu0", r, 1<<30, 1); err != nil || l.Granted == 0 {
@@ -38,8 +38,8 @@ func benchAcquireRelease(b *testing.B, s leases.Store) {
 // What the request path pays for the shared budget: one Wake per change of
 // the pool's demand.
 func BenchmarkLesseeWake(b *testing.B) {
-	l, err := leases.NewLessee(leases.LesseeConfig{
-		Store: leases.NewMemory(nil), Key: "gpu0", Replica: "a", Replicas: 1, Budget: 1000, Chunk: 100,
+	l, err := fleet.NewLessee(fleet.LesseeConfig{
+		Store: fleet.NewMemory(nil), Key: "gpu0", Replica: "a", Replicas: 1, Budget: 1000, Chunk: 100,
 		Demand: func() (int64, int64) { return 0, 0 }, OnCapacity: func(int64) {},
 	})
 	if err != nil {

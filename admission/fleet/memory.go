@@ -1,9 +1,11 @@
-package leases
+package fleet
 
 import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/kvgate/kvgate/admission"
 )
 
 // Memory is the in-process Store: the reference that the Redis store is
@@ -37,10 +39,10 @@ type memEntry struct {
 }
 
 // NewMemory returns an empty in-process store reading time from now
-// (time.Now if nil).
+// (the system clock's if nil).
 func NewMemory(now func() time.Time) *Memory {
 	if now == nil {
-		now = time.Now
+		now = admission.SystemClock().Now
 	}
 	return &Memory{s: &memState{now: now, keys: map[string]*memBook{}}}
 }
@@ -134,23 +136,23 @@ func (m *Memory) call(key string, r Request, f func(*memBook, *Lease)) Lease {
 }
 
 // Leases implements Store.
-func (m *Memory) Leases(ctx context.Context, key string) (Fleet, error) {
+func (m *Memory) Leases(ctx context.Context, key string) (Listing, error) {
 	if key == "" {
-		return Fleet{}, opError("list", key, "", invalid("empty key"))
+		return Listing{}, opError("list", key, "", invalid("empty key"))
 	}
 	if err := ctx.Err(); err != nil {
-		return Fleet{}, opError("list", key, "", err)
+		return Listing{}, opError("list", key, "", err)
 	}
 	s := m.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := s.keys[m.prefix+key]
 	if b == nil {
-		return Fleet{}, nil
+		return Listing{}, nil
 	}
 	now := s.now()
 	b.purge(now)
-	f := Fleet{Budget: b.budget(), Total: b.total()}
+	f := Listing{Budget: b.budget(), Total: b.total()}
 	byReplica := map[string]*Holder{}
 	holder := func(replica string) *Holder {
 		h := byReplica[replica]

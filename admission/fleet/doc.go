@@ -1,8 +1,29 @@
-// Package leases shares each GPU's KV budget among gateway replicas, so
+// Package fleet is admission across processes: it shares each GPU's KV
+// budget among gateway replicas (the gateway's shared_budget section), so
 // that three replicas in front of one GPU admit what the GPU holds, not
 // three times that. The books live in Redis; each replica leases capacity
 // in chunks and admits locally inside its lease, so no request waits for a
 // round trip to Redis.
+//
+// # The door
+//
+// The gateway builds a Fleet with New from its validated Config (the
+// shared_budget section; Config.Validate fills its defaults) and Deps (the
+// clock, the logger, the request timeout, a hook for round-trip latency),
+// hands it the scheduler with Start, and then tells it what changes: Sync
+// with the GPUs after a reload, SetBudget when a GPU's derived budget
+// moves, Wake (the scheduler's OnDemand) when a request queues. Close gives
+// the leases back after the drain. What the fleet needs of the scheduler
+// is the Scheduler interface; it reads the lessees back through Leases
+// (metrics) and Status (/status). Per GPU, a Lessee (below) holds the
+// lease and sets it as the pool's limit; a fair-share loop keeps saturated
+// replicas at even parts of the budget (fair.go); a lengths sharer
+// exchanges the output lengths the replicas learn (lengths.go).
+//
+// Time: the lessees, the periodic loops and the round-trip timings run on
+// Deps.Clock, so that tests drive them by hand; the leases themselves are
+// timed by Redis's clock (below), and a call to Redis carries a context
+// deadline that go-redis applies to its socket.
 //
 // # Model
 //
@@ -111,9 +132,9 @@
 // script alone. Lessee: Step runs on one goroutine at a time (Run's) and
 // owns the state; Stats are a snapshot under statsMu, published before the
 // pool hears of a capacity change; SetBudget and Wake are atomics and a
-// channel send.
+// channel send. Fleet: see its type.
 //
 // What the package does not do: decide budgets (the gateway derives them
 // and passes them in), admit requests (package admission does), or export
-// metrics (Stats and RedisOptions.Observe give the gateway what it needs).
-package leases
+// metrics (Leases, Stats and Deps.Observe give the gateway what it needs).
+package fleet

@@ -1,7 +1,12 @@
-// Package leasestest starts a real redis-server for tests of package leases
+// Package fleettest starts a real redis-server for tests of package fleet
 // and of its callers: on a free loopback port, persistence off, stopped
-// when the test ends, and able to stop and come back on the same port.
-package leasestest
+// when the test ends, and able to stop and come back on the same port. A
+// HoleProxy stands between a client and the server to cut the link without
+// closing it.
+//
+// Its waits are on wall time, not an injected clock: they bound how long a
+// real process (redis-server) takes to start and stop.
+package fleettest
 
 import (
 	"bufio"
@@ -57,13 +62,13 @@ func StartRedis(t testing.TB) *Redis {
 	var last error
 	for range 5 {
 		if r.port, err = freePort(); err != nil {
-			t.Fatalf("leasestest: finding a free port: %v", err)
+			t.Fatalf("fleettest: finding a free port: %v", err)
 		}
 		if last = r.start(); last == nil {
 			return r
 		}
 	}
-	t.Fatalf("leasestest: redis-server did not start: %v", last)
+	t.Fatalf("fleettest: redis-server did not start: %v", last)
 	return nil
 }
 
@@ -101,10 +106,10 @@ func (r *Redis) Stop() {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.exited:
-	case <-time.After(startTimeout):
+	case <-time.After(startTimeout): // wall time: a real process (see the package doc)
 		_ = p.cmd.Process.Kill()
 		<-p.exited
-		r.t.Errorf("leasestest: redis-server ignored SIGTERM for %v; killed", startTimeout)
+		r.t.Errorf("fleettest: redis-server ignored SIGTERM for %v; killed", startTimeout)
 	}
 }
 
@@ -113,7 +118,7 @@ func (r *Redis) Restart() {
 	r.t.Helper()
 	r.Stop()
 	if err := r.start(); err != nil {
-		r.t.Fatalf("leasestest: restarting redis-server on port %d: %v", r.port, err)
+		r.t.Fatalf("fleettest: restarting redis-server on port %d: %v", r.port, err)
 	}
 }
 
@@ -164,7 +169,7 @@ func (r *Redis) start() error {
 		return nil
 	case <-p.exited:
 		return fmt.Errorf("redis-server exited before it was ready: %v; its log:\n%s", cmd.ProcessState, p.out.String())
-	case <-time.After(startTimeout):
+	case <-time.After(startTimeout): // wall time: a real process (see the package doc)
 		_ = cmd.Process.Kill()
 		<-p.exited
 		return errors.New("redis-server was not ready after " + startTimeout.String() + "; its log:\n" + p.out.String())

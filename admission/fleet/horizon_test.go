@@ -1,4 +1,4 @@
-package leases_test
+package fleet_test
 
 import (
 	"context"
@@ -6,23 +6,23 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/admission/admissiontest"
-	"github.com/kvgate/kvgate/backends/leases"
+	"github.com/kvgate/kvgate/admission/fleet"
 )
 
 // slowStore takes rtt of the manual clock to answer each call, as a store
 // across a network does.
 type slowStore struct {
-	leases.Store
+	fleet.Store
 	clock *admissiontest.Clock
 	rtt   time.Duration
 }
 
-func (s *slowStore) Acquire(ctx context.Context, key string, r leases.Request, bytes, least int64) (leases.Lease, error) {
+func (s *slowStore) Acquire(ctx context.Context, key string, r fleet.Request, bytes, least int64) (fleet.Lease, error) {
 	s.clock.Advance(s.rtt)
 	return s.Store.Acquire(ctx, key, r, bytes, least)
 }
 
-func (s *slowStore) Renew(ctx context.Context, key string, r leases.Request) (leases.Lease, error) {
+func (s *slowStore) Renew(ctx context.Context, key string, r fleet.Request) (fleet.Lease, error) {
 	s.clock.Advance(s.rtt)
 	return s.Store.Renew(ctx, key, r)
 }
@@ -46,7 +46,7 @@ func TestLesseeHorizonFromWhenTheCallWasSent(t *testing.T) {
 				until time.Time
 			}
 			var got []trust
-			l, p := r.lessee("a", func(c *leases.LesseeConfig) {
+			l, p := r.lessee("a", func(c *fleet.LesseeConfig) {
 				c.Store = store
 				c.OnCapacity = nil
 				c.OnTrust = func(capacity int64, until time.Time) { got = append(got, trust{capacity, until}) }

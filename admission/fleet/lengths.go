@@ -1,4 +1,4 @@
-package gateway
+package fleet
 
 import (
 	"context"
@@ -42,13 +42,13 @@ const lengthsBatch = 1000
 // need no lock.
 type lengthSharer struct {
 	client  redis.Cmdable
-	sched   *admission.Scheduler
+	sched   Scheduler
 	prefix  string
 	replica string
 	models  func() []string
 	observe func(op string, took time.Duration, err error)
 	log     *slog.Logger
-	now     func() time.Time
+	now     func() time.Time // times the round trips
 
 	last    map[string]string                 // per model: the last stream id read
 	pending map[string]admission.LengthsDelta // per model: deltas not yet sent
@@ -56,25 +56,22 @@ type lengthSharer struct {
 	failing bool                              // the last exchange failed (logged once per run of failures)
 }
 
-func newLengthSharer(c redis.Cmdable, sched *admission.Scheduler, prefix, replica string, models func() []string,
-	observe func(string, time.Duration, error), log *slog.Logger) *lengthSharer {
+func newLengthSharer(c redis.Cmdable, sched Scheduler, prefix, replica string, models func() []string,
+	observe func(string, time.Duration, error), log *slog.Logger, now func() time.Time) *lengthSharer {
 	return &lengthSharer{client: c, sched: sched, prefix: prefix, replica: replica, models: models, observe: observe,
-		log: log, now: time.Now, last: map[string]string{}, pending: map[string]admission.LengthsDelta{},
+		log: log, now: now, last: map[string]string{}, pending: map[string]admission.LengthsDelta{},
 		refused: map[string]bool{}}
 }
 
 func (x *lengthSharer) key(model string) string { return x.prefix + "lengths:" + model }
 
-// run exchanges every period until ctx ends.
-func (x *lengthSharer) run(ctx context.Context, period time.Duration) {
-	t := time.NewTicker(period)
-	defer t.Stop()
+// run exchanges now and then every period on clock, until ctx ends.
+func (x *lengthSharer) run(ctx context.Context, clock admission.Clock, period time.Duration) {
+	t := newTicker(clock, period)
 	for {
-		_ = x.sync(ctx)
-		select {
-		case <-ctx.Done():
+		_ = x.sync(ctx) // a failure is logged, and its samples wait for the next exchange
+		if !t.wait(ctx) {
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -97,7 +94,9 @@ func (x *lengthSharer) sync(ctx context.Context) error {
 		}
 		x.pending[m] = addDelta(x.pending[m], d)
 	}
-	minID := strconv.FormatInt(x.now().Add(-lengthsRetention).UnixMilli(), 10) + "-0"
+	// Wall time, not the injected clock: the stream's ids are Redis's own
+	// Unix milliseconds, and what is trimmed must be old by Redis's time.
+	minID := strconv.FormatInt(time.Now().Add(-lengthsRetention).UnixMilli(), 10) + "-0"
 	pipe := x.client.Pipeline()
 	for _, m := range models {
 		d, ok := x.pending[m]
@@ -121,10 +120,10 @@ func (x *lengthSharer) sync(ctx context.Context) error {
 		}
 		reads[m] = pipe.XRangeN(ctx, x.key(m), from, "+", lengthsBatch)
 	}
-	start := time.Now()
+	start := x.now()
 	_, err := pipe.Exec(ctx)
 	if x.observe != nil {
-		x.observe("lengths", time.Since(start), err)
+		x.observe("lengths", x.now().Sub(start), err)
 	}
 	if err != nil && !errors.Is(err, redis.Nil) {
 		if !x.failing {

@@ -1,4 +1,4 @@
-package leases_test
+package fleet_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/admission/admissiontest"
-	"github.com/kvgate/kvgate/backends/leases"
+	"github.com/kvgate/kvgate/admission/fleet"
 )
 
 // transcript collects what the store and the pool saw, in order.
@@ -48,35 +48,35 @@ func (tr *transcript) expect(t *testing.T, what string, want ...string) {
 // transcript when it has one.
 type switchable struct {
 	mu   sync.Mutex // guards below
-	s    leases.Store
+	s    fleet.Store
 	down bool
 	tr   *transcript
 }
 
-var _ leases.Store = (*switchable)(nil)
+var _ fleet.Store = (*switchable)(nil)
 
-func (w *switchable) set(s leases.Store, down bool) {
+func (w *switchable) set(s fleet.Store, down bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.s, w.down = s, down
 }
 
-func (w *switchable) get(op, key string) (leases.Store, *transcript, error) {
+func (w *switchable) get(op, key string) (fleet.Store, *transcript, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.down {
 		if w.tr != nil {
 			w.tr.add("store: %s fails", op)
 		}
-		return nil, nil, fmt.Errorf("leases: %s on %q: %w: connection refused", op, key, leases.ErrUnavailable)
+		return nil, nil, fmt.Errorf("leases: %s on %q: %w: connection refused", op, key, fleet.ErrUnavailable)
 	}
 	return w.s, w.tr, nil
 }
 
-func (w *switchable) Acquire(ctx context.Context, key string, r leases.Request, bytes, least int64) (leases.Lease, error) {
+func (w *switchable) Acquire(ctx context.Context, key string, r fleet.Request, bytes, least int64) (fleet.Lease, error) {
 	s, tr, err := w.get("acquire", key)
 	if err != nil {
-		return leases.Lease{}, err
+		return fleet.Lease{}, err
 	}
 	l, err := s.Acquire(ctx, key, r, bytes, least)
 	if tr != nil {
@@ -85,10 +85,10 @@ func (w *switchable) Acquire(ctx context.Context, key string, r leases.Request, 
 	return l, err
 }
 
-func (w *switchable) Renew(ctx context.Context, key string, r leases.Request) (leases.Lease, error) {
+func (w *switchable) Renew(ctx context.Context, key string, r fleet.Request) (fleet.Lease, error) {
 	s, tr, err := w.get("renew", key)
 	if err != nil {
-		return leases.Lease{}, err
+		return fleet.Lease{}, err
 	}
 	l, err := s.Renew(ctx, key, r)
 	if tr != nil {
@@ -97,10 +97,10 @@ func (w *switchable) Renew(ctx context.Context, key string, r leases.Request) (l
 	return l, err
 }
 
-func (w *switchable) Release(ctx context.Context, key string, r leases.Request, bytes int64) (leases.Lease, error) {
+func (w *switchable) Release(ctx context.Context, key string, r fleet.Request, bytes int64) (fleet.Lease, error) {
 	s, tr, err := w.get("release", key)
 	if err != nil {
-		return leases.Lease{}, err
+		return fleet.Lease{}, err
 	}
 	l, err := s.Release(ctx, key, r, bytes)
 	if tr != nil {
@@ -109,10 +109,10 @@ func (w *switchable) Release(ctx context.Context, key string, r leases.Request, 
 	return l, err
 }
 
-func (w *switchable) Leases(ctx context.Context, key string) (leases.Fleet, error) {
+func (w *switchable) Leases(ctx context.Context, key string) (fleet.Listing, error) {
 	s, _, err := w.get("list", key)
 	if err != nil {
-		return leases.Fleet{}, err
+		return fleet.Listing{}, err
 	}
 	return s.Leases(ctx, key)
 }
@@ -196,14 +196,14 @@ func newRig(t *testing.T) *rig {
 	clock := admissiontest.NewClock(epoch)
 	tr := &transcript{}
 	return &rig{t: t, clock: clock, tr: tr, ctx: context.Background(),
-		store: &switchable{s: leases.NewMemory(clock.Now), tr: tr}}
+		store: &switchable{s: fleet.NewMemory(clock.Now), tr: tr}}
 }
 
 // lessee returns a lessee for replica on key "gpu0" with a pool of its own;
 // edit changes the defaults first.
-func (r *rig) lessee(replica string, edit func(*leases.LesseeConfig)) (*leases.Lessee, *pool) {
+func (r *rig) lessee(replica string, edit func(*fleet.LesseeConfig)) (*fleet.Lessee, *pool) {
 	p := &pool{tr: r.tr}
-	cfg := leases.LesseeConfig{
+	cfg := fleet.LesseeConfig{
 		Store: r.store, Key: "gpu0", Replica: replica, Replicas: 2,
 		Budget: 1000, Chunk: 100, TTL: 3 * time.Second, Hysteresis: time.Second, Retry: 300 * time.Millisecond,
 		Demand: p.Demand, OnCapacity: p.OnCapacity, Clock: r.clock,
@@ -212,7 +212,7 @@ func (r *rig) lessee(replica string, edit func(*leases.LesseeConfig)) (*leases.L
 	if edit != nil {
 		edit(&cfg)
 	}
-	l, err := leases.NewLessee(cfg)
+	l, err := fleet.NewLessee(cfg)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func (r *rig) lessee(replica string, edit func(*leases.LesseeConfig)) (*leases.L
 // drive steps the lessees the way Run would — each at the time its last
 // step asked for — until d has passed on the clock; check runs after every
 // step. It returns when the clock has moved d.
-func (r *rig) drive(d time.Duration, check func(), ls ...*leases.Lessee) {
+func (r *rig) drive(d time.Duration, check func(), ls ...*fleet.Lessee) {
 	end := r.clock.Now().Add(d)
 	next := make([]time.Time, len(ls))
 	for i := range ls {

@@ -1,12 +1,10 @@
-package gateway
+package fleet
 
 import (
 	"context"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/kvgate/kvgate/backends/leases"
 )
 
 // fleetListTimeout bounds the Redis round trip that refreshes /status's
@@ -15,7 +13,7 @@ const fleetListTimeout = 500 * time.Millisecond
 
 // fleetList is a GPU's fleet as Redis last listed it, for /status.
 type fleetList struct {
-	fl  leases.Fleet
+	fl  Listing
 	at  time.Time // when fl was read; zero: never
 	err error     // the last refresh's failure, nil once one succeeds
 }
@@ -25,7 +23,7 @@ type fleetList struct {
 // answers from what is known at once: an operator looking at a Redis outage
 // must not wait on it, and a page polled often must not queue reads behind
 // a Redis that does not answer. nil before the first read ends.
-func (f *fleet) listed(pl *poolLease) *fleetList {
+func (f *Fleet) listed(pl *poolLease) *fleetList {
 	v := pl.list.Load()
 	stale := v == nil || f.clock.Now().Sub(v.at) >= f.cfg.LeaseTTL.D/3
 	if stale && pl.listing.CompareAndSwap(false, true) {
@@ -47,18 +45,19 @@ func (f *fleet) listed(pl *poolLease) *fleetList {
 	return v
 }
 
-// sharedBudgetView is /status's shared_budget: who this replica is and,
+// Status is the gateway's /status shared_budget: who this replica is and,
 // per GPU, its lease and the fleet's, as Redis lists it.
-type sharedBudgetView struct {
+type Status struct {
 	Replica  string      `json:"replica"`
 	Replicas int         `json:"replicas"`
 	Redis    string      `json:"redis"` // without credentials
 	LeaseTTL string      `json:"lease_ttl"`
 	Chunk    string      `json:"chunk"`
-	GPUs     []leaseView `json:"gpus"`
+	GPUs     []LeaseView `json:"gpus"`
 }
 
-type leaseView struct {
+// LeaseView is one GPU's part of Status.
+type LeaseView struct {
 	GPU string `json:"gpu"`
 	// Capacity is what this replica may commit on the GPU now: its lease,
 	// or its static share (Share) in a fallback.
@@ -87,12 +86,13 @@ type leaseView struct {
 	// it, at FleetAsOf (RFC 3339; absent before the first list); the page
 	// never waits for Redis, and FleetError says why the last refresh
 	// failed.
-	Fleet      []holderView `json:"fleet"`
+	Fleet      []HolderView `json:"fleet"`
 	FleetAsOf  string       `json:"fleet_as_of,omitempty"`
 	FleetError string       `json:"fleet_error,omitempty"`
 }
 
-type holderView struct {
+// HolderView is one replica's lease on a GPU in LeaseView.Fleet.
+type HolderView struct {
 	Replica string `json:"replica"`
 	Self    bool   `json:"self,omitempty"`
 	Bytes   int64  `json:"leased_bytes"`
@@ -100,22 +100,19 @@ type holderView struct {
 	Budget  int64  `json:"announced_budget_bytes"`
 }
 
-// fleetStatus is /status's shared_budget; nil without one.
-func (s *Server) fleetStatus() *sharedBudgetView {
-	f := s.fleet
-	if f == nil {
-		return nil
-	}
+// Status is /status's shared_budget. It never waits for Redis: the fleet
+// of each GPU is as last listed (see listed).
+func (f *Fleet) Status() *Status {
 	sb := f.cfg
-	v := &sharedBudgetView{Replica: sb.Replica, Replicas: sb.Replicas, Redis: redactURL(sb.Redis),
-		LeaseTTL: sb.LeaseTTL.D.String(), Chunk: sb.Chunk.String(), GPUs: []leaseView{}}
-	for _, ls := range f.statuses() {
-		st := ls.stats
-		lv := leaseView{GPU: ls.gpu, Capacity: st.Capacity, Leased: st.Leased, FleetLeased: st.FleetLeased, Budget: st.Budget,
+	v := &Status{Replica: sb.Replica, Replicas: sb.Replicas, Redis: redactURL(sb.Redis),
+		LeaseTTL: sb.LeaseTTL.D.String(), Chunk: sb.Chunk.String(), GPUs: []LeaseView{}}
+	for _, ls := range f.Leases() {
+		st := ls.Stats
+		lv := LeaseView{GPU: ls.GPU, Capacity: st.Capacity, Leased: st.Leased, FleetLeased: st.FleetLeased, Budget: st.Budget,
 			Share: st.Share, Fallback: st.Fallback, Rejoining: st.Rejoining, Grants: st.Grants, Denials: st.Denials,
-			Releases: st.Releases, Renewals: st.Renewals, Errors: st.Failures, LostLeases: st.LostLeases, Fleet: []holderView{}}
-		if ls.level >= 0 {
-			level := ls.level
+			Releases: st.Releases, Renewals: st.Renewals, Errors: st.Failures, LostLeases: st.LostLeases, Fleet: []HolderView{}}
+		if ls.Level >= 0 {
+			level := ls.Level
 			lv.FairShare = &level
 		}
 		if st.LastError != nil {
@@ -132,12 +129,12 @@ func (s *Server) fleetStatus() *sharedBudgetView {
 				lv.FleetAsOf = fl.at.UTC().Format(time.RFC3339Nano)
 			}
 			for _, h := range fl.fl.Holders {
-				lv.Fleet = append(lv.Fleet, holderView{Replica: h.Replica, Self: h.Replica == sb.Replica, Bytes: h.Bytes,
+				lv.Fleet = append(lv.Fleet, HolderView{Replica: h.Replica, Self: h.Replica == sb.Replica, Bytes: h.Bytes,
 					TTLMs: h.TTL.Milliseconds(), Budget: h.Budget})
 			}
 		}
 		v.GPUs = append(v.GPUs, lv)
 	}
-	slices.SortFunc(v.GPUs, func(a, b leaseView) int { return strings.Compare(a.GPU, b.GPU) })
+	slices.SortFunc(v.GPUs, func(a, b LeaseView) int { return strings.Compare(a.GPU, b.GPU) })
 	return v
 }

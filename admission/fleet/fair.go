@@ -1,4 +1,4 @@
-package gateway
+package fleet
 
 import (
 	"context"
@@ -55,7 +55,7 @@ end
 return out
 `)
 
-func (f *fleet) boardKey(gpu string) string { return f.cfg.KeyPrefix + "{" + gpu + "}:demand" }
+func (f *Fleet) boardKey(gpu string) string { return f.cfg.KeyPrefix + "{" + gpu + "}:demand" }
 
 // fairLevel is the max-min fair level of budget over demands: the largest
 // L with Σ min(d, L) ≤ budget, or -1 (none) when they all fit.
@@ -75,15 +75,9 @@ func fairLevel(budget int64, demands []int64) int64 {
 
 // runFair posts this replica's demands and applies the levels every
 // period, until ctx ends.
-func (f *fleet) runFair(ctx context.Context, period time.Duration) {
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+func (f *Fleet) runFair(ctx context.Context, period time.Duration) {
+	t := newTicker(f.clock, period)
+	for t.wait(ctx) {
 		for _, pl := range *f.byPool.Load() {
 			f.fairStep(ctx, pl)
 		}
@@ -92,7 +86,7 @@ func (f *fleet) runFair(ctx context.Context, period time.Duration) {
 }
 
 // fairStep posts pl's demand and applies the level the board gives.
-func (f *fleet) fairStep(ctx context.Context, pl *poolLease) {
+func (f *Fleet) fairStep(ctx context.Context, pl *poolLease) {
 	held, queued := f.sched.Demand(pl.pool)
 	budget := pl.budget.Load()
 	if b := pl.l.Stats().Budget; b > 0 && b < budget {
@@ -100,11 +94,11 @@ func (f *fleet) fairStep(ctx context.Context, pl *poolLease) {
 	}
 	demand := pl.recentDemand(min(held+queued, budget))
 	cctx, cancel := context.WithTimeout(ctx, f.cfg.LeaseTTL.D/3)
-	start := time.Now()
+	start := f.clock.Now()
 	v, err := fairScript.Run(cctx, f.client, []string{f.boardKey(pl.gpu)},
 		f.cfg.Replica, demand, f.cfg.LeaseTTL.D.Milliseconds()).StringSlice()
 	cancel()
-	f.rtt.observe("demand", time.Since(start), err)
+	f.observe("demand", f.clock.Now().Sub(start), err)
 	level := int64(-1)
 	if err == nil {
 		if level = fairLevel(budget, demandsAt(v, -1)); level >= 0 {
@@ -179,6 +173,6 @@ func (pl *poolLease) recentDemand(d int64) int64 {
 
 // leaveBoard takes this replica off pl's board (at shutdown), so that the
 // others need not wait for its entry's TTL.
-func (f *fleet) leaveBoard(ctx context.Context, pl *poolLease) {
+func (f *Fleet) leaveBoard(ctx context.Context, pl *poolLease) {
 	_ = f.client.HDel(ctx, f.boardKey(pl.gpu), f.cfg.Replica).Err()
 }

@@ -1,14 +1,15 @@
-package gateway
+package fleet
 
 import (
 	"context"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/admission"
-	"github.com/kvgate/kvgate/backends/leases/leasestest"
+	"github.com/kvgate/kvgate/admission/fleet/fleettest"
 )
 
 // replicaLengths is one replica's scheduler and lengths sharer, on a real
@@ -19,7 +20,7 @@ type replicaLengths struct {
 	x     *lengthSharer
 }
 
-func newReplicaLengths(t *testing.T, srv *leasestest.Redis, name string, maxLen int) *replicaLengths {
+func newReplicaLengths(t *testing.T, srv *fleettest.Redis, name string, maxLen int) *replicaLengths {
 	t.Helper()
 	s, err := admission.New(admission.Config{
 		Pools:  []admission.PoolConfig{{Name: "gpu0", Capacity: 1 << 30}},
@@ -33,7 +34,7 @@ func newReplicaLengths(t *testing.T, srv *leasestest.Redis, name string, maxLen 
 	// of after go-redis's reconnection backoff.
 	c := srv.Client(func(o *redis.Options) { o.MaxRetries = -1 })
 	return &replicaLengths{name: name, sched: s,
-		x: newLengthSharer(c, s, "kvgate:", name, func() []string { return []string{"m"} }, nil, slog.New(slog.DiscardHandler))}
+		x: newLengthSharer(c, s, "kvgate:", name, func() []string { return []string{"m"} }, nil, slog.New(slog.DiscardHandler), time.Now)}
 }
 
 // teach finishes n requests of tenant whose single sequence stopped on its
@@ -61,7 +62,7 @@ func (r *replicaLengths) sync(t *testing.T) error {
 // through one real redis-server: every sample counts once on every replica
 // — never twice, never its own back — and survives a Redis restart.
 func TestLengthsSharedThroughRedis(t *testing.T) {
-	srv := leasestest.StartRedis(t)
+	srv := fleettest.StartRedis(t)
 	a, b := newReplicaLengths(t, srv, "a", 8192), newReplicaLengths(t, srv, "b", 8192)
 	must := func(err error) {
 		t.Helper()

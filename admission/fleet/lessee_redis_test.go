@@ -1,4 +1,4 @@
-package leases_test
+package fleet_test
 
 import (
 	"context"
@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/backends/leases"
-	"github.com/kvgate/kvgate/backends/leases/leasestest"
+	"github.com/kvgate/kvgate/admission/fleet"
+	"github.com/kvgate/kvgate/admission/fleet/fleettest"
 )
 
 // hang bounds every wait for an event in the tests on a real Redis: on two
@@ -18,16 +18,16 @@ const hang = 30 * time.Second
 // running is a Lessee run by Run on the system clock, with a pool whose
 // capacity changes arrive on a channel.
 type running struct {
-	l    *leases.Lessee
+	l    *fleet.Lessee
 	p    *pool
 	caps chan int64
 	stop context.CancelFunc
 	done chan struct{}
 }
 
-func runLessee(t *testing.T, s leases.Store, replica string, ttl time.Duration) *running {
+func runLessee(t *testing.T, s fleet.Store, replica string, ttl time.Duration) *running {
 	x := &running{p: &pool{}, caps: make(chan int64, 1024), done: make(chan struct{})}
-	l, err := leases.NewLessee(leases.LesseeConfig{
+	l, err := fleet.NewLessee(fleet.LesseeConfig{
 		Store: s, Key: "gpu0", Replica: replica, Replicas: 2, Budget: 1000, Chunk: 100, TTL: ttl,
 		Hysteresis: time.Hour, // nothing goes back unless a test says so
 		Demand:     x.p.Demand,
@@ -84,8 +84,8 @@ func (x *running) waitCapacity(t *testing.T, c int64, what string) {
 // nothing back) frees its capacity after the TTL: the other replica, which
 // wants it, gets it.
 func TestLesseeOnRedisKilledReplicasCapacityComesBack(t *testing.T) {
-	srv := leasestest.StartRedis(t)
-	s := leases.NewRedis(srv.Client(), leases.RedisOptions{Prefix: "kvgate:"})
+	srv := fleettest.StartRedis(t)
+	s := fleet.NewRedis(srv.Client(), fleet.RedisOptions{Prefix: "kvgate:"})
 	const ttl = time.Second
 	a := runLessee(t, s, "a", ttl)
 	a.demand(0, 1000)
@@ -105,8 +105,8 @@ func TestLesseeOnRedisKilledReplicasCapacityComesBack(t *testing.T) {
 // static share. Redis comes back empty: they re-lease what they hold, then
 // grow again.
 func TestLesseeOnRedisServesThroughStopAndRestart(t *testing.T) {
-	srv := leasestest.StartRedis(t)
-	s := leases.NewRedis(srv.Client(), leases.RedisOptions{Prefix: "kvgate:"})
+	srv := fleettest.StartRedis(t)
+	s := fleet.NewRedis(srv.Client(), fleet.RedisOptions{Prefix: "kvgate:"})
 	const ttl = 1500 * time.Millisecond
 	a, b := runLessee(t, s, "a", ttl), runLessee(t, s, "b", ttl)
 	a.demand(0, 600)
@@ -127,9 +127,9 @@ func TestLesseeOnRedisServesThroughStopAndRestart(t *testing.T) {
 	// that before anything else, and its capacity comes back to 600 once
 	// the rejoin window is over.
 	a.waitCapacity(t, 600, "a back on its lease")
-	fleet := fleet(t)(s.Leases(context.Background(), "gpu0"))
-	if fleet.Total != 1000 || holderBytes(fleet, "a") != 600 || holderBytes(fleet, "b") != 400 {
-		t.Errorf("after Redis came back: %+v, want a 600 and b 400 leased again", fleet)
+	fl := listing(t)(s.Leases(context.Background(), "gpu0"))
+	if fl.Total != 1000 || holderBytes(fl, "a") != 600 || holderBytes(fl, "b") != 400 {
+		t.Errorf("after Redis came back: %+v, want a 600 and b 400 leased again", fl)
 	}
 	if st := a.l.Stats(); st.Fallback || st.Leased != 600 || st.Failures == 0 {
 		t.Errorf("a: %+v, want out of fallback with 600 leased, failures counted", st)

@@ -1,4 +1,4 @@
-package leases_test
+package fleet_test
 
 import (
 	"errors"
@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/backends/leases"
+	"github.com/kvgate/kvgate/admission/fleet"
 )
 
 func TestLesseeGrowsByChunksAsDemandExceedsItsLease(t *testing.T) {
@@ -148,7 +148,7 @@ func TestLesseeFallsBackWithoutOvershoot(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r := newRig(t)
 			r.store.tr = nil
-			l, p := r.lessee("a", func(cfg *leases.LesseeConfig) { cfg.FallbackGrace = c.grace })
+			l, p := r.lessee("a", func(cfg *fleet.LesseeConfig) { cfg.FallbackGrace = c.grace })
 			p.set(0, c.leased)
 			l.Step(r.ctx)
 			p.set(c.leased, 0)
@@ -181,7 +181,7 @@ func TestLesseeFallsBackWithoutOvershoot(t *testing.T) {
 			if strings.Join(seen, ", ") != strings.Join(want, ", ") {
 				t.Errorf("capacity over time: %v, want %v", seen, want)
 			}
-			if s := l.Stats(); !s.Fallback || s.Share != 500 || !errors.Is(s.LastError, leases.ErrUnavailable) {
+			if s := l.Stats(); !s.Fallback || s.Share != 500 || !errors.Is(s.LastError, fleet.ErrUnavailable) {
 				t.Errorf("stats %+v, want fallback on share 500 with the store's error", s)
 			}
 		})
@@ -201,7 +201,7 @@ func TestLesseeRejoinsByLeasingWhatItHoldsFirst(t *testing.T) {
 	r.drive(3*time.Second, nil, l) // into the fallback: capacity 500
 	p.set(450, 400)                // drained some; demand is back
 	r.tr.take()
-	r.store.set(leases.NewMemory(r.clock.Now), false)
+	r.store.set(fleet.NewMemory(r.clock.Now), false)
 	back := r.clock.Now()
 	r.drive(200*time.Millisecond, nil, l)
 	r.tr.expect(t, "rejoin",
@@ -230,7 +230,7 @@ func TestLesseeNoticesALostLease(t *testing.T) {
 	p.set(0, 600)
 	l.Step(r.ctx)
 	p.set(300, 300)
-	r.store.set(leases.NewMemory(r.clock.Now), false)
+	r.store.set(fleet.NewMemory(r.clock.Now), false)
 	r.clock.Advance(time.Second)
 	r.tr.take()
 	l.Step(r.ctx)
@@ -274,19 +274,19 @@ func TestLesseeFleetNeverOvershootsThroughOutagesAndRestarts(t *testing.T) {
 			const budget, life = 900, 4 * time.Second
 			rng := rand.New(rand.NewPCG(seed, 7))
 			type replica struct {
-				l    *leases.Lessee
+				l    *fleet.Lessee
 				p    *pool
 				reqs []struct {
 					w   int64
 					end time.Time
 				}
 			}
-			var fleet []*replica
+			var replicas []*replica
 			for i := range 3 {
-				l, p := r.lessee(fmt.Sprint("r", i), func(c *leases.LesseeConfig) {
+				l, p := r.lessee(fmt.Sprint("r", i), func(c *fleet.LesseeConfig) {
 					c.Replicas, c.Budget, c.Chunk, c.FallbackGrace = 3, budget, 50, life
 				})
-				fleet = append(fleet, &replica{l: l, p: p})
+				replicas = append(replicas, &replica{l: l, p: p})
 			}
 			peak := int64(0)
 			for tick := range 600 { // 100ms ticks: a minute
@@ -298,12 +298,12 @@ func TestLesseeFleetNeverOvershootsThroughOutagesAndRestarts(t *testing.T) {
 				case tick%150 == 60:
 					r.store.set(r.store.s, true)
 				case tick%150 == 100 && cycle%2 == 0:
-					r.store.set(leases.NewMemory(r.clock.Now), false)
+					r.store.set(fleet.NewMemory(r.clock.Now), false)
 				case tick%150 == 75 && cycle%2 == 1:
 					r.store.set(r.store.s, false)
 				}
 				var sum int64
-				for _, x := range fleet {
+				for _, x := range replicas {
 					// Requests finish within life; new ones come at random.
 					kept := x.reqs[:0]
 					for _, q := range x.reqs {
@@ -359,35 +359,35 @@ func TestLesseeShutdownGivesBackWhatThePoolDoesNotHold(t *testing.T) {
 }
 
 func TestLesseeConfigNamesTheBadField(t *testing.T) {
-	ok := func() leases.LesseeConfig {
-		return leases.LesseeConfig{Store: leases.NewMemory(nil), Key: "gpu0", Replica: "a", Replicas: 1, Chunk: 1,
+	ok := func() fleet.LesseeConfig {
+		return fleet.LesseeConfig{Store: fleet.NewMemory(nil), Key: "gpu0", Replica: "a", Replicas: 1, Chunk: 1,
 			Demand: func() (int64, int64) { return 0, 0 }, OnCapacity: func(int64) {}}
 	}
 	cases := []struct {
 		field string
-		edit  func(*leases.LesseeConfig)
+		edit  func(*fleet.LesseeConfig)
 	}{
-		{"Store", func(c *leases.LesseeConfig) { c.Store = nil }},
-		{"Key", func(c *leases.LesseeConfig) { c.Key = "" }},
-		{"Replica", func(c *leases.LesseeConfig) { c.Replica = "" }},
-		{"Replicas", func(c *leases.LesseeConfig) { c.Replicas = 0 }},
-		{"Budget", func(c *leases.LesseeConfig) { c.Budget = -1 }},
-		{"Chunk", func(c *leases.LesseeConfig) { c.Chunk = 0 }},
-		{"TTL", func(c *leases.LesseeConfig) { c.TTL = time.Millisecond }},
-		{"Hysteresis", func(c *leases.LesseeConfig) { c.Hysteresis = -1 }},
-		{"Retry", func(c *leases.LesseeConfig) { c.Retry = 2 * time.Second }},
-		{"FallbackGrace", func(c *leases.LesseeConfig) { c.FallbackGrace = -1 }},
-		{"Demand", func(c *leases.LesseeConfig) { c.Demand = nil }},
-		{"OnCapacity", func(c *leases.LesseeConfig) { c.OnCapacity = nil }},
+		{"Store", func(c *fleet.LesseeConfig) { c.Store = nil }},
+		{"Key", func(c *fleet.LesseeConfig) { c.Key = "" }},
+		{"Replica", func(c *fleet.LesseeConfig) { c.Replica = "" }},
+		{"Replicas", func(c *fleet.LesseeConfig) { c.Replicas = 0 }},
+		{"Budget", func(c *fleet.LesseeConfig) { c.Budget = -1 }},
+		{"Chunk", func(c *fleet.LesseeConfig) { c.Chunk = 0 }},
+		{"TTL", func(c *fleet.LesseeConfig) { c.TTL = time.Millisecond }},
+		{"Hysteresis", func(c *fleet.LesseeConfig) { c.Hysteresis = -1 }},
+		{"Retry", func(c *fleet.LesseeConfig) { c.Retry = 2 * time.Second }},
+		{"FallbackGrace", func(c *fleet.LesseeConfig) { c.FallbackGrace = -1 }},
+		{"Demand", func(c *fleet.LesseeConfig) { c.Demand = nil }},
+		{"OnCapacity", func(c *fleet.LesseeConfig) { c.OnCapacity = nil }},
 	}
 	for _, c := range cases {
 		cfg := ok()
 		c.edit(&cfg)
-		if _, err := leases.NewLessee(cfg); err == nil || !strings.Contains(err.Error(), c.field) || !strings.Contains(err.Error(), fmt.Sprintf("%q", cfg.Key)) {
+		if _, err := fleet.NewLessee(cfg); err == nil || !strings.Contains(err.Error(), c.field) || !strings.Contains(err.Error(), fmt.Sprintf("%q", cfg.Key)) {
 			t.Errorf("bad %s: %v, want an error naming the field and the key", c.field, err)
 		}
 	}
-	if _, err := leases.NewLessee(ok()); err != nil {
+	if _, err := fleet.NewLessee(ok()); err != nil {
 		t.Errorf("a good config: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package leases
+package fleet
 
 import (
 	"context"
@@ -32,7 +32,7 @@ type Store interface {
 	Release(ctx context.Context, key string, r Request, bytes int64) (Lease, error)
 	// Leases lists every replica that holds a lease or has a live
 	// announcement on key: the fleet view. Expired leases are not listed.
-	Leases(ctx context.Context, key string) (Fleet, error)
+	Leases(ctx context.Context, key string) (Listing, error)
 }
 
 // Request says who is asking and what it believes.
@@ -61,14 +61,14 @@ type Lease struct {
 	Budget int64 // the key's budget: the smallest live announcement
 }
 
-// Fleet is the key's state: its budget, its live leases, and who holds them.
-type Fleet struct {
+// Listing is the key's state: its budget, its live leases, and who holds them.
+type Listing struct {
 	Budget  int64
 	Total   int64
 	Holders []Holder // sorted by Replica
 }
 
-// Holder is one replica's part of a Fleet.
+// Holder is one replica's part of a Listing.
 type Holder struct {
 	Replica string
 	Bytes   int64         // its lease; 0 if it only announces a budget

@@ -1,8 +1,9 @@
-package gateway
+package fleet
 
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -15,12 +16,13 @@ import (
 	"github.com/kvgate/kvgate/kvbudget"
 )
 
-// SharedBudgetConfig makes the gateway one replica of a fleet that shares
-// each GPU's budget through Redis: every replica in front of the same
-// backends leases its part of the budget there, so that together they
-// admit what the GPU holds, not that many times over. Without it (the
-// default) the budget is this process's alone. A reload cannot change it.
-type SharedBudgetConfig struct {
+// Config is the gateway's shared_budget section. It makes the gateway one
+// replica of a fleet that shares each GPU's budget through Redis: every
+// replica in front of the same backends leases its part of the budget
+// there, so that together they admit what the GPU holds, not that many
+// times over. Without it (the default) the budget is this process's alone.
+// A reload cannot change it.
+type Config struct {
 	// Redis is the server keeping the leases:
 	// redis://[user:password@]host:port/db, or rediss:// for TLS.
 	// Required.
@@ -65,6 +67,25 @@ const (
 	minLengthsInterval     = 10 * time.Millisecond
 )
 
+// Duration is a YAML duration ("3s"). A bad value is kept and reported by
+// Validate with the field's path, as the gateway's own durations are.
+type Duration struct {
+	D   time.Duration
+	err error
+}
+
+// UnmarshalYAML keeps any parse error for validation.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	d.D, d.err = time.ParseDuration(strings.TrimSpace(n.Value))
+	if d.err == nil && d.D < 0 {
+		d.err = errors.New("must not be negative")
+	}
+	if d.err != nil {
+		d.err = fmt.Errorf("invalid duration %q (want e.g. 30s, 500ms, 2m): %w", n.Value, d.err)
+	}
+	return nil
+}
+
 // Chunk is a size or a percentage of a budget ("2%", "64MiB").
 type Chunk struct {
 	Percent float64 // > 0 for a percentage
@@ -97,9 +118,9 @@ func (c *Chunk) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// of is the chunk for a budget (at least 1: in admission mode count a
+// Of is the chunk for a budget (at least 1: in admission mode count a
 // budget is a few requests).
-func (c Chunk) of(budget int64) int64 {
+func (c Chunk) Of(budget int64) int64 {
 	if c.Bytes > 0 {
 		return c.Bytes
 	}
@@ -121,10 +142,18 @@ func (c Chunk) String() string {
 	return strconv.FormatFloat(p, 'g', -1, 64) + "%"
 }
 
-// validate fills the section's defaults and reports its problems through
-// bad, each with its field's path.
-func (sb *SharedBudgetConfig) validate(bad func(field, format string, a ...any)) {
+// Validate fills the section's defaults and returns its problems, each
+// with its field's path in the gateway's config (shared_budget.lease_ttl);
+// nil for a nil section, which has none.
+func (sb *Config) Validate() error {
+	if sb == nil {
+		return nil
+	}
 	const f = "shared_budget"
+	var errs []error
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
+	}
 	if sb.Redis == "" {
 		bad(f+".redis", "required (redis://host:6379/0)")
 	} else if o, err := redis.ParseURL(sb.Redis); err != nil {
@@ -165,11 +194,12 @@ func (sb *SharedBudgetConfig) validate(bad func(field, format string, a ...any))
 		bad(f+".replica", "%q must not contain white space", sb.Replica)
 	}
 	duration(f+".lengths_interval", &sb.LengthsInterval, defaultLengthsInterval, minLengthsInterval)
+	return errors.Join(errs...)
 }
 
-// sameAs says whether two resolved sections describe the same fleet
+// SameAs says whether two resolved sections describe the same fleet
 // membership (a reload keeps the running one otherwise).
-func (sb *SharedBudgetConfig) sameAs(o *SharedBudgetConfig) bool {
+func (sb *Config) SameAs(o *Config) bool {
 	if sb == nil || o == nil {
 		return sb == o
 	}

@@ -1,0 +1,174 @@
+package fleet
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/admission/admissiontest"
+	"github.com/kvgate/kvgate/admission/fleet/fleettest"
+)
+
+// fakeSched is the scheduler as the fleet sees it: demands the test sets,
+// and the limits the fleet sets, recorded.
+type fakeSched struct {
+	mu      sync.Mutex
+	demand  map[string][2]int64 // pool -> held, queued
+	limits  map[string]int64    // pool -> the last limit set
+	changed chan struct{}       // a limit was set (non-blocking, capacity 1)
+}
+
+var _ Scheduler = (*fakeSched)(nil)
+
+func newFakeSched() *fakeSched {
+	return &fakeSched{demand: map[string][2]int64{}, limits: map[string]int64{}, changed: make(chan struct{}, 1)}
+}
+
+func (s *fakeSched) setDemand(pool string, held, queued int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.demand[pool] = [2]int64{held, queued}
+}
+
+func (s *fakeSched) Demand(pool string) (int64, int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.demand[pool]
+	return d[0], d[1]
+}
+
+func (s *fakeSched) SetLimitUntil(pool string, limit int64, _ time.Time) error {
+	s.mu.Lock()
+	s.limits[pool] = limit
+	s.mu.Unlock()
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (s *fakeSched) SetMargin(string, float64) error { return nil }
+
+func (s *fakeSched) LengthsDelta(string) (admission.LengthsDelta, bool, error) {
+	return admission.LengthsDelta{}, false, nil
+}
+
+func (s *fakeSched) MergeLengths(string, admission.LengthsDelta) error { return nil }
+
+// waitLimit waits until pool's limit is want. The lessee sets it from its
+// own goroutine after a round trip to a real Redis.
+func (s *fakeSched) waitLimit(t *testing.T, pool string, want int64) {
+	t.Helper()
+	guard := time.After(30 * time.Second) // against hanging, not a measurement
+	for {
+		s.mu.Lock()
+		got := s.limits[pool]
+		s.mu.Unlock()
+		if got == want {
+			return
+		}
+		select {
+		case <-s.changed:
+		case <-guard:
+			t.Fatalf("pool %s: limit %d, want %d", pool, got, want)
+		}
+	}
+}
+
+// The door, stepped: Start leases for the GPUs it is given; Sync keeps the
+// lessee of a GPU that stays, holds the lease of one removed while its
+// requests run (taking it back if it returns) and gives it back once they
+// end; Close gives back the rest.
+func TestSyncKeepsDrainsAndGivesBack(t *testing.T) {
+	srv := fleettest.StartRedis(t)
+	cfg, err := parse(t, "{redis: '"+srv.URL()+"', replicas: 2, replica: a, chunk: '10%'}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := admissiontest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	f := New(cfg, Deps{Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			f.Close()
+		}
+	})
+	sched := newFakeSched()
+	sched.setDemand("p0", 0, 150)
+	gpu0 := GPU{Name: "gpu0", Pool: "p0", Nominal: 1000, Budget: 1000}
+	if err := f.Start(sched, func() []string { return nil }, []GPU{gpu0}); err != nil {
+		t.Fatal(err)
+	}
+	sched.waitLimit(t, "p0", 200) // two chunks of 10%
+	// A store of the test's own: it outlives the fleet's client.
+	store := NewRedis(srv.Client(), RedisOptions{Prefix: cfg.KeyPrefix})
+	leased := func(gpu string) int64 {
+		t.Helper()
+		l, err := store.Leases(context.Background(), gpu)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Total
+	}
+	lessee := func() *poolLease {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.lessees["p0"]
+	}
+	pl := lessee()
+	if ls := f.Leases(); len(ls) != 1 || ls[0].GPU != "gpu0" || ls[0].Pool != "p0" || ls[0].Stats.Leased != 200 {
+		t.Fatalf("Leases: %+v", ls)
+	}
+
+	smaller := gpu0
+	smaller.Budget = 800
+	if err := f.Sync([]GPU{smaller}); err != nil {
+		t.Fatal(err)
+	}
+	if lessee() != pl || pl.budget.Load() != 800 {
+		t.Fatal("a GPU that stays got a new lessee, or its budget was not passed on")
+	}
+
+	sched.setDemand("p0", 200, 0) // its requests run
+	for range 2 {                 // removed, back, removed again
+		if err := f.Sync(nil); err != nil {
+			t.Fatal(err)
+		}
+		if len(f.Leases()) != 0 || leased("gpu0") != 200 {
+			t.Fatalf("removed while its requests run: lessees %+v, %d leased; want none listed and the lease kept", f.Leases(), leased("gpu0"))
+		}
+		if err := f.Sync([]GPU{smaller}); err != nil {
+			t.Fatal(err)
+		}
+		if lessee() != pl {
+			t.Fatal("a GPU back before its requests ended got a new lessee")
+		}
+		if err := f.Sync(nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.reapDrained()
+	if leased("gpu0") != 200 {
+		t.Fatal("the lease went back while the removed GPU's requests run")
+	}
+	sched.setDemand("p0", 0, 0)
+	f.reapDrained()
+	if n := leased("gpu0"); n != 0 {
+		t.Fatalf("%d still leased once the removed GPU's requests ended", n)
+	}
+
+	sched.setDemand("p1", 0, 50)
+	if err := f.Sync([]GPU{{Name: "gpu1", Pool: "p1", Nominal: 1000, Budget: 1000}}); err != nil {
+		t.Fatal(err)
+	}
+	sched.waitLimit(t, "p1", 100)
+	f.Close()
+	closed = true
+	if n := leased("gpu1"); n != 0 {
+		t.Fatalf("%d still leased after Close", n)
+	}
+}
