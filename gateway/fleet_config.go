@@ -144,8 +144,8 @@ func (sb *SharedBudgetConfig) validate(bad func(field, format string, a ...any))
 	// duration fills d's default, or reports it bad or below least.
 	duration := func(field string, d *Duration, def, least time.Duration) {
 		switch {
-		case d.err != nil:
-			bad(field, "%v", d.err)
+		case d.Err() != nil:
+			bad(field, "%v", d.Err())
 		case d.D == 0:
 			d.D = def
 		case d.D < least:
