@@ -149,7 +149,9 @@ const (
 )
 
 // defaultClasses are the classes of a file that lists none, by name alone:
-// each takes admission.queue's limits.
+// each takes admission.queue's limits (admission.DefaultClasses, for a
+// scheduler configured in code, gives critical and sheddable waits of their
+// own; the file's documented default is one wait for all three).
 func defaultClasses() []admission.ClassConfig {
 	return []admission.ClassConfig{{Name: "critical"}, {Name: "standard"}, {Name: "sheddable"}}
 }
