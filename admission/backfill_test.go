@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/internal/confval"
 )
 
 // job is a request of the given weight that runs the given number of steps
@@ -99,7 +100,7 @@ func (e *engine) step() {
 // in strict order.
 func TestBackfillStartsShortsWithoutDelayingTheHead(t *testing.T) {
 	run := func(backfill bool) (headStart, shortsBefore int) {
-		f := newFixture(t, oneGPU(1000, admission.Config{Backfill: admission.BackfillConfig{Disabled: !backfill, MaxHeadAge: -1}}))
+		f := newFixture(t, oneGPU(1000, admission.Config{Backfill: admission.BackfillConfig{Enabled: new(backfill), MaxHeadAge: confval.Duration{D: -1}}}))
 		e := &engine{f: f}
 		for _, steps := range []int{10, 20, 30, 40} {
 			e.arrive("long", job(200, steps))
@@ -149,7 +150,7 @@ func TestBackfillStartsShortsWithoutDelayingTheHead(t *testing.T) {
 
 // Once the head has waited MaxHeadAge nobody passes it any more.
 func TestAgedHeadBlocksBackfilling(t *testing.T) {
-	f := newFixture(t, oneGPU(100, admission.Config{Backfill: admission.BackfillConfig{MaxHeadAge: 1000}}))
+	f := newFixture(t, oneGPU(100, admission.Config{Backfill: admission.BackfillConfig{MaxHeadAge: confval.Duration{D: 1000}}}))
 	long := f.acquire(job(60, 50))
 	head := f.enqueue(context.Background(), job(50, 10))
 	short := f.acquire(job(10, 5)) // finishes long before the head could start: passes

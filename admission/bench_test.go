@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/internal/confval"
 )
 
 // The same operations on a Budget and on a bare x/sync semaphore, in the
@@ -23,7 +24,7 @@ func newBenchBudget(b *testing.B, capacity int64) *admission.Scheduler {
 func newBenchScheduler(b *testing.B, capacity int64, policy string) *admission.Scheduler {
 	b.Helper()
 	s, err := admission.New(oneGPU(capacity, admission.Config{Classes: []admission.ClassConfig{
-		{Name: "critical"}, {Name: "standard", MaxQueued: 1 << 20, MaxQueuedBytes: -1, QueueTimeout: -1}},
+		{Name: "critical"}, {Name: "standard", ClassLimits: admission.ClassLimits{MaxQueued: 1 << 20, MaxQueuedBytes: confval.Size{Bytes: -1}, QueueTimeout: confval.Duration{D: -1}}}},
 		Tenants: []admission.TenantConfig{{Name: "acme", Share: 1}},
 		Policy:  admission.PolicyConfig{Reservation: policy, WarmupSamples: -1}}))
 	if err != nil {

@@ -1,10 +1,13 @@
 package admission
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/confval"
 )
 
 // Defaults that zero values in Config stand for.
@@ -26,6 +29,7 @@ const (
 	DefaultMaxOvercommit      = 4.0
 	DefaultCoolDown           = 30 * time.Second
 	defaultClassPreferredName = "standard"
+	sheddableClassName        = "sheddable" // sheddable unless it says otherwise
 )
 
 // Reservation policies (Config.Policy.Reservation).
@@ -42,36 +46,57 @@ const (
 )
 
 // ClassConfig is one priority class. Classes are listed highest priority
-// first. Every queue has one line per class.
+// first. Every queue has one line per class. The yaml tags are the keys of
+// the gateway's admission.classes.
 type ClassConfig struct {
-	Name string // unique, non-empty
-	// MaxQueued bounds how many requests of this class may wait at once in
-	// one queue. 0 = DefaultMaxQueued (1024); negative = never queue: a
-	// request that does not fit at once is refused with ErrQueueFull.
-	MaxQueued int
-	// MaxQueuedBytes bounds the summed weight of the waiting requests of this
-	// class in one queue. 0 = DefaultQueuedBytesFactor (16) × the nominal
-	// capacity of the queue's pools, following Resize; negative = no bound in
-	// bytes (MaxQueued still applies).
-	MaxQueuedBytes int64
-	// QueueTimeout is the longest a request of this class waits.
-	// 0 = DefaultQueueTimeout (30s); negative = no class limit (only the
-	// request's own Deadline and its context end the wait).
-	QueueTimeout time.Duration
+	Name string `yaml:"name"` // unique, non-empty
+	// ClassLimits bound the class's line in each queue; a zero limit takes
+	// Config.ClassDefaults'.
+	ClassLimits `yaml:",inline"`
 	// Sheddable requests are refused with ErrOverloaded while every pool
-	// that could serve them is above Config.PressureThreshold.
-	Sheddable bool
+	// that could serve them is above Config.PressureThreshold. nil = true
+	// for a class named sheddable, false for any other (IsSheddable).
+	Sheddable *bool `yaml:"sheddable"`
 }
 
-// TenantConfig bounds one tenant.
+// IsSheddable is the resolved Sheddable.
+func (c ClassConfig) IsSheddable() bool {
+	if c.Sheddable == nil {
+		return c.Name == sheddableClassName
+	}
+	return *c.Sheddable
+}
+
+// ClassLimits bound the waiting requests of one class in one queue: a
+// class's own (ClassConfig), or the defaults of every class
+// (Config.ClassDefaults, the gateway's admission.queue).
+type ClassLimits struct {
+	// MaxQueued bounds how many requests of this class may wait at once in
+	// one queue. 0 = the default's, else DefaultMaxQueued (1024); negative =
+	// never queue: a request that does not fit at once is refused with
+	// ErrQueueFull.
+	MaxQueued int `yaml:"max_requests"`
+	// MaxQueuedBytes bounds the summed weight of the waiting requests of this
+	// class in one queue. 0 = the default's, else DefaultQueuedBytesFactor
+	// (16) × the nominal capacity of the queue's pools, following Resize;
+	// negative = no bound in bytes (MaxQueued still applies).
+	MaxQueuedBytes confval.Size `yaml:"max_bytes"`
+	// QueueTimeout is the longest a request of this class waits. 0 = the
+	// default's, else DefaultQueueTimeout (30s); negative = no class limit
+	// (only the request's own Deadline and its context end the wait).
+	QueueTimeout confval.Duration `yaml:"timeout"`
+}
+
+// TenantConfig bounds one tenant. The yaml tags are keys of the gateway's
+// tenants, which add the tenant's keys and class.
 type TenantConfig struct {
-	Name string // unique, non-empty ("" is the anonymous tenant, see DefaultTenantShare)
+	Name string `yaml:"name"` // unique, non-empty ("" is the anonymous tenant, see DefaultTenantShare)
 	// Share is the largest fraction of each pool's nominal capacity the
 	// tenant may hold at once, in (0,1]. 0 = Config.DefaultTenantShare.
-	Share float64
+	Share float64 `yaml:"share"`
 	// QueueShare is the largest fraction of each class line (both count and
 	// bytes, rounded up) the tenant may occupy, in (0,1]. 0 = Share.
-	QueueShare float64
+	QueueShare float64 `yaml:"queue_share"`
 }
 
 // AIMDConfig shapes the closed loop driven by Scheduler.Feedback. A pool's
@@ -122,17 +147,22 @@ type PolicyConfig struct {
 	CoolDown time.Duration
 }
 
-// BackfillConfig shapes how waiters may pass a head that does not fit.
+// BackfillConfig shapes how waiters may pass a head that does not fit. The
+// yaml tags are the keys of the gateway's admission.backfill.
 type BackfillConfig struct {
-	// Disabled makes every line strictly first come, first served: a waiter
-	// that fits nowhere holds back everyone behind it in its queue and every
-	// pool it could use.
-	Disabled bool
+	// Enabled lets waiters that fit start past a head that does not, while
+	// that does not delay the head. nil = true. Off, every line is strictly
+	// first come, first served: a waiter that fits nowhere holds back
+	// everyone behind it in its queue and every pool it could use.
+	Enabled *bool `yaml:"enabled"`
 	// MaxHeadAge is how long the first blocked waiter may be passed; older,
-	// it holds back everyone as if Disabled. 0 = DefaultMaxHeadAge (10s);
-	// negative = no limit.
-	MaxHeadAge time.Duration
+	// it holds back everyone as if backfilling were off. 0 =
+	// DefaultMaxHeadAge (10s); negative = no limit.
+	MaxHeadAge confval.Duration `yaml:"max_head_age"`
 }
+
+// IsEnabled is the resolved Enabled.
+func (b BackfillConfig) IsEnabled() bool { return b.Enabled == nil || *b.Enabled }
 
 // PoolConfig is one budget: one GPU (or tensor-parallel group), in weight
 // units (bytes of KV cache).
@@ -159,8 +189,11 @@ type Config struct {
 	Queues []QueueConfig
 	// Classes, highest priority first. Empty = DefaultClasses().
 	Classes []ClassConfig
-	// DefaultClass is the class of a Request with Class "". "" = "standard"
-	// if there is such a class, else Classes[len(Classes)/2] (the middle one).
+	// ClassDefaults are the limits of every class that does not set its
+	// own. Zero = each limit's own default (ClassLimits).
+	ClassDefaults ClassLimits
+	// DefaultClass is the class of a Request with Class "". "" =
+	// DefaultClass(Classes).
 	DefaultClass string
 	Tenants      []TenantConfig
 	// DefaultTenantShare is the share of every tenant not listed in Tenants,
@@ -204,10 +237,25 @@ type Config struct {
 // DefaultClasses are critical, standard and sheddable, in that order.
 func DefaultClasses() []ClassConfig {
 	return []ClassConfig{
-		{Name: "critical", MaxQueued: DefaultMaxQueued, QueueTimeout: 60 * time.Second},
-		{Name: "standard", MaxQueued: DefaultMaxQueued, QueueTimeout: DefaultQueueTimeout},
-		{Name: "sheddable", MaxQueued: DefaultMaxQueued, QueueTimeout: 10 * time.Second, Sheddable: true},
+		{Name: "critical", ClassLimits: ClassLimits{MaxQueued: DefaultMaxQueued, QueueTimeout: confval.Duration{D: 60 * time.Second}}},
+		{Name: "standard", ClassLimits: ClassLimits{MaxQueued: DefaultMaxQueued, QueueTimeout: confval.Duration{D: DefaultQueueTimeout}}},
+		{Name: sheddableClassName, ClassLimits: ClassLimits{MaxQueued: DefaultMaxQueued, QueueTimeout: confval.Duration{D: 10 * time.Second}}},
 	}
+}
+
+// DefaultClass is the class of requests that name none when no default
+// class is configured: standard if there is such a class, else the middle
+// one of classes (of DefaultClasses() if there are none).
+func DefaultClass(classes []ClassConfig) string {
+	if len(classes) == 0 {
+		classes = DefaultClasses()
+	}
+	for _, c := range classes {
+		if c.Name == defaultClassPreferredName {
+			return c.Name
+		}
+	}
+	return classes[len(classes)/2].Name
 }
 
 // classSpec is a ClassConfig with defaults filled in.
@@ -339,14 +387,11 @@ func resolve(cfg Config) (settings, error) {
 			bad(fmt.Errorf("classes[%d].name: %q already names classes[%d]", i, c.Name, j))
 		}
 		seen[c.Name] = i
-		cs := classSpec{name: c.Name, maxQueued: c.MaxQueued, maxQueuedBytes: c.MaxQueuedBytes,
-			timeout: c.QueueTimeout, sheddable: c.Sheddable}
-		if cs.maxQueued == 0 {
-			cs.maxQueued = DefaultMaxQueued
-		}
-		if cs.timeout == 0 {
-			cs.timeout = DefaultQueueTimeout
-		}
+		d := cfg.ClassDefaults
+		cs := classSpec{name: c.Name, sheddable: c.IsSheddable(),
+			maxQueued:      cmp.Or(c.MaxQueued, d.MaxQueued, DefaultMaxQueued),
+			maxQueuedBytes: cmp.Or(c.MaxQueuedBytes.Bytes, d.MaxQueuedBytes.Bytes),
+			timeout:        cmp.Or(c.QueueTimeout.D, d.QueueTimeout.D, DefaultQueueTimeout)}
 		s.classes = append(s.classes, cs)
 	}
 	switch i, ok := seen[cfg.DefaultClass]; {
@@ -355,11 +400,7 @@ func resolve(cfg Config) (settings, error) {
 	case cfg.DefaultClass != "":
 		s.defaultClass = i
 	default:
-		if i, ok := seen[defaultClassPreferredName]; ok {
-			s.defaultClass = i
-		} else {
-			s.defaultClass = len(classes) / 2
-		}
+		s.defaultClass = seen[DefaultClass(classes)]
 	}
 
 	var err error
@@ -456,8 +497,8 @@ func resolve(cfg Config) (settings, error) {
 		s.policy.coolDown = 0
 	}
 
-	s.backfill = !cfg.Backfill.Disabled
-	switch s.maxHeadAge = cfg.Backfill.MaxHeadAge; {
+	s.backfill = cfg.Backfill.IsEnabled()
+	switch s.maxHeadAge = cfg.Backfill.MaxHeadAge.D; {
 	case s.maxHeadAge == 0:
 		s.maxHeadAge = DefaultMaxHeadAge
 	case s.maxHeadAge < 0:

@@ -64,7 +64,7 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 func TestDefaultClasses(t *testing.T) {
 	d := admission.DefaultClasses()
 	if len(d) != 3 || d[0].Name != "critical" || d[1].Name != "standard" || d[2].Name != "sheddable" ||
-		d[0].Sheddable || d[1].Sheddable || !d[2].Sheddable {
+		d[0].IsSheddable() || d[1].IsSheddable() || !d[2].IsSheddable() {
 		t.Fatalf("DefaultClasses = %+v", d)
 	}
 	f := newFixture(t, oneGPU(10, admission.Config{}))
@@ -114,7 +114,7 @@ func TestReconfigure(t *testing.T) {
 }
 
 func TestReconfigureInvalidKeepsTheOldConfig(t *testing.T) {
-	f := newFixture(t, oneGPU(10, admission.Config{Classes: []admission.ClassConfig{{Name: "only", MaxQueued: 1}}}))
+	f := newFixture(t, oneGPU(10, admission.Config{Classes: []admission.ClassConfig{{Name: "only", ClassLimits: admission.ClassLimits{MaxQueued: 1}}}}))
 	err := f.b.Reconfigure(oneGPU(0, admission.Config{Classes: []admission.ClassConfig{{Name: "x"}, {Name: "x"}}}))
 	if err == nil || !strings.Contains(err.Error(), "capacity") || !strings.Contains(err.Error(), "classes[1].name") {
 		t.Fatalf("Reconfigure(bad) = %v", err)

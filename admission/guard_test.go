@@ -39,7 +39,7 @@ func (s *stops) names() []string {
 func guarded(t *testing.T, capacity int64, edit func(*admission.Config)) *fixture {
 	cfg := predicted(capacity, 100)
 	cfg.Policy.MaxOvercommit = 1000
-	cfg.Classes = []admission.ClassConfig{{Name: "standard"}, {Name: "sheddable"}}
+	cfg.Classes = []admission.ClassConfig{{Name: "standard"}, {Name: "sheddable", Sheddable: new(false)}}
 	cfg.Tenants = []admission.TenantConfig{{Name: "a", Share: 0.5}, {Name: "b", Share: 0.5}}
 	if edit != nil {
 		edit(&cfg)

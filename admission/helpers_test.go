@@ -189,7 +189,7 @@ func (f *fixture) stillQueued(chs ...<-chan result) {
 }
 
 // strictOrder disables backfilling: first come, first served.
-var strictOrder = admission.BackfillConfig{Disabled: true}
+var strictOrder = admission.BackfillConfig{Enabled: new(false)}
 
 func std(w int64) admission.Request { return admission.Request{Weight: w} }
 

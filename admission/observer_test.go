@@ -8,12 +8,13 @@ import (
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/admission/admissiontest"
+	"github.com/kvgate/kvgate/internal/confval"
 )
 
 // Every exit from Acquire reaches the observer exactly once, with its wait.
 func TestObserverTranscript(t *testing.T) {
 	f := newFixture(t, oneGPU(10, admission.Config{Tenants: []admission.TenantConfig{{Name: "a", Share: 0.5}},
-		Classes: []admission.ClassConfig{{Name: "standard", MaxQueued: 2, QueueTimeout: 4 * time.Second}}}))
+		Classes: []admission.ClassConfig{{Name: "standard", ClassLimits: admission.ClassLimits{MaxQueued: 2, QueueTimeout: confval.Duration{D: 4 * time.Second}}}}}))
 	hold := f.acquire(req("", "a", 5))
 	f.reject(req("", "a", 6), admission.ErrTenantQuota)
 	f.reject(std(11), admission.ErrTooLarge)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/internal/confval"
 )
 
 func oneClass(c admission.ClassConfig) admission.Config {
@@ -17,7 +18,7 @@ func oneClass(c admission.ClassConfig) admission.Config {
 
 func TestQueueBounds(t *testing.T) {
 	t.Run("count", func(t *testing.T) {
-		f := newFixture(t, oneClass(admission.ClassConfig{MaxQueued: 2}))
+		f := newFixture(t, oneClass(admission.ClassConfig{ClassLimits: admission.ClassLimits{MaxQueued: 2}}))
 		hold := f.acquire(std(10))
 		a := f.enqueue(context.Background(), std(1))
 		b := f.enqueue(context.Background(), std(1))
@@ -30,7 +31,7 @@ func TestQueueBounds(t *testing.T) {
 		f.admitted(b).Release()
 	})
 	t.Run("bytes", func(t *testing.T) {
-		f := newFixture(t, oneClass(admission.ClassConfig{MaxQueuedBytes: 10}))
+		f := newFixture(t, oneClass(admission.ClassConfig{ClassLimits: admission.ClassLimits{MaxQueuedBytes: confval.Size{Bytes: 10}}}))
 		hold := f.acquire(std(10))
 		a := f.enqueue(context.Background(), std(6))
 		f.reject(std(5), admission.ErrQueueFull)
@@ -53,7 +54,7 @@ func TestQueueBounds(t *testing.T) {
 		}
 	})
 	t.Run("bytes unbounded", func(t *testing.T) {
-		f := newFixture(t, oneClass(admission.ClassConfig{MaxQueuedBytes: -1, MaxQueued: 6}))
+		f := newFixture(t, oneClass(admission.ClassConfig{ClassLimits: admission.ClassLimits{MaxQueuedBytes: confval.Size{Bytes: -1}, MaxQueued: 6}}))
 		hold := f.acquire(std(10))
 		var chs []<-chan result
 		for range 6 {
@@ -66,7 +67,7 @@ func TestQueueBounds(t *testing.T) {
 		}
 	})
 	t.Run("never queue", func(t *testing.T) {
-		f := newFixture(t, oneClass(admission.ClassConfig{MaxQueued: -1}))
+		f := newFixture(t, oneClass(admission.ClassConfig{ClassLimits: admission.ClassLimits{MaxQueued: -1}}))
 		hold := f.acquire(std(6))
 		f.reject(std(5), admission.ErrQueueFull)
 		f.acquire(std(4)).Release()
@@ -74,7 +75,7 @@ func TestQueueBounds(t *testing.T) {
 	})
 	t.Run("classes are bounded separately", func(t *testing.T) {
 		f := newFixture(t, oneGPU(10, admission.Config{PressureThreshold: 1, Classes: []admission.ClassConfig{
-			{Name: "hi", MaxQueued: 1}, {Name: "lo", MaxQueued: 1}}}))
+			{Name: "hi", ClassLimits: admission.ClassLimits{MaxQueued: 1}}, {Name: "lo", ClassLimits: admission.ClassLimits{MaxQueued: 1}}}}))
 		hold := f.acquire(req("hi", "", 10))
 		hi := f.enqueue(context.Background(), req("hi", "", 1))
 		lo := f.enqueue(context.Background(), req("lo", "", 1))
@@ -87,7 +88,7 @@ func TestQueueBounds(t *testing.T) {
 }
 
 func TestQueueTimeout(t *testing.T) {
-	f := newFixture(t, oneClass(admission.ClassConfig{QueueTimeout: 5 * time.Second}))
+	f := newFixture(t, oneClass(admission.ClassConfig{ClassLimits: admission.ClassLimits{QueueTimeout: confval.Duration{D: 5 * time.Second}}}))
 	hold := f.acquire(std(10))
 	ch := f.enqueue(context.Background(), std(3))
 	f.clock.Advance(5*time.Second - time.Nanosecond)
@@ -105,7 +106,7 @@ func TestQueueTimeout(t *testing.T) {
 }
 
 func TestDeadlineIsTheEarlierOfRequestAndClass(t *testing.T) {
-	f := newFixture(t, oneClass(admission.ClassConfig{QueueTimeout: 5 * time.Second}))
+	f := newFixture(t, oneClass(admission.ClassConfig{ClassLimits: admission.ClassLimits{QueueTimeout: confval.Duration{D: 5 * time.Second}}}))
 	hold := f.acquire(std(10))
 	early := f.enqueue(context.Background(), admission.Request{Weight: 1, Deadline: t0.Add(2 * time.Second)})
 	late := f.enqueue(context.Background(), admission.Request{Weight: 1, Deadline: t0.Add(time.Hour)})
@@ -122,7 +123,7 @@ func TestDeadlineIsTheEarlierOfRequestAndClass(t *testing.T) {
 }
 
 func TestNoClassTimeoutWaitsForTheRequestDeadlineOnly(t *testing.T) {
-	f := newFixture(t, oneClass(admission.ClassConfig{QueueTimeout: -1}))
+	f := newFixture(t, oneClass(admission.ClassConfig{ClassLimits: admission.ClassLimits{QueueTimeout: confval.Duration{D: -1}}}))
 	hold := f.acquire(std(10))
 	forever := f.enqueue(context.Background(), std(1))
 	if f.clock.Pending() != 0 {
@@ -223,7 +224,7 @@ func TestEarlyShedFromMeasuredDrainRate(t *testing.T) {
 		f.refused(ch, admission.ErrQueueTimeout)
 	})
 	t.Run("queued weight ahead counts", func(t *testing.T) {
-		f := measured(t, admission.Config{Backfill: admission.BackfillConfig{Disabled: true}})
+		f := measured(t, admission.Config{Backfill: admission.BackfillConfig{Enabled: new(false)}})
 		f.enqueue(context.Background(), std(80)) // class timeout 30s: queues
 		// need 80 ahead + 10 − 50 free = 40 at 25/s = 1.6s.
 		re := f.reject(admission.Request{Weight: 10, Deadline: now.Add(1400 * time.Millisecond)}, admission.ErrQueueTimeout)
@@ -265,7 +266,7 @@ func TestColdStartDoesNotShedEarly(t *testing.T) {
 // drain rate measures as the burst goes through.
 func TestBurstIntoIdleShedsNothing(t *testing.T) {
 	f := newFixture(t, oneGPU(100, admission.Config{Classes: []admission.ClassConfig{
-		{Name: "standard", QueueTimeout: 60 * time.Second}}}))
+		{Name: "standard", ClassLimits: admission.ClassLimits{QueueTimeout: confval.Duration{D: 60 * time.Second}}}}}))
 	f.clock.Advance(time.Hour) // a long idle spell before the burst
 	var running []*admission.Ticket
 	var waiting []<-chan result
@@ -293,7 +294,7 @@ func TestBurstIntoIdleShedsNothing(t *testing.T) {
 
 func TestRetryAfterValues(t *testing.T) {
 	now := t0.Add(2 * time.Second)
-	noQueue := []admission.ClassConfig{{Name: "standard", MaxQueued: -1}}
+	noQueue := []admission.ClassConfig{{Name: "standard", ClassLimits: admission.ClassLimits{MaxQueued: -1}}}
 	for _, tc := range []struct {
 		name   string
 		cfg    admission.Config
@@ -305,7 +306,7 @@ func TestRetryAfterValues(t *testing.T) {
 		{"clamped to 1s", admission.Config{Classes: noQueue}, std(55), admission.ErrQueueFull, time.Second},          // 5 at 25/s = 0.2s
 		{"clamped to MaxRetryAfter", admission.Config{MaxRetryAfter: 1500 * time.Millisecond, Classes: noQueue},
 			std(100), admission.ErrQueueFull, 1500 * time.Millisecond}, // 50 at 25/s = 2s
-		{"clamped to the queue timeout", admission.Config{Classes: []admission.ClassConfig{{Name: "standard", MaxQueued: -1, QueueTimeout: 1500 * time.Millisecond}}},
+		{"clamped to the queue timeout", admission.Config{Classes: []admission.ClassConfig{{Name: "standard", ClassLimits: admission.ClassLimits{MaxQueued: -1, QueueTimeout: confval.Duration{D: 1500 * time.Millisecond}}}}},
 			std(100), admission.ErrQueueFull, 1500 * time.Millisecond},
 		{"overloaded", admission.Config{PressureThreshold: 0.1},
 			req("sheddable", "", 1), admission.ErrOverloaded, 1600 * time.Millisecond}, // 50 − 10 = 40 at 25/s
@@ -332,7 +333,7 @@ func TestRetryAfterValues(t *testing.T) {
 // counts the ones told before it as ahead of it, so the burst does not
 // return as one wave and overflow the queue again.
 func TestRetryAfterSpreadsABurst(t *testing.T) {
-	f := measured(t, admission.Config{Classes: []admission.ClassConfig{{Name: "standard", MaxQueued: -1}}})
+	f := measured(t, admission.Config{Classes: []admission.ClassConfig{{Name: "standard", ClassLimits: admission.ClassLimits{MaxQueued: -1}}}})
 	// Each needs 60 − 50 free = 10, plus 60 for every refusal before it,
 	// at 25/s: 0.4s (clamped to 1s), 2.8s, 5.2s, 7.6s.
 	var last time.Duration
@@ -356,7 +357,7 @@ func TestRetryAfterSpreadsABurst(t *testing.T) {
 // A client that honours Retry-After comes back about when it can be
 // admitted: within ±50% of the time the room it needs really frees.
 func TestRetryAfterMatchesTheNextAdmission(t *testing.T) {
-	f := newFixture(t, oneGPU(10, admission.Config{Classes: []admission.ClassConfig{{Name: "standard", MaxQueued: -1}}}))
+	f := newFixture(t, oneGPU(10, admission.Config{Classes: []admission.ClassConfig{{Name: "standard", ClassLimits: admission.ClassLimits{MaxQueued: -1}}}}))
 	// Ten requests of 1, each running 10 s, started a second apart: in
 	// steady state one finishes every second.
 	var running []*admission.Ticket
@@ -404,7 +405,7 @@ func TestRetryAfterOfATimeoutWhileQueued(t *testing.T) {
 func TestRetryAfterWithoutMeasurementIsShort(t *testing.T) {
 	for _, max := range []time.Duration{0, time.Second, 90 * time.Second} {
 		f := newFixture(t, oneGPU(10, admission.Config{MaxRetryAfter: max,
-			Classes: []admission.ClassConfig{{Name: "standard", MaxQueued: -1}}}))
+			Classes: []admission.ClassConfig{{Name: "standard", ClassLimits: admission.ClassLimits{MaxQueued: -1}}}}))
 		hold := f.acquire(std(10))
 		top := 2 * time.Second
 		if max == time.Second {

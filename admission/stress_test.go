@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/internal/confval"
 )
 
 var soak = flag.Duration("admission.soak", 0, "run TestStress this long (e.g. 2m) instead of its short default")
@@ -43,9 +44,9 @@ func stressConfig(capacity int64, policy string, r *rand.Rand) admission.Config 
 		Queues: []admission.QueueConfig{{Name: "m", Pools: []string{"a", "b", "c"}, MaxLen: 4096},
 			{Name: "n", Pools: []string{"c"}, MaxLen: 4096}},
 		Classes: []admission.ClassConfig{
-			{Name: "critical", MaxQueued: 8 + r.IntN(16), QueueTimeout: ms(20)},
-			{Name: "standard", MaxQueued: 8 + r.IntN(16), MaxQueuedBytes: capacity, QueueTimeout: ms(10)},
-			{Name: "sheddable", MaxQueued: 4 + r.IntN(8), QueueTimeout: ms(5), Sheddable: true},
+			{Name: "critical", ClassLimits: admission.ClassLimits{MaxQueued: 8 + r.IntN(16), QueueTimeout: confval.Duration{D: ms(20)}}},
+			{Name: "standard", ClassLimits: admission.ClassLimits{MaxQueued: 8 + r.IntN(16), MaxQueuedBytes: confval.Size{Bytes: capacity}, QueueTimeout: confval.Duration{D: ms(10)}}},
+			{Name: "sheddable", ClassLimits: admission.ClassLimits{MaxQueued: 4 + r.IntN(8), QueueTimeout: confval.Duration{D: ms(5)}}},
 		},
 		Tenants: []admission.TenantConfig{
 			{Name: "a", Share: 0.5}, {Name: "b", Share: 0.3, QueueShare: 0.5}, {Name: "c", Share: 1},
@@ -55,7 +56,7 @@ func stressConfig(capacity int64, policy string, r *rand.Rand) admission.Config 
 		DrainWindow:        100 * time.Millisecond,
 		AIMD:               admission.AIMDConfig{Decrease: 0.7, Increase: 0.05, MinFraction: 0.3},
 		Policy:             admission.PolicyConfig{Reservation: policy, WarmupSamples: 20},
-		Backfill:           admission.BackfillConfig{Disabled: r.IntN(4) == 0, MaxHeadAge: ms(10)},
+		Backfill:           admission.BackfillConfig{Enabled: new(r.IntN(4) != 0), MaxHeadAge: confval.Duration{D: ms(10)}},
 	}
 	return c
 }

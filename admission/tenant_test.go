@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/internal/confval"
 )
 
 func twoTenants(shareA, shareB float64) admission.Config {
@@ -103,7 +104,7 @@ func TestWaiterShortOfGlobalCapacityBlocksOtherTenants(t *testing.T) {
 }
 
 func TestTenantQueueShare(t *testing.T) {
-	cfg := oneGPU(10, admission.Config{Backfill: strictOrder, Classes: []admission.ClassConfig{{Name: "standard", MaxQueued: 10, MaxQueuedBytes: 100}},
+	cfg := oneGPU(10, admission.Config{Backfill: strictOrder, Classes: []admission.ClassConfig{{Name: "standard", ClassLimits: admission.ClassLimits{MaxQueued: 10, MaxQueuedBytes: confval.Size{Bytes: 100}}}},
 		Tenants: []admission.TenantConfig{{Name: "a", Share: 1, QueueShare: 0.25}, {Name: "b", Share: 0.5}}})
 	f := newFixture(t, cfg)
 	hold := f.acquire(req("", "b", 5))

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends/gpuinfo"
 )
 
@@ -67,6 +68,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"tenant class", "tenants: [{name: t, class: gold}]\n" + minimal, "tenants[0].class: \"gold\""},
 		{"tenant share", "tenants: [{name: t, share: 2}]\n" + minimal, "tenants[0].share"},
 		{"duplicate key", "tenants: [{name: t, api_keys: [k]}, {name: u, api_keys: [k]}]\n" + minimal, "tenants[1].api_keys[0]: key already belongs to tenant \"t\""},
+		{"tenant key", "tenants: [{name: t, api_key: [k]}]\n" + minimal, "tenants[0].api_key: unknown key (line 1); the keys here are name, share, queue_share, api_keys, class"},
+		{"class key", "admission: {classes: [{name: a, max_request: 3}]}\n" + minimal, "admission.classes[0].max_request: unknown key (line 1); the keys here are name, max_requests, max_bytes, timeout, sheddable"},
 		{"no models", "backends: []\n", "models: at least one model"},
 		{"model source", "models: [{name: m}]\nbackends: [{name: b, url: 'http://x:1', models: [m], gpu_memory: 24GiB}]\n", "models[0]: one of config"},
 		{"tokenizer", strings.Replace(minimal, "config: ../examples/llama-3-8b.json", "config: x.json\n    tokenizer: bpe", 1), "models[0].tokenizer: \"bpe\""},
@@ -188,5 +191,97 @@ func TestExampleConfig(t *testing.T) {
 	s.watch.Close()
 	if !s.rt.Load().auth || s.rt.Load().groups["gpu0"].nominal != 2193088512 {
 		t.Errorf("example: auth %v, budget %d", s.rt.Load().auth, s.rt.Load().groups["gpu0"].nominal)
+	}
+}
+
+// Each section's defaults fill what the file leaves out; a duration whose 0s
+// means "none" keeps an explicit 0s.
+func TestConfigSectionDefaults(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		check      func(c *Config) bool
+	}{
+		{"server", "", func(c *Config) bool {
+			s := c.Server
+			return s.ReadTimeout.D == 30*time.Second && s.IdleTimeout.D == 2*time.Minute && s.MaxConnections == 10000 &&
+				s.DrainTimeout() == 30*time.Second && s.drainDelay() == 5*time.Second && s.MaxHeaderBytes.Bytes == 16<<10 &&
+				s.MaxSSELineBytes.Bytes == 4<<20
+		}},
+		{"drain_delay 0s is none", "server: {drain_delay: 0s}\n", func(c *Config) bool { return c.Server.drainDelay() == 0 }},
+		{"request timeout 0s is the default", "server: {request_timeout: 0s}\n", func(c *Config) bool {
+			return c.Server.requestTimeout() == 10*time.Minute && c.Server.writeTimeout() == 11*time.Minute
+		}},
+		{"write timeout follows request timeout", "server: {request_timeout: 1m}\n", func(c *Config) bool { return c.Server.writeTimeout() == 2*time.Minute }},
+		{"admission", "", func(c *Config) bool {
+			a := c.Admission
+			return a.Mode == modeKV && a.MaxConcurrency == 16 && a.Reservation == "worst_case" && a.abortHold() == time.Second &&
+				*a.Backfill.Enabled && a.epsilon() == 1e-4
+		}},
+		{"abort_hold 0s is none", "admission: {abort_hold: 0s}\n", func(c *Config) bool { return c.Admission.abortHold() == 0 }},
+		{"default class without standard", "admission: {classes: [{name: a}, {name: b}, {name: c}]}\n", func(c *Config) bool {
+			return c.Admission.DefaultClass == "b" && !*c.Admission.Classes[0].Sheddable
+		}},
+		{"tenant class", "tenants: [{name: t, api_keys: [k]}]\n", func(c *Config) bool { return c.Tenants[0].Class == "standard" }},
+		{"routing and log", "", func(c *Config) bool {
+			return c.Routing == routingLeastLoaded && c.SessionHeader == "X-Session-Id" && c.Log.Level == "info" &&
+				c.Log.Format == "text" && c.Log.access()
+		}},
+		{"model", "", func(c *Config) bool {
+			m := c.Models[0]
+			return m.TokenizeCache == 16384 && m.Estimate.PerMessageTokens == 4 && m.Estimate.ImageTokens == 1024
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte(tt.yaml+minimal), ".")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(c) {
+				t.Fatalf("defaults not as documented: %+v", c)
+			}
+		})
+	}
+}
+
+// The admission section reaches the scheduler as written: classes, their
+// defaults (admission.queue) and backfill are admission's own types; count
+// mode bounds queues by requests alone; an explicit headroom of 0 is none.
+func TestAdmissionConfigTranslation(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		check      func(a admission.Config) bool
+	}{
+		{"queue limits are the classes' defaults", "admission: {queue: {max_requests: 7, max_bytes: 1GiB, timeout: 5s}, classes: [{name: standard, timeout: 2s}]}\n",
+			func(a admission.Config) bool {
+				d := a.ClassDefaults
+				return d.MaxQueued == 7 && d.MaxQueuedBytes.Bytes == 1<<30 && d.QueueTimeout.D == 5*time.Second &&
+					a.Classes[0].QueueTimeout.D == 2*time.Second && a.DefaultClass == "standard"
+			}},
+		{"count mode", "admission: {mode: count, reservation: predicted}\n", func(a admission.Config) bool {
+			return a.ClassDefaults.MaxQueuedBytes.Bytes == -1 && a.Policy.Reservation == admission.WorstCase
+		}},
+		{"count mode keeps a byte bound given", "admission: {mode: count, queue: {max_bytes: 1KiB}}\n", func(a admission.Config) bool {
+			return a.ClassDefaults.MaxQueuedBytes.Bytes == 1024
+		}},
+		{"tenants", "tenants: [{name: t, api_keys: [k], share: 0.5, queue_share: 0.25}]\n", func(a admission.Config) bool {
+			return len(a.Tenants) == 1 && a.Tenants[0] == admission.TenantConfig{Name: "t", Share: 0.5, QueueShare: 0.25}
+		}},
+		{"backfill off", "admission: {backfill: {enabled: false, max_head_age: 3s}}\n", func(a admission.Config) bool {
+			return !a.Backfill.IsEnabled() && a.Backfill.MaxHeadAge.D == 3*time.Second
+		}},
+		{"headroom 0 is none", "admission: {headroom: 0}\n", func(a admission.Config) bool { return a.Policy.Headroom < 0 }},
+		{"headroom absent is admission's", "", func(a admission.Config) bool { return a.Policy.Headroom == 0 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte(tt.yaml+minimal), ".")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a := admissionConfig(c, &Options{}); !tt.check(a) {
+				t.Fatalf("admission config: %+v", a)
+			}
+		})
 	}
 }

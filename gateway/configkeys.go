@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"encoding"
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -30,7 +32,12 @@ func checkShape(doc *yaml.Node) error {
 	return errors.Join(errs...)
 }
 
-var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
+// A type that reads its own text (confval's Duration and Size, the shared
+// budget's Chunk) takes a single value and checks it itself, by path.
+var (
+	unmarshalerType     = reflect.TypeFor[yaml.Unmarshaler]()
+	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
 
 func walkShape(n *yaml.Node, t reflect.Type, path string, errs *[]error) {
 	for n.Kind == yaml.AliasNode && n.Alias != nil {
@@ -46,7 +53,7 @@ func walkShape(n *yaml.Node, t reflect.Type, path string, errs *[]error) {
 	if isNull(n) {
 		return // an empty value is the default
 	}
-	if reflect.PointerTo(t).Implements(unmarshalerType) {
+	if pt := reflect.PointerTo(t); pt.Implements(unmarshalerType) || pt.Implements(textUnmarshalerType) {
 		if n.Kind != yaml.ScalarNode {
 			bad("want a single value, got %s", kindName(n))
 		}
@@ -120,23 +127,34 @@ func join(path, key string) string {
 // yamlFields maps a struct's YAML keys to their field types.
 func yamlFields(t reflect.Type) map[string]reflect.Type {
 	m := map[string]reflect.Type{}
-	for i := range t.NumField() {
-		if name := yamlName(t.Field(i)); name != "" {
-			m[name] = t.Field(i).Type
-		}
-	}
+	eachKey(t, func(name string, ft reflect.Type) { m[name] = ft })
 	return m
 }
 
 // fieldOrder is a struct's YAML keys in declaration order.
 func fieldOrder(t reflect.Type) []string {
 	var names []string
+	eachKey(t, func(name string, _ reflect.Type) { names = append(names, name) })
+	return names
+}
+
+// eachKey calls f for each YAML key of struct t in declaration order, the
+// keys of an inlined struct (yaml:",inline", as gateway's TenantConfig
+// holds admission's) in its place.
+func eachKey(t reflect.Type, f func(name string, ft reflect.Type)) {
 	for i := range t.NumField() {
-		if name := yamlName(t.Field(i)); name != "" {
-			names = append(names, name)
+		sf := t.Field(i)
+		if isInline(sf) {
+			eachKey(sf.Type, f)
+		} else if name := yamlName(sf); name != "" {
+			f(name, sf.Type)
 		}
 	}
-	return names
+}
+
+func isInline(f reflect.StructField) bool {
+	_, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	return f.Type.Kind() == reflect.Struct && slices.Contains(strings.Split(opts, ","), "inline")
 }
 
 func yamlName(f reflect.StructField) string {

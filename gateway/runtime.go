@@ -379,9 +379,9 @@ func (c *Config) queueingOff(class string) string {
 	for i, cl := range c.Admission.Classes {
 		switch {
 		case cl.Name != class:
-		case cl.MaxRequests < 0:
+		case cl.MaxQueued < 0:
 			return fmt.Sprintf("admission.classes[%d].max_requests", i)
-		case cl.MaxRequests == 0 && c.Admission.Queue.MaxRequests < 0:
+		case cl.MaxQueued == 0 && c.Admission.Queue.MaxQueued < 0:
 			return "admission.queue.max_requests"
 		}
 	}
@@ -389,34 +389,22 @@ func (c *Config) queueingOff(class string) string {
 }
 
 // admissionConfig maps the gateway's admission section onto the
-// scheduler's config (pools and queues are the caller's).
+// scheduler's config (pools and queues are the caller's). Classes, their
+// defaults (admission.queue), tenants' shares and backfill are admission's
+// own types and pass as they are.
 func admissionConfig(cfg *Config, opt *Options) admission.Config {
 	a := cfg.Admission
-	q := a.Queue
-	classes := make([]admission.ClassConfig, len(a.Classes))
-	for i, c := range a.Classes {
-		cc := admission.ClassConfig{Name: c.Name, MaxQueued: q.MaxRequests, MaxQueuedBytes: q.MaxBytes.Bytes, QueueTimeout: q.Timeout.D, Sheddable: *c.Sheddable}
-		if c.MaxRequests != 0 {
-			cc.MaxQueued = c.MaxRequests
-		}
-		if c.MaxBytes.Bytes != 0 {
-			cc.MaxQueuedBytes = c.MaxBytes.Bytes
-		}
-		if c.Timeout.D != 0 {
-			cc.QueueTimeout = c.Timeout.D
-		}
-		if cfg.Admission.Mode == modeCount && cc.MaxQueuedBytes == 0 {
-			cc.MaxQueuedBytes = -1 // weights are requests: max_requests bounds them
-		}
-		classes[i] = cc
-	}
-	var tenants []admission.TenantConfig
-	for _, t := range cfg.Tenants {
-		tenants = append(tenants, admission.TenantConfig{Name: t.Name, Share: t.Share, QueueShare: t.QueueShare})
-	}
+	classDefaults := a.Queue
 	reservation := a.Reservation
 	if a.Mode == modeCount {
 		reservation = admission.WorstCase // a request is one slot, whatever it generates
+		if classDefaults.MaxQueuedBytes.Bytes == 0 {
+			classDefaults.MaxQueuedBytes.Bytes = -1 // weights are requests: max_requests bounds them
+		}
+	}
+	var tenants []admission.TenantConfig
+	for _, t := range cfg.Tenants {
+		tenants = append(tenants, t.TenantConfig)
 	}
 	headroom := 0.0 // admission's default
 	if a.Headroom != nil {
@@ -426,13 +414,13 @@ func admissionConfig(cfg *Config, opt *Options) admission.Config {
 	}
 	return admission.Config{
 		Limited: cfg.SharedBudget != nil, // a replica admits nothing before its lease is known
-		Classes: classes, DefaultClass: a.DefaultClass, Tenants: tenants,
+		Classes: a.Classes, ClassDefaults: classDefaults, DefaultClass: a.DefaultClass, Tenants: tenants,
 		DefaultTenantShare: a.DefaultTenantShare, PressureThreshold: a.Pressure,
 		DrainWindow: a.DrainWindow.D, MaxRetryAfter: a.MaxRetryAfter.D, Clock: opt.Clock,
 		AIMD: admission.AIMDConfig{Decrease: a.Feedback.Decrease, Increase: a.Feedback.Increase, MinFraction: a.Feedback.MinFraction},
 		Policy: admission.PolicyConfig{Reservation: reservation, Epsilon: a.Epsilon, WarmupSamples: a.WarmupSamples, Headroom: headroom,
 			MaxOvercommit: a.MaxOvercommit, CoolDown: a.CoolDown.D},
-		Backfill: admission.BackfillConfig{Disabled: !*a.Backfill.Enabled, MaxHeadAge: a.Backfill.MaxHeadAge.D},
+		Backfill: a.Backfill,
 	}
 }
 

@@ -173,9 +173,9 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		Name:                          "kvgate",
 		MaxRequestBodySize:            int(sc.MaxBodyBytes.Bytes),
 		ReadBufferSize:                int(sc.MaxHeaderBytes.Bytes), // fasthttp's bound on a request's line and headers
-		ReadTimeout:                   sc.ReadTimeout.or(defaultReadTimeout),
+		ReadTimeout:                   sc.ReadTimeout.D,
 		WriteTimeout:                  sc.writeTimeout(),
-		IdleTimeout:                   sc.IdleTimeout.or(defaultIdleTimeout),
+		IdleTimeout:                   sc.IdleTimeout.D,
 		Concurrency:                   sc.maxConns() + probeHeadroom(sc.maxConns()),
 		ConnState:                     s.conns.state,
 		CloseOnShutdown:               true,
@@ -499,11 +499,11 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		(&apiError{status: 413, typ: typeInvalidRequest, code: "request_too_large",
 			message: fmt.Sprintf("The request body is larger than the %d bytes this gateway accepts.", sc.MaxBodyBytes.Bytes)}).write(ctx)
-		s.lingerClose(ctx, sc.ReadTimeout.or(defaultReadTimeout))
+		s.lingerClose(ctx, sc.ReadTimeout.D)
 	case errors.As(err, &small) || errors.Is(err, fasthttp.ErrSmallReadBuffer):
 		(&apiError{status: 431, typ: typeInvalidRequest, code: "request_header_too_large",
 			message: fmt.Sprintf("The request line and headers are larger than the %d bytes this gateway accepts (server.max_header_bytes).", sc.MaxHeaderBytes.Bytes)}).write(ctx)
-		s.lingerClose(ctx, sc.ReadTimeout.or(defaultReadTimeout))
+		s.lingerClose(ctx, sc.ReadTimeout.D)
 	case errors.As(err, &te) && te.Timeout():
 		(&apiError{status: 408, typ: typeInvalidRequest, code: "request_timeout", message: "Timed out reading the request."}).write(ctx)
 	default:

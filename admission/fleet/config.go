@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvgate/kvgate/internal/confval"
 	"github.com/kvgate/kvgate/kvbudget"
 )
 
@@ -67,24 +68,9 @@ const (
 	minLengthsInterval     = 10 * time.Millisecond
 )
 
-// Duration is a YAML duration ("3s"). A bad value is kept and reported by
-// Validate with the field's path, as the gateway's own durations are.
-type Duration struct {
-	D   time.Duration
-	err error
-}
-
-// UnmarshalYAML keeps any parse error for validation.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	d.D, d.err = time.ParseDuration(strings.TrimSpace(n.Value))
-	if d.err == nil && d.D < 0 {
-		d.err = errors.New("must not be negative")
-	}
-	if d.err != nil {
-		d.err = fmt.Errorf("invalid duration %q (want e.g. 30s, 500ms, 2m): %w", n.Value, d.err)
-	}
-	return nil
-}
+// Duration is the file's duration type, shared with the gateway's other
+// sections so that a bad value is reported the same way, with its path.
+type Duration = confval.Duration
 
 // Chunk is a size or a percentage of a budget ("2%", "64MiB").
 type Chunk struct {
@@ -173,8 +159,8 @@ func (sb *Config) Validate() error {
 	// duration fills d's default, or reports it bad or below least.
 	duration := func(field string, d *Duration, def, least time.Duration) {
 		switch {
-		case d.err != nil:
-			bad(field, "%v", d.err)
+		case d.Err() != nil:
+			bad(field, "%v", d.Err())
 		case d.D == 0:
 			d.D = def
 		case d.D < least:

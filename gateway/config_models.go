@@ -1,0 +1,246 @@
+package gateway
+
+import (
+	"fmt"
+
+	"github.com/kvgate/kvgate/kvbudget"
+)
+
+// ModelConfig is one served model.
+type ModelConfig struct {
+	Name string `yaml:"name"`
+	// ServedName, when set, is the name clients send instead of Name (as
+	// LiteLLM's model_name → model): the gateway forwards Name, the
+	// backend's own, and gives ServedName back in every answer and in
+	// /v1/models. Name itself is then not served. Default: Name.
+	ServedName string `yaml:"served_name"`
+	// Base makes this model a LoRA adapter of the model named Base (vLLM's
+	// --lora-modules): it takes its base's geometry and every setting of
+	// its KV cache, and counts only its own weights (WeightsBytes, default
+	// none) on the GPUs that serve it, beside its base's. Requests for the
+	// adapter and its base share the GPU's budget, as on the backend.
+	Base string `yaml:"base"`
+	// adapterOf is Base once validate has filled the adapter in from it.
+	adapterOf string
+	// Config is a Hugging Face config.json (or a directory holding one),
+	// relative to this file. Either Config or Geometry is required.
+	Config   string          `yaml:"config"`
+	Geometry *GeometryConfig `yaml:"geometry"`
+	// WeightsBytes overrides the weight bytes estimated from the config.
+	WeightsBytes Size `yaml:"weights_bytes"`
+	// TP is the tensor-parallel size of each backend serving it. Default 1.
+	TP int `yaml:"tp"`
+	// KVDType is the backend's --kv-cache-dtype. Default auto (the model's).
+	KVDType string `yaml:"kv_dtype"`
+	// BlockSize is the backend's KV block size in tokens. Default 16.
+	BlockSize int `yaml:"block_size"`
+	// MaxModelLen caps prompt + output tokens (400 beyond). Default: the
+	// config's max_position_embeddings, else 8192.
+	MaxModelLen int `yaml:"max_model_len"`
+	// DefaultMaxTokens is the output a request without max_tokens is
+	// reserved for. Default: max_model_len − prompt.
+	DefaultMaxTokens int `yaml:"default_max_tokens"`
+	// Tokenizer is how prompt tokens are counted: backend (the backend's
+	// /tokenize, exact) or estimate (bytes × a calibrated ratio). Default
+	// backend.
+	Tokenizer string `yaml:"tokenizer"`
+	// TokenizeCache is how many /tokenize answers (tokenizer: backend) are
+	// remembered, so that a prompt seen before is counted without a round
+	// trip. Each entry takes about 64 bytes, whatever the prompt's length.
+	// Default 16384; negative: no cache.
+	TokenizeCache int            `yaml:"tokenize_cache"`
+	Estimate      EstimateConfig `yaml:"estimate"`
+}
+
+// GeometryConfig gives a model's KV geometry inline instead of a config.json.
+type GeometryConfig struct {
+	Layers  int    `yaml:"layers"`
+	KVHeads int    `yaml:"kv_heads"`
+	HeadDim int    `yaml:"head_dim"`
+	DType   string `yaml:"dtype"` // default bfloat16
+	// MLA: one latent of HeadDim per layer and token, no K/V pair.
+	MLA bool `yaml:"mla"`
+}
+
+// EstimateConfig tunes the estimate tokenizer.
+type EstimateConfig struct {
+	// BytesPerToken is the starting ratio, before any calibration. Default 4.
+	BytesPerToken float64 `yaml:"bytes_per_token"`
+	// Margin is added on top of the estimate as a fraction. Default 0.1.
+	Margin float64 `yaml:"margin"`
+	// PerMessageTokens is the chat template's overhead per message. Default 4.
+	PerMessageTokens int `yaml:"per_message_tokens"`
+	// ImageTokens is charged for each non-text content part. Default 1024.
+	ImageTokens int `yaml:"image_tokens"`
+}
+
+// Defaults of a model, filled by ModelConfig.defaults (an adapter takes its
+// base's instead). max_model_len's default needs the model's config.json
+// and is applied where it is read (model.go).
+const (
+	defaultTP                    = 1
+	defaultTokenizer             = "backend"
+	defaultTokenizeCache         = 16384
+	defaultEstimateBytesPerToken = 4
+	defaultEstimateMargin        = 0.1
+	defaultPerMessageTokens      = 4
+	defaultImageTokens           = 1024
+	defaultMaxModelLen           = 8192
+	maxTokenizeCache             = 1 << 24
+)
+
+// defaults fills the settings of a model that is not an adapter; its block
+// size is kvbudget's (vLLM's).
+func (m *ModelConfig) defaults() {
+	if m.TP == 0 {
+		m.TP = defaultTP
+	}
+	if m.BlockSize == 0 {
+		m.BlockSize = kvbudget.DefaultBlockSize
+	}
+	if m.Tokenizer == "" {
+		m.Tokenizer = defaultTokenizer
+	}
+	if m.TokenizeCache == 0 {
+		m.TokenizeCache = defaultTokenizeCache
+	}
+	e := &m.Estimate
+	if e.BytesPerToken == 0 {
+		e.BytesPerToken = defaultEstimateBytesPerToken
+	}
+	if e.Margin == 0 {
+		e.Margin = defaultEstimateMargin
+	}
+	if e.PerMessageTokens == 0 {
+		e.PerMessageTokens = defaultPerMessageTokens
+	}
+	if e.ImageTokens == 0 {
+		e.ImageTokens = defaultImageTokens
+	}
+}
+
+// validateModels fills and checks the models, adapters last (from their
+// bases); it returns the models' names, which backends refer to.
+func (c *Config) validateModels(p *problems) (models map[string]bool) {
+	if len(c.Models) == 0 {
+		p.bad("models", "at least one model is required")
+	}
+	models = map[string]bool{}
+	served := map[string]bool{} // the names clients send
+	for i := range c.Models {
+		m := &c.Models[i]
+		f := fmt.Sprintf("models[%d]", i)
+		p.name(models, f+".name", "model", m.Name)
+		client, field := m.Name, f+".name"
+		if m.ServedName != "" {
+			client, field = m.ServedName, f+".served_name"
+		}
+		if served[client] {
+			p.bad(field, "%q is already a name clients send for another model", client)
+		}
+		served[client] = true
+		if m.Base != "" {
+			continue // checked, and filled in from its base, below
+		}
+		m.defaults()
+		m.check(p, f)
+	}
+	c.fillAdapters(p)
+	return models
+}
+
+// check reports the problems of a model that is not an adapter, its
+// defaults filled; f is its path.
+func (m *ModelConfig) check(p *problems, f string) {
+	switch {
+	case m.Config == "" && m.Geometry == nil:
+		p.bad(f, "one of config (a config.json path) or geometry is required")
+	case m.Config != "" && m.Geometry != nil:
+		p.bad(f, "config and geometry are exclusive")
+	}
+	if g := m.Geometry; g != nil {
+		if g.Layers <= 0 {
+			p.bad(f+".geometry.layers", "must be > 0")
+		}
+		if g.KVHeads <= 0 && !g.MLA {
+			p.bad(f+".geometry.kv_heads", "must be > 0")
+		}
+		if g.HeadDim <= 0 {
+			p.bad(f+".geometry.head_dim", "must be > 0")
+		}
+		if g.DType != "" {
+			if _, err := kvbudget.ParseDType(g.DType); err != nil {
+				p.bad(f+".geometry.dtype", "%v", err)
+			}
+		}
+	}
+	p.size(f+".weights_bytes", m.WeightsBytes)
+	if m.TP < 0 {
+		p.bad(f+".tp", "must be >= 1")
+	}
+	if m.BlockSize < 0 {
+		p.bad(f+".block_size", "must be >= 1")
+	}
+	if m.MaxModelLen < 0 {
+		p.bad(f+".max_model_len", "must be > 0")
+	}
+	if m.DefaultMaxTokens < 0 {
+		p.bad(f+".default_max_tokens", "must be >= 0")
+	}
+	switch m.Tokenizer {
+	case "backend", "estimate":
+	default:
+		p.bad(f+".tokenizer", "%q is not backend or estimate", m.Tokenizer)
+	}
+	if m.TokenizeCache > maxTokenizeCache {
+		p.bad(f+".tokenize_cache", "%d entries is more than %d", m.TokenizeCache, maxTokenizeCache)
+	}
+	e := m.Estimate
+	if e.BytesPerToken < 0 {
+		p.bad(f+".estimate.bytes_per_token", "must be > 0")
+	}
+	if e.Margin < 0 || e.Margin > 10 {
+		p.bad(f+".estimate.margin", "%v is not in [0, 10]", e.Margin)
+	}
+	if e.PerMessageTokens < 0 || e.ImageTokens < 0 {
+		p.bad(f+".estimate", "per_message_tokens and image_tokens must be >= 0")
+	}
+}
+
+// fillAdapters checks each LoRA adapter (models[].base) and fills it in
+// from its base, checked and defaulted already: an adapter is its base's
+// geometry and cache settings under its own names and weights.
+func (c *Config) fillAdapters(p *problems) {
+	index := map[string]int{}
+	for i, m := range c.Models {
+		index[m.Name] = i
+	}
+	for i := range c.Models {
+		m := &c.Models[i]
+		if m.Base == "" {
+			continue
+		}
+		f := fmt.Sprintf("models[%d]", i)
+		j, ok := index[m.Base]
+		switch {
+		case !ok:
+			p.bad(f+".base", "%q is not one of the models", m.Base)
+			continue
+		case c.Models[j].Base != "":
+			p.bad(f+".base", "%q is an adapter itself: an adapter's base must be a model", m.Base)
+			continue
+		case m.Config != "" || m.Geometry != nil || m.TP != 0 || m.KVDType != "" || m.BlockSize != 0 || m.MaxModelLen != 0:
+			p.bad(f, "an adapter (base: %s) takes its base's config, geometry, tp, kv_dtype, block_size and max_model_len; set them on %s", m.Base, m.Base)
+			continue
+		}
+		if m.WeightsBytes.Bytes < 0 {
+			p.bad(f+".weights_bytes", "must be >= 0")
+		}
+		own := *m
+		*m = c.Models[j]
+		m.Name, m.ServedName, m.Base, m.adapterOf, m.WeightsBytes = own.Name, own.ServedName, own.Base, own.Base, own.WeightsBytes
+		if own.DefaultMaxTokens != 0 {
+			m.DefaultMaxTokens = own.DefaultMaxTokens
+		}
+	}
+}
