@@ -233,8 +233,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.endRequests()
 	// What was still running is cancelled now; give it a moment to answer
 	// its clients (503) and give its reservations back. The moment is wall
-	// time, as ctx's is: it bounds how long the caller is held, and a
-	// clock nobody advances must not hold it for ever.
+	// time, as ctx's deadline is: it bounds how long the caller (a process
+	// on its way out) is held, which a manual clock must not stretch.
 	for deadline := time.Now().Add(2 * time.Second); s.active.Load() > 0 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}

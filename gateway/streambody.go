@@ -83,6 +83,7 @@ func (b *sseBody) closeDelimited(ctx *fasthttp.RequestCtx, writeTimeout time.Dur
 	ctx.Response.Header.SetContentLength(-2) // neither Content-Length nor Transfer-Encoding; Connection: close
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
+		// A socket deadline: the kernel's, on the wall clock, not the gateway's clock.
 		if c.SetWriteDeadline(time.Now().Add(writeTimeout)) != nil {
 			_ = b.Close()
 			return
