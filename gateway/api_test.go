@@ -209,13 +209,16 @@ func TestBackendErrorPassedThrough(t *testing.T) {
 	}
 }
 
-// No healthy backend: 503, and /readyz says so.
+// No healthy backend: 503, and /readyz says so. The health checks' interval
+// runs on the gateway's clock, which the test moves.
 func TestNoHealthyBackend(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	dead := "http://" + ln.Addr().String()
 	ln.Close()
-	gw, gwURL := startGateway(t, baseConfig(dead, ""), Options{})
-	eventually(t, "the circuit to open", func() bool { return !gw.rt.Load().pool.Ready() })
+	clock := newClock()
+	gw, gwURL := startGateway(t, baseConfig(dead, ""), Options{Clock: clock})
+	// Two failed checks (health.failures), one interval (50ms) apart.
+	advanceUntil(t, clock, 50*time.Millisecond, "the circuit to open", func() bool { return !gw.rt.Load().pool.Ready() })
 	r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 5, false))
 	if r.status != 503 || decodeError(t, r.body).Error.Code == nil {
 		t.Fatalf("status %d: %s", r.status, r.body)
