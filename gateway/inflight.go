@@ -10,9 +10,9 @@ import (
 // The requests in flight, and the sweep that acts on them with time.
 //
 // A request is put in the set when it arrives and taken out by its finish.
-// One goroutine sweeps the set, on a clock of sweepTick ticks counted from
-// the server's start. It is the only clock the proxy path has: no request
-// arms a timer of its own.
+// One goroutine sweeps the set, in ticks of sweepTick on the Options' clock
+// counted from the server's start. It is the only timer the proxy path
+// has: no request arms one of its own.
 //
 //   - Client watch. Asking the kernel to report a client's hang-up costs
 //     two epoll_ctl calls, a sizeable share of a short request's cost, and
