@@ -210,6 +210,18 @@ func (s *Server) Serve(ln net.Listener) error {
 	return s.srv.Serve(ln)
 }
 
+// withTimeout is context.WithTimeout on the Options' clock. Its Err says
+// Canceled either way; context.Cause tells DeadlineExceeded apart, and the
+// upstream's errors report the cause.
+func (s *Server) withTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	t := s.opt.Clock.AfterFunc(d, func() { cancel(context.DeadlineExceeded) })
+	return ctx, func() {
+		t.Stop()
+		cancel(context.Canceled)
+	}
+}
+
 // endRequests ends every request in flight, and any that arrives after,
 // with errShutdown.
 func (s *Server) endRequests() {
