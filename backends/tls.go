@@ -109,6 +109,8 @@ func tlsDial(dial func(string) (net.Conn, error), cfg *tls.Config, timeout time.
 			return nil, err
 		}
 		tc := tls.Client(raw, cfg)
+		// Wall time, as the dialer's own timeout: the handshake holds it as
+		// the socket's deadline.
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		if err := tc.HandshakeContext(ctx); err != nil {
