@@ -28,10 +28,13 @@ func rawRequest(t *testing.T, gwURL, path, body string) (net.Conn, *bufio.Reader
 func queued(s *Server) int { return s.rt.Load().sched.Stats().Queued }
 
 // A client that hangs up mid-stream cancels the upstream request (the
-// backend stops generating) and its reservation is released at once.
+// backend stops generating) and its reservation is released
+// admission.abort_hold (1s) later, on the gateway's clock, which the test
+// moves.
 func TestDisconnectMidStream(t *testing.T) {
 	backend, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 }) // 500 tokens take ~8 s: far longer than the test
-	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+	clock := newClock()
+	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{Clock: clock})
 	c, br := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("hi", 500, true))
 	for {
 		line, err := br.ReadString('\n')
@@ -45,19 +48,24 @@ func TestDisconnectMidStream(t *testing.T) {
 	if held(gw) == 0 || backend.Stats().Running != 1 {
 		t.Fatalf("before hang-up: held %d, backend running %d", held(gw), backend.Stats().Running)
 	}
-	// Wall time throughout: the hang-up reaches the gateway from the kernel.
+	// Wall time for the log: the hang-up reaches the gateway from the kernel.
 	start := time.Now()
 	c.Close()
-	eventually(t, "the reservation to be released", func() bool { return held(gw) == 0 })
+	advanceUntil(t, clock, 100*time.Millisecond, "the reservation to be released", func() bool { return held(gw) == 0 })
 	eventually(t, "the backend to abort the sequence", func() bool { st := backend.Stats(); return st.Running == 0 && st.UsedBlocks == 0 })
 	t.Logf("released %s after the hang-up", time.Since(start))
 }
 
 // A queued request whose client hangs up leaves the queue at once — fasthttp
 // alone would keep it there until admitted (DESIGN.md, "a known hard part").
+// The gateway's clock, which the test moves, takes the client's watch on
+// (a tick after the request queues) and releases the fillers' reservations
+// (admission.abort_hold); the hang-up's own way from the kernel is timed on
+// the wall clock.
 func TestDisconnectWhileQueued(t *testing.T) {
 	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 })
-	gw, gwURL := startGateway(t, baseConfig(url, "admission:\n  queue: {timeout: 60s}\n"), Options{})
+	clock := newClock()
+	gw, gwURL := startGateway(t, baseConfig(url, "admission:\n  queue: {timeout: 60s}\n"), Options{Clock: clock})
 	// Fill the budget: two 7990-token requests hold 1000 of 1045 blocks.
 	var fillers []net.Conn
 	for range 2 {
@@ -68,9 +76,11 @@ func TestDisconnectWhileQueued(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		c, _ := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("hi", 1600, stream))
 		eventually(t, "the request to queue", func() bool { return queued(gw) == 1 })
-		start := time.Now() // wall time: the hang-up reaches the gateway from the kernel
+		clock.Advance(queueWatchTicks * sweepTick) // its client is watched from now on
+		start := time.Now()
 		c.Close()
-		eventually(t, "the queue to empty", func() bool { return queued(gw) == 0 })
+		// Steps far short of the queue's timeout (60s): only the hang-up empties it.
+		advanceUntil(t, clock, sweepTick, "the queue to empty", func() bool { return queued(gw) == 0 })
 		if d := time.Since(start); d > time.Second {
 			t.Errorf("stream=%v: left the queue %s after the hang-up", stream, d)
 		}
@@ -78,19 +88,22 @@ func TestDisconnectWhileQueued(t *testing.T) {
 	for _, c := range fillers {
 		c.Close()
 	}
-	eventually(t, "all reservations to return", func() bool { return held(gw) == 0 })
+	advanceUntil(t, clock, 100*time.Millisecond, "all reservations to return", func() bool { return held(gw) == 0 })
 }
 
 // A non-streaming request whose client hangs up while the backend is still
 // generating: the upstream exchange is cancelled (the backend aborts) and the
-// reservation returns, without waiting for the answer.
+// reservation returns, without waiting for the answer. The gateway's clock,
+// which the test moves, takes the client's watch on and ends
+// admission.abort_hold.
 func TestDisconnectWaitingForAnswer(t *testing.T) {
 	backend, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 })
-	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+	clock := newClock()
+	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{Clock: clock})
 	c, _ := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("hi", 500, false))
 	eventually(t, "the backend to start", func() bool { return backend.Stats().Running == 1 })
 	c.Close()
-	eventually(t, "the reservation to be released", func() bool { return held(gw) == 0 })
+	advanceUntil(t, clock, 100*time.Millisecond, "the reservation to be released", func() bool { return held(gw) == 0 })
 	eventually(t, "the backend to abort", func() bool { return backend.Stats().Running == 0 })
 }
 
