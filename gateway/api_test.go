@@ -362,7 +362,8 @@ tenants:
 		}
 	}
 	// Shutting down past its timeout cancels what is still running; the
-	// reservations must all come back.
+	// reservations must all come back. Wall time: Shutdown's ctx bounds
+	// fasthttp's wait for its connections.
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	gw.Shutdown(ctx)
