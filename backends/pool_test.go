@@ -193,3 +193,58 @@ func TestNewBackendValidation(t *testing.T) {
 		}
 	}
 }
+
+// Probe rounds and their timeouts run on the backends' clock: the first
+// round at once, the next an interval later on the clock, and a health
+// check that hangs fails when the clock passes its timeout.
+func TestRunProbesOnTheClock(t *testing.T) {
+	var checks atomic.Int64
+	hang := make(chan struct{})
+	defer close(hang)
+	var hanging atomic.Bool
+	addr, _ := serve(t, func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/health" {
+			checks.Add(1)
+			if hanging.Load() {
+				<-hang
+			}
+		}
+	})
+	c := newClock()
+	be, err := NewBackend(Spec{Name: "s", URL: "http://" + addr, Models: []string{"m"}, FailThreshold: 1, MetricsPath: "-",
+		HealthInterval: time.Second, HealthTimeout: 2 * time.Second}, budgetOf(1), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rounds := make(chan struct{}, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		done <- NewPool([]*Backend{be}).Run(ctx, func(*Backend, KVReport, bool) { rounds <- struct{}{} })
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	<-rounds // the first, at once
+	hanging.Store(true)
+	for c.Pending() != 1 { // the round's wait is on the clock
+		time.Sleep(time.Millisecond)
+	}
+	c.Advance(time.Second - time.Nanosecond)
+	if n := checks.Load(); n != 1 {
+		t.Fatalf("%d health checks before the interval passed", n)
+	}
+	c.Advance(time.Nanosecond)
+	for checks.Load() != 2 || c.Pending() != 1 { // the check is in, its timeout armed
+		time.Sleep(time.Millisecond)
+	}
+	if be.State() != StateClosed {
+		t.Fatalf("hanging check: %s before its timeout", be.State())
+	}
+	c.Advance(2 * time.Second)
+	<-rounds
+	if be.State() != StateOpen || !strings.Contains(be.LastError(), "deadline") {
+		t.Fatalf("after the health timeout on the clock: %s, %q", be.State(), be.LastError())
+	}
+}
