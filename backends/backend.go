@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/admission"
 )
 
 // Spec is one backend as configured. Zero durations and counts take the
@@ -93,7 +95,7 @@ type Backend struct {
 	// so a backend busy with traffic is not judged dead for want of a slot.
 	probe  *Upstream
 	budget Budget
-	now    func() time.Time
+	clock  admission.Clock
 	circ   circuit
 
 	kv        atomic.Pointer[KVReport]
@@ -101,8 +103,9 @@ type Backend struct {
 }
 
 // NewBackend validates spec and makes a Backend whose admission budget is
-// budget. now is the clock of its circuit (nil = time.Now).
-func NewBackend(spec Spec, budget Budget, now func() time.Time) (*Backend, error) {
+// budget. clock times its circuit, its probes' interval and timeouts, and
+// its /tokenize timeout (nil = the system clock).
+func NewBackend(spec Spec, budget Budget, clock admission.Clock) (*Backend, error) {
 	spec.fillDefaults()
 	if spec.Name == "" {
 		return nil, errors.New("backend: name is required")
@@ -120,8 +123,8 @@ func NewBackend(spec Spec, budget Budget, now func() time.Time) (*Backend, error
 	if budget == nil {
 		return nil, fmt.Errorf("backend %s: no budget", spec.Name)
 	}
-	if now == nil {
-		now = time.Now
+	if clock == nil {
+		clock = admission.SystemClock()
 	}
 	// Health checks, scrapes and /tokenize share the transport's TLS: a
 	// probe that bypassed it would call healthy a backend no request can
@@ -138,11 +141,11 @@ func NewBackend(spec Spec, budget Budget, now func() time.Time) (*Backend, error
 	}
 	b := &Backend{spec: spec, host: u.Host, up: NewUpstream(addr, up),
 		probe:  NewUpstream(addr, UpstreamOptions{MaxConns: 2, DialTimeout: up.DialTimeout, TLS: up.TLS, DialForTesting: up.DialForTesting}),
-		budget: budget, now: now}
+		budget: budget, clock: clock}
 	if spec.APIKey != "" {
 		b.auth = "Bearer " + spec.APIKey
 	}
-	b.circ = circuit{threshold: spec.FailThreshold, cooldown: spec.Cooldown, now: now}
+	b.circ = circuit{threshold: spec.FailThreshold, cooldown: spec.Cooldown, now: clock.Now}
 	return b, nil
 }
 
@@ -260,7 +263,7 @@ var ErrTokenizeTimeout = errors.New("tokenize timed out")
 // (ErrTokenizeTimeout): a slow tokenizer must not hold requests back when
 // an estimate can stand in.
 func (b *Backend) Tokenize(ctx context.Context, body []byte) (int, error) {
-	ctx, cancel := context.WithTimeoutCause(ctx, b.spec.TokenizeTimeout, ErrTokenizeTimeout)
+	ctx, cancel := b.withTimeout(ctx, b.spec.TokenizeTimeout, ErrTokenizeTimeout)
 	defer cancel()
 	n, err := b.tokenize(ctx, body)
 	if err != nil && errors.Is(context.Cause(ctx), ErrTokenizeTimeout) {
@@ -296,8 +299,20 @@ func (b *Backend) Probe(ctx context.Context) (KVReport, bool) {
 	return b.Scrape(ctx)
 }
 
+// withTimeout is context.WithTimeoutCause on the backend's clock. Only its
+// cause tells the timeout apart (Err says Canceled): the exchange reads
+// context.Cause, as WithTimeout's DeadlineExceeded would be read.
+func (b *Backend) withTimeout(ctx context.Context, d time.Duration, cause error) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	t := b.clock.AfterFunc(d, func() { cancel(cause) })
+	return ctx, func() {
+		t.Stop()
+		cancel(context.Canceled)
+	}
+}
+
 func (b *Backend) get(ctx context.Context, path string, timeout time.Duration) (int, []byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := b.withTimeout(ctx, timeout, context.DeadlineExceeded)
 	defer cancel()
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
@@ -330,7 +345,7 @@ func (b *Backend) Scrape(ctx context.Context) (KVReport, bool) {
 	}
 	var r KVReport
 	if err == nil {
-		r, err = ParseMetrics(bytes.NewReader(data), b.now())
+		r, err = ParseMetrics(bytes.NewReader(data), b.clock.Now())
 	}
 	if err != nil {
 		msg := fmt.Sprintf("scrape %s: %v", b.spec.MetricsPath, err)

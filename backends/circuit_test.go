@@ -39,8 +39,8 @@ func TestCircuitTimeouts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := &clock{}
-			b := mustBackend(t, "a", []string{"m"}, budgetOf(1), c.now)
+			c := newClock()
+			b := mustBackend(t, "a", []string{"m"}, budgetOf(1), c)
 			for i, s := range tt.steps {
 				switch s.do {
 				case "timeout":
@@ -52,7 +52,7 @@ func TestCircuitTimeouts(t *testing.T) {
 				case "probe-fail":
 					b.ReportFailure(errors.New("health: status 503"))
 				case "advance":
-					c.advance(5 * time.Second)
+					c.Advance(5 * time.Second)
 				}
 				if got := b.State(); got != s.want {
 					t.Fatalf("step %d (%s): %s, want %s", i, s.do, got, s.want)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -95,16 +94,32 @@ func (p *Pool) Run(ctx context.Context, onProbe func(*Backend, KVReport, bool)) 
 	g, ctx := errgroup.WithContext(ctx)
 	for _, b := range p.all {
 		g.Go(func() error {
-			t := time.NewTicker(min(b.spec.HealthInterval, b.spec.ScrapeInterval))
-			defer t.Stop()
+			// Rounds are due every interval on the backend's clock, as a
+			// ticker's: one that falls due while a probe overruns runs
+			// right after it, and the rounds after keep to the interval.
+			every := min(b.spec.HealthInterval, b.spec.ScrapeInterval)
+			due := make(chan struct{}, 1) // one timer at a time: the send never blocks
+			fire := func() { due <- struct{}{} }
+			next := b.clock.Now()
 			for {
 				if r, ok := b.Probe(ctx); onProbe != nil && ctx.Err() == nil {
 					onProbe(b, r, ok)
 				}
+				next = next.Add(every)
+				wait := next.Sub(b.clock.Now())
+				if wait <= 0 {
+					next = b.clock.Now()
+					if ctx.Err() != nil {
+						return nil
+					}
+					continue
+				}
+				t := b.clock.AfterFunc(wait, fire)
 				select {
 				case <-ctx.Done():
+					t.Stop()
 					return nil
-				case <-t.C:
+				case <-due:
 				}
 			}
 		})

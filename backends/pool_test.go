@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/admission/admissiontest"
 )
 
 type fixedBudget struct{ free atomic.Int64 }
@@ -22,15 +25,12 @@ func budgetOf(free int64) *fixedBudget {
 	return b
 }
 
-// clock is a manual clock for circuits.
-type clock struct{ t atomic.Int64 }
+// newClock is a manual clock for circuits, probes and timeouts.
+func newClock() *admissiontest.Clock { return admissiontest.NewClock(time.Unix(0, 0)) }
 
-func (c *clock) now() time.Time          { return time.Unix(0, c.t.Load()) }
-func (c *clock) advance(d time.Duration) { c.t.Add(int64(d)) }
-
-func mustBackend(t *testing.T, name string, models []string, b Budget, now func() time.Time) *Backend {
+func mustBackend(t *testing.T, name string, models []string, b Budget, clock admission.Clock) *Backend {
 	t.Helper()
-	be, err := NewBackend(Spec{Name: name, URL: "http://127.0.0.1:1", Models: models, FailThreshold: 2, Cooldown: 5 * time.Second}, b, now)
+	be, err := NewBackend(Spec{Name: name, URL: "http://127.0.0.1:1", Models: models, FailThreshold: 2, Cooldown: 5 * time.Second}, b, clock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,10 +38,10 @@ func mustBackend(t *testing.T, name string, models []string, b Budget, now func(
 }
 
 func TestPickMostFreeThenRoundRobin(t *testing.T) {
-	c := &clock{}
-	a := mustBackend(t, "a", []string{"m"}, budgetOf(100), c.now)
-	b := mustBackend(t, "b", []string{"m"}, budgetOf(300), c.now)
-	x := mustBackend(t, "x", []string{"other"}, budgetOf(1000), c.now)
+	c := newClock()
+	a := mustBackend(t, "a", []string{"m"}, budgetOf(100), c)
+	b := mustBackend(t, "b", []string{"m"}, budgetOf(300), c)
+	x := mustBackend(t, "x", []string{"other"}, budgetOf(1000), c)
 	p := NewPool([]*Backend{a, b, x})
 	for range 4 {
 		if got, _ := p.Pick("m", nil); got != b {
@@ -73,9 +73,9 @@ func TestPickMostFreeThenRoundRobin(t *testing.T) {
 // back. One that first-byte timeouts took down is tried again after the
 // cooldown, since only an answered request can bring it back.
 func TestCircuitSkipsOpenBackend(t *testing.T) {
-	c := &clock{}
-	a := mustBackend(t, "a", []string{"m"}, budgetOf(500), c.now)
-	b := mustBackend(t, "b", []string{"m"}, budgetOf(100), c.now)
+	c := newClock()
+	a := mustBackend(t, "a", []string{"m"}, budgetOf(500), c)
+	b := mustBackend(t, "b", []string{"m"}, budgetOf(100), c)
 	p := NewPool([]*Backend{a, b})
 
 	if opened := a.ReportFailure(errors.New("boom")); opened {
@@ -98,7 +98,7 @@ func TestCircuitSkipsOpenBackend(t *testing.T) {
 	if _, err := p.Pick("m", nil); !errors.Is(err, ErrNoBackend) || p.Ready() || p.Serves("m") {
 		t.Fatalf("all open: err %v, ready %v, serves %v", err, p.Ready(), p.Serves("m"))
 	}
-	c.advance(5 * time.Second)
+	c.Advance(5 * time.Second)
 	if _, err := p.Pick("m", nil); a.State() != StateOpen || !errors.Is(err, ErrNoBackend) {
 		t.Fatalf("after the cooldown a backend that failed is tried before a probe passed: %s, %v", a.State(), err)
 	}
@@ -116,7 +116,7 @@ func TestCircuitSkipsOpenBackend(t *testing.T) {
 	if got, _ := p.Pick("m", nil); a.State() != StateOpen || got == a {
 		t.Fatalf("after two timeouts: %s, picked %v", a.State(), got)
 	}
-	c.advance(5 * time.Second)
+	c.Advance(5 * time.Second)
 	if got, _ := p.Pick("m", nil); a.State() != StateHalfOpen || got != a {
 		t.Fatalf("a backend that timed out not tried after the cooldown: %s", a.State())
 	}
@@ -145,8 +145,8 @@ func TestProbeAgainstRealServer(t *testing.T) {
 			fmt.Fprint(ctx, `{"count":42,"max_model_len":8192,"tokens":[]}`)
 		}
 	})
-	c := &clock{}
-	be, err := NewBackend(Spec{Name: "s", URL: "http://" + addr, Models: []string{"m"}, FailThreshold: 1}, budgetOf(1), c.now)
+	c := newClock()
+	be, err := NewBackend(Spec{Name: "s", URL: "http://" + addr, Models: []string{"m"}, FailThreshold: 1}, budgetOf(1), c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,5 +191,60 @@ func TestNewBackendValidation(t *testing.T) {
 		if _, err := NewBackend(tt.spec, budgetOf(1), nil); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%+v: %v, want %q", tt.spec, err, tt.want)
 		}
+	}
+}
+
+// Probe rounds and their timeouts run on the backends' clock: the first
+// round at once, the next an interval later on the clock, and a health
+// check that hangs fails when the clock passes its timeout.
+func TestRunProbesOnTheClock(t *testing.T) {
+	var checks atomic.Int64
+	hang := make(chan struct{})
+	defer close(hang)
+	var hanging atomic.Bool
+	addr, _ := serve(t, func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/health" {
+			checks.Add(1)
+			if hanging.Load() {
+				<-hang
+			}
+		}
+	})
+	c := newClock()
+	be, err := NewBackend(Spec{Name: "s", URL: "http://" + addr, Models: []string{"m"}, FailThreshold: 1, MetricsPath: "-",
+		HealthInterval: time.Second, HealthTimeout: 2 * time.Second}, budgetOf(1), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rounds := make(chan struct{}, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		done <- NewPool([]*Backend{be}).Run(ctx, func(*Backend, KVReport, bool) { rounds <- struct{}{} })
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	<-rounds // the first, at once
+	hanging.Store(true)
+	for c.Pending() != 1 { // the round's wait is on the clock
+		time.Sleep(time.Millisecond)
+	}
+	c.Advance(time.Second - time.Nanosecond)
+	if n := checks.Load(); n != 1 {
+		t.Fatalf("%d health checks before the interval passed", n)
+	}
+	c.Advance(time.Nanosecond)
+	for checks.Load() != 2 || c.Pending() != 1 { // the check is in, its timeout armed
+		time.Sleep(time.Millisecond)
+	}
+	if be.State() != StateClosed {
+		t.Fatalf("hanging check: %s before its timeout", be.State())
+	}
+	c.Advance(2 * time.Second)
+	<-rounds
+	if be.State() != StateOpen || !strings.Contains(be.LastError(), "deadline") {
+		t.Fatalf("after the health timeout on the clock: %s, %q", be.State(), be.LastError())
 	}
 }

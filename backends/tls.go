@@ -109,6 +109,8 @@ func tlsDial(dial func(string) (net.Conn, error), cfg *tls.Config, timeout time.
 			return nil, err
 		}
 		tc := tls.Client(raw, cfg)
+		// Wall time, as the dial's before it (net.Dialer.Timeout): both bound
+		// the network's part of connecting, which no clock of ours drives.
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		if err := tc.HandshakeContext(ctx); err != nil {

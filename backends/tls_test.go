@@ -66,7 +66,7 @@ func TestTLSBackend(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			be, err := NewBackend(Spec{Name: "tls0", URL: "https://" + tt.addr, Models: []string{"m"}, TLS: tt.tls,
-				FailThreshold: 1, MetricsPath: "-"}, budgetOf(1), (&clock{}).now)
+				FailThreshold: 1, MetricsPath: "-"}, budgetOf(1), newClock())
 			if err != nil {
 				t.Fatal(err)
 			}

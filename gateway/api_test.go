@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,6 +20,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvgate/kvgate/admission/admissiontest"
 	"github.com/kvgate/kvgate/backends/sim"
 )
 
@@ -207,13 +209,16 @@ func TestBackendErrorPassedThrough(t *testing.T) {
 	}
 }
 
-// No healthy backend: 503, and /readyz says so.
+// No healthy backend: 503, and /readyz says so. The health checks' interval
+// runs on the gateway's clock, which the test moves.
 func TestNoHealthyBackend(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	dead := "http://" + ln.Addr().String()
 	ln.Close()
-	gw, gwURL := startGateway(t, baseConfig(dead, ""), Options{})
-	eventually(t, "the circuit to open", func() bool { return !gw.rt.Load().pool.Ready() })
+	clock := newClock()
+	gw, gwURL := startGateway(t, baseConfig(dead, ""), Options{Clock: clock})
+	// Two failed checks (health.failures), one interval (50ms) apart.
+	advanceUntil(t, clock, 50*time.Millisecond, "the circuit to open", func() bool { return !gw.rt.Load().pool.Ready() })
 	r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 5, false))
 	if r.status != 503 || decodeError(t, r.body).Error.Code == nil {
 		t.Fatalf("status %d: %s", r.status, r.body)
@@ -233,23 +238,53 @@ func TestNoHealthyBackend(t *testing.T) {
 }
 
 // A request that outlives server.request_timeout gets 504 and its
-// reservation back.
+// reservation back; a stream under way ends with an error event instead.
+// The timeout runs on the gateway's clock, which the test moves.
 func TestUpstreamTimeout(t *testing.T) {
 	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 }) // real time: 200 tokens take seconds
-	gw, gwURL := startGateway(t, baseConfig(url, "server: {request_timeout: 300ms}\n"), Options{})
-	start := time.Now()
-	r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 200, false))
+	clock := newClock()
+	// Longer than the answer takes in real time: only the clock can end it.
+	gw, gwURL := startGateway(t, baseConfig(url, "server: {request_timeout: 30s}\n"), Options{Clock: clock})
+	got := make(chan result, 1)
+	go func() { got <- postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 200, false)) }()
+	eventually(t, "the request to be admitted", func() bool { return held(gw) > 0 })
+	clock.Advance(30 * time.Second)
+	var r result
+	advanceUntil(t, clock, sweepTick, "the 504", func() bool {
+		select {
+		case r = <-got:
+			return true
+		default:
+			return false
+		}
+	})
 	if r.status != 504 || decodeError(t, r.body).Error.Type != typeServer {
 		t.Fatalf("status %d: %s", r.status, r.body)
 	}
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("504 took %s", d)
+	// It went back admission.abort_hold (1s) after the exchange was cut.
+	advanceUntil(t, clock, time.Second, "the reservation to return", func() bool { return held(gw) == 0 })
+
+	resp, err := httpClient.Post(gwURL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hi", 200, true)))
+	if err != nil {
+		t.Fatal(err)
 	}
-	eventually(t, "reservation to return", func() bool { return held(gw) == 0 })
-	// Mid-stream, the stream ends with an error event instead.
-	r = postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 200, true))
-	if r.status != 200 || !strings.Contains(r.body, `"upstream_timeout"`) || !strings.HasSuffix(r.body, "data: [DONE]\n\n") {
-		t.Fatalf("stream timeout: %d %s", r.status, r.body)
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	readUntil(t, br, "data: ") // under way
+	rest := make(chan []byte, 1)
+	go func() { b, _ := io.ReadAll(br); rest <- b }()
+	clock.Advance(30 * time.Second)
+	var tail []byte
+	advanceUntil(t, clock, sweepTick, "the stream to end", func() bool {
+		select {
+		case tail = <-rest:
+			return true
+		default:
+			return false
+		}
+	})
+	if resp.StatusCode != 200 || !strings.Contains(string(tail), `"upstream_timeout"`) || !strings.HasSuffix(string(tail), "data: [DONE]\n\n") {
+		t.Fatalf("stream timeout: %d %s", resp.StatusCode, tail)
 	}
 }
 
@@ -257,18 +292,20 @@ func TestUpstreamTimeout(t *testing.T) {
 // pressure (overloaded), a class that never queues (queue_full), a waiter
 // whose class deadline passes (queue_timeout). A tenant asking for more than
 // its whole share gets tenant_quota without Retry-After: waiting cannot help.
+// The queue's deadline runs on the gateway's clock, which the test moves.
 func TestShedReasons(t *testing.T) {
 	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 }) // real time: the filler requests stay admitted
 	extra := `admission:
   classes:
-    - {name: critical, timeout: 200ms}
+    - {name: critical, timeout: 30s}
     - {name: standard, max_requests: -1}
     - {name: sheddable}
 tenants:
   - {name: small, api_keys: [key-small], share: 0.3}
   - {name: big, api_keys: [key-big], share: 1, class: critical}
 `
-	gw, gwURL := startGateway(t, baseConfig(url, extra), Options{})
+	clock := newClock()
+	gw, gwURL := startGateway(t, baseConfig(url, extra), Options{Clock: clock})
 	big := []string{"Authorization", "Bearer key-big"}
 	// Two requests of ~7990 tokens, 500 blocks each: 1000 of the budget's 1045.
 	fill := make(chan result, 2)
@@ -285,16 +322,30 @@ tenants:
 		header []string
 		code   string
 		retry  bool
-		msg    string // in the message
+		msg    string        // in the message
+		queued time.Duration // how long it waits in the queue, on the clock, before its answer
 	}{
-		{"sheddable under pressure", `{"model":"llama-3-8b","prompt":"hi","max_tokens":5}`, append([]string{"X-Priority", "sheddable"}, big...), "overloaded", true, "being shed"},
+		{"sheddable under pressure", `{"model":"llama-3-8b","prompt":"hi","max_tokens":5}`, append([]string{"X-Priority", "sheddable"}, big...), "overloaded", true, "being shed", 0},
 		{"never-queue class without room", `{"model":"llama-3-8b","prompt":"hi","max_tokens":1600}`, append([]string{"X-Priority", "standard"}, big...), "queue_full", true,
-			"queueing is disabled (admission.classes[1].max_requests is negative)"},
-		{"deadline passes in the queue", `{"model":"llama-3-8b","prompt":"hi","max_tokens":1600}`, big, "queue_timeout", true, "queue deadline"},
-		{"tenant over its whole share", `{"model":"llama-3-8b","prompt":"hi","max_tokens":6000}`, []string{"Authorization", "Bearer key-small"}, "tenant_quota", false, "your tenant"},
+			"queueing is disabled (admission.classes[1].max_requests is negative)", 0},
+		{"deadline passes in the queue", `{"model":"llama-3-8b","prompt":"hi","max_tokens":1600}`, big, "queue_timeout", true, "queue deadline", 30 * time.Second},
+		{"tenant over its whole share", `{"model":"llama-3-8b","prompt":"hi","max_tokens":6000}`, []string{"Authorization", "Bearer key-small"}, "tenant_quota", false, "your tenant", 0},
 	}
 	for _, c := range cases {
-		r := postJSON(gwURL, "/v1/completions", c.body, c.header...)
+		var r result
+		if c.queued > 0 {
+			answer := make(chan result, 1)
+			go func() { answer <- postJSON(gwURL, "/v1/completions", c.body, c.header...) }()
+			admissiontest.WaitQueued(gw.sched, 1)
+			clock.Advance(c.queued - time.Nanosecond)
+			if n := gw.sched.Stats().Queued; n != 1 {
+				t.Errorf("%s: %d queued a nanosecond before the deadline", c.name, n)
+			}
+			clock.Advance(time.Nanosecond)
+			r = <-answer
+		} else {
+			r = postJSON(gwURL, "/v1/completions", c.body, c.header...)
+		}
 		if r.status != 429 {
 			t.Errorf("%s: status %d: %s", c.name, r.status, r.body)
 			continue
@@ -311,7 +362,8 @@ tenants:
 		}
 	}
 	// Shutting down past its timeout cancels what is still running; the
-	// reservations must all come back.
+	// reservations must all come back. Wall time: Shutdown's ctx bounds
+	// fasthttp's wait for its connections.
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	gw.Shutdown(ctx)
@@ -320,7 +372,8 @@ tenants:
 			t.Errorf("filler after forced shutdown: %d %s", r.status, r.body)
 		}
 	}
-	eventually(t, "reservations to return", func() bool { return held(gw) == 0 })
+	// They went back admission.abort_hold (1s) after the exchanges were cut.
+	advanceUntil(t, clock, time.Second, "reservations to return", func() bool { return held(gw) == 0 })
 }
 
 // Unknown fields pass through to the backend untouched, and the gateway

@@ -28,10 +28,13 @@ func rawRequest(t *testing.T, gwURL, path, body string) (net.Conn, *bufio.Reader
 func queued(s *Server) int { return s.rt.Load().sched.Stats().Queued }
 
 // A client that hangs up mid-stream cancels the upstream request (the
-// backend stops generating) and its reservation is released at once.
+// backend stops generating) and its reservation is released
+// admission.abort_hold (1s) later, on the gateway's clock, which the test
+// moves.
 func TestDisconnectMidStream(t *testing.T) {
 	backend, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 }) // 500 tokens take ~8 s: far longer than the test
-	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+	clock := newClock()
+	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{Clock: clock})
 	c, br := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("hi", 500, true))
 	for {
 		line, err := br.ReadString('\n')
@@ -45,18 +48,24 @@ func TestDisconnectMidStream(t *testing.T) {
 	if held(gw) == 0 || backend.Stats().Running != 1 {
 		t.Fatalf("before hang-up: held %d, backend running %d", held(gw), backend.Stats().Running)
 	}
+	// Wall time for the log: the hang-up reaches the gateway from the kernel.
 	start := time.Now()
 	c.Close()
-	eventually(t, "the reservation to be released", func() bool { return held(gw) == 0 })
+	advanceUntil(t, clock, 100*time.Millisecond, "the reservation to be released", func() bool { return held(gw) == 0 })
 	eventually(t, "the backend to abort the sequence", func() bool { st := backend.Stats(); return st.Running == 0 && st.UsedBlocks == 0 })
 	t.Logf("released %s after the hang-up", time.Since(start))
 }
 
 // A queued request whose client hangs up leaves the queue at once — fasthttp
 // alone would keep it there until admitted (DESIGN.md, "a known hard part").
+// The gateway's clock, which the test moves, takes the client's watch on
+// (a tick after the request queues) and releases the fillers' reservations
+// (admission.abort_hold); the hang-up's own way from the kernel is timed on
+// the wall clock.
 func TestDisconnectWhileQueued(t *testing.T) {
 	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 })
-	gw, gwURL := startGateway(t, baseConfig(url, "admission:\n  queue: {timeout: 60s}\n"), Options{})
+	clock := newClock()
+	gw, gwURL := startGateway(t, baseConfig(url, "admission:\n  queue: {timeout: 60s}\n"), Options{Clock: clock})
 	// Fill the budget: two 7990-token requests hold 1000 of 1045 blocks.
 	var fillers []net.Conn
 	for range 2 {
@@ -67,9 +76,11 @@ func TestDisconnectWhileQueued(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		c, _ := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("hi", 1600, stream))
 		eventually(t, "the request to queue", func() bool { return queued(gw) == 1 })
+		clock.Advance(queueWatchTicks * sweepTick) // its client is watched from now on
 		start := time.Now()
 		c.Close()
-		eventually(t, "the queue to empty", func() bool { return queued(gw) == 0 })
+		// Steps far short of the queue's timeout (60s): only the hang-up empties it.
+		advanceUntil(t, clock, sweepTick, "the queue to empty", func() bool { return queued(gw) == 0 })
 		if d := time.Since(start); d > time.Second {
 			t.Errorf("stream=%v: left the queue %s after the hang-up", stream, d)
 		}
@@ -77,19 +88,22 @@ func TestDisconnectWhileQueued(t *testing.T) {
 	for _, c := range fillers {
 		c.Close()
 	}
-	eventually(t, "all reservations to return", func() bool { return held(gw) == 0 })
+	advanceUntil(t, clock, 100*time.Millisecond, "all reservations to return", func() bool { return held(gw) == 0 })
 }
 
 // A non-streaming request whose client hangs up while the backend is still
 // generating: the upstream exchange is cancelled (the backend aborts) and the
-// reservation returns, without waiting for the answer.
+// reservation returns, without waiting for the answer. The gateway's clock,
+// which the test moves, takes the client's watch on and ends
+// admission.abort_hold.
 func TestDisconnectWaitingForAnswer(t *testing.T) {
 	backend, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 })
-	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+	clock := newClock()
+	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{Clock: clock})
 	c, _ := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("hi", 500, false))
 	eventually(t, "the backend to start", func() bool { return backend.Stats().Running == 1 })
 	c.Close()
-	eventually(t, "the reservation to be released", func() bool { return held(gw) == 0 })
+	advanceUntil(t, clock, 100*time.Millisecond, "the reservation to be released", func() bool { return held(gw) == 0 })
 	eventually(t, "the backend to abort", func() bool { return backend.Stats().Running == 0 })
 }
 
@@ -117,7 +131,8 @@ func TestStalledReaderReleasesAtTimeout(t *testing.T) {
 		}
 	}}
 	url := serveLoopback(t, srv.Serve, srv.ShutdownWithContext)
-	gw, gwURL := startGateway(t, baseConfig(url, "server: {request_timeout: 500ms}\n"), Options{})
+	clock := newClock()
+	gw, gwURL := startGateway(t, baseConfig(url, "server: {request_timeout: 30s}\n"), Options{Clock: clock})
 	c, err := net.Dial("tcp", strings.TrimPrefix(gwURL, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -127,9 +142,12 @@ func TestStalledReaderReleasesAtTimeout(t *testing.T) {
 	body := chatBody("hi", 1000, true)
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: kvgate\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	eventually(t, "the request to be admitted", func() bool { return held(gw) > 0 })
-	start := time.Now()
-	eventually(t, "the reservation to return after the timeout", func() bool { return held(gw) == 0 })
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("released %s after admission (request_timeout 500ms)", d)
+	start := clock.Now()
+	clock.Advance(30 * time.Second)
+	// The exchange is cut at the timeout; the reservation follows
+	// admission.abort_hold (1s) later, however long the write blocks.
+	advanceUntil(t, clock, 100*time.Millisecond, "the reservation to return after the timeout", func() bool { return held(gw) == 0 })
+	if d := clock.Now().Sub(start); d > 35*time.Second {
+		t.Errorf("released %s after admission on the gateway's clock (request_timeout 30s, abort_hold 1s)", d)
 	}
 }

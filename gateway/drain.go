@@ -3,8 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-
-	"github.com/kvgate/kvgate/admission"
 )
 
 // Drain is the gateway's answer to SIGTERM, in two steps, so that no client
@@ -32,12 +30,8 @@ func (s *Server) Drain() <-chan error {
 	delay := sc.drainDelay()
 	s.log.Info("draining: /readyz answers 503 while the listener serves on for drain_delay",
 		"drain_delay", delay, "shutdown_timeout", sc.DrainTimeout())
-	clock := s.opt.Clock
-	if clock == nil {
-		clock = admission.SystemClock()
-	}
 	elapsed := make(chan struct{})
-	clock.AfterFunc(delay, func() { close(elapsed) })
+	s.opt.Clock.AfterFunc(delay, func() { close(elapsed) })
 	go func() {
 		<-elapsed
 		s.log.Info("drain_delay over: closing the listener, finishing the requests in flight",

@@ -12,7 +12,9 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -152,13 +154,17 @@ func TestConnectFailuresOpenTheCircuit(t *testing.T) {
 // completion — silent, or with headers and no event — gets 504s after
 // backends[].first_byte_timeout (reservation released), and consecutive
 // timeouts open its circuit, which passing health checks do not close.
+// The timeout and the health checks' interval run on the gateway's clock,
+// which the test moves.
 func TestHangingBackendTripsTheCircuit(t *testing.T) {
 	for _, mode := range []string{"silent", "headers only"} {
 		t.Run(mode, func(t *testing.T) {
+			var arrived atomic.Int64
 			f := startFake(t, func(w http.ResponseWriter, r *http.Request, quit <-chan struct{}) {
 				if tokenize3(w, r) {
 					return
 				}
+				arrived.Add(1)
 				if mode == "headers only" {
 					streamHeaders(w)
 				}
@@ -168,25 +174,40 @@ func TestHangingBackendTripsTheCircuit(t *testing.T) {
 				}
 			})
 			cfg := strings.Replace(baseConfig(f.URL, "server: {request_timeout: 60s}\n"), "cooldown: 200ms", "cooldown: 1h", 1)
-			cfg = strings.Replace(cfg, "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    first_byte_timeout: 150ms", 1)
-			gw, gwURL := startGateway(t, cfg, Options{})
+			cfg = strings.Replace(cfg, "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    first_byte_timeout: 30s", 1)
+			clock := newClock()
+			gw, gwURL := startGateway(t, cfg, Options{Clock: clock})
 			eventually(t, "the first health check", func() bool { return f.health.Load() > 0 })
 			for i := range 2 {
-				r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 5, true))
+				answer := make(chan result, 1)
+				go func() { answer <- postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 5, true)) }()
+				// The first-byte deadline is set before the request is sent.
+				eventually(t, "the backend to get the request", func() bool { return arrived.Load() == int64(i+1) })
+				clock.Advance(30 * time.Second)
+				var r result
+				advanceUntil(t, clock, sweepTick, "the 504", func() bool {
+					select {
+					case r = <-answer:
+						return true
+					default:
+						return false
+					}
+				})
 				if r.status != 504 {
 					t.Fatalf("request %d: %d %s", i, r.status, r.body)
 				}
 				if e := decodeError(t, r.body); e.Error.Code == nil || *e.Error.Code != "upstream_timeout" || !strings.Contains(e.Error.Message, `"gpu0"`) {
 					t.Fatalf("request %d: %+v", i, e.Error)
 				}
-				eventually(t, "the reservation to return", func() bool { return held(gw) == 0 })
+				// It goes back admission.abort_hold (1s) after the exchange was cut.
+				advanceUntil(t, clock, time.Second, "the reservation to return", func() bool { return held(gw) == 0 })
 			}
 			if st := onlyBackend(gw).State(); st != backends.StateOpen {
 				t.Fatalf("after 2 first-byte timeouts: circuit %s", st)
 			}
 			// Health checks keep passing; they must not close it.
 			seen := f.health.Load()
-			eventually(t, "two more health checks", func() bool { return f.health.Load() >= seen+2 })
+			advanceUntil(t, clock, 50*time.Millisecond, "two more health checks", func() bool { return f.health.Load() >= seen+2 })
 			if st := onlyBackend(gw).State(); st != backends.StateOpen {
 				t.Fatalf("a passing health check closed a circuit that timeouts opened: %s", st)
 			}
@@ -202,12 +223,18 @@ func TestHangingBackendTripsTheCircuit(t *testing.T) {
 
 // Item 5: /tokenize has its own short timeout; a slow or failing tokenizer
 // makes the gateway estimate instead (and count it), not wait for the
-// request's own timeout.
+// request's own timeout. The timeout runs on the gateway's clock, which the
+// test moves.
 func TestTokenizeTimeoutFallsBackToTheEstimate(t *testing.T) {
-	for _, tc := range []struct{ mode, reason string }{{"slow", "timeout"}, {"down", "error"}} {
+	for _, tc := range []struct {
+		mode, reason string
+		wait         time.Duration // on the clock, once the tokenizer has the call
+	}{{"slow", "timeout", 30 * time.Second}, {"down", "error", 0}} {
 		t.Run(tc.mode, func(t *testing.T) {
+			asked := make(chan struct{}, 1)
 			url := startFake(t, func(w http.ResponseWriter, r *http.Request, quit <-chan struct{}) {
 				if r.URL.Path == "/tokenize" {
+					asked <- struct{}{}
 					if tc.mode == "down" {
 						w.WriteHeader(500)
 						return
@@ -221,9 +248,16 @@ func TestTokenizeTimeoutFallsBackToTheEstimate(t *testing.T) {
 				w.Header().Set("Content-Type", "application/json")
 				io.WriteString(w, `{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
 			}).URL
-			cfg := strings.Replace(baseConfig(url, "server: {request_timeout: 60s}\n"), "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    tokenize_timeout: 100ms", 1)
-			gw, gwURL := startGateway(t, cfg, Options{})
-			if r := postJSON(gwURL, "/v1/chat/completions", chatBody("hello there", 5, false)); r.status != 200 {
+			cfg := strings.Replace(baseConfig(url, "server: {request_timeout: 60s}\n"), "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    tokenize_timeout: 30s", 1)
+			clock := newClock()
+			gw, gwURL := startGateway(t, cfg, Options{Clock: clock})
+			answer := make(chan result, 1)
+			go func() { answer <- postJSON(gwURL, "/v1/chat/completions", chatBody("hello there", 5, false)) }()
+			<-asked // the timeout is armed before the call is sent
+			if tc.wait > 0 {
+				clock.Advance(tc.wait)
+			}
+			if r := <-answer; r.status != 200 {
 				t.Fatalf("%d %s", r.status, r.body)
 			}
 			if n := counter(gw.m.tokenizeFalls, "llama-3-8b", tc.reason); n != 1 {

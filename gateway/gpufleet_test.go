@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/admission/admissiontest"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/backends/sim"
 )
@@ -544,12 +545,10 @@ func TestFleetReloadRemovesABackend(t *testing.T) {
 // move. A circuit that connection failures opened now stays out of routing
 // until a health check passes.
 func TestDeadBackendStaysOutOfRoutingPastItsCooldown(t *testing.T) {
-	var mu sync.Mutex
-	now := time.Unix(1e9, 0)
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	clock := admissiontest.NewClock(time.Unix(1e9, 0))
 	_, live := startSim(t, nil)
 	// Probes off: the test moves the circuit and the routes itself.
-	gw, gwURL := startGateway(t, fleetConfig("", deadURL(t)+" 80GiB", live), Options{DisableProbes: true, Now: clock})
+	gw, gwURL := startGateway(t, fleetConfig("", deadURL(t)+" 80GiB", live), Options{DisableProbes: true, Clock: clock})
 	routes := func() map[string]bool {
 		up := map[string]bool{}
 		for _, r := range gw.rt.Load().sched.Stats().Queues[0].Pools {
@@ -565,9 +564,7 @@ func TestDeadBackendStaysOutOfRoutingPastItsCooldown(t *testing.T) {
 	if up := routes(); up["gpu0"] || !up["gpu1"] {
 		t.Fatalf("with gpu0's circuit open: routes %v", up)
 	}
-	mu.Lock()
-	now = now.Add(time.Minute) // far past the cooldown
-	mu.Unlock()
+	clock.Advance(time.Minute) // far past the cooldown
 	gw.rt.Load().syncRoutes()
 	if up := routes(); up["gpu0"] || dead.State() != backends.StateOpen {
 		t.Fatalf("past the cooldown, gpu0 (never probed since it failed) is %s and routed: %v", dead.State(), up)

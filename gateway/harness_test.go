@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/admission/admissiontest"
 	"github.com/kvgate/kvgate/backends/sim"
 )
 
@@ -140,18 +141,46 @@ func onlyPool(s *Server) admission.PoolStats {
 // held is the worst-case bytes reserved on the gateway's only GPU.
 func held(s *Server) int64 { return onlyPool(s).Held }
 
-// eventually polls cond for up to 5 s: releases happen right after the last
-// byte reaches the client, not before.
-func eventually(t testing.TB, what string, cond func() bool) {
+// eventually polls cond on the wall clock until it holds, and says how long
+// that took; past a minute it logs each state and fails. It waits for what
+// another goroutine or process does in its own time — a release right after
+// the last byte reaches the client, a backend's answer, a lease from Redis
+// — never for the gateway's clock to pass a deadline: a test that needs
+// that holds a manual clock and advances it (advanceUntil).
+func eventually(t testing.TB, what string, cond func() bool, state ...func() string) time.Duration {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	start := time.Now()
+	deadline := start.Add(time.Minute)
 	for !cond() {
 		if time.Now().After(deadline) {
+			for _, st := range state {
+				t.Log(st())
+			}
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	return time.Since(start)
 }
+
+// advanceUntil moves clock on by step until cond holds. A deadline the
+// clock passes is acted on by the gateway's sweep in its own goroutine,
+// after Advance returns; and a sweep that read the clock just before an
+// Advance sleeps from that reading, so the next step wakes it. step is
+// what the test allows the gateway to be late by.
+func advanceUntil(t testing.TB, clock *admissiontest.Clock, step time.Duration, what string, cond func() bool) {
+	t.Helper()
+	eventually(t, what, func() bool {
+		if cond() {
+			return true
+		}
+		clock.Advance(step)
+		return false
+	})
+}
+
+// newClock is a manual clock for the gateway's Options.
+func newClock() *admissiontest.Clock { return admissiontest.NewClock(time.Unix(1e9, 0)) }
 
 // words makes a prompt of n sim tokens (" abc" is one token there).
 func words(n int) string { return strings.Repeat(" abc", n) }

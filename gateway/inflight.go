@@ -10,9 +10,9 @@ import (
 // The requests in flight, and the sweep that acts on them with time.
 //
 // A request is put in the set when it arrives and taken out by its finish.
-// One goroutine sweeps the set, on a clock of sweepTick ticks counted from
-// the server's start. It is the only clock the proxy path has: no request
-// arms a timer of its own.
+// One goroutine sweeps the set, in ticks of sweepTick on the Options' clock
+// counted from the server's start. It is the only timer the proxy path
+// has: no request arms one of its own.
 //
 //   - Client watch. Asking the kernel to report a client's hang-up costs
 //     two epoll_ctl calls, a sizeable share of a short request's cost, and
@@ -253,26 +253,36 @@ func (f *inflight) each(fn func(*exchange)) {
 	}
 }
 
-// sweepLoop runs the sweep until stop closes.
+// sweepLoop runs the sweep until stop closes. It sleeps on the Options'
+// clock, one timer at a time: a test holding a manual clock advances it
+// and the deadlines it passes fire.
 func (s *Server) sweepLoop(stop <-chan struct{}) {
 	defer close(s.sweepDone)
-	t := time.NewTimer(sweepTick)
-	defer t.Stop()
+	clock := s.opt.Clock
+	due := make(chan struct{}, 1)
+	fire := func() {
+		select {
+		case due <- struct{}{}:
+		default: // a stopped timer's late fire is pending already: one wake does
+		}
+	}
+	t := clock.AfterFunc(sweepTick, fire)
+	defer func() { t.Stop() }()
 	var w sweepWork
 	var st sweepState
 	for {
 		select {
 		case <-stop:
 			return
-		case <-t.C:
+		case <-due:
 		case <-s.wake: // a request began to wait
 		}
+		t.Stop()
 		sleep, park := s.sweepStep(s.now(), &st, &w)
 		if park {
 			// Nothing in flight for a while: sleep until a request comes
 			// (it wakes the loop when it sees parked; parked is set before
 			// active is read again, so one of the two sees the other).
-			t.Stop()
 			s.parked.Store(true)
 			if s.active.Load() == 0 {
 				select {
@@ -285,7 +295,7 @@ func (s *Server) sweepLoop(stop <-chan struct{}) {
 			st = sweepState{}
 			sleep = 0
 		}
-		t.Reset(sleep)
+		t = clock.AfterFunc(sleep, fire)
 	}
 }
 

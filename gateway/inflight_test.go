@@ -258,3 +258,39 @@ func TestSweepSleepsUntilSomethingIsDue(t *testing.T) {
 		}
 	}
 }
+
+// The sweep's loop on a manual clock: it sleeps on one timer of the
+// clock's, parks with none while nothing is in flight, is woken by a
+// request, and ends it once the clock passes its deadline — however late
+// the wall clock says it is.
+func TestSweepLoopSleepsOnTheClock(t *testing.T) {
+	clock := newClock()
+	s := &Server{opt: Options{Clock: clock}, now: clock.Now}
+	s.flights.epoch = clock.Now()
+	s.wake, s.sweepStop, s.sweepDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	go s.sweepLoop(s.sweepStop)
+	defer func() {
+		close(s.sweepStop)
+		<-s.sweepDone
+	}()
+	eventually(t, "the sweep's first timer", func() bool { return clock.Pending() == 1 })
+	advanceUntil(t, clock, answerWatchTicks*sweepTick, "the idle sweep to park", s.parked.Load)
+	if n := clock.Pending(); n != 0 {
+		t.Fatalf("%d timers on the clock with the sweep parked", n)
+	}
+	x := &exchange{s: s, start: clock.Now()}
+	x.rctx.deadline = x.start.Add(time.Second)
+	s.flights.add(x)
+	s.active.Add(1)
+	s.wakeSweep()
+	eventually(t, "the sweep to wake and sleep on the clock again", func() bool { return !s.parked.Load() && clock.Pending() == 1 })
+	if x.rctx.Cause() != nil {
+		t.Fatalf("ended (%v) before the clock moved", x.rctx.Cause())
+	}
+	clock.Advance(time.Second)
+	// A deadline scan comes every deadlineEvery ticks.
+	advanceUntil(t, clock, sweepTick, "the request to end at its deadline", func() bool { return x.rctx.Cause() != nil })
+	if x.rctx.Cause() != errRequestTimeout {
+		t.Fatalf("cause %v, want errRequestTimeout", x.rctx.Cause())
+	}
+}

@@ -33,7 +33,8 @@ func (s *Server) lingerClose(ctx *fasthttp.RequestCtx, readTimeout time.Duration
 	ctx.SetConnectionClose()
 	ctx.Response.Header.SetServer(s.srv.Name)
 	// A client that reads nothing cannot hold the write past the time it
-	// had to send its request.
+	// had to send its request. Socket deadlines are the kernel's, on the
+	// wall clock, whatever clock the gateway was given.
 	if c.SetWriteDeadline(time.Now().Add(readTimeout)) != nil {
 		return
 	}
@@ -47,12 +48,14 @@ func (s *Server) lingerClose(ctx *fasthttp.RequestCtx, readTimeout time.Duration
 	drain(s.lingerCtx, c, readTimeout)
 }
 
-// drain reads c until it ends, fails, readTimeout passes or ctx ends.
+// drain reads c until it ends, fails, readTimeout passes or ctx ends. Its
+// deadlines are the socket's, on the wall clock (time.Now), as the kernel
+// keeps them.
 func drain(ctx context.Context, c net.Conn, readTimeout time.Duration) {
 	if c.SetReadDeadline(time.Now().Add(readTimeout)) != nil {
 		return
 	}
-	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) })
+	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) }) // a deadline now: the blocked Read returns
 	defer stop()
 	buf := make([]byte, 32<<10)
 	for {

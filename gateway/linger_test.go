@@ -56,7 +56,8 @@ func TestOversizedRequestGetsItsAnswer(t *testing.T) {
 
 // A client that stops sending after its refused request but keeps the
 // connection open holds the gateway's lingering read until
-// server.read_timeout at most, and no shutdown waits for it.
+// server.read_timeout at most, and no shutdown waits for it. Wall time:
+// read_timeout is a socket deadline, which the kernel keeps.
 func TestShutdownEndsALingeringClose(t *testing.T) {
 	_, url := startSim(t, nil)
 	gw, gwURL := startGateway(t, baseConfig(url, "server: {max_body_bytes: 64KiB, read_timeout: 1h}\n"), Options{})

@@ -13,13 +13,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/valyala/fasthttp"
 
+	"github.com/kvgate/kvgate/admission/admissiontest"
 	"github.com/kvgate/kvgate/internal/metricdoc"
 )
 
@@ -251,10 +251,8 @@ func TestBackendStateSeries(t *testing.T) {
 // last-reload gauge says so until a good one comes.
 func TestReloadFromCountsFailures(t *testing.T) {
 	_, simURL := startSim(t, nil)
-	// The server's sweep reads the clock from its own goroutine.
-	var nowNs atomic.Int64
-	nowNs.Store(time.Unix(1_800_000_000, 0).UnixNano())
-	gw, gwURL := startGateway(t, baseConfig(simURL, ""), Options{DisableProbes: true, Now: func() time.Time { return time.Unix(0, nowNs.Load()) }})
+	clock := admissiontest.NewClock(time.Unix(1_800_000_000, 0))
+	gw, gwURL := startGateway(t, baseConfig(simURL, ""), Options{DisableProbes: true, Clock: clock})
 	value := func(name, result string) float64 {
 		for _, m := range scrapeGateway(t, gwURL)[name].GetMetric() {
 			if result == "" || m.GetLabel()[0].GetValue() == result {
@@ -276,7 +274,8 @@ func TestReloadFromCountsFailures(t *testing.T) {
 	if v := value("kvgate_config_reloads_total", "error"); v != 1 {
 		t.Errorf("reloads{error} = %g", v)
 	}
-	now := time.Unix(0, nowNs.Add(int64(time.Minute)))
+	clock.Advance(time.Minute)
+	now := clock.Now()
 	if err := gw.ReloadFrom(func() (*Config, error) { return Parse([]byte(baseConfig(simURL, "")), ".") }); err != nil {
 		t.Fatal(err)
 	}

@@ -261,7 +261,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		}
 		if be == nil {
 			var err error
-			be, err = backends.NewBackend(spec, poolBudget{rt: rt, pool: g.pool}, opt.Now)
+			be, err = backends.NewBackend(spec, poolBudget{rt: rt, pool: g.pool}, opt.Clock)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("backends[%d]: %w", i, err))
 				continue

@@ -28,10 +28,11 @@ import (
 // Options are the Server's collaborators; zero values take the real ones.
 type Options struct {
 	Logger *slog.Logger
-	// Clock drives admission deadlines and Retry-After; nil = the system clock.
+	// Clock is the gateway's one source of time: admission deadlines and
+	// Retry-After, the sweep's request and first-byte timeouts, latencies,
+	// circuits, the backends' probes and /tokenize timeout, drain_delay.
+	// Socket deadlines alone run on the wall clock. nil = the system clock.
 	Clock admission.Clock
-	// Now drives circuits and latency measurements; nil = time.Now.
-	Now func() time.Time
 	// ProbeGPUs reads local GPUs for gpu_memory: nvml; nil = NVML.
 	ProbeGPUs func() ([]gpuinfo.Device, error)
 	// DisableProbes turns off the background health checks and scrapes,
@@ -115,11 +116,11 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
-	if opt.Now == nil {
-		opt.Now = time.Now
+	if opt.Clock == nil {
+		opt.Clock = admission.SystemClock()
 	}
-	s := &Server{opt: opt, log: opt.Logger, now: opt.Now, backendLog: newBackendLog(opt.Logger)}
-	s.m = newMetrics(s.rt.Load, opt.Now)
+	s := &Server{opt: opt, log: opt.Logger, now: opt.Clock.Now, backendLog: newBackendLog(opt.Logger)}
+	s.m = newMetrics(s.rt.Load, s.now)
 	s.opt.metrics = s.m
 	if sb := cfg.SharedBudget; sb != nil {
 		rtt := newRedisRTT()
@@ -207,6 +208,18 @@ func (s *Server) Serve(ln net.Listener) error {
 	return s.srv.Serve(ln)
 }
 
+// withTimeout is context.WithTimeout on the Options' clock. Its Err says
+// Canceled either way; context.Cause tells DeadlineExceeded apart, and the
+// upstream's errors report the cause.
+func (s *Server) withTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	t := s.opt.Clock.AfterFunc(d, func() { cancel(context.DeadlineExceeded) })
+	return ctx, func() {
+		t.Stop()
+		cancel(context.Canceled)
+	}
+}
+
 // endRequests ends every request in flight, and any that arrives after,
 // with errShutdown.
 func (s *Server) endRequests() {
@@ -229,7 +242,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.reloadMu.Unlock()
 	s.endRequests()
 	// What was still running is cancelled now; give it a moment to answer
-	// its clients (503) and give its reservations back.
+	// its clients (503) and give its reservations back. The moment is wall
+	// time, as ctx's deadline is: it bounds how long the caller (a process
+	// on its way out) is held, which a manual clock must not stretch.
 	for deadline := time.Now().Add(2 * time.Second); s.active.Load() > 0 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/valyala/fasthttp"
@@ -56,7 +55,7 @@ func (s *Server) serveTokenize(ctx *fasthttp.RequestCtx) {
 		noBackend(model).write(ctx)
 		return
 	}
-	cctx, cancel := context.WithTimeout(s.life, rt.cfg.Server.requestTimeout())
+	cctx, cancel := s.withTimeout(s.life, rt.cfg.Server.requestTimeout())
 	defer cancel()
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)

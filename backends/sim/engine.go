@@ -444,7 +444,9 @@ func (e *engine) step() (time.Duration, bool) {
 // run steps the engine until stop closes, sleeping each step's duration
 // times TimeScale. Sleeps are paced against a deadline so that the short
 // steps of a small TimeScale keep their average rate although each sleep
-// overshoots.
+// overshoots. It paces on the wall clock, not e.now: the simulator stands
+// in for a GPU that answers its clients in real time (scaled); tests that
+// want no wall time step the engine themselves (step).
 func (e *engine) run(stop <-chan struct{}) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -460,7 +462,7 @@ func (e *engine) run(stop <-chan struct{}) {
 			}
 		}
 		if wall := e.s.scaled(d); wall > 0 {
-			now := time.Now()
+			now := time.Now() // wall time: the pace of a real GPU (see above)
 			if now.Sub(next) > 20*time.Millisecond {
 				next = now // idle or far behind: do not bank the lost time
 			}

@@ -139,7 +139,7 @@ func newKey(t testing.TB) *ecdsa.PrivateKey {
 }
 
 func template(name string) *x509.Certificate {
-	now := time.Now()
+	now := time.Now() // wall time: TLS stacks check a certificate's validity against it
 	return &x509.Certificate{
 		SerialNumber: big.NewInt(serial.Add(1)),
 		Subject:      pkix.Name{CommonName: name},
