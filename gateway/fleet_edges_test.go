@@ -23,7 +23,7 @@ func TestStatusAnswersFromWhatIsKnown(t *testing.T) {
 	p := fleettest.StartHoleProxy(t, r.Addr())
 	_, url := fleetSim(t)
 	_, gw := startGateway(t, replicaConfig(url, "redis://"+p.Addr()+"/0", "a"), Options{})
-	waitFor(t, "/status to list this replica", func() bool {
+	eventually(t, "/status to list this replica", func() bool {
 		g := statusOf(t, gw).SharedBudget.GPUs[0]
 		return len(g.Fleet) == 1 && g.Fleet[0].Self && g.FleetAsOf != ""
 	})
@@ -64,7 +64,7 @@ func TestReadyOnlyWithUsableCapacity(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g, gw := startGateway(t, replicaConfig(url, tc.redis, "a"), Options{})
-			waitFor(t, "the lessee to hear from the store or give up on it", func() bool {
+			eventually(t, "the lessee to hear from the store or give up on it", func() bool {
 				st := lease(g)
 				return st.Renewals > 0 || st.Fallback
 			})
@@ -94,7 +94,7 @@ func TestCutOffReplicaFallsBackWhileRedisIsSilent(t *testing.T) {
 	r := fleettest.StartRedis(t)
 	_, url := fleetSim(t)
 	g, _ := startGateway(t, replicaConfig(url, r.URL(), "a"), Options{})
-	waitFor(t, "the lessee to reach Redis", func() bool { return lease(g).Renewals > 0 })
+	eventually(t, "the lessee to reach Redis", func() bool { return lease(g).Renewals > 0 })
 	c := r.Client()
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
@@ -133,7 +133,7 @@ func TestRemovedGPUKeepsItsLeaseWhileItsRequestsRun(t *testing.T) {
 	c, _ := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("hi", 500, true))
 	defer c.Close()
 	var removed, kept string
-	waitFor(t, "the stream to be admitted", func() bool {
+	eventually(t, "the stream to be admitted", func() bool {
 		switch {
 		case gpuPool(gw, "gpu0").Held > 0:
 			removed, kept = "gpu0", fleetConfig(extra, s1)
@@ -168,7 +168,7 @@ func TestRemovedGPUKeepsItsLeaseWhileItsRequestsRun(t *testing.T) {
 	if !ok {
 		t.Fatalf("the removed GPU's lease was given back while its stream runs")
 	}
-	waitFor(t, "the removed GPU's lease to be renewed", func() bool {
+	eventually(t, "the removed GPU's lease to be renewed", func() bool {
 		h, ok := mine()
 		if !ok {
 			t.Fatalf("the removed GPU's lease expired while its stream runs (it had %v to live)", first.TTL)
@@ -176,7 +176,7 @@ func TestRemovedGPUKeepsItsLeaseWhileItsRequestsRun(t *testing.T) {
 		return h.TTL > first.TTL
 	})
 	c.Close() // the stream ends: the lease goes back
-	waitFor(t, "the removed GPU's lease to go back once its stream ended", func() bool {
+	eventually(t, "the removed GPU's lease to go back once its stream ended", func() bool {
 		_, ok := mine()
 		return !ok
 	})

@@ -157,26 +157,6 @@ func leaseOn(s *Server, gpu string) (st fleet.Stats, ok bool) {
 	return fleet.Stats{}, false
 }
 
-// waitFor polls cond until it holds, for up to a generous deadline: real
-// time is unavoidable with two real servers and a real Redis, and the
-// machine is slow and shared. Durations are logged, never asserted. state,
-// if given, says where things stood when it gave up.
-func waitFor(t *testing.T, what string, cond func() bool, state ...func() string) time.Duration {
-	t.Helper()
-	start := time.Now()
-	deadline := start.Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			for _, st := range state {
-				t.Log(st())
-			}
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // Two gateways in front of one GPU each admit its whole budget on their
 // own, and overflow it together; sharing the budget through Redis they
 // never bind more than it holds. Then one is killed while holding leases:
@@ -187,7 +167,7 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 		_, a := startGateway(t, replicaConfig(url, "", ""), Options{})
 		_, b := startGateway(t, replicaConfig(url, "", ""), Options{})
 		la, lb := startLoad(a, 16, fleetBody), startLoad(b, 16, fleetBody)
-		waitFor(t, "an overflow", func() bool { return backend.Stats().OOMEvents > 0 })
+		eventually(t, "an overflow", func() bool { return backend.Stats().OOMEvents > 0 })
 		la.halt()
 		lb.halt()
 		t.Logf("without a shared budget: %d OOM events, peak %d of %d blocks", backend.Stats().OOMEvents, backend.Stats().PeakUsedBlocks, backend.Stats().NumGPUBlocks)
@@ -202,7 +182,7 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 		var served int64
 		// Each would take the whole budget alone; sharing, they converge on
 		// fair halves, so both serve.
-		waitFor(t, "both replicas to serve 24 requests", func() bool {
+		eventually(t, "both replicas to serve 24 requests", func() bool {
 			served = la.ok.Load() + lb.ok.Load()
 			return la.ok.Load() >= 24 && lb.ok.Load() >= 24
 		})
@@ -212,13 +192,13 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 		// the lease of the one above it to the one below. Give or take two
 		// chunks: the level is rounded up to whole chunks, and a lease goes
 		// back in whole chunks, so it may stay less than one above it.
-		waitFor(t, "the leases to converge on fair halves", func() bool {
+		eventually(t, "the leases to converge on fair halves", func() bool {
 			la, lb := lease(ga).Leased, lease(gb).Leased
 			return la > budget/2-2*chunk && la < budget/2+2*chunk && lb > budget/2-2*chunk && lb < budget/2+2*chunk
 		})
 		// Two like batches on one GPU: each replica's forecast keeps 1/√2
 		// of the safety margin, so that together they keep the GPU's.
-		waitFor(t, "both forecasts to keep 1/√2 of the margin", func() bool {
+		eventually(t, "both forecasts to keep 1/√2 of the margin", func() bool {
 			return math.Abs(onlyPool(ga).Margin-1/math.Sqrt2) < 1e-9 && math.Abs(onlyPool(gb).Margin-1/math.Sqrt2) < 1e-9
 		})
 		st := backend.Stats()
@@ -242,7 +222,7 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 		// whole budget, so that it leases all a leaves, however its
 		// forecast of its own eight streams (some near their end) falls.
 		lb2 := startLoad(b, 8, fleetBody)
-		took := waitFor(t, "b to lease a's part", func() bool {
+		took := eventually(t, "b to lease a's part", func() bool {
 			l := lease(gb)
 			return l.Leased >= budget-chunk && l.Leased > bBefore
 		}, func() string {
@@ -251,8 +231,8 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 		})
 		// And b admits into it: more than a budget's worth minus a's
 		// lease is bound on b at once.
-		waitFor(t, "b to bind into a's part", func() bool { return onlyPool(gb).Committed > budget-held })
-		waitFor(t, "b's forecast to keep the whole margin again", func() bool { return onlyPool(gb).Margin == 1 })
+		eventually(t, "b to bind into a's part", func() bool { return onlyPool(gb).Committed > budget-held })
+		eventually(t, "b's forecast to keep the whole margin again", func() bool { return onlyPool(gb).Margin == 1 })
 		t.Logf("after a was killed holding %d bytes: b leased %d (from %d) after %v (TTL 2s)", held, lease(gb).Leased, bBefore, took.Round(time.Millisecond))
 		lb.halt()
 		lb2.halt()
@@ -291,12 +271,12 @@ func TestSharedBudgetThroughARedisOutage(t *testing.T) {
 	la, lb := startLoad(a, 12, fleetBody), startLoad(b, 12, fleetBody)
 	defer la.halt()
 	defer lb.halt()
-	waitFor(t, "both replicas to lease", func() bool { return lease(ga).Leased > 0 && lease(gb).Leased > 0 })
+	eventually(t, "both replicas to lease", func() bool { return lease(ga).Leased > 0 && lease(gb).Leased > 0 })
 	gpu0 := map[string]string{"gpu": "gpu0"}
 	if v, ok := metricValue(t, ga, "kvgate_shared_budget_fallback", gpu0); !ok || v != 0 {
 		t.Fatalf("fallback metric before the outage: %v (exported %v)", v, ok)
 	}
-	waitFor(t, "/status to list both replicas' leases", func() bool {
+	eventually(t, "/status to list both replicas' leases", func() bool {
 		v := statusOf(t, a).SharedBudget
 		if v == nil || v.Replica != "a" || len(v.GPUs) != 1 || v.GPUs[0].Fallback {
 			t.Fatalf("/status before the outage: %+v", v)
@@ -306,7 +286,7 @@ func TestSharedBudgetThroughARedisOutage(t *testing.T) {
 	})
 
 	srv.Stop()
-	waitFor(t, "both replicas to fall back", func() bool { return lease(ga).Fallback && lease(gb).Fallback })
+	eventually(t, "both replicas to fall back", func() bool { return lease(ga).Fallback && lease(gb).Fallback })
 	share := onlyPool(ga).Capacity / 2
 	for _, g := range []*Server{ga, gb} {
 		if l := lease(g); l.Capacity > share || l.Share != share {
@@ -321,13 +301,13 @@ func TestSharedBudgetThroughARedisOutage(t *testing.T) {
 		t.Errorf("/status during the outage: %+v", g)
 	}
 	okA, okB := la.ok.Load(), lb.ok.Load()
-	waitFor(t, "both replicas to serve during the outage", func() bool { return la.ok.Load() > okA+5 && lb.ok.Load() > okB+5 })
+	eventually(t, "both replicas to serve during the outage", func() bool { return la.ok.Load() > okA+5 && lb.ok.Load() > okB+5 })
 
 	srv.Restart()
-	waitFor(t, "both replicas to lease again", func() bool {
+	eventually(t, "both replicas to lease again", func() bool {
 		return !lease(ga).Fallback && !lease(gb).Fallback && lease(ga).Leased > 0 && lease(gb).Leased > 0
 	})
-	waitFor(t, "the fleet view to list both again", func() bool {
+	eventually(t, "the fleet view to list both again", func() bool {
 		g := statusOf(t, a).SharedBudget.GPUs[0]
 		return len(g.Fleet) == 2 && g.FleetError == ""
 	})
