@@ -160,7 +160,7 @@ func TestAgedHeadBlocksBackfilling(t *testing.T) {
 	short.Release()
 	f.clock.Advance(1000)
 	blocked := f.enqueue(context.Background(), job(10, 5)) // the head is old now: it waits
-	if st := f.b.Stats().Pools[0]; !st.Blocking {
+	if st := f.b.Stats().GPUs[0]; !st.Blocking {
 		t.Fatalf("aged head: %+v", st)
 	}
 	long.Release()

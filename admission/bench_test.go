@@ -104,7 +104,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				}
 				tk.Release()
 			})
-			if s := bud.Stats(); s.Pools[0].Held != 0 || s.Queued != 0 {
+			if s := bud.Stats(); s.GPUs[0].Held != 0 || s.Queued != 0 {
 				b.Fatalf("left behind: %+v", s)
 			}
 		})

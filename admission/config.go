@@ -164,9 +164,9 @@ type BackfillConfig struct {
 // IsEnabled is the resolved Enabled.
 func (b BackfillConfig) IsEnabled() bool { return b.Enabled == nil || *b.Enabled }
 
-// PoolConfig is one budget: one GPU (or tensor-parallel group), in weight
+// GPUConfig is one budget: one GPU (or tensor-parallel group), in weight
 // units (bytes of KV cache).
-type PoolConfig struct {
+type GPUConfig struct {
 	Name     string // unique, non-empty
 	Capacity int64  // nominal capacity; > 0
 }
@@ -174,8 +174,8 @@ type PoolConfig struct {
 // QueueConfig is one line of waiting requests (the gateway keeps one per
 // model) and the pools that may serve it.
 type QueueConfig struct {
-	Name  string   // unique ("" is allowed: a single-queue scheduler)
-	Pools []string // names from Config.Pools; at least one
+	Name string   // unique ("" is allowed: a single-queue scheduler)
+	GPUs []string // names from Config.Pools; at least one
 	// MaxLen is the longest output a sequence of this queue can have
 	// (the model's context length), the range of its learned lengths.
 	// 0 = 1<<17.
@@ -185,7 +185,7 @@ type QueueConfig struct {
 // Config is a scheduler's configuration. The zero value of every field but
 // Pools and Queues is usable.
 type Config struct {
-	Pools  []PoolConfig
+	GPUs   []GPUConfig
 	Queues []QueueConfig
 	// Classes, highest priority first. Empty = DefaultClasses().
 	Classes []ClassConfig
@@ -289,7 +289,7 @@ type queueSpec struct {
 
 // settings is a validated Config with every default filled in.
 type settings struct {
-	pools         []PoolConfig
+	pools         []GPUConfig
 	queues        []queueSpec
 	classes       []classSpec
 	defaultClass  int
@@ -326,11 +326,11 @@ func resolve(cfg Config) (settings, error) {
 	bad := func(err error) { errs = append(errs, err) }
 	s := settings{tenants: make(map[string]tenantSpec, len(cfg.Tenants))}
 
-	if len(cfg.Pools) == 0 {
+	if len(cfg.GPUs) == 0 {
 		bad(errors.New("pools: at least one pool is required"))
 	}
-	poolSeen := make(map[string]int, len(cfg.Pools))
-	for i, p := range cfg.Pools {
+	poolSeen := make(map[string]int, len(cfg.GPUs))
+	for i, p := range cfg.GPUs {
 		switch j, dup := poolSeen[p.Name]; {
 		case p.Name == "":
 			bad(fmt.Errorf("pools[%d].name: must not be empty", i))
@@ -352,11 +352,11 @@ func resolve(cfg Config) (settings, error) {
 			bad(fmt.Errorf("queues[%d].name: %q already names queues[%d]", i, q.Name, j))
 		}
 		queueSeen[q.Name] = i
-		if len(q.Pools) == 0 {
+		if len(q.GPUs) == 0 {
 			bad(fmt.Errorf("queues[%d].pools: at least one pool is required", i))
 		}
 		seen := map[string]bool{}
-		for j, p := range q.Pools {
+		for j, p := range q.GPUs {
 			if _, ok := poolSeen[p]; !ok {
 				bad(fmt.Errorf("queues[%d].pools[%d]: %q is not one of the pools", i, j, p))
 			}
@@ -365,7 +365,7 @@ func resolve(cfg Config) (settings, error) {
 			}
 			seen[p] = true
 		}
-		qs := queueSpec{name: q.Name, pools: append([]string(nil), q.Pools...), maxLen: q.MaxLen}
+		qs := queueSpec{name: q.Name, pools: append([]string(nil), q.GPUs...), maxLen: q.MaxLen}
 		switch {
 		case qs.maxLen == 0:
 			qs.maxLen = 1 << 17

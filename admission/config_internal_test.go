@@ -32,7 +32,7 @@ func TestClassLimitsResolve(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := resolve(Config{Pools: []PoolConfig{{Name: "g", Capacity: 1}}, Queues: []QueueConfig{{Pools: []string{"g"}}},
+			s, err := resolve(Config{GPUs: []GPUConfig{{Name: "g", Capacity: 1}}, Queues: []QueueConfig{{GPUs: []string{"g"}}},
 				Classes: []ClassConfig{tt.class}, ClassDefaults: tt.defaults})
 			if err != nil {
 				t.Fatal(err)
@@ -59,7 +59,7 @@ func TestBackfillResolve(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := resolve(Config{Pools: []PoolConfig{{Name: "g", Capacity: 1}}, Queues: []QueueConfig{{Pools: []string{"g"}}}, Backfill: tt.cfg})
+			s, err := resolve(Config{GPUs: []GPUConfig{{Name: "g", Capacity: 1}}, Queues: []QueueConfig{{GPUs: []string{"g"}}}, Backfill: tt.cfg})
 			if err != nil {
 				t.Fatal(err)
 			}

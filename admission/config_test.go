@@ -19,12 +19,12 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{"no pools", admission.Config{}, "pools: at least one pool is required"},
 		{"zero capacity", oneGPU(0, admission.Config{}), "pools[0].capacity: 0 must be > 0"},
 		{"negative capacity", oneGPU(-5, admission.Config{}), "pools[0].capacity: -5"},
-		{"pool name", admission.Config{Pools: []admission.PoolConfig{{Capacity: 1}}}, "pools[0].name: must not be empty"},
-		{"duplicate pool", admission.Config{Pools: []admission.PoolConfig{{Name: "a", Capacity: 1}, {Name: "a", Capacity: 1}}}, `pools[1].name: "a" already names pools[0]`},
-		{"no queues", admission.Config{Pools: []admission.PoolConfig{{Name: "a", Capacity: 1}}}, "queues: at least one queue is required"},
-		{"queue without pools", admission.Config{Pools: []admission.PoolConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m"}}}, "queues[0].pools: at least one pool is required"},
-		{"queue's unknown pool", admission.Config{Pools: []admission.PoolConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m", Pools: []string{"a", "b"}}}}, `queues[0].pools[1]: "b" is not one of the pools`},
-		{"duplicate queue", admission.Config{Pools: []admission.PoolConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m", Pools: []string{"a"}}, {Name: "m", Pools: []string{"a"}}}}, `queues[1].name: "m" already names queues[0]`},
+		{"pool name", admission.Config{GPUs: []admission.GPUConfig{{Capacity: 1}}}, "pools[0].name: must not be empty"},
+		{"duplicate pool", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}, {Name: "a", Capacity: 1}}}, `pools[1].name: "a" already names pools[0]`},
+		{"no queues", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}}}, "queues: at least one queue is required"},
+		{"queue without pools", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m"}}}, "queues[0].pools: at least one pool is required"},
+		{"queue's unknown pool", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m", GPUs: []string{"a", "b"}}}}, `queues[0].pools[1]: "b" is not one of the pools`},
+		{"duplicate queue", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m", GPUs: []string{"a"}}, {Name: "m", GPUs: []string{"a"}}}}, `queues[1].name: "m" already names queues[0]`},
 		{"reservation", oneGPU(1, admission.Config{Policy: admission.PolicyConfig{Reservation: "optimistic"}}), `policy.reservation: "optimistic" is not worst_case or predicted`},
 		{"epsilon", oneGPU(1, admission.Config{Policy: admission.PolicyConfig{Epsilon: 0.5}}), "policy.epsilon: 0.5 is not in (0, 0.5)"},
 		{"headroom", oneGPU(1, admission.Config{Policy: admission.PolicyConfig{Headroom: 0.7}}), "policy.headroom: 0.7 is not in [0, 0.5)"},
@@ -188,11 +188,11 @@ func TestReconfigureDefaultShareAppliesToUnlistedTenants(t *testing.T) {
 // removal) is not trusted again.
 func TestReconfigureReaddedPoolKeepsItsTickets(t *testing.T) {
 	two := func(c admission.Config) admission.Config {
-		return fleet([]admission.PoolConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
+		return fleet([]admission.GPUConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
 			map[string][]string{"onlyA": {"a"}, "onlyB": {"b"}}, c)
 	}
 	one := func(c admission.Config) admission.Config {
-		return fleet([]admission.PoolConfig{{Name: "a", Capacity: 100}}, map[string][]string{"onlyA": {"a"}}, c)
+		return fleet([]admission.GPUConfig{{Name: "a", Capacity: 100}}, map[string][]string{"onlyA": {"a"}}, c)
 	}
 	for _, tc := range []struct {
 		name           string
@@ -227,7 +227,7 @@ func TestReconfigureReaddedPoolKeepsItsTickets(t *testing.T) {
 			if got := f.poolsHeld(); got != tc.wantHeld {
 				t.Fatalf("held after re-adding b: %s, want %s", got, tc.wantHeld)
 			}
-			st, _ := f.b.Pool("b")
+			st, _ := f.b.GPU("b")
 			if tc.limited && st.Limit != 0 {
 				t.Errorf("re-added b has limit %d, want 0 until it is leased again", st.Limit)
 			}

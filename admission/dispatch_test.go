@@ -13,11 +13,11 @@ import (
 
 // fleet is a config of pools (name → capacity, in order) and queues (name →
 // its pools).
-func fleet(pools []admission.PoolConfig, queues map[string][]string, c admission.Config) admission.Config {
-	c.Pools = pools
+func fleet(pools []admission.GPUConfig, queues map[string][]string, c admission.Config) admission.Config {
+	c.GPUs = pools
 	c.Queues = nil
 	for _, name := range sortedKeys(queues) {
-		c.Queues = append(c.Queues, admission.QueueConfig{Name: name, Pools: queues[name]})
+		c.Queues = append(c.Queues, admission.QueueConfig{Name: name, GPUs: queues[name]})
 	}
 	return c
 }
@@ -42,7 +42,7 @@ func in(queue string, w int64) admission.Request { return admission.Request{Queu
 // poolsHeld is each pool's held weight, "a=3 b=0".
 func (f *fixture) poolsHeld() string {
 	var parts []string
-	for _, p := range f.b.Scheduler.Stats().Pools {
+	for _, p := range f.b.Scheduler.Stats().GPUs {
 		parts = append(parts, fmt.Sprintf("%s=%d", p.Name, p.Held))
 	}
 	return strings.Join(parts, " ")
@@ -58,18 +58,18 @@ func (f *fixture) held(want string) {
 // A waiter is bound to whichever of its queue's pools frees room first, not
 // to the one it would have been routed to on arrival.
 func TestLateBindingToWhicheverPoolFreesFirst(t *testing.T) {
-	f := newFixture(t, fleet([]admission.PoolConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
+	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
 		map[string][]string{"m": {"a", "b"}}, admission.Config{}))
 	x := f.acquire(in("m", 10))
 	y := f.acquire(in("m", 10))
-	if x.Pool() == y.Pool() {
-		t.Fatalf("both on %q", x.Pool())
+	if x.GPU() == y.GPU() {
+		t.Fatalf("both on %q", x.GPU())
 	}
 	w := f.enqueue(context.Background(), in("m", 6))
 	y.Release()
 	tw := f.admitted(w)
-	if tw.Pool() != y.Pool() {
-		t.Fatalf("waiter bound to %q, the pool that freed room is %q", tw.Pool(), y.Pool())
+	if tw.GPU() != y.GPU() {
+		t.Fatalf("waiter bound to %q, the pool that freed room is %q", tw.GPU(), y.GPU())
 	}
 	x.Release()
 	tw.Release()
@@ -80,16 +80,16 @@ func TestLateBindingToWhicheverPoolFreesFirst(t *testing.T) {
 // models on one pool share it; a request of one model never waits behind
 // another model's waiter on a pool it does not use.
 func TestRoutingSharingAndIndependentQueues(t *testing.T) {
-	f := newFixture(t, fleet([]admission.PoolConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 20}, {Name: "c", Capacity: 10}},
+	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 20}, {Name: "c", Capacity: 10}},
 		map[string][]string{"m": {"a", "b"}, "n": {"b"}, "o": {"c"}}, admission.Config{}))
 	m1 := f.acquire(in("m", 5))
-	if m1.Pool() != "b" {
-		t.Fatalf("first request on %q, want the roomiest b", m1.Pool())
+	if m1.GPU() != "b" {
+		t.Fatalf("first request on %q, want the roomiest b", m1.GPU())
 	}
 	n1 := f.acquire(in("n", 15)) // b: 5+15 = 20, full
 	m2 := f.acquire(in("m", 5))  // b is full: a
-	if m2.Pool() != "a" {
-		t.Fatalf("second m on %q, want a", m2.Pool())
+	if m2.GPU() != "a" {
+		t.Fatalf("second m on %q, want a", m2.GPU())
 	}
 	nw := f.enqueue(context.Background(), in("n", 5)) // waits for b
 	o1 := f.acquire(in("o", 10))                      // o's pool c is untouched by n's waiter
@@ -105,7 +105,7 @@ func TestRoutingSharingAndIndependentQueues(t *testing.T) {
 // Pools of different sizes behind one model are each filled to their own
 // capacity.
 func TestHeterogeneousPoolsFillToTheirOwnCapacity(t *testing.T) {
-	f := newFixture(t, fleet([]admission.PoolConfig{{Name: "small", Capacity: 24}, {Name: "large", Capacity: 80}},
+	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "small", Capacity: 24}, {Name: "large", Capacity: 80}},
 		map[string][]string{"m": {"small", "large"}}, admission.Config{}))
 	var tks []*admission.Ticket
 	for range 26 {
@@ -123,15 +123,15 @@ func TestHeterogeneousPoolsFillToTheirOwnCapacity(t *testing.T) {
 // A pool that becomes unavailable takes no new binds; its queue's waiters
 // go to the others, and when no pool is left they are refused at once.
 func TestUnavailablePoolsAndNoRoute(t *testing.T) {
-	f := newFixture(t, fleet([]admission.PoolConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
+	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
 		map[string][]string{"m": {"a", "b"}}, admission.Config{}))
 	s := f.b.Scheduler
 	if err := s.SetAvailable("m", "a", false); err != nil {
 		t.Fatal(err)
 	}
 	x := f.acquire(in("m", 8))
-	if x.Pool() != "b" {
-		t.Fatalf("bound to %q with a down", x.Pool())
+	if x.GPU() != "b" {
+		t.Fatalf("bound to %q with a down", x.GPU())
 	}
 	w1 := f.enqueue(context.Background(), in("m", 5)) // a is down, b full
 	w2 := f.enqueue(context.Background(), in("m", 5))
@@ -139,12 +139,12 @@ func TestUnavailablePoolsAndNoRoute(t *testing.T) {
 		t.Fatal(err)
 	}
 	t1 := f.admitted(w1)
-	if t1.Pool() != "a" {
-		t.Fatalf("w1 on %q", t1.Pool())
+	if t1.GPU() != "a" {
+		t.Fatalf("w1 on %q", t1.GPU())
 	}
 	t2 := f.admitted(w2)
-	if t2.Pool() != "a" {
-		t.Fatalf("w2 on %q", t2.Pool())
+	if t2.GPU() != "a" {
+		t.Fatalf("w2 on %q", t2.GPU())
 	}
 	w3 := f.enqueue(context.Background(), in("m", 5))
 	if err := s.SetAvailable("m", "b", false); err != nil {
@@ -173,21 +173,21 @@ func TestUnavailablePoolsAndNoRoute(t *testing.T) {
 // Move takes a ticket off a pool whose backend failed and binds it to
 // another at its old place in the queue: held once, never twice.
 func TestMoveRebindsElsewhereOnce(t *testing.T) {
-	f := newFixture(t, fleet([]admission.PoolConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
+	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
 		map[string][]string{"m": {"a", "b"}}, admission.Config{}))
 	x := f.acquire(in("m", 6))
-	from := x.Pool()
+	from := x.GPU()
 	other := map[string]string{"a": "b", "b": "a"}[from]
 	if err := x.Move(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if x.Pool() != other || x.Weight() != 6 {
+	if x.GPU() != other || x.Weight() != 6 {
 		t.Fatalf("after Move: %v weight %d", x, x.Weight())
 	}
 	f.held(map[string]string{"a": "a=0 b=6", "b": "a=6 b=0"}[from])
 	// Moving again excludes the pool it leaves: it goes back to the first.
-	if err := x.Move(context.Background()); err != nil || x.Pool() != from {
-		t.Fatalf("second Move: %v, on %q", err, x.Pool())
+	if err := x.Move(context.Background()); err != nil || x.GPU() != from {
+		t.Fatalf("second Move: %v, on %q", err, x.GPU())
 	}
 	x.Release()
 	if err := x.Move(context.Background()); !errors.Is(err, admission.ErrNotHeld) {
@@ -199,7 +199,7 @@ func TestMoveRebindsElsewhereOnce(t *testing.T) {
 // A move with nowhere else to go is refused, holding nothing; a move that
 // must wait is cancelled by its context, holding nothing.
 func TestMoveFailuresHoldNothing(t *testing.T) {
-	f := newFixture(t, fleet([]admission.PoolConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
+	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
 		map[string][]string{"m": {"a", "b"}, "solo": {"a"}}, admission.Config{}))
 	solo := f.acquire(in("solo", 3))
 	if err := solo.Move(context.Background()); !errors.Is(err, admission.ErrNoRoute) {
@@ -214,7 +214,7 @@ func TestMoveFailuresHoldNothing(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- x.Move(ctx) }()
 	admissiontest.WaitQueued(f.b.Scheduler, 1)
-	f.held(map[string]string{"a": "a=0 b=10", "b": "a=10 b=0"}[x.Pool()])
+	f.held(map[string]string{"a": "a=0 b=10", "b": "a=10 b=0"}[x.GPU()])
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) || x.Weight() != 0 {
 		t.Fatalf("cancelled move: %v, weight %d", err, x.Weight())
@@ -226,23 +226,23 @@ func TestMoveFailuresHoldNothing(t *testing.T) {
 // Affinity picks the same pool for the same key while it fits, and the
 // least loaded one when it does not.
 func TestAffinity(t *testing.T) {
-	f := newFixture(t, fleet([]admission.PoolConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}, {Name: "c", Capacity: 10}},
+	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}, {Name: "c", Capacity: 10}},
 		map[string][]string{"m": {"a", "b", "c"}}, admission.Config{}))
 	sticky := admission.Request{Queue: "m", Weight: 3, Affinity: 42}
 	first := f.acquire(sticky)
 	second := f.acquire(sticky) // its pool has 7 left, the others 10: affinity wins the tie-break
-	if first.Pool() != second.Pool() {
-		t.Fatalf("same key on %q and %q", first.Pool(), second.Pool())
+	if first.GPU() != second.GPU() {
+		t.Fatalf("same key on %q and %q", first.GPU(), second.GPU())
 	}
 	third := f.acquire(sticky)
 	fourth := f.acquire(sticky) // 3 more would pass 10: elsewhere
-	if fourth.Pool() == first.Pool() {
-		t.Fatalf("affinity overfilled %q", first.Pool())
+	if fourth.GPU() == first.GPU() {
+		t.Fatalf("affinity overfilled %q", first.GPU())
 	}
 	spread := map[string]bool{}
 	for k := uint64(1); k <= 64; k++ {
 		tk := f.acquire(admission.Request{Queue: "m", Weight: 1, Affinity: k})
-		spread[tk.Pool()] = true
+		spread[tk.GPU()] = true
 		tk.Release()
 	}
 	if len(spread) != 3 {
@@ -257,7 +257,7 @@ func TestAffinity(t *testing.T) {
 // at once; a reload that removes a queue refuses its waiters with
 // ErrNoRoute and keeps the tickets of the pools that stay.
 func TestReconfigureFleet(t *testing.T) {
-	cfg := fleet([]admission.PoolConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
+	cfg := fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
 		map[string][]string{"m": {"a", "b"}, "n": {"b"}}, admission.Config{})
 	f := newFixture(t, cfg)
 	s := f.b.Scheduler
@@ -265,15 +265,15 @@ func TestReconfigureFleet(t *testing.T) {
 	y := f.acquire(in("m", 10))
 	nw := f.enqueue(context.Background(), in("n", 5))
 	mw := f.enqueue(context.Background(), in("m", 9))
-	next := fleet([]admission.PoolConfig{{Name: "a", Capacity: 10}, {Name: "c", Capacity: 10}},
+	next := fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "c", Capacity: 10}},
 		map[string][]string{"m": {"a", "c"}}, admission.Config{})
 	if err := s.Reconfigure(next); err != nil {
 		t.Fatal(err)
 	}
 	f.refused(nw, admission.ErrNoRoute)
 	tm := f.admitted(mw) // c is new and empty
-	if tm.Pool() != "c" {
-		t.Fatalf("m's waiter on %q", tm.Pool())
+	if tm.GPU() != "c" {
+		t.Fatalf("m's waiter on %q", tm.GPU())
 	}
 	x.Release()
 	y.Release()
@@ -291,7 +291,7 @@ func TestReconfigureFleet(t *testing.T) {
 // ticket, a data race (-race catches it). Either order leaves the ticket
 // held at most once.
 func TestMoveAndReleaseFromItsOwner(t *testing.T) {
-	f := newFixture(t, fleet([]admission.PoolConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
+	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
 		map[string][]string{"m": {"a", "b"}}, admission.Config{}))
 	x := f.acquire(in("m", 10))
 	y := f.acquire(in("m", 10))

@@ -1,24 +1,25 @@
 // Package admission decides which requests may run now, and where: queues
-// of waiting requests (one per model) are bound late to pools (one per GPU
-// budget) by a dispatcher, through priority classes, per-tenant quotas,
-// bounded lines with deadlines, early shedding with a Retry-After clients
-// can trust, and a closed loop that shrinks a pool while its backend reports
-// it is over. It knows weights and steps, not models or HTTP: the caller
+// of waiting requests (one per model) are bound late to GPUs by a
+// dispatcher, through priority classes, per-tenant quotas, bounded lines
+// with deadlines, early shedding with a Retry-After clients can trust, and
+// a closed loop that shrinks a GPU's budget while its backend reports it is
+// over. A GPU here is one budget, as the gateway's configuration names it
+// (`gpu`): one card, or one tensor-parallel group. It knows weights and steps, not models or HTTP: the caller
 // describes a request as a Shape (tokens, blocks, a cap) or a plain weight,
 // and turns a refusal into a status code.
 //
 // # Model
 //
-// A Scheduler has pools and queues. A pool has a nominal capacity C
+// A Scheduler has GPUs and queues. A GPU's budget has a nominal capacity C
 // (Resize) and an effective capacity E <= C that the AIMD loop moves
 // (Feedback: E × Decrease on an over report, never below MinFraction × C;
-// + Increase × C on an under one, never above C). A queue lists the pools
+// + Increase × C on an under one, never above C). A queue lists the GPUs
 // that may serve it (SetAvailable turns one on or off, as its backend's
 // circuit does). Acquire asks for a request in a queue, a class and for a
-// tenant; it is bound to whichever of its queue's pools has room for it
+// tenant; it is bound to whichever of its queue's GPUs has room for it
 // first, and its Ticket holds it there until Release. Several queues may
-// share a pool (several models on one GPU); a request of one queue never
-// waits behind another queue's unless they compete for the same pool.
+// share a GPU (several models on one GPU); a request of one queue never
+// waits behind another queue's unless they compete for the same GPU.
 //
 // # What a request holds
 //
@@ -34,7 +35,7 @@
 // whose sequences have generated g tokens (Progress) holds its prompt and
 // those tokens now, and will grow one token a step until it stops — at a
 // length drawn from the learned distribution conditioned on L > g, and at
-// its cap at the latest. Summing those over a pool's tickets gives, at each
+// its cap at the latest. Summing those over a GPU's tickets gives, at each
 // future step, the mean and variance of the memory held then (requests
 // finish at different times, so this is the batch's future memory curve,
 // not the sum of final sizes); a candidate fits while the peak over the
@@ -45,12 +46,12 @@
 // request whose progress is not reported (Opaque: a non-streamed answer),
 // one that sets its own length (Pinned), one of a queue still warming up
 // (fewer than WarmupSamples) or distrusted, and one without a Shape are
-// held at their worst case. While a pool's backend reports more than (1 − Headroom) × E in
+// held at their worst case. While a GPU's backend reports more than (1 − Headroom) × E in
 // use, nothing new is admitted to it on the forecast's word: the backend's
 // own account is ground truth, and Feedback widens the margin when it is
 // exceeded. A request whose worst case fits beside every worst case held
 // needs no forecast and passes the gate (it is safe whatever the report
-// says), except on a pool with a limit, whose report is the whole GPU's.
+// says), except on a GPU with a limit, whose report is the whole GPU's.
 //
 // # When the forecast is wrong
 //
@@ -58,11 +59,11 @@
 // guard.go holds whatever the traffic does. Every ticket has a now: what
 // it may hold before its next Progress (prompt, tokens and the next block,
 // as the forecast's step 0), or its worst case when it reports no
-// progress. When a Progress takes a pool's sum of them past its capacity,
+// progress. When a Progress takes a GPU's sum of them past its capacity,
 // running requests are stopped through their Stopper (predicted ones
 // first, the lowest class, the tenant holding the most for its share, the
 // newest) until what is not stopped fits; a stopped ticket counts until it
-// is released. The worst cases a pool holds sum to at most MaxOvercommit ×
+// is released. The worst cases a GPU holds sum to at most MaxOvercommit ×
 // its capacity (a tenant's to that times its share). A CUSUM on sequences
 // crossing their predictor's 0.9 quantile, a stop, or Overflowed distrusts
 // a queue for CoolDown: its requests, running ones too, go to their worst
@@ -71,39 +72,39 @@
 // Opaque and Pinned requests are never forecast. Linger keeps a given-up
 // ticket held until the backend can have let its blocks go.
 //
-// A request's charge is what it counts for against its tenant's cap, pool
+// A request's charge is what it counts for against its tenant's cap, GPU
 // reservations and the drain rate: its worst case, or under Predicted the
 // peak of its own expected size.
 //
 // # Order
 //
 // Classes go by priority, strictly; within a class, requests go by arrival
-// across every queue. When a request fits no pool, the first such request
-// of its queue reserves the pool where it is expected to start first: the
+// across every queue. When a request fits no GPU, the first such request
+// of its queue reserves the GPU where it is expected to start first: the
 // step at which enough running requests will have finished (their median
 // remaining length, their cap under WorstCase) for its charge to fit, and
 // the charge that will still be spare then. Requests behind it may start on
-// that pool only if they are expected to finish before that step (their
+// that GPU only if they are expected to finish before that step (their
 // 0.9 quantile, or cap) or fit in the spare charge, and freely on other
-// pools: EASY backfilling, so that a long request at the head does not hold
+// GPUs: EASY backfilling, so that a long request at the head does not hold
 // back short ones that fit now, and is not delayed by them. Once the head
 // has waited Backfill.MaxHeadAge (or with backfilling disabled) it blocks
-// instead: nobody starts on any of its pools and nobody of its queue passes
+// instead: nobody starts on any of its GPUs and nobody of its queue passes
 // it, as in x/sync's semaphore, so a large request is never starved. A
-// request over its tenant's cap on every pool is passed over — and so are
+// request over its tenant's cap on every GPU is passed over — and so are
 // its tenant's later requests in that queue, so that a tenant's own
 // requests stay in order — and holds back nobody else. A new request goes
 // straight in only if nobody waits ahead of it in its queue (its class or
-// higher) and a pool whose reservation allows it has room.
+// higher) and a GPU whose reservation allows it has room.
 //
-// Among the pools where a request may start, its Affinity picks one by
+// Among the GPUs where a request may start, its Affinity picks one by
 // rendezvous hashing (the same session or prompt prefix lands on the same
-// GPU, where the backend's prefix cache has it) when that pool fits; else
-// the pool with the most room left after it.
+// GPU, where the backend's prefix cache has it) when that GPU fits; else
+// the GPU with the most room left after it.
 //
 // # Invariants
 //
-//   - Under WorstCase, what a pool holds never exceeds E at the moment of
+//   - Under WorstCase, what a GPU holds never exceeds E at the moment of
 //     an admission; under Predicted, the peak of its forecast never does.
 //     Shrinking E or C revokes nothing: nothing is admitted until it is
 //     back under.
@@ -111,9 +112,9 @@
 //     Done gives back part, Move gives back before it binds again, and a
 //     failed or cancelled Acquire leaves nothing held — including when the
 //     grant and the cancellation happen at the same moment.
-//   - A request that can never fit (its worst case above every pool's C, or
+//   - A request that can never fit (its worst case above every GPU's C, or
 //     its charge above its tenant's cap everywhere) is refused at once and
-//     never waits; a queue with no pool available refuses its waiters at
+//     never waits; a queue with no GPU available refuses its waiters at
 //     once (ErrNoRoute), not at their deadline.
 //   - Every refusal is a *RejectError matching exactly one sentinel; every
 //     exit from Acquire is counted once (Stats) and reported once to the
@@ -126,15 +127,15 @@
 // A waiter's deadline is the earlier of Request.Deadline and now + the
 // class's QueueTimeout; when it passes the waiter is refused with
 // ErrQueueTimeout. A cancelled context removes the waiter at once. A
-// sheddable class is refused with ErrOverloaded while every pool of its
+// sheddable class is refused with ErrOverloaded while every GPU of its
 // queue is committed above PressureThreshold × E.
 //
-// Each pool measures the charge it gives back per second of busy time (time
+// Each GPU measures the charge it gives back per second of busy time (time
 // it held something) over the last DrainWindow: idle time is not a slow
 // drain. A request's expected wait is what it and those ahead of it lack of
-// the room left in its pools (or of its tenant's caps), at their summed
+// the room left in its GPUs (or of its tenant's caps), at their summed
 // rate; if it exceeds the time left before the deadline, it is refused at
-// once with ErrQueueTimeout. Until the pools have seen minDrainReleases
+// once with ErrQueueTimeout. Until the GPUs have seen minDrainReleases
 // releases in the window nothing is shed early: a cold start is no
 // evidence of a long wait.
 //
@@ -147,7 +148,7 @@
 //
 // # Locking
 //
-// One mutex, Scheduler.mu, guards all state: pools, queues, tenants,
+// One mutex, Scheduler.mu, guards all state: GPUs, queues, tenants,
 // tickets, forecasts, predictors, drain estimators. Methods named ...Locked
 // run with it held. The only calls made under it to other code are
 // Clock.AfterFunc and Timer.Stop; timer functions run in their own
@@ -155,18 +156,18 @@
 // Every Release, Done, Progress, Resize, Feedback, SetUsage, SetAvailable
 // or cancellation that may let a waiter in runs one dispatch pass, which
 // walks the waiters in order up to maxBackfillScan past the first that does
-// not fit, at a cost of one forecast per candidate pool each.
+// not fit, at a cost of one forecast per candidate GPU each.
 //
 // # Sharing a GPU with other processes
 //
 // Several gateway replicas in front of one GPU each run a scheduler. An
 // external limiter (package admission/fleet) leases each replica's part of
-// the GPU's budget and sets it as the pool's limit (SetLimit): admissions
+// the GPU's budget and sets it as the GPU's limit (SetLimit): admissions
 // are measured against min(E, limit), and a lower limit revokes nothing,
-// like a shrink. It reads what to lease from Demand (what the pool has
+// like a shrink. It reads what to lease from Demand (what the GPU has
 // committed, and the charge waiting for it) and is hurried by OnDemand when
 // a request queues for lack of room or weight is given back. With
-// Config.Limited every pool starts at limit 0, so that nothing is admitted
+// Config.Limited every GPU starts at limit 0, so that nothing is admitted
 // before the replica's part is known. The replicas' learned lengths are
 // exchanged as deltas (LengthsDelta, MergeLengths), so that each predicts
 // from the whole fleet's traffic. See limit.go and lengths.go.

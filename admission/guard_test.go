@@ -81,7 +81,7 @@ func TestGuardStopsBeforeThePoolIsExceeded(t *testing.T) {
 			for gen := 16; len(log.names()) == 0 && gen <= 1024; gen += 16 {
 				for _, tk := range tks {
 					tk.Progress(0, gen)
-					ps := f.b.Scheduler.Stats().Pools[0]
+					ps := f.b.Scheduler.Stats().GPUs[0]
 					if ps.Now-ps.Stopping > ps.Capacity {
 						t.Fatalf("at %d tokens: what runs may hold %d of a capacity of %d", gen, ps.Now-ps.Stopping, ps.Capacity)
 					}
@@ -97,8 +97,8 @@ func TestGuardStopsBeforeThePoolIsExceeded(t *testing.T) {
 			}
 			// A stopped request holds until it is released: its blocks are
 			// the backend's until it notices.
-			if st.Pools[0].Stopping == 0 {
-				t.Fatalf("nothing counted as stopping: %+v", st.Pools[0])
+			if st.GPUs[0].Stopping == 0 {
+				t.Fatalf("nothing counted as stopping: %+v", st.GPUs[0])
 			}
 			for _, tk := range tks {
 				tk.Release()
@@ -126,7 +126,7 @@ func TestPinnedAndOpaqueHeldAtWorstCase(t *testing.T) {
 			r := chat(16, 1024)
 			tc.edit(&r)
 			tk := f.acquire(r)
-			if ps := f.b.Scheduler.Stats().Pools[0]; ps.Committed != 65*16 || ps.Now != tc.now {
+			if ps := f.b.Scheduler.Stats().GPUs[0]; ps.Committed != 65*16 || ps.Now != tc.now {
 				t.Fatalf("committed %d, now %d; want the worst case %d, now %d", ps.Committed, ps.Now, 65*16, tc.now)
 			}
 			tk.Done(0, 1024, true)
@@ -204,7 +204,7 @@ func TestDriftTripsOnAShiftNotOnSteadyTraffic(t *testing.T) {
 	t.Logf("tripped at the crossing of sequence %d of 12", tripped+1)
 	// Held at worst case now, running ones included: 2064 tokens, 129
 	// blocks of 16 bytes each.
-	if ps := st.Pools[0]; ps.Committed != 12*129*16 {
+	if ps := st.GPUs[0]; ps.Committed != 12*129*16 {
 		t.Fatalf("committed %d after the trip, want the running requests' worst case %d", ps.Committed, 12*129*16)
 	}
 	for _, tk := range long {
@@ -233,7 +233,7 @@ func TestOverflowedDistrusts(t *testing.T) {
 		t.Fatalf("after an overflow: trips %v, queue %+v", st.Trips, st.Queues[0])
 	}
 	f.acquire(chat(16, 1024))
-	if ps := f.b.Scheduler.Stats().Pools[0]; ps.Committed != 65*16 {
+	if ps := f.b.Scheduler.Stats().GPUs[0]; ps.Committed != 65*16 {
 		t.Fatalf("committed %d, want the worst case", ps.Committed)
 	}
 }

@@ -18,8 +18,8 @@ const gpu = "gpu"
 
 // oneGPU is c for one pool of the given capacity and one queue.
 func oneGPU(capacity int64, c admission.Config) admission.Config {
-	c.Pools = []admission.PoolConfig{{Name: gpu, Capacity: capacity}}
-	c.Queues = []admission.QueueConfig{{Name: "", Pools: []string{gpu}}}
+	c.GPUs = []admission.GPUConfig{{Name: gpu, Capacity: capacity}}
+	c.Queues = []admission.QueueConfig{{Name: "", GPUs: []string{gpu}}}
 	return c
 }
 
@@ -36,7 +36,7 @@ type flatStats struct {
 
 func (b budget) Stats() flatStats {
 	st := b.Scheduler.Stats()
-	p, q := st.Pools[0], st.Queues[0]
+	p, q := st.GPUs[0], st.Queues[0]
 	return flatStats{Stats: st, Capacity: p.Capacity, Effective: p.Effective, Held: p.Held, Committed: p.Committed,
 		QueuedBytes: q.QueuedBytes, DrainRate: p.DrainRate, Classes: q.Classes}
 }

@@ -134,7 +134,7 @@ func TestMergedLengthsDrivePredictions(t *testing.T) {
 		t.Fatal(err)
 	}
 	tk := b.acquire(chat(16, 1024))
-	if st, _ := b.b.Pool(gpu); st.Committed != 65*16 || b.b.Stats().Queues[0].Predicting {
+	if st, _ := b.b.GPU(gpu); st.Committed != 65*16 || b.b.Stats().Queues[0].Predicting {
 		t.Fatalf("5 samples of 10 merged: committed %d (want the worst case %d), predicting %v", st.Committed, 65*16, b.b.Stats().Queues[0].Predicting)
 	}
 	tk.Release()
@@ -142,7 +142,7 @@ func TestMergedLengthsDrivePredictions(t *testing.T) {
 		t.Fatal(err)
 	}
 	tk = b.acquire(chat(16, 1024))
-	if st, _ := b.b.Pool(gpu); st.Committed >= 65*16 || !b.b.Stats().Queues[0].Predicting {
+	if st, _ := b.b.GPU(gpu); st.Committed >= 65*16 || !b.b.Stats().Queues[0].Predicting {
 		t.Fatalf("10 samples merged: committed %d, predicting %v; want a forecast below the worst case", st.Committed, b.b.Stats().Queues[0].Predicting)
 	}
 	tk.Release()

@@ -91,7 +91,7 @@ func TestSetLimitRaisesAtOnceAndNeverRevokes(t *testing.T) {
 
 	f.setLimit(gpu, 20) // below the 70 held: nothing is taken back
 	f.state(70, 1)
-	if st, _ := f.b.Pool(gpu); st.Limit != 20 || st.Held != 70 {
+	if st, _ := f.b.GPU(gpu); st.Limit != 20 || st.Held != 70 {
 		t.Fatalf("after lowering: %+v", st)
 	}
 	a.Release() // 30 held, still over 20: w2 waits
@@ -100,7 +100,7 @@ func TestSetLimitRaisesAtOnceAndNeverRevokes(t *testing.T) {
 	f.setLimit(gpu, -1) // no limit: the capacity of 100 binds
 	f.admitted(w2).Release()
 	b.Release()
-	if st, _ := f.b.Pool(gpu); st.Limit != -1 {
+	if st, _ := f.b.GPU(gpu); st.Limit != -1 {
 		t.Fatalf("limit after SetLimit(-1) = %d, want -1 (none)", st.Limit)
 	}
 	if err := f.b.SetLimit("nope", 1); err == nil {
@@ -113,7 +113,7 @@ func TestSetLimitRaisesAtOnceAndNeverRevokes(t *testing.T) {
 // counts on both; a queue whose route to the pool is down counts on none.
 func TestDemand(t *testing.T) {
 	f := newFixture(t, fleet(
-		[]admission.PoolConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
+		[]admission.GPUConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
 		map[string][]string{"both": {"a", "b"}, "onlyA": {"a"}, "onlyB": {"b"}},
 		admission.Config{Limited: true}))
 	type want struct{ aHeld, aQueued, bHeld, bQueued int64 }
@@ -156,7 +156,7 @@ func TestDemandIsCommittedUnderPredicted(t *testing.T) {
 	f := newFixture(t, predicted(1<<20, 10))
 	f.teach(10, 100)
 	tk := f.acquire(chat(16, 1024))
-	st, _ := f.b.Pool(gpu)
+	st, _ := f.b.GPU(gpu)
 	if st.Committed >= st.Held {
 		t.Fatalf("committed %d, held %d: the test needs a forecast below the worst case", st.Committed, st.Held)
 	}
@@ -172,7 +172,7 @@ func TestDemandIsCommittedUnderPredicted(t *testing.T) {
 func TestOnDemand(t *testing.T) {
 	calls := make(chan string, 16)
 	var s *admission.Scheduler
-	cfg := fleet([]admission.PoolConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
+	cfg := fleet([]admission.GPUConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
 		map[string][]string{"both": {"a", "b"}}, admission.Config{Limited: true})
 	cfg.OnDemand = func(pool string) {
 		s.Demand(pool) // deadlocks if called under the scheduler's lock
@@ -217,18 +217,18 @@ func TestOnDemand(t *testing.T) {
 // With Limited, a pool that Reconfigure adds starts closed too; pools that
 // stay keep their limit.
 func TestLimitedPoolsAddedByReconfigure(t *testing.T) {
-	cfg := fleet([]admission.PoolConfig{{Name: "a", Capacity: 100}}, map[string][]string{"q": {"a"}}, admission.Config{Limited: true})
+	cfg := fleet([]admission.GPUConfig{{Name: "a", Capacity: 100}}, map[string][]string{"q": {"a"}}, admission.Config{Limited: true})
 	f := newFixture(t, cfg)
-	if st, _ := f.b.Pool("a"); st.Limit != 0 {
+	if st, _ := f.b.GPU("a"); st.Limit != 0 {
 		t.Fatalf("a new pool of a Limited scheduler has limit %d, want 0", st.Limit)
 	}
 	f.setLimit("a", 60)
-	if err := f.b.Reconfigure(fleet([]admission.PoolConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
+	if err := f.b.Reconfigure(fleet([]admission.GPUConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
 		map[string][]string{"q": {"a", "b"}}, admission.Config{})); err != nil {
 		t.Fatal(err)
 	}
 	for pool, want := range map[string]int64{"a": 60, "b": 0} {
-		if st, _ := f.b.Pool(pool); st.Limit != want {
+		if st, _ := f.b.GPU(pool); st.Limit != want {
 			t.Errorf("after Reconfigure: pool %q limit %d, want %d", pool, st.Limit, want)
 		}
 	}
@@ -247,7 +247,7 @@ func TestSetMarginScalesTheForecastMargin(t *testing.T) {
 	}
 	fill := func() []*admission.Ticket { return f.fillAtOnce(chat(16, 1024)) }
 	full := fill()
-	if st, _ := f.b.Pool(gpu); st.Margin != 1 {
+	if st, _ := f.b.GPU(gpu); st.Margin != 1 {
 		t.Fatalf("default margin %v, want 1", st.Margin)
 	}
 	w := f.enqueue(context.Background(), chat(16, 1024))
@@ -259,7 +259,7 @@ func TestSetMarginScalesTheForecastMargin(t *testing.T) {
 	if len(third) < 2 {
 		t.Fatalf("a margin of 1/√3 admitted %d more than the full one; want several", len(third))
 	}
-	st, _ := f.b.Pool(gpu)
+	st, _ := f.b.GPU(gpu)
 	if st.Margin != 1/math.Sqrt(3) || st.Committed > st.Effective {
 		t.Fatalf("after the lower margin: margin %v, committed %d of %d", st.Margin, st.Committed, st.Effective)
 	}
@@ -268,7 +268,7 @@ func TestSetMarginScalesTheForecastMargin(t *testing.T) {
 	if err := f.b.SetMargin(gpu, 1); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := f.b.Pool(gpu); st.Committed <= st.Effective {
+	if st, _ := f.b.GPU(gpu); st.Committed <= st.Effective {
 		t.Fatalf("the full margin again: committed %d of %d; the test needs it over", st.Committed, st.Effective)
 	}
 	if tks := fill(); len(tks) != 0 {
@@ -285,7 +285,7 @@ func TestSetMarginScalesTheForecastMargin(t *testing.T) {
 		if err := f.b.SetMargin(gpu, tc.scale); err != nil {
 			t.Fatal(err)
 		}
-		if st, _ := f.b.Pool(gpu); st.Margin != tc.want {
+		if st, _ := f.b.GPU(gpu); st.Margin != tc.want {
 			t.Errorf("SetMargin(%v): margin %v, want %v", tc.scale, st.Margin, tc.want)
 		}
 	}

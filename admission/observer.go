@@ -10,8 +10,8 @@ import (
 // Event is a request leaving Acquire (or Move), as the Observer sees it.
 type Event struct {
 	Queue, Class, Tenant string
-	// Pool is where an admitted request was bound ("" for a refusal).
-	Pool   string
+	// GPU is where an admitted request was bound ("" for a refusal).
+	GPU    string
 	Weight int64         // its worst case
 	Waited time.Duration // time queued (0 if admitted or refused at once)
 	// Backfilled says it was admitted past an earlier waiter that did not
@@ -45,13 +45,13 @@ type Stats struct {
 	GuardStops int64
 	Trips      map[string]int64
 
-	Pools   []PoolStats   // in configuration order
+	GPUs    []GPUStats    // in configuration order
 	Queues  []QueueStats  // in configuration order
 	Tenants []TenantStats // sorted by name; listed tenants always, others while active
 }
 
-// PoolStats is one pool in Stats.
-type PoolStats struct {
+// GPUStats is one pool in Stats.
+type GPUStats struct {
 	Name      string
 	Capacity  int64 // nominal
 	Effective int64 // after the AIMD loop; <= Capacity
@@ -97,7 +97,7 @@ type QueueStats struct {
 	Queued      int
 	QueuedBytes int64
 	Classes     []ClassStats // in priority order
-	Pools       []RouteStats
+	GPUs        []RouteStats
 	// Samples is how many finished sequences its predictor has (decayed);
 	// Predicting says new requests are forecast from them (Predicted, past
 	// the warm-up); MedianLength and P90Length describe them (0 if unknown).
@@ -121,8 +121,8 @@ type ClassStats struct {
 
 // RouteStats is one pool of a queue and whether it is available to it.
 type RouteStats struct {
-	Pool string
-	Up   bool
+	GPU string
+	Up  bool
 }
 
 // TenantStats is one tenant in Stats: the charge it holds, all pools
@@ -151,14 +151,14 @@ func (s *Scheduler) Stats() Stats {
 		Trips: map[string]int64{TripDrift: 0, TripGuard: 0, TripOverflow: 0}}
 	maps.Copy(st.Trips, s.trips)
 	for _, p := range s.pools {
-		ps := PoolStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Margin: p.marginOrOne(), Held: p.held,
+		ps := GPUStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Margin: p.marginOrOne(), Held: p.held,
 			Committed: s.committedLocked(p), Charge: p.charge, Tickets: p.tickets,
 			Used: p.used, UsedKnown: p.usedKnown, Gated: s.gatedLocked(p), Now: p.now, Stopping: p.stopping}
 		ps.DrainRate, ps.Releases = p.drain.rate(now)
 		if p.res.kind != resNone && p.res.head.state == waiting {
 			ps.Reserved, ps.Blocking = p.res.head.line.q.name, p.res.kind == resBlock
 		}
-		st.Pools = append(st.Pools, ps)
+		st.GPUs = append(st.GPUs, ps)
 	}
 	for _, q := range s.queues {
 		trusted := s.trustedLocked(q)
@@ -176,7 +176,7 @@ func (s *Scheduler) Stats() Stats {
 			qs.QueuedBytes += l.queuedBytes
 		}
 		for _, r := range q.routes {
-			qs.Pools = append(qs.Pools, RouteStats{Pool: r.p.name, Up: r.up})
+			qs.GPUs = append(qs.GPUs, RouteStats{GPU: r.p.name, Up: r.up})
 		}
 		st.Queues = append(st.Queues, qs)
 	}
@@ -198,12 +198,12 @@ func (s *Scheduler) Stats() Stats {
 	return st
 }
 
-// Pool returns one pool's stats, and false if there is no such pool.
-func (s *Scheduler) Pool(name string) (PoolStats, bool) {
-	for _, p := range s.Stats().Pools {
+// GPU returns one pool's stats, and false if there is no such pool.
+func (s *Scheduler) GPU(name string) (GPUStats, bool) {
+	for _, p := range s.Stats().GPUs {
 		if p.Name == name {
 			return p, true
 		}
 	}
-	return PoolStats{}, false
+	return GPUStats{}, false
 }

@@ -35,13 +35,13 @@ func TestObserverTranscript(t *testing.T) {
 	hold.Release()
 
 	want := []admissiontest.Event{
-		{Admitted: true, Pool: gpu, Class: "standard", Tenant: "a", Weight: 5},
+		{Admitted: true, GPU: gpu, Class: "standard", Tenant: "a", Weight: 5},
 		{Class: "standard", Tenant: "a", Reason: "tenant_quota", Weight: 6},
 		{Class: "standard", Reason: "too_large", Weight: 11},
-		{Admitted: true, Pool: gpu, Class: "standard", Weight: 5},
+		{Admitted: true, GPU: gpu, Class: "standard", Weight: 5},
 		{Class: "standard", Reason: "queue_full", Weight: 1},
 		{Class: "standard", Reason: "canceled", Weight: 1, Waited: time.Second},
-		{Admitted: true, Pool: gpu, Class: "standard", Weight: 3, Waited: 2 * time.Second},
+		{Admitted: true, GPU: gpu, Class: "standard", Weight: 3, Waited: 2 * time.Second},
 		{Class: "standard", Reason: "queue_timeout", Weight: 9, Waited: 4 * time.Second},
 	}
 	if got := f.rec.Events(); !reflect.DeepEqual(got, want) {
@@ -68,7 +68,7 @@ func TestStats(t *testing.T) {
 		Queued: 2, Admitted: 2,
 		Rejected: map[string]int64{"too_large": 0, "queue_full": 0, "queue_timeout": 0, "overloaded": 0, "tenant_quota": 0, "no_route": 0},
 		Trips:    map[string]int64{admission.TripDrift: 0, admission.TripGuard: 0, admission.TripOverflow: 0},
-		Pools: []admission.PoolStats{{Name: gpu, Capacity: 100, Effective: 100, Limit: -1, Margin: 1, Held: 80, Committed: 80, Charge: 80,
+		GPUs: []admission.GPUStats{{Name: gpu, Capacity: 100, Effective: 100, Limit: -1, Margin: 1, Held: 80, Committed: 80, Charge: 80,
 			Tickets: 2, Now: 59, DrainRate: 10, Releases: 1}}, // now: a whole (no shape), b at its progress plus lead
 		Queues: []admission.QueueStats{{Name: "", Queued: 2, QueuedBytes: 45,
 			Classes: []admission.ClassStats{
@@ -76,7 +76,7 @@ func TestStats(t *testing.T) {
 				{Name: "standard", Held: 30, Queued: 1, QueuedBytes: 20},
 				{Name: "sheddable", Queued: 1, QueuedBytes: 25},
 			},
-			Pools:   []admission.RouteStats{{Pool: gpu, Up: true}},
+			GPUs:    []admission.RouteStats{{GPU: gpu, Up: true}},
 			Samples: 1, MedianLength: 10, P90Length: 10,
 		}},
 		Tenants: []admission.TenantStats{

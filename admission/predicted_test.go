@@ -106,11 +106,11 @@ func TestPredictedOpaqueRequests(t *testing.T) {
 	f.teach(10, 100)
 	opaque := f.acquire(admission.Request{Shape: chat(16, 1024).Shape, Opaque: true})
 	// 16 + 1024 tokens at worst: 65 blocks of 16 bytes each.
-	if st := f.b.Scheduler.Stats().Pools[0]; st.Committed != 65*16 || st.Charge != 65*16 || st.Now != 65*16 {
+	if st := f.b.Scheduler.Stats().GPUs[0]; st.Committed != 65*16 || st.Charge != 65*16 || st.Now != 65*16 {
 		t.Fatalf("opaque request: committed %d, charged %d, now %d, want 1040", st.Committed, st.Charge, st.Now)
 	}
 	opaque.Progress(0, 90) // progress of an opaque ticket changes nothing
-	if st := f.b.Scheduler.Stats().Pools[0]; st.Committed != 65*16 || st.Charge != 65*16 {
+	if st := f.b.Scheduler.Stats().GPUs[0]; st.Committed != 65*16 || st.Charge != 65*16 {
 		t.Fatalf("after progress: committed %d, charged %d", st.Committed, st.Charge)
 	}
 	before := f.b.Scheduler.Stats().Queues[0].Samples
@@ -143,7 +143,7 @@ func TestPredictedUsageGate(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := f.enqueue(context.Background(), chat(16, 100))
-	if st := s.Stats().Pools[0]; !st.Gated || st.Used != 9900 {
+	if st := s.Stats().GPUs[0]; !st.Gated || st.Used != 9900 {
 		t.Fatalf("gate: %+v", st)
 	}
 	if err := s.SetUsage(gpu, 5000, true); err != nil {
@@ -206,10 +206,10 @@ func TestPredictedPerTenantLengths(t *testing.T) {
 		tk.Done(0, 900, false)
 	}
 	short := f.acquire(chat(0, 1000))
-	shortCharge := f.b.Scheduler.Stats().Pools[0].Charge
+	shortCharge := f.b.Scheduler.Stats().GPUs[0].Charge
 	short.Release()
 	essay := f.acquire(long())
-	essayCharge := f.b.Scheduler.Stats().Pools[0].Charge
+	essayCharge := f.b.Scheduler.Stats().GPUs[0].Charge
 	essay.Release()
 	if essayCharge <= 4*shortCharge {
 		t.Fatalf("charge of a long-output tenant's request %d, of the queue's %d", essayCharge, shortCharge)

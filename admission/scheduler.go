@@ -388,7 +388,7 @@ func (s *Scheduler) acquire(ctx context.Context, r Request, into *Ticket) (*Tick
 			s.mu.Unlock()
 			if s.observer != nil {
 				e := w.event(0)
-				e.Pool, e.Backfilled = p.name, backfill
+				e.GPU, e.Backfilled = p.name, backfill
 				s.observer.Admitted(e)
 			}
 			return tk, nil
@@ -549,7 +549,7 @@ func (s *Scheduler) wait(ctx context.Context, done <-chan struct{}, w *waiter) (
 	s.count.admittedAfterWait.Add(1)
 	if s.observer != nil {
 		e := w.event(w.t.waited)
-		e.Pool, e.Backfilled = w.boundTo, w.backfilled
+		e.GPU, e.Backfilled = w.boundTo, w.backfilled
 		s.observer.Admitted(e)
 	}
 	return w.t, nil

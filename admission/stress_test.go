@@ -40,9 +40,9 @@ func (o *countingObserver) Rejected(admission.Event, string) {
 func stressConfig(capacity int64, policy string, r *rand.Rand) admission.Config {
 	ms := func(n int) time.Duration { return time.Duration(1+r.IntN(n)) * time.Millisecond }
 	c := admission.Config{
-		Pools: []admission.PoolConfig{{Name: "a", Capacity: capacity}, {Name: "b", Capacity: capacity / 2}, {Name: "c", Capacity: capacity}},
-		Queues: []admission.QueueConfig{{Name: "m", Pools: []string{"a", "b", "c"}, MaxLen: 4096},
-			{Name: "n", Pools: []string{"c"}, MaxLen: 4096}},
+		GPUs: []admission.GPUConfig{{Name: "a", Capacity: capacity}, {Name: "b", Capacity: capacity / 2}, {Name: "c", Capacity: capacity}},
+		Queues: []admission.QueueConfig{{Name: "m", GPUs: []string{"a", "b", "c"}, MaxLen: 4096},
+			{Name: "n", GPUs: []string{"c"}, MaxLen: 4096}},
 		Classes: []admission.ClassConfig{
 			{Name: "critical", ClassLimits: admission.ClassLimits{MaxQueued: 8 + r.IntN(16), QueueTimeout: confval.Duration{D: ms(20)}}},
 			{Name: "standard", ClassLimits: admission.ClassLimits{MaxQueued: 8 + r.IntN(16), MaxQueuedBytes: confval.Size{Bytes: capacity}, QueueTimeout: confval.Duration{D: ms(10)}}},
@@ -267,7 +267,7 @@ func stress(t *testing.T, policy string) {
 	if st.Queued != 0 {
 		t.Fatalf("left queued: %d", st.Queued)
 	}
-	for _, p := range st.Pools {
+	for _, p := range st.GPUs {
 		if p.Held != 0 || p.Charge != 0 || p.Tickets != 0 || p.Committed != 0 {
 			t.Fatalf("pool left behind: %+v", p)
 		}

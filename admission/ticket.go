@@ -74,8 +74,8 @@ func (g *tgroup) blocksAt(generated int) int64 {
 	return blocks(satAdd(satAdd(g.Prompt, generated), leadTokens), g.BlockTokens)
 }
 
-// Pool is the pool the ticket is bound to ("" for the zero Ticket).
-func (t *Ticket) Pool() string {
+// GPU is the pool the ticket is bound to ("" for the zero Ticket).
+func (t *Ticket) GPU() string {
 	if t == nil {
 		return ""
 	}

@@ -69,8 +69,8 @@ func (x *exchange) logAccess(outcome, reason string, total time.Duration) {
 	gpu := ""
 	if x.ticket != nil {
 		waited = x.ticket.Waited()
-		gpu = x.ticket.Pool()
-		if g := x.rt.poolGroup[gpu]; g != nil {
+		gpu = x.ticket.GPU()
+		if g := x.rt.gpuByID[gpu]; g != nil {
 			gpu = g.name
 		}
 	}

@@ -93,7 +93,7 @@ func TestLoRAAdapterCountsItsOwnWeights(t *testing.T) {
 	if lora == nil || lora.layout != base.layout || lora.maxLen != base.maxLen || lora.weights != 200<<20 {
 		t.Fatalf("adapter %+v, base %+v", lora, base)
 	}
-	if pools := rt.sched.Stats().Pools; len(pools) != 1 {
+	if pools := rt.sched.Stats().GPUs; len(pools) != 1 {
 		t.Fatalf("base and adapter on one GPU should share one budget: %d pools", len(pools))
 	}
 	for _, tc := range []struct{ yaml, want string }{

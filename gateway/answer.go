@@ -102,10 +102,10 @@ func (x *exchange) overflowed() {
 	if x.ticket == nil || x.rt.count {
 		return
 	}
-	pool := x.ticket.Pool()
-	x.rt.sched.Overflowed(pool)
-	gpu := pool
-	if g := x.rt.poolGroup[pool]; g != nil {
+	id := x.ticket.GPU()
+	x.rt.sched.Overflowed(id)
+	gpu := id
+	if g := x.rt.gpuByID[id]; g != nil {
 		gpu = g.name
 	}
 	x.s.m.overflows.WithLabelValues(gpu).Inc()

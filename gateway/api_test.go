@@ -218,7 +218,7 @@ func TestNoHealthyBackend(t *testing.T) {
 	clock := newClock()
 	gw, gwURL := startGateway(t, baseConfig(dead, ""), Options{Clock: clock})
 	// Two failed checks (health.failures), one interval (50ms) apart.
-	advanceUntil(t, clock, 50*time.Millisecond, "the circuit to open", func() bool { return !gw.rt.Load().pool.Ready() })
+	advanceUntil(t, clock, 50*time.Millisecond, "the circuit to open", func() bool { return !gw.rt.Load().upstreams.Ready() })
 	r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 5, false))
 	if r.status != 503 || decodeError(t, r.body).Error.Code == nil {
 		t.Fatalf("status %d: %s", r.status, r.body)

@@ -64,7 +64,7 @@ func (bl *backendLog) state(name string, st backends.CircuitState, lastErr, why 
 
 // budget logs a GPU's budget when its backends' pool is first known, and
 // whenever the capacity admission uses changes after that.
-func (bl *backendLog) budget(g *group, pool, capacity int64) {
+func (bl *backendLog) budget(g *gpu, pool, capacity int64) {
 	bl.mu.Lock()
 	prev, seen := bl.budgets[g.name]
 	bl.budgets[g.name] = capacity
@@ -82,7 +82,7 @@ func (bl *backendLog) budget(g *group, pool, capacity int64) {
 // share of the GPU, so the backend should use as much (vLLM's
 // --gpu-memory-utilization) and no more; a kv_budget is the operator's own
 // number, and neither the ceiling nor the utilization enters it.
-func (g *group) oversizeFix(pool int64) string {
+func (g *gpu) oversizeFix(pool int64) string {
 	if g.budgetField != "" {
 		return fmt.Sprintf("%s is below the pool the backend reports: raise it to the pool (%s), or start the backend with a KV cache of the budget's size (vLLM's --kv-cache-memory-bytes %d)",
 			g.budgetField, kvbudget.FormatBytes(pool), g.nominal)

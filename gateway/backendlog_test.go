@@ -70,7 +70,7 @@ func TestBackendStateChangesAreLoggedOnce(t *testing.T) {
 func TestBudgetChangesAreLoggedOnce(t *testing.T) {
 	var buf bytes.Buffer
 	bl := newBackendLog(slog.New(slog.NewTextHandler(&buf, nil)))
-	g := &group{name: "gpu0", nominal: 1000}
+	g := &gpu{name: "gpu0", nominal: 1000}
 	for i, s := range []struct {
 		pool, capacity int64
 		want           string
@@ -117,7 +117,7 @@ func TestOversizedPoolNamesTheRightFix(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Shutdown(t.Context())
-			fix := s.rt.Load().groups["gpu0"].oversizeFix(4 << 30)
+			fix := s.rt.Load().gpus["gpu0"].oversizeFix(4 << 30)
 			for _, w := range c.want {
 				if !strings.Contains(fix, w) {
 					t.Errorf("%q is not in %q", w, fix)
@@ -168,7 +168,7 @@ func TestKVBudgetBelowThePoolIsLoggedOnce(t *testing.T) {
 	cfg := strings.Replace(baseConfig(simURL, ""), "gpu_memory: 24GiB", "kv_budget: 1GiB", 1)
 	gw, _ := startGateway(t, cfg, Options{Logger: logger})
 	eventually(t, "the pool's warning", func() bool { return strings.Contains(logs.String(), "KV pool is larger") })
-	be := gw.rt.Load().pool.Backends()[0]
+	be := gw.rt.Load().upstreams.Backends()[0]
 	var last time.Time
 	reports := 0
 	eventually(t, "more reports", func() bool {

@@ -44,7 +44,7 @@ func Check(cfg *Config, opt Options) (*CheckReport, error) {
 	for _, t := range cfg.Tenants {
 		r.Tenants = append(r.Tenants, t.Name)
 	}
-	for name, g := range rt.groups {
+	for name, g := range rt.gpus {
 		cg := CheckedGPU{Name: name, BudgetBytes: g.nominal}
 		if rt.count {
 			cg.BudgetBytes, cg.MaxConcurrency = 0, g.nominal

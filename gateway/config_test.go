@@ -143,15 +143,15 @@ backends:
 	}
 	defer s.watch.Close()
 	rt := s.rt.Load()
-	if len(rt.groups) != 1 {
-		t.Fatalf("%d budgets for one GPU", len(rt.groups))
+	if len(rt.gpus) != 1 {
+		t.Fatalf("%d budgets for one GPU", len(rt.gpus))
 	}
 	// 80 GiB × 0.75 − 2 × 16,060,522,496 − 1 GiB
 	want := int64(float64(80<<30)*0.75) - 2*16060522496 - 1<<30
-	if got := rt.groups["card0"].nominal; got != want {
+	if got := rt.gpus["card0"].nominal; got != want {
 		t.Errorf("shared budget %d, want %d", got, want)
 	}
-	if rt.groupOf[rt.pool.Backends()[0]] != rt.groupOf[rt.pool.Backends()[1]] {
+	if rt.gpuOf[rt.upstreams.Backends()[0]] != rt.gpuOf[rt.upstreams.Backends()[1]] {
 		t.Error("backends on one GPU have different budgets")
 	}
 }
@@ -189,8 +189,8 @@ func TestExampleConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.watch.Close()
-	if !s.rt.Load().auth || s.rt.Load().groups["gpu0"].nominal != 2193088512 {
-		t.Errorf("example: auth %v, budget %d", s.rt.Load().auth, s.rt.Load().groups["gpu0"].nominal)
+	if !s.rt.Load().auth || s.rt.Load().gpus["gpu0"].nominal != 2193088512 {
+		t.Errorf("example: auth %v, budget %d", s.rt.Load().auth, s.rt.Load().gpus["gpu0"].nominal)
 	}
 }
 

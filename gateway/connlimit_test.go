@@ -17,7 +17,7 @@ import (
 func TestPastMaxConnections(t *testing.T) {
 	_, url := startSim(t, nil)
 	gw, gwURL := startGateway(t, baseConfig(url, "server: {max_connections: 2}\n"), Options{})
-	eventually(t, "the backend to be ready", func() bool { return gw.rt.Load().pool.Ready() })
+	eventually(t, "the backend to be ready", func() bool { return gw.rt.Load().upstreams.Ready() })
 	addr := strings.TrimPrefix(gwURL, "http://")
 	// Two keep-alive connections take the whole limit.
 	for range 2 {

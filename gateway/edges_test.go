@@ -42,7 +42,7 @@ func requests(gw *Server, outcome, reason string) int {
 }
 
 // onlyBackend is the gateway's one backend.
-func onlyBackend(gw *Server) *backends.Backend { return gw.rt.Load().pool.Backends()[0] }
+func onlyBackend(gw *Server) *backends.Backend { return gw.rt.Load().upstreams.Backends()[0] }
 
 // sse writes SSE events to w, flushing after each.
 func sse(w http.ResponseWriter, events ...string) {

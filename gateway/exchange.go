@@ -257,7 +257,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 
-	if !rt.pool.Serves(req.model) {
+	if !rt.upstreams.Serves(req.model) {
 		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
 		return
 	}

@@ -135,10 +135,10 @@ func TestRemovedGPUKeepsItsLeaseWhileItsRequestsRun(t *testing.T) {
 	var removed, kept string
 	eventually(t, "the stream to be admitted", func() bool {
 		switch {
-		case gpuPool(gw, "gpu0").Held > 0:
+		case gpuStats(gw, "gpu0").Held > 0:
 			removed, kept = "gpu0", fleetConfig(extra, s1)
 			kept = strings.Replace(kept, "name: gpu0", "name: gpu1", 1) // s1 stays gpu1
-		case gpuPool(gw, "gpu1").Held > 0:
+		case gpuStats(gw, "gpu1").Held > 0:
 			removed, kept = "gpu1", fleetConfig(extra, s0)
 		}
 		return removed != ""

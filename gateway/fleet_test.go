@@ -186,7 +186,7 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 			served = la.ok.Load() + lb.ok.Load()
 			return la.ok.Load() >= 24 && lb.ok.Load() >= 24
 		})
-		budget := onlyPool(ga).Capacity
+		budget := onlyGPU(ga).Capacity
 		chunk := ga.rt.Load().cfg.SharedBudget.Chunk.Of(budget)
 		// Whoever leased first, both end up with half: the fair level moves
 		// the lease of the one above it to the one below. Give or take two
@@ -199,7 +199,7 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 		// Two like batches on one GPU: each replica's forecast keeps 1/√2
 		// of the safety margin, so that together they keep the GPU's.
 		eventually(t, "both forecasts to keep 1/√2 of the margin", func() bool {
-			return math.Abs(onlyPool(ga).Margin-1/math.Sqrt2) < 1e-9 && math.Abs(onlyPool(gb).Margin-1/math.Sqrt2) < 1e-9
+			return math.Abs(onlyGPU(ga).Margin-1/math.Sqrt2) < 1e-9 && math.Abs(onlyGPU(gb).Margin-1/math.Sqrt2) < 1e-9
 		})
 		st := backend.Stats()
 		if st.OOMEvents != 0 || la.oom.Load()+lb.oom.Load() != 0 {
@@ -226,13 +226,13 @@ func TestTwoGatewaysShareOneBudget(t *testing.T) {
 			l := lease(gb)
 			return l.Leased >= budget-chunk && l.Leased > bBefore
 		}, func() string {
-			held, queued := gb.rt.Load().sched.Demand(onlyPool(gb).Name)
+			held, queued := gb.rt.Load().sched.Demand(onlyGPU(gb).Name)
 			return fmt.Sprintf("budget %d, chunk %d; b leased %+v, its demand %d held + %d queued", budget, chunk, lease(gb), held, queued)
 		})
 		// And b admits into it: more than a budget's worth minus a's
 		// lease is bound on b at once.
-		eventually(t, "b to bind into a's part", func() bool { return onlyPool(gb).Committed > budget-held })
-		eventually(t, "b's forecast to keep the whole margin again", func() bool { return onlyPool(gb).Margin == 1 })
+		eventually(t, "b to bind into a's part", func() bool { return onlyGPU(gb).Committed > budget-held })
+		eventually(t, "b's forecast to keep the whole margin again", func() bool { return onlyGPU(gb).Margin == 1 })
 		t.Logf("after a was killed holding %d bytes: b leased %d (from %d) after %v (TTL 2s)", held, lease(gb).Leased, bBefore, took.Round(time.Millisecond))
 		lb.halt()
 		lb2.halt()
@@ -287,7 +287,7 @@ func TestSharedBudgetThroughARedisOutage(t *testing.T) {
 
 	srv.Stop()
 	eventually(t, "both replicas to fall back", func() bool { return lease(ga).Fallback && lease(gb).Fallback })
-	share := onlyPool(ga).Capacity / 2
+	share := onlyGPU(ga).Capacity / 2
 	for _, g := range []*Server{ga, gb} {
 		if l := lease(g); l.Capacity > share || l.Share != share {
 			t.Errorf("in the fallback: %+v, want capacity at most the share %d", l, share)
@@ -343,7 +343,7 @@ admission:`, url1), 1)
 		t.Fatal(err)
 	}
 	url := serveLoopback(t, g.Serve, func(context.Context) error { return nil })
-	if st := onlyPool(g); st.Limit != 0 {
+	if st := onlyGPU(g); st.Limit != 0 {
 		t.Fatalf("a replica's pool starts at limit %d, want 0 (closed until its lease comes)", st.Limit)
 	}
 	if r := postJSON(url, "/v1/chat/completions", chatBody("hi", 16, false)); r.status != 200 {
@@ -377,7 +377,7 @@ admission:`, url1), 1)
 	if _, ok := leaseOn(g, "gpu1"); !ok {
 		t.Fatal("no lessee for the GPU the reload added")
 	}
-	if st, _ := g.sched.Pool("gpu1"); st.Limit != 0 {
+	if st, _ := g.sched.GPU("gpu1"); st.Limit != 0 {
 		t.Fatalf("the added GPU's pool has limit %d, want 0 until its lease comes", st.Limit)
 	}
 	if r := postJSON(url, "/v1/chat/completions", chatBody("hi", 16, false)); r.status != 200 {

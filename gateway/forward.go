@@ -34,7 +34,7 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 	lastErr := errNoBackendOnGPU
 	for {
 		var be *backends.Backend
-		if g := x.group(x.ticket.Pool()); g != nil {
+		if g := x.gpu(x.ticket.GPU()); g != nil {
 			be = g.backendFor(x.req.model, tried)
 		}
 		if be == nil {
@@ -46,7 +46,7 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 			if err := x.ticket.Move(x.ctx); err != nil {
 				return nil, fmt.Errorf("%w (and no other GPU could take the request: %v)", lastErr, err)
 			}
-			x.s.log.Warn("backend failed before answering; moved the request to another GPU", "model", x.req.model, "gpu", x.ticket.Pool(), "err", lastErr)
+			x.s.log.Warn("backend failed before answering; moved the request to another GPU", "model", x.req.model, "gpu", x.ticket.GPU(), "err", lastErr)
 			continue
 		}
 		tried[be] = true
@@ -83,15 +83,15 @@ var forwardedHeaders = [...]string{"Accept", "X-Request-Id", "Traceparent", "Tra
 // has no backend left to try.
 var errNoBackendOnGPU = errors.New("no available backend on the GPU the request was bound to")
 
-// group is the GPU of an admission pool. The scheduler binds a queued
-// request to any pool it knows, and a reload may have added that pool after
+// gpu is the GPU of a budget's id. The scheduler binds a queued
+// request to any GPU it knows, and a reload may have added that GPU after
 // the request loaded its runtime: then only the current runtime has its
 // GPU. nil if neither has (a later reload removed it again).
-func (x *exchange) group(pool string) *group {
-	if g := x.rt.poolGroup[pool]; g != nil {
+func (x *exchange) gpu(id string) *gpu {
+	if g := x.rt.gpuByID[id]; g != nil {
 		return g
 	}
-	return x.s.rt.Load().poolGroup[pool]
+	return x.s.rt.Load().gpuByID[id]
 }
 
 // armFirstByte starts a streamed request's first-byte clock: if no event

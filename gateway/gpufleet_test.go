@@ -45,8 +45,8 @@ func fill(t *testing.T, gw *Server, gwURL string, n int, header ...string) []fil
 	for range n {
 		before := map[string]int{}
 		total := 0
-		for _, g := range gw.rt.Load().groups {
-			before[g.name] = gpuPool(gw, g.name).Tickets
+		for _, g := range gw.rt.Load().gpus {
+			before[g.name] = gpuStats(gw, g.name).Tickets
 			total += before[g.name]
 		}
 		c := rawPost(t, gwURL, "/v1/completions", fillerBody, header...)
@@ -54,7 +54,7 @@ func fill(t *testing.T, gw *Server, gwURL string, n int, header ...string) []fil
 		var gpu string
 		eventually(t, "the filler to be bound", func() bool {
 			for name, n := range before {
-				if gpuPool(gw, name).Tickets > n {
+				if gpuStats(gw, name).Tickets > n {
 					gpu = name
 					return true
 				}
@@ -103,7 +103,7 @@ func send(gwURL, path, body string, n int, header ...string) <-chan result {
 
 // backendNamed is the gateway's backend called name.
 func backendNamed(gw *Server, name string) *backends.Backend {
-	for _, b := range gw.rt.Load().pool.Backends() {
+	for _, b := range gw.rt.Load().upstreams.Backends() {
 		if b.Name() == name {
 			return b
 		}
@@ -195,7 +195,7 @@ func TestFleetSpreadsABurst(t *testing.T) {
 		gw, gwURL := startGateway(t, fleetConfig("admission:\n  queue: {timeout: 60s}\n", urls...), Options{})
 		fs := fill(t, gw, gwURL, 6)
 		for _, g := range []string{"gpu0", "gpu1", "gpu2"} {
-			if p := gpuPool(gw, g); p.Tickets != 2 {
+			if p := gpuStats(gw, g); p.Tickets != 2 {
 				t.Fatalf("%s holds %d fillers, want 2 on each GPU: %+v", g, p.Tickets, fs)
 			}
 		}
@@ -212,7 +212,7 @@ func TestFleetSpreadsABurst(t *testing.T) {
 		})
 		st := getStatus(t, gwURL)
 		for _, g := range st.GPUs {
-			p := gpuPool(gw, g.GPU)
+			p := gpuStats(gw, g.GPU)
 			if g.Capacity != p.Capacity || g.Held != p.Held || g.Committed != p.Committed || g.Bound != 2 ||
 				g.Held <= 0 || g.Held > g.Capacity || *g.Used < 0 || *g.Used > g.Capacity {
 				t.Errorf("/status of %s: %+v, scheduler %+v", g.GPU, g, p)
@@ -260,7 +260,7 @@ func TestFleetSpreadsABurst(t *testing.T) {
 		for i, s := range sims {
 			st := s.Stats()
 			name := fmt.Sprintf("gpu%d", i)
-			budget := gpuPool(gw, name).Capacity / (2 << 20)
+			budget := gpuStats(gw, name).Capacity / (2 << 20)
 			if by[name] == 0 || st.FinishedLength+st.FinishedStop == 0 {
 				t.Errorf("%s served %d (its simulator finished %d)", name, by[name], st.FinishedLength+st.FinishedStop)
 			}
@@ -283,7 +283,7 @@ func TestFleetBackendDiesWhileRequestsWait(t *testing.T) {
 	simB, urlB := startSim(t, slow)
 	gw, gwURL := startGateway(t, fleetConfig("server: {request_timeout: 30m}\nadmission:\n  queue: {timeout: 20m}\n", urlA, urlB), Options{})
 	fs := fill(t, gw, gwURL, 4)
-	if a, b := gpuPool(gw, "gpu0").Tickets, gpuPool(gw, "gpu1").Tickets; a != 2 || b != 2 {
+	if a, b := gpuStats(gw, "gpu0").Tickets, gpuStats(gw, "gpu1").Tickets; a != 2 || b != 2 {
 		t.Fatalf("fillers on gpu0 %d, gpu1 %d; want 2 and 2", a, b)
 	}
 	waiting := send(gwURL, "/v1/chat/completions", waiterBody, 2)
@@ -295,7 +295,7 @@ func TestFleetBackendDiesWhileRequestsWait(t *testing.T) {
 	// and a waiter bound there before its circuit opened would be too.
 	killA()
 	eventually(t, "gpu0 out of routing, its budget empty, its requests and the waiters queued", func() bool {
-		return backendNamed(gw, "gpu0").State() == backends.StateOpen && gpuPool(gw, "gpu0").Tickets == 0 && queued(gw) == 4
+		return backendNamed(gw, "gpu0").State() == backends.StateOpen && gpuStats(gw, "gpu0").Tickets == 0 && queued(gw) == 4
 	})
 	release(fs, "gpu0") // their clients give up
 	eventually(t, "the two waiters alone in the queue", func() bool { return queued(gw) == 2 })
@@ -312,7 +312,7 @@ func TestFleetBackendDiesWhileRequestsWait(t *testing.T) {
 	// requests it serves run on (and keep its budget full: the waiters
 	// could not be bound to it in the moment before its circuit opens).
 	fs = fill(t, gw, gwURL, 2)
-	if b := gpuPool(gw, "gpu1").Tickets; b != 2 || fs[0].gpu != "gpu1" || fs[1].gpu != "gpu1" {
+	if b := gpuStats(gw, "gpu1").Tickets; b != 2 || fs[0].gpu != "gpu1" || fs[1].gpu != "gpu1" {
 		t.Fatalf("fillers %+v, gpu1 holds %d", fs, b)
 	}
 	waiting = send(gwURL, "/v1/chat/completions", waiterBody, 2)
@@ -375,7 +375,7 @@ func TestFleetRetriesOnceOnAnotherGPU(t *testing.T) {
 					io.Copy(io.Discard, r.Body)
 					secondHits.Add(1)
 					gw := gwp.Load()
-					seen <- hit{gpuPool(gw, "gpu0").Held, gpuPool(gw, "gpu1").Held}
+					seen <- hit{gpuStats(gw, "gpu0").Held, gpuStats(gw, "gpu1").Held}
 					w.Header().Set("Content-Type", "application/json")
 					io.WriteString(w, `{"choices":[{"index":0,"text":"x","finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
 				}).URL
@@ -412,7 +412,7 @@ func TestFleetHeterogeneousGPUs(t *testing.T) {
 	_, small := startSim(t, slow)
 	_, large := startSim(t, func(c *sim.Config) { slow(c); c.GPUMemory = 80 << 30 })
 	gw, gwURL := startGateway(t, fleetConfig("admission:\n  queue: {timeout: 60s}\n", small, large+" 80GiB"), Options{})
-	g0, g1 := gpuPool(gw, "gpu0"), gpuPool(gw, "gpu1")
+	g0, g1 := gpuStats(gw, "gpu0"), gpuStats(gw, "gpu1")
 	if g1.Capacity < 10*g0.Capacity {
 		t.Fatalf("budgets %d and %d: the 80 GiB GPU should hold many times the 24 GiB one", g0.Capacity, g1.Capacity)
 	}
@@ -426,13 +426,13 @@ func TestFleetHeterogeneousGPUs(t *testing.T) {
 		conns = append(conns, c)
 	}
 	eventually(t, "both GPUs full and one request waiting", func() bool {
-		return gpuPool(gw, "gpu0").Tickets+gpuPool(gw, "gpu1").Tickets == want0+want1 && queued(gw) == 1
+		return gpuStats(gw, "gpu0").Tickets+gpuStats(gw, "gpu1").Tickets == want0+want1 && queued(gw) == 1
 	})
 	for _, tc := range []struct {
 		gpu  string
 		want int
 	}{{"gpu0", want0}, {"gpu1", want1}} {
-		p := gpuPool(gw, tc.gpu)
+		p := gpuStats(gw, tc.gpu)
 		if p.Tickets != tc.want || p.Held != int64(tc.want)*perFiller || p.Capacity-p.Held >= perFiller {
 			t.Errorf("%s: %d requests hold %d of %d; want %d filling it", tc.gpu, p.Tickets, p.Held, p.Capacity, tc.want)
 		}
@@ -520,7 +520,7 @@ func TestFleetReloadRemovesABackend(t *testing.T) {
 	if err := gw.Reload(cfg); err != nil {
 		t.Fatal(err)
 	}
-	removed := func() int64 { return heldEverywhere(gw) - gpuPool(gw, "gpu1").Held }
+	removed := func() int64 { return heldEverywhere(gw) - gpuStats(gw, "gpu1").Held }
 	if h := removed(); h != 2*blocksOf(7992) || queued(gw) != 2 {
 		t.Fatalf("after the reload: gpu0 holds %d, %d queued", h, queued(gw))
 	}
@@ -551,8 +551,8 @@ func TestDeadBackendStaysOutOfRoutingPastItsCooldown(t *testing.T) {
 	gw, gwURL := startGateway(t, fleetConfig("", deadURL(t)+" 80GiB", live), Options{DisableProbes: true, Clock: clock})
 	routes := func() map[string]bool {
 		up := map[string]bool{}
-		for _, r := range gw.rt.Load().sched.Stats().Queues[0].Pools {
-			up[r.Pool] = r.Up
+		for _, r := range gw.rt.Load().sched.Stats().Queues[0].GPUs {
+			up[r.GPU] = r.Up
 		}
 		return up
 	}

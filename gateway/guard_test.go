@@ -43,7 +43,7 @@ func TestGuardStopsStreamsBeforeTheBackendOverflows(t *testing.T) {
   queue: {timeout: 60s}
 `), Options{})
 	eventually(t, "the budget to follow the backend's pool", func() bool {
-		return onlyPool(gw).Capacity == pool*2<<20
+		return onlyGPU(gw).Capacity == pool*2<<20
 	})
 	for range 15 { // teach: answers are 8 tokens
 		if r := postJSON(gwURL, "/v1/chat/completions", chatBody(words(50), 500, true)); r.status != 200 || !strings.Contains(r.body, "[DONE]") {
@@ -167,7 +167,7 @@ func TestPinnedLengthsReservedAtWorstCase(t *testing.T) {
 			if resp.StatusCode != 200 {
 				t.Fatalf("status %d", resp.StatusCode)
 			}
-			p := onlyPool(gw)
+			p := onlyGPU(gw)
 			if got := p.Committed == p.Held; got != tc.worst {
 				t.Fatalf("committed %d, held (worst case) %d: at its worst case %v, want %v", p.Committed, p.Held, got, tc.worst)
 			}

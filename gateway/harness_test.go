@@ -113,10 +113,10 @@ func startGateway(t testing.TB, cfgYAML string, opt Options) (*Server, string) {
 	return s, serveLoopback(t, s.Serve, s.Shutdown)
 }
 
-// gpuPool is the stats of the GPU named gpu (its group in the config).
-func gpuPool(s *Server, gpu string) admission.PoolStats {
+// gpuStats is the stats of the GPU named gpu (its group in the config).
+func gpuStats(s *Server, gpu string) admission.GPUStats {
 	rt := s.rt.Load()
-	st, _ := rt.sched.Pool(rt.groups[gpu].pool)
+	st, _ := rt.sched.GPU(rt.gpus[gpu].id)
 	return st
 }
 
@@ -133,13 +133,13 @@ func heldEverywhere(s *Server) int64 {
 	return h
 }
 
-// onlyPool is the stats of the gateway's only GPU.
-func onlyPool(s *Server) admission.PoolStats {
-	return s.rt.Load().sched.Stats().Pools[0]
+// onlyGPU is the stats of the gateway's only GPU.
+func onlyGPU(s *Server) admission.GPUStats {
+	return s.rt.Load().sched.Stats().GPUs[0]
 }
 
 // held is the worst-case bytes reserved on the gateway's only GPU.
-func held(s *Server) int64 { return onlyPool(s).Held }
+func held(s *Server) int64 { return onlyGPU(s).Held }
 
 // eventually polls cond on the wall clock until it holds, and says how long
 // that took; past a minute it logs each state and fails. It waits for what

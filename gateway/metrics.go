@@ -263,17 +263,17 @@ func (m *metrics) reloaded(ok bool, now time.Time) {
 }
 
 // observer feeds the scheduler's admissions into the metrics. Labels name
-// the GPU as the configuration does (a pool keeps its first GPU's name
-// across a rename, see group.pool).
+// the GPU as the configuration does (a budget keeps its first GPU's name
+// across a rename, see gpu.id).
 type observer struct{ m *metrics }
 
-func (o observer) gpu(pool string) string {
+func (o observer) gpu(id string) string {
 	if rt := o.m.current(); rt != nil {
-		if g := rt.poolGroup[pool]; g != nil {
+		if g := rt.gpuByID[id]; g != nil {
 			return g.name
 		}
 	}
-	return pool
+	return id
 }
 
 func (o observer) Admitted(e admission.Event) {
@@ -282,7 +282,7 @@ func (o observer) Admitted(e admission.Event) {
 		queued = "true"
 		o.m.queueWait.WithLabelValues(e.Queue, e.Class, "admitted").Observe(e.Waited.Seconds())
 	}
-	gpu := o.gpu(e.Pool)
+	gpu := o.gpu(e.GPU)
 	o.m.admissions.WithLabelValues(gpu, e.Class, e.Tenant, queued).Inc()
 	if e.Backfilled {
 		o.m.backfilled.WithLabelValues(e.Queue, gpu).Inc()

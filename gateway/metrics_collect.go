@@ -84,7 +84,7 @@ func (m *metrics) seed(rt *runtime) {
 				}
 			}
 		}
-		for gpu, g := range rt.groups {
+		for gpu, g := range rt.gpus {
 			for _, be := range g.backends {
 				if be.Serves(name) {
 					m.backfilled.WithLabelValues(name, gpu)
@@ -93,12 +93,12 @@ func (m *metrics) seed(rt *runtime) {
 			}
 		}
 	}
-	for _, be := range rt.pool.Backends() {
+	for _, be := range rt.upstreams.Backends() {
 		for _, k := range upstreamErrorKinds {
 			m.upstreamErrors.WithLabelValues(be.Name(), k)
 		}
 	}
-	for gpu := range rt.groups {
+	for gpu := range rt.gpus {
 		m.overflows.WithLabelValues(gpu)
 		for _, cl := range rt.cfg.Admission.Classes {
 			for _, t := range tenants {
@@ -177,11 +177,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	st := rt.sched.Stats()
-	gpuOf := map[string]string{} // pool → GPU name (they differ after a rename)
-	for name, g := range rt.groups {
-		gpuOf[g.pool] = name
+	gpuOf := map[string]string{} // id → GPU name (they differ after a rename)
+	for name, g := range rt.gpus {
+		gpuOf[g.id] = name
 	}
-	for _, p := range st.Pools {
+	for _, p := range st.GPUs {
 		gpu, ok := gpuOf[p.Name]
 		if !ok {
 			continue // a pool no GPU of this configuration uses any more
@@ -219,7 +219,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descTenantHeld, float64(t.Held), t.Name)
 		gauge(descTenantQ, float64(t.Queued), t.Name)
 	}
-	for _, b := range rt.pool.Backends() {
+	for _, b := range rt.upstreams.Backends() {
 		state := b.State()
 		gauge(descUp, boolFloat(state != backends.StateOpen), b.Name())
 		for _, s := range circuitStates {

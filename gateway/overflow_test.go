@@ -80,7 +80,7 @@ func TestGatewayPreventsOverflow(t *testing.T) {
 		if st.OOMEvents != 0 {
 			t.Fatalf("the backend overflowed behind the gateway: %d OOM events", st.OOMEvents)
 		}
-		budgetBlocks := onlyPool(gw).Capacity / (2 << 20)
+		budgetBlocks := onlyGPU(gw).Capacity / (2 << 20)
 		if st.PeakUsedBlocks > budgetBlocks {
 			t.Errorf("backend peaked at %d blocks, over the gateway's budget of %d", st.PeakUsedBlocks, budgetBlocks)
 		}

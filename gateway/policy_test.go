@@ -46,7 +46,7 @@ func TestPoolLargerThanTheCeilingIsReported(t *testing.T) {
 					!strings.Contains(g.Warning, "--gpu-memory-utilization 0.75") || g.Capacity != g.Configured {
 					t.Fatalf("a pool past the ceiling: %+v", g)
 				}
-			} else if g.Unusable != 0 || g.Warning != "" || g.Capacity != g.ReportedPool || g.Capacity != onlyPool(gw).Capacity {
+			} else if g.Unusable != 0 || g.Warning != "" || g.Capacity != g.ReportedPool || g.Capacity != onlyGPU(gw).Capacity {
 				t.Fatalf("a pool at the ceiling: %+v", g)
 			}
 		})
@@ -65,7 +65,7 @@ func TestCountModeLimitsConcurrency(t *testing.T) {
 			results <- postJSON(gwURL, "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":40}`)
 		})
 	}
-	eventually(t, "two admitted and three queued", func() bool { return onlyPool(gw).Tickets == 2 && queued(gw) == 3 })
+	eventually(t, "two admitted and three queued", func() bool { return onlyGPU(gw).Tickets == 2 && queued(gw) == 3 })
 	if st := backend.Stats(); st.Running > 2 {
 		t.Fatalf("the backend runs %d", st.Running)
 	}

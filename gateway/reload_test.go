@@ -10,7 +10,7 @@ import (
 	"github.com/kvgate/kvgate/backends/sim"
 )
 
-func capacity(s *Server) int64 { return onlyPool(s).Capacity }
+func capacity(s *Server) int64 { return onlyGPU(s).Capacity }
 
 // A reload changes the ceiling under a running gateway without dropping
 // the stream in flight; a broken file, or one whose numbers do not add up,
@@ -129,9 +129,9 @@ func TestReloadRenamedBackendKeepsItsBudget(t *testing.T) {
 	if err := gw.Reload(cfg); err != nil {
 		t.Fatal(err)
 	}
-	g := gw.rt.Load().groups["vllm-0"]
-	if g == nil || g.pool != "gpu0" || held(gw) == 0 || len(gw.rt.Load().sched.Stats().Pools) != 1 {
-		t.Fatalf("the renamed backend's GPU has a new budget: %+v", gw.rt.Load().groups)
+	g := gw.rt.Load().gpus["vllm-0"]
+	if g == nil || g.id != "gpu0" || held(gw) == 0 || len(gw.rt.Load().sched.Stats().GPUs) != 1 {
+		t.Fatalf("the renamed backend's GPU has a new budget: %+v", gw.rt.Load().gpus)
 	}
 }
 
@@ -202,7 +202,7 @@ func TestReloadReaddedGPUKeepsItsRequests(t *testing.T) {
 		c, _ := rawRequest(t, gwURL, "/v1/chat/completions", chatBody("hi", 500, true))
 		defer c.Close()
 	}
-	eventually(t, "a stream on each GPU", func() bool { return gpuPool(gw, "gpu0").Held == 1 && gpuPool(gw, "gpu1").Held == 1 })
+	eventually(t, "a stream on each GPU", func() bool { return gpuStats(gw, "gpu0").Held == 1 && gpuStats(gw, "gpu1").Held == 1 })
 	reload := func(urls ...string) {
 		t.Helper()
 		cfg, err := Parse([]byte(fleetConfig(extra, urls...)), ".")
@@ -215,7 +215,7 @@ func TestReloadReaddedGPUKeepsItsRequests(t *testing.T) {
 	}
 	reload(slow0)
 	reload(slow0, slow1)
-	if h := gpuPool(gw, "gpu1").Held; h != 1 {
+	if h := gpuStats(gw, "gpu1").Held; h != 1 {
 		t.Fatalf("gpu1 added back holds %d, want the 1 stream still running on it", h)
 	}
 }

@@ -32,10 +32,10 @@ type runtime struct {
 	tenants      map[string]*tenant // by API key
 	auth         bool               // keys are required
 	classRank    map[string]int     // 0 is the highest priority
-	groups       map[string]*group  // by GPU name
-	groupOf      map[*backends.Backend]*group
-	poolGroup    map[string]*group // by admission pool name
-	pool         *backends.Pool
+	gpus         map[string]*gpu    // by GPU name
+	gpuOf        map[*backends.Backend]*gpu
+	gpuByID      map[string]*gpu // by id
+	upstreams    *backends.Pool
 	cors         *corsPolicy          // nil: no CORS
 	sched        *admission.Scheduler // shared by every runtime of a server
 	count        bool                 // admission.mode count: requests, not bytes
@@ -46,13 +46,13 @@ type tenant struct {
 	class string
 }
 
-// group is one GPU (or TP group): an admission pool shared by the backends
-// that run on it.
-type group struct {
+// gpu is one GPU (or tensor-parallel group) and its budget, shared by the
+// backends that run on it.
+type gpu struct {
 	name string
-	// pool is its admission pool's name: its own, or the pool of a group it
-	// replaced on reload (a renamed GPU keeps its reservations).
-	pool string
+	// id names its budget in the scheduler: its own name, or the id of a
+	// GPU it replaced on reload (a renamed GPU keeps its reservations).
+	id string
 	// nominal is the budget from the config (gpu_memory × ceiling − weights
 	// − reserve − other), or, in count mode, the concurrency limit.
 	nominal int64
@@ -70,8 +70,8 @@ type group struct {
 
 // reported is what the backends of g report of their KV pools: their total
 // size and the part in use, in bytes of one GPU. ok is false until every
-// backend of the group has reported both.
-func (g *group) reported() (pool, used int64, ok bool) {
+// backend of the GPU has reported both.
+func (g *gpu) reported() (pool, used int64, ok bool) {
 	for _, be := range g.backends {
 		kv, have := be.KV()
 		if !have || !kv.HasPool() || !kv.HasUsage {
@@ -86,7 +86,7 @@ func (g *group) reported() (pool, used int64, ok bool) {
 
 // capacity is the budget g admits against: its configured size, or less if
 // its backends' pools are smaller. (In count mode, the concurrency limit.)
-func (g *group) capacity(count bool) int64 {
+func (g *gpu) capacity(count bool) int64 {
 	if count {
 		return g.nominal
 	}
@@ -99,7 +99,7 @@ func (g *group) capacity(count bool) int64 {
 // backendFor picks an available backend of g for model, other than those
 // in skip, rotating among them so that several backends of one GPU share
 // its pool's load.
-func (g *group) backendFor(model string, skip map[*backends.Backend]bool) *backends.Backend {
+func (g *gpu) backendFor(model string, skip map[*backends.Backend]bool) *backends.Backend {
 	n := len(g.backends)
 	start := int(g.rr.Add(1) % uint64(n))
 	for i := range n {
@@ -118,8 +118,8 @@ func (g *group) backendFor(model string, skip map[*backends.Backend]bool) *backe
 func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Scheduler) (*runtime, func() (*admission.Scheduler, error), error) {
 	rt := &runtime{
 		cfg: cfg, models: map[string]*model{}, tenants: map[string]*tenant{},
-		classRank: map[string]int{}, groups: map[string]*group{}, groupOf: map[*backends.Backend]*group{},
-		poolGroup: map[string]*group{}, count: cfg.Admission.Mode == modeCount, cors: newCORSPolicy(cfg.Server.CORS),
+		classRank: map[string]int{}, gpus: map[string]*gpu{}, gpuOf: map[*backends.Backend]*gpu{},
+		gpuByID: map[string]*gpu{}, count: cfg.Admission.Mode == modeCount, cors: newCORSPolicy(cfg.Server.CORS),
 	}
 	var errs []error
 	for i, mc := range cfg.Models {
@@ -154,7 +154,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		return nil, nil, errors.Join(errs...)
 	}
 
-	// GPU groups: memory and the models whose weights sit on them.
+	// GPUs: memory and the models whose weights sit on them.
 	type groupSpec struct {
 		memory, other, explicit int64
 		concurrency             int64
@@ -196,24 +196,24 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		return nil, nil, errors.Join(errs...)
 	}
 
-	// The pool a group carries over: its own under the same name, or, for a
-	// renamed GPU (a backend renamed without an explicit gpu), the pool of a
-	// vanished group whose backends it keeps — a new empty pool there would
+	// The budget a GPU carries over: its own under the same name, or, for a
+	// renamed GPU (a backend renamed without an explicit gpu), the budget of a
+	// vanished GPU whose backends it keeps — a new empty budget there would
 	// admit a second full budget next to the streams still running.
 	carried := func(name string, urls map[string]bool) string {
 		if prev == nil {
 			return name
 		}
-		if g := prev.groups[name]; g != nil {
-			return g.pool
+		if g := prev.gpus[name]; g != nil {
+			return g.id
 		}
-		for oldName, g := range prev.groups {
+		for oldName, g := range prev.gpus {
 			if specs[oldName] != nil {
 				continue
 			}
 			for _, be := range g.backends {
 				if urls[be.Spec().URL] {
-					return g.pool
+					return g.id
 				}
 			}
 		}
@@ -236,12 +236,12 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 			}
 			capacity = kv
 		}
-		g := &group{name: name, pool: carried(name, gs.urls), nominal: capacity, bytesPerToken: map[*backends.Backend]int64{}}
+		g := &gpu{name: name, id: carried(name, gs.urls), nominal: capacity, bytesPerToken: map[*backends.Backend]int64{}}
 		if !rt.count {
 			g.budgetField = gs.budgetField
 		}
-		rt.groups[name] = g
-		rt.poolGroup[g.pool] = g
+		rt.gpus[name] = g
+		rt.gpuByID[g.id] = g
 	}
 	if len(errs) > 0 {
 		return nil, nil, errors.Join(errs...)
@@ -249,48 +249,48 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 
 	var list []*backends.Backend
 	for i, bc := range cfg.Backends {
-		g := rt.groups[bc.GPU]
+		g := rt.gpus[bc.GPU]
 		spec := backendSpec(bc)
 		var be *backends.Backend
 		if prev != nil {
-			for _, old := range prev.pool.Backends() {
-				if old.Name() == bc.Name && prev.groupOf[old].pool == g.pool && sameSpec(old.Spec(), spec) {
+			for _, old := range prev.upstreams.Backends() {
+				if old.Name() == bc.Name && prev.gpuOf[old].id == g.id && sameSpec(old.Spec(), spec) {
 					be = old
 				}
 			}
 		}
 		if be == nil {
 			var err error
-			be, err = backends.NewBackend(spec, poolBudget{rt: rt, pool: g.pool}, opt.Clock)
+			be, err = backends.NewBackend(spec, gpuBudget{rt: rt, id: g.id}, opt.Clock)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("backends[%d]: %w", i, err))
 				continue
 			}
 		}
 		list = append(list, be)
-		rt.groupOf[be] = g
+		rt.gpuOf[be] = g
 		g.backends = append(g.backends, be)
 		g.bytesPerToken[be] = rt.models[bc.Models[0]].layout.BytesPerToken
 	}
 	if len(errs) > 0 {
 		return nil, nil, errors.Join(errs...)
 	}
-	rt.pool = backends.NewPool(list)
+	rt.upstreams = backends.NewPool(list)
 
 	acfg := admissionConfig(cfg, opt)
 	for _, name := range order {
-		g := rt.groups[name]
-		// Keep the clamp to the pools the backends reported: reconfiguring to
+		g := rt.gpus[name]
+		// Keep the clamp to the KV pools the backends reported: reconfiguring to
 		// the configured size would admit past them until the next scrape.
-		acfg.Pools = append(acfg.Pools, admission.PoolConfig{Name: g.pool, Capacity: g.capacity(rt.count)})
+		acfg.GPUs = append(acfg.GPUs, admission.GPUConfig{Name: g.id, Capacity: g.capacity(rt.count)})
 	}
 	for _, name := range rt.modelOrder {
 		q := admission.QueueConfig{Name: name, MaxLen: rt.models[name].maxLen}
 		for _, gname := range order {
-			g := rt.groups[gname]
+			g := rt.gpus[gname]
 			for _, be := range g.backends {
-				if be.Serves(name) && !slices.Contains(q.Pools, g.pool) {
-					q.Pools = append(q.Pools, g.pool)
+				if be.Serves(name) && !slices.Contains(q.GPUs, g.id) {
+					q.GPUs = append(q.GPUs, g.id)
 				}
 			}
 		}
@@ -321,18 +321,18 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 	return rt, commit, nil
 }
 
-// poolBudget is a backend's view of its GPU's pool, for routing its
+// gpuBudget is a backend's view of its GPU's budget, for routing its
 // tokenize calls (backends.Pool.Pick) to the one with the most room.
-type poolBudget struct {
-	rt   *runtime
-	pool string
+type gpuBudget struct {
+	rt *runtime
+	id string
 }
 
-func (b poolBudget) Free() int64 {
+func (b gpuBudget) Free() int64 {
 	if b.rt.sched == nil {
 		return 0
 	}
-	return b.rt.sched.Free(b.pool)
+	return b.rt.sched.Free(b.id)
 }
 
 // syncRoutes tells the scheduler which GPUs may take each model's requests
@@ -340,7 +340,7 @@ func (b poolBudget) Free() int64 {
 // and every upstream failure, it is how a backend whose circuit opens stops
 // taking binds and strands none of its model's waiters.
 func (rt *runtime) syncRoutes() {
-	for _, g := range rt.groups {
+	for _, g := range rt.gpus {
 		for _, name := range rt.modelOrder {
 			serves, up := false, false
 			for _, be := range g.backends {
@@ -350,9 +350,9 @@ func (rt *runtime) syncRoutes() {
 				}
 			}
 			if serves {
-				// Only an unknown queue or pool fails, and both are
+				// Only an unknown queue or GPU fails, and both are
 				// this runtime's own: nothing to report.
-				_ = rt.sched.SetAvailable(name, g.pool, up)
+				_ = rt.sched.SetAvailable(name, g.id, up)
 			}
 		}
 	}
@@ -389,7 +389,7 @@ func (c *Config) queueingOff(class string) string {
 }
 
 // admissionConfig maps the gateway's admission section onto the
-// scheduler's config (pools and queues are the caller's). Classes, their
+// scheduler's config (GPUs and queues are the caller's). Classes, their
 // defaults (admission.queue), tenants' shares and backfill are admission's
 // own types and pass as they are.
 func admissionConfig(cfg *Config, opt *Options) admission.Config {

@@ -338,7 +338,7 @@ func (s *Server) startProbesLocked(rt *runtime) {
 	s.probes.Add(1)
 	go func() {
 		defer s.probes.Done()
-		_ = rt.pool.Run(ctx, func(b *backends.Backend, r backends.KVReport, ok bool) { s.onKVReport(rt, b, r, ok) })
+		_ = rt.upstreams.Run(ctx, func(b *backends.Backend, r backends.KVReport, ok bool) { s.onKVReport(rt, b, r, ok) })
 	}()
 }
 
@@ -358,7 +358,7 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 	if !ok || rt.count {
 		return
 	}
-	g := rt.groupOf[b]
+	g := rt.gpuOf[b]
 	pool, used, known := g.reported()
 	if !known {
 		return
@@ -370,7 +370,7 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 		}
 	}
 	if pool > g.nominal {
-		if _, seen := s.warnedPools.LoadOrStore(g.pool, true); !seen {
+		if _, seen := s.warnedPools.LoadOrStore(g.id, true); !seen {
 			s.log.Warn("the backends' KV pool is larger than the GPU's budget: the difference will never be used",
 				"gpu", g.name, "pool", pool, "budget", g.nominal, "unused", pool-g.nominal,
 				"fix", g.oversizeFix(pool))
@@ -378,26 +378,26 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 	}
 	want := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
 	if s.fleet != nil {
-		s.fleet.SetBudget(g.pool, want)
+		s.fleet.SetBudget(g.id, want)
 	}
 	resized := true
-	if st, _ := rt.sched.Pool(g.pool); st.Capacity != want {
-		resized = rt.sched.Resize(g.pool, want) == nil
+	if st, _ := rt.sched.GPU(g.id); st.Capacity != want {
+		resized = rt.sched.Resize(g.id, want) == nil
 	}
 	if resized {
 		s.backendLog.budget(g, pool, want)
 	}
-	if err := rt.sched.SetUsage(g.pool, used, true); err != nil {
+	if err := rt.sched.SetUsage(g.id, used, true); err != nil {
 		s.log.Error("record a backend's KV usage", "gpu", g.name, "err", err)
 	}
 	preempted := s.preemptionsRose(b, r.Preemptions)
 	if preempted {
 		// The backend ran out of blocks: whatever the forecast said was
 		// wrong, and the GPU goes to worst-case admission for the cool-down.
-		rt.sched.Overflowed(g.pool)
+		rt.sched.Overflowed(g.id)
 	}
 	if *rt.cfg.Admission.Feedback.Enabled {
-		if err := rt.sched.Feedback(g.pool, used > want || preempted); err != nil {
+		if err := rt.sched.Feedback(g.id, used > want || preempted); err != nil {
 			s.log.Error("feed a backend's KV usage back to its budget", "gpu", g.name, "err", err)
 		}
 	}
@@ -465,7 +465,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		switch {
 		case s.draining.Load():
 			(&apiError{status: 503, typ: typeServer, code: "draining", message: "The gateway is shutting down."}).write(ctx)
-		case !s.rt.Load().pool.Ready():
+		case !s.rt.Load().upstreams.Ready():
 			(&apiError{status: 503, typ: typeServer, code: "no_healthy_backend", message: "no backend is healthy"}).write(ctx)
 		case s.fleet != nil && !s.fleet.Usable():
 			(&apiError{status: 503, typ: typeServer, code: "no_capacity",

@@ -172,15 +172,15 @@ func (s *Server) status() statusView {
 		v.Policy.Epsilon = a.epsilon()
 	}
 	st := rt.sched.Stats()
-	for _, p := range st.Pools {
-		g := rt.poolGroup[p.Name]
+	for _, p := range st.GPUs {
+		g := rt.gpuByID[p.Name]
 		if g == nil {
 			continue // a pool a reload removed, draining its last tickets
 		}
 		gv := gpuView{GPU: g.name, Configured: g.nominal, Capacity: p.Capacity, Effective: p.Effective, Held: p.Held,
 			Committed: p.Committed, Running: p.Now, Bound: p.Tickets, Gated: p.Gated, DrainRate: p.DrainRate}
-		if g.pool != g.name {
-			gv.Pool = g.pool
+		if g.id != g.name {
+			gv.Pool = g.id
 		}
 		if p.Limit >= 0 {
 			limit := p.Limit
@@ -219,9 +219,9 @@ func (s *Server) status() statusView {
 		for _, c := range q.Classes {
 			mv.Classes = append(mv.Classes, classView(c))
 		}
-		for _, r := range q.Pools {
-			name := r.Pool
-			if g := rt.poolGroup[r.Pool]; g != nil {
+		for _, r := range q.GPUs {
+			name := r.GPU
+			if g := rt.gpuByID[r.GPU]; g != nil {
 				name = g.name
 			}
 			mv.GPUs = append(mv.GPUs, routeView{GPU: name, Up: r.Up})
@@ -236,9 +236,9 @@ func (s *Server) status() statusView {
 	}
 	v.Counters = counterView{Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Backfilled: st.Backfilled,
 		Rejected: st.Rejected, Canceled: st.Canceled, GuardStops: st.GuardStops, ForecastTrips: st.Trips}
-	for _, b := range rt.pool.Backends() {
+	for _, b := range rt.upstreams.Backends() {
 		sp := b.Spec()
-		bv := backendView{Name: b.Name(), URL: sp.URL, GPU: rt.groupOf[b].name, Models: sp.Models, State: string(b.State()), LastError: b.LastError()}
+		bv := backendView{Name: b.Name(), URL: sp.URL, GPU: rt.gpuOf[b].name, Models: sp.Models, State: string(b.State()), LastError: b.LastError()}
 		if kv, ok := b.KV(); ok {
 			bv.KV = &kvView{At: kv.At.UTC().Format(time.RFC3339Nano), Usage: kv.Usage, Running: kv.Running, Waiting: kv.Waiting,
 				Preemptions: kv.Preemptions, NumGPUBlocks: kv.NumGPUBlocks, BlockSize: kv.BlockSize, GPUMemoryUtilization: kv.GPUMemoryUtilization}

@@ -89,7 +89,7 @@ func TestTLSBackendThroughGateway(t *testing.T) {
 			if l := logs.String(); !strings.Contains(l, "backend=gpu0") || !strings.Contains(l, "certificate signed by unknown authority") {
 				t.Errorf("no log line names the backend and the certificate problem:\n%s", l)
 			}
-			be := s.rt.Load().pool.Backends()[0]
+			be := s.rt.Load().upstreams.Backends()[0]
 			if !strings.Contains(be.LastError(), "TLS handshake failed") {
 				t.Errorf("the circuit did not count the handshake: last error %q", be.LastError())
 			}
@@ -352,7 +352,7 @@ func TestTLSBackendWrongCAHealth(t *testing.T) {
 	testcerts.WriteFile(t, otherFile, other.CertPEM)
 	simURL := startTLSSim(t, ca.Server(t, "sim").TLS(t))
 	s, gw := startGateway(t, withBackendTLS(baseConfig(simURL, ""), simURL, "{ca_file: "+otherFile+"}"), Options{})
-	be := s.rt.Load().pool.Backends()[0]
+	be := s.rt.Load().upstreams.Backends()[0]
 	eventually(t, "the circuit to open", func() bool { return !be.Available() })
 	if !strings.Contains(be.LastError(), "certificate signed by unknown authority") {
 		t.Errorf("last error %q", be.LastError())

@@ -266,7 +266,7 @@ func (x *exchange) pickTokenizer(be **backends.Backend) error {
 	if *be != nil {
 		return nil
 	}
-	b, err := x.rt.pool.Pick(x.req.model, nil)
+	b, err := x.rt.upstreams.Pick(x.req.model, nil)
 	if err != nil {
 		return err
 	}

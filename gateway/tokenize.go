@@ -50,7 +50,7 @@ func (s *Server) serveTokenize(ctx *fasthttp.RequestCtx) {
 		}
 		model = m.name
 	}
-	be, err := rt.pool.Pick(model, nil)
+	be, err := rt.upstreams.Pick(model, nil)
 	if err != nil {
 		noBackend(model).write(ctx)
 		return

@@ -12,7 +12,7 @@ import (
 type Event struct {
 	Admitted   bool
 	Queue      string
-	Pool       string
+	GPU        string
 	Class      string
 	Tenant     string
 	Reason     string
@@ -27,7 +27,7 @@ func (e Event) String() string {
 		if e.Backfilled {
 			bf = " backfilled"
 		}
-		return fmt.Sprintf("admitted %s/%s/%s on %q w=%d waited=%v%s", e.Queue, e.Class, e.Tenant, e.Pool, e.Weight, e.Waited, bf)
+		return fmt.Sprintf("admitted %s/%s/%s on %q w=%d waited=%v%s", e.Queue, e.Class, e.Tenant, e.GPU, e.Weight, e.Waited, bf)
 	}
 	return fmt.Sprintf("rejected %s/%s/%s %s w=%d waited=%v", e.Queue, e.Class, e.Tenant, e.Reason, e.Weight, e.Waited)
 }
@@ -42,7 +42,7 @@ type Recorder struct {
 var _ admission.Observer = (*Recorder)(nil)
 
 func (r *Recorder) Admitted(e admission.Event) {
-	r.add(Event{Admitted: true, Queue: e.Queue, Pool: e.Pool, Class: e.Class, Tenant: e.Tenant, Weight: e.Weight,
+	r.add(Event{Admitted: true, Queue: e.Queue, GPU: e.GPU, Class: e.Class, Tenant: e.Tenant, Weight: e.Weight,
 		Waited: e.Waited, Backfilled: e.Backfilled})
 }
 

@@ -46,7 +46,7 @@ type Deps struct {
 // GPU is one GPU's budget as the gateway derives it now.
 type GPU struct {
 	Name    string // its budget key in Redis: the same on every replica
-	Pool    string // its admission pool
+	ID      string // its admission pool
 	Nominal int64  // the configured budget, which the chunk is a part of
 	Budget  int64  // the derived budget: min(configured, the backends' reported pool)
 }
@@ -224,7 +224,7 @@ func (f *Fleet) Sync(gpus []GPU) error {
 	}
 	want := map[string]*GPU{}
 	for i := range gpus {
-		want[gpus[i].Pool] = &gpus[i]
+		want[gpus[i].ID] = &gpus[i]
 	}
 	for pool, pl := range f.lessees {
 		if g := want[pool]; g == nil || g.Name != pl.gpu {
@@ -270,7 +270,7 @@ func (f *Fleet) Sync(gpus []GPU) error {
 }
 
 func (f *Fleet) startLocked(g *GPU, budget int64) (*poolLease, error) {
-	pl := &poolLease{gpu: g.Name, pool: g.Pool, chunk: f.cfg.Chunk.Of(g.Nominal), done: make(chan struct{})}
+	pl := &poolLease{gpu: g.Name, pool: g.ID, chunk: f.cfg.Chunk.Of(g.Nominal), done: make(chan struct{})}
 	pl.level.Store(-1)
 	sched := f.sched
 	l, err := NewLessee(LesseeConfig{
@@ -395,7 +395,7 @@ func (f *Fleet) Abandon() {
 type LeaseStatus struct {
 	pl    *poolLease
 	GPU   string
-	Pool  string
+	ID    string
 	Stats Stats
 	Level int64 // the fair level; < 0: none
 }
@@ -404,7 +404,7 @@ type LeaseStatus struct {
 func (f *Fleet) Leases() []LeaseStatus {
 	var out []LeaseStatus
 	for _, pl := range *f.byPool.Load() {
-		out = append(out, LeaseStatus{pl: pl, GPU: pl.gpu, Pool: pl.pool, Stats: pl.l.Stats(), Level: pl.level.Load()})
+		out = append(out, LeaseStatus{pl: pl, GPU: pl.gpu, ID: pl.pool, Stats: pl.l.Stats(), Level: pl.level.Load()})
 	}
 	return out
 }

@@ -99,7 +99,7 @@ func TestSyncKeepsDrainsAndGivesBack(t *testing.T) {
 	})
 	sched := newFakeSched()
 	sched.setDemand("p0", 0, 150)
-	gpu0 := GPU{Name: "gpu0", Pool: "p0", Nominal: 1000, Budget: 1000}
+	gpu0 := GPU{Name: "gpu0", ID: "p0", Nominal: 1000, Budget: 1000}
 	if err := f.Start(sched, func() []string { return nil }, []GPU{gpu0}); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestSyncKeepsDrainsAndGivesBack(t *testing.T) {
 		return f.lessees["p0"]
 	}
 	pl := lessee()
-	if ls := f.Leases(); len(ls) != 1 || ls[0].GPU != "gpu0" || ls[0].Pool != "p0" || ls[0].Stats.Leased != 200 {
+	if ls := f.Leases(); len(ls) != 1 || ls[0].GPU != "gpu0" || ls[0].ID != "p0" || ls[0].Stats.Leased != 200 {
 		t.Fatalf("Leases: %+v", ls)
 	}
 
@@ -162,7 +162,7 @@ func TestSyncKeepsDrainsAndGivesBack(t *testing.T) {
 	}
 
 	sched.setDemand("p1", 0, 50)
-	if err := f.Sync([]GPU{{Name: "gpu1", Pool: "p1", Nominal: 1000, Budget: 1000}}); err != nil {
+	if err := f.Sync([]GPU{{Name: "gpu1", ID: "p1", Nominal: 1000, Budget: 1000}}); err != nil {
 		t.Fatal(err)
 	}
 	sched.waitLimit(t, "p1", 100)

@@ -23,8 +23,8 @@ type replicaLengths struct {
 func newReplicaLengths(t *testing.T, srv *fleettest.Redis, name string, maxLen int) *replicaLengths {
 	t.Helper()
 	s, err := admission.New(admission.Config{
-		Pools:  []admission.PoolConfig{{Name: "gpu0", Capacity: 1 << 30}},
-		Queues: []admission.QueueConfig{{Name: "m", Pools: []string{"gpu0"}, MaxLen: maxLen}},
+		GPUs:   []admission.GPUConfig{{Name: "gpu0", Capacity: 1 << 30}},
+		Queues: []admission.QueueConfig{{Name: "m", GPUs: []string{"gpu0"}, MaxLen: maxLen}},
 		Policy: admission.PolicyConfig{Reservation: admission.Predicted},
 	})
 	if err != nil {
