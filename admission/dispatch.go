@@ -203,12 +203,17 @@ func (s *Scheduler) pickLocked(w *waiter) (best *pool, spare bool) {
 	if s.set.policy.predicted {
 		c = s.waiterCurveLocked(w)
 	}
+	// A request costs least where its prompt's leading blocks are held
+	// already: among the pools with room, the one it adds the least to
+	// comes first; then its affinity's; then the most room.
+	var bestAdds int64
+	prefFits, prefSpare := false, false
 	for _, r := range w.line.q.routes {
 		p := r.p
 		if !eligible(w, r) || !w.tenant.fitsOn(p, w.charge) {
 			continue
 		}
-		room, fits := s.fitsLocked(p, w, c, len(w.line.q.routes) > 1)
+		room, adds, fits := s.fitsLocked(p, w, c, len(w.line.q.routes) > 1)
 		if !fits {
 			continue
 		}
@@ -217,11 +222,14 @@ func (s *Scheduler) pickLocked(w *waiter) (best *pool, spare bool) {
 			continue
 		}
 		if p == pref {
-			return p, sp
+			prefFits, prefSpare = true, sp
 		}
-		if best == nil || room > bestRoom {
-			best, bestRoom, spare = p, room, sp
+		if best == nil || adds < bestAdds || adds == bestAdds && room > bestRoom {
+			best, bestAdds, bestRoom, spare = p, adds, room, sp
 		}
+	}
+	if prefFits && (w.shared == 0 || bestAdds == w.weight) {
+		return pref, prefSpare
 	}
 	return best, spare
 }

@@ -78,6 +78,34 @@ func (s *Scheduler) invariantsLocked(op string) error {
 				}
 			}
 		}
+		// The table: each block's count is the tickets that hold it, and
+		// its bytes are counted once, in held and in the charge.
+		refs, table, refBytes := map[uint64]int32{}, int64(0), int64(0)
+		for t := p.first; t != nil; t = t.next {
+			for _, g := range t.groups {
+				for _, h := range g.Prefix[:g.held] {
+					if refs[h] == 0 {
+						table += g.BlockBytes
+					}
+					refs[h]++
+				}
+				refBytes += g.held * g.BlockBytes
+			}
+		}
+		if len(refs) != len(p.table) || table != p.tableBytes || refBytes != p.sharedRefs {
+			bad("pool %q table has %d blocks, %d bytes, %d referenced; its tickets hold %d, %d, %d",
+				p.name, len(p.table), p.tableBytes, p.sharedRefs, len(refs), table, refBytes)
+		}
+		for h, n := range refs {
+			if p.table[h] != n {
+				bad("pool %q table counts %d holders of a block its tickets hold %d times", p.name, p.table[h], n)
+				break
+			}
+		}
+		held, charge, now = held+table, charge+table, now+table
+		if s.set.policy.predicted && table != 0 {
+			want.addConst(float64(table), 0, float64(table))
+		}
 		if n != p.tickets || held != p.held || charge != p.charge {
 			bad("pool %q counts %d tickets, %d held, %d charge; its list has %d, %d, %d",
 				p.name, p.tickets, p.held, p.charge, n, held, charge)
@@ -93,7 +121,7 @@ func (s *Scheduler) invariantsLocked(op string) error {
 				}
 			}
 		}
-		if tenantCharge[p] != p.charge {
+		if tenantCharge[p]+p.tableBytes != p.charge {
 			bad("tenants hold %d on %q, its tickets %d", tenantCharge[p], p.name, p.charge)
 		}
 		if s.set.policy.predicted && p.fc.mean != nil {

@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/kvgate/kvgate/admission/predict"
+	"github.com/kvgate/kvgate/kvbudget"
 )
 
 // The Predicted policy: how a request's hold is forecast (see doc.go).
@@ -137,13 +138,13 @@ func (s *Scheduler) forecastAddLocked(p *pool, t *Ticket) {
 	} else {
 		t.fc.zero()
 	}
-	if s.freshLocked(t) {
+	if s.freshLocked(t) && !t.sharesLocked() {
 		// Just admitted: its curve is the one its admission computed.
 		t.fc.copyFrom(s.scratch)
 	} else {
 		for i := range t.groups {
 			g := &t.groups[i]
-			s.groupCurveLocked(&t.fc, g.Group, g.live, g.gen, t.opaque, t.lens)
+			s.groupCurveLocked(&t.fc, g.Group, g.held, g.live, g.gen, t.opaque, t.lens)
 		}
 	}
 	if len(t.groups) == 0 {
@@ -188,6 +189,9 @@ func (s *Scheduler) forecastChangedLocked(p *pool) {
 				p.fc.add(t.fc, 1)
 			}
 		}
+		if p.tableBytes != 0 {
+			p.fc.addConst(float64(p.tableBytes), 0, float64(p.tableBytes))
+		}
 		p.fcOps = 0
 	}
 }
@@ -219,20 +223,20 @@ func (c *curve) addConst(mean, vari, hi float64) { c.flat.add(point{mean, vari, 
 // when it is not (opaque), its final size's distribution at every step —
 // its size never exceeds its final one, and without progress nothing tells
 // how far along it is.
-func (s *Scheduler) groupCurveLocked(c *curve, g Group, live, gen int, opaque bool, lens *predict.Lengths) {
+func (s *Scheduler) groupCurveLocked(c *curve, g Group, held int64, live, gen int, opaque bool, lens *predict.Lengths) {
 	if live <= 0 {
 		return
 	}
-	worst := float64(g.size(live, g.Cap))
+	worst := float64(satMul(kvbudget.GroupBlocks(g.Prompt, g.Cap, live, g.BlockTokens, held), g.BlockBytes))
 	switch {
 	case lens == nil:
 		c.addConst(worst, 0, worst)
 	case opaque:
-		m, v := finalSizeMoments(g, live, lens)
+		m, v := finalSizeMoments(g, held, live, lens)
 		c.addConst(m, v, worst)
 	default:
 		c.extend(predict.Item{Prompt: g.Prompt, Generated: gen, Cap: g.Cap, Seqs: live, BlockTokens: g.BlockTokens,
-			BlockBytes: g.BlockBytes, Lead: forecastLead(g), Lengths: lens}.AddWithAllAlive(c.mean, c.vari, c.hi))
+			BlockBytes: g.BlockBytes, Lead: forecastLead(g), Lengths: lens, HeldShared: held}.AddWithAllAlive(c.mean, c.vari, c.hi))
 	}
 }
 
@@ -249,7 +253,7 @@ func forecastLead(g Group) int { return g.BlockTokens + leadTokens - 1 }
 // finalSizeMoments are the mean and variance of a group's final size when
 // each live sequence's length is min(L, Cap), L drawn from lens: the shared
 // prompt blocks, and each sequence's own blocks independently.
-func finalSizeMoments(g Group, live int, lens *predict.Lengths) (mean, variance float64) {
+func finalSizeMoments(g Group, held int64, live int, lens *predict.Lengths) (mean, variance float64) {
 	shared := int64(g.Prompt / g.BlockTokens)
 	first := blocks(g.Prompt+1, g.BlockTokens)
 	last := blocks(satAdd(g.Prompt, g.Cap), g.BlockTokens)
@@ -268,7 +272,7 @@ func finalSizeMoments(g Group, live int, lens *predict.Lengths) (mean, variance 
 	}
 	bb := float64(g.BlockBytes)
 	n := float64(live)
-	return (float64(shared) + n*e1) * bb, n * max(e2-e1*e1, 0) * bb * bb
+	return (float64(max(shared-held, 0)) + n*e1) * bb, n * max(e2-e1*e1, 0) * bb * bb
 }
 
 // waiterCurveLocked is w's curve as it would start now, in the scheduler's
@@ -283,7 +287,7 @@ func (s *Scheduler) waiterCurveLocked(w *waiter) curve {
 	s.scratchSeq, s.scratchLens, s.scratchOpaque = w.seq, w.lens, w.opaque
 	c.zero()
 	for _, g := range w.shape {
-		s.groupCurveLocked(c, g, g.Seqs, 0, w.opaque, w.lens)
+		s.groupCurveLocked(c, g, 0, g.Seqs, 0, w.opaque, w.lens)
 	}
 	if len(w.shape) == 0 {
 		c.addConst(float64(w.weight), 0, float64(w.weight))
@@ -336,11 +340,21 @@ func (s *Scheduler) boundLocked(p *pool) float64 {
 
 // fitsLocked says whether w (whose curve is c under Predicted) fits p now,
 // and, when needRoom, the room p would have left.
-func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve, needRoom bool) (room float64, fits bool) {
-	worst := satAdd64(p.held, w.weight)
+func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve, needRoom bool) (room float64, adds int64, fits bool) {
+	adds = w.weight
+	var extra float64 // what p's table would gain: held throughout
+	if p.sharing && w.shared > 0 {
+		fresh := s.freshBytesLocked(p, w)
+		adds = w.weight - w.shared + fresh
+		extra = float64(fresh)
+		if s.set.policy.predicted {
+			c = s.ownCurveLocked(w)
+		}
+	}
+	worst := satAdd64(p.held, adds)
 	if !s.set.policy.predicted {
 		room = float64(p.admitCap()) - float64(worst)
-		return room, room >= 0
+		return room, adds, room >= 0
 	}
 	// Every worst case fitting beside the others' is safe whatever the
 	// forecast or the backend's report says: no forecast to compute (an
@@ -350,10 +364,10 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve, needRoom bool) (room
 	// part of the GPU is a lease: the gate is what stops it when another
 	// replica's batch outgrows its forecast.
 	if !needRoom && !p.limited && worst <= p.admitCap() {
-		return 0, true
+		return 0, adds, true
 	}
 	if s.gatedLocked(p) || !s.exposureFitsLocked(p, w) {
-		return 0, false
+		return 0, adds, false
 	}
 	base := p.fc
 	if base.mean == nil {
@@ -362,9 +376,11 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve, needRoom bool) (room
 	}
 	// The worst case is never less safe than the forecast: with few
 	// requests the normal bound can exceed it.
-	peak := min(base.peakWith(c, s.set.policy.z*p.marginOrOne()), float64(worst))
+	// A constant moves every point of the bound alike: the table's growth
+	// adds to the peak as it is.
+	peak := min(base.peakWith(c, s.set.policy.z*p.marginOrOne())+extra, float64(worst))
 	room = float64(p.admitCap()) - peak
-	return room, room >= 0
+	return room, adds, room >= 0
 }
 
 // lengthsForLocked is the predictor a new request of tenant t in q is
@@ -385,7 +401,7 @@ func (s *Scheduler) lengthsForLocked(q *queue, t *tenantState) *predict.Lengths 
 
 // observeLocked teaches q's predictors one finished sequence.
 func (s *Scheduler) observeLocked(q *queue, tenant string, n int, capped bool) {
-	s.scratchSeq = 0 // the predictor moves: no curve computed before stands
+	s.scratchSeq, s.ownSeq = 0, 0 // the predictor moves: no curve computed before stands
 	q.lengths.Observe(n, capped)
 	q.tallyLocked(tenant, n, capped)
 	if tenant == "" {

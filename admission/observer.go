@@ -71,6 +71,10 @@ type GPUStats struct {
 	// Charge is Σ of its tickets' charges (see doc.go).
 	Charge  int64
 	Tickets int
+	// Shared is the bytes of prompt blocks it counts once for the tickets
+	// that share them (part of Held and Charge); SharedSaved what counting
+	// them once per ticket would have added (SetSharing).
+	Shared, SharedSaved int64
 	// Used is what its backends last reported in use; UsedKnown false until
 	// they do. Gated says that report keeps it closed to new admissions.
 	Used      int64
@@ -153,7 +157,8 @@ func (s *Scheduler) Stats() Stats {
 	for _, p := range s.pools {
 		ps := GPUStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Margin: p.marginOrOne(), Held: p.held,
 			Committed: s.committedLocked(p), Charge: p.charge, Tickets: p.tickets,
-			Used: p.used, UsedKnown: p.usedKnown, Gated: s.gatedLocked(p), Now: p.now, Stopping: p.stopping}
+			Used: p.used, UsedKnown: p.usedKnown, Gated: s.gatedLocked(p), Now: p.now, Stopping: p.stopping,
+			Shared: p.tableBytes, SharedSaved: p.sharedRefs - p.tableBytes}
 		ps.DrainRate, ps.Releases = p.drain.rate(now)
 		if p.res.kind != resNone && p.res.head.state == waiting {
 			ps.Reserved, ps.Blocking = p.res.head.line.q.name, p.res.kind == resBlock

@@ -30,6 +30,15 @@ type pool struct {
 	// guard stopped and that are still to be released (guard.go).
 	now, stopping int64
 
+	// sharing says its backends hold a shared prompt block once
+	// (SetSharing); table counts the holders of each such block its tickets
+	// hold, tableBytes their bytes (part of held and charge), sharedRefs
+	// the bytes its tickets would hold without sharing (share.go).
+	sharing    bool
+	table      map[uint64]int32
+	tableBytes int64
+	sharedRefs int64
+
 	used      int64 // KV in use as its backends last reported it
 	usedKnown bool
 
@@ -205,6 +214,9 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 			t.predicted += out * g.Seqs
 		}
 	}
+	if p.sharing {
+		s.shareLocked(p, t)
+	}
 	p.held = satAdd64(p.held, t.weight)
 	p.charge = satAdd64(p.charge, t.charge)
 	p.tickets++
@@ -230,6 +242,7 @@ func (s *Scheduler) unholdLocked(t *Ticket, drained bool) {
 	p := t.pool
 	s.forecastSubLocked(p, t)
 	s.recycleCurveLocked(t)
+	s.unshareLocked(p, t)
 	p.held -= t.weight
 	p.charge -= t.charge
 	p.tickets--

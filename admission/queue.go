@@ -137,6 +137,9 @@ type waiter struct {
 	tenant *tenantState
 	weight int64 // worst case
 	charge int64 // what it counts for against tenant caps and drain (see forecast.go)
+	// shared is the part of weight a GPU that shares prompt blocks may
+	// hold once for several requests: its shareable blocks (share.go).
+	shared int64
 	shape  []Group
 	opaque bool
 	pinned bool
@@ -181,6 +184,7 @@ func (s *Scheduler) initWaiterLocked(w *waiter, q *queue, l *line, r Request, in
 	for _, g := range r.Shape {
 		w.weight = satAdd64(w.weight, g.final())
 	}
+	w.shared = sharedOf(w.shape)
 	if w.predictable() {
 		w.lens = s.lengthsForLocked(q, t)
 	}

@@ -59,6 +59,14 @@ type Group struct {
 	Seqs        int   // sequences; >= 1
 	BlockTokens int   // >= 1
 	BlockBytes  int64 // >= 1
+	// Prefix names the prompt's leading full blocks by content, for a GPU
+	// that holds a shared block once (SetSharing): Prefix[j] stands for
+	// blocks 0 to j — a hash chained over their tokens and whatever else
+	// the backend's sharing depends on (the model, a cache salt), equal
+	// for two requests only if the backend would share those blocks. nil:
+	// the request shares nothing. Only the blocks before the prompt's last
+	// token count (share.go).
+	Prefix []uint64
 }
 
 func (g Group) validate(i int) error {

@@ -48,6 +48,12 @@ type Scheduler struct {
 	backfilled  int64 // waiters admitted past an earlier waiter that did not fit
 	rng         *rand.Rand
 	scratch     curve // a candidate's forecast, reused under mu
+	// own is a candidate's forecast without its shareable blocks (share.go),
+	// for GPUs that hold them once; ownSeq, ownLens and ownOpaque name whose.
+	own       curve
+	ownSeq    uint64
+	ownLens   *predict.Lengths
+	ownOpaque bool
 	// scratchSeq, scratchLens and scratchOpaque name whose forecast scratch
 	// holds (0: none); see waiterCurveLocked.
 	scratchSeq    uint64

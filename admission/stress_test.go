@@ -96,6 +96,11 @@ func stress(t *testing.T, policy string) {
 		t.Fatal(err)
 	}
 	obs.s.Store(s)
+	for _, g := range []string{"a", "c"} { // two of the three GPUs hold shared prompt blocks once
+		if err := s.SetSharing(g, true); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	var mu sync.Mutex
 	var firstErr error
@@ -135,8 +140,17 @@ func stress(t *testing.T, policy string) {
 					Opaque: r.IntN(4) == 0,
 				}
 				for range 1 + r.IntN(2) {
-					req.Shape = append(req.Shape, admission.Group{Prompt: r.IntN(300), Cap: 1 + r.IntN(400),
-						Seqs: 1 + r.IntN(2), BlockTokens: 16, BlockBytes: 16})
+					grp := admission.Group{Prompt: r.IntN(300), Cap: 1 + r.IntN(400),
+						Seqs: 1 + r.IntN(2), BlockTokens: 16, BlockBytes: 16}
+					if r.IntN(2) == 0 {
+						// One of a few prompts' leading blocks: requests of one
+						// family share them up to their shorter prompt.
+						fam := uint64(1 + r.IntN(3))
+						for j := range grp.Prompt / 16 {
+							grp.Prefix = append(grp.Prefix, fam<<32|uint64(j))
+						}
+					}
+					req.Shape = append(req.Shape, grp)
 				}
 				switch r.IntN(20) {
 				case 0:

@@ -68,6 +68,9 @@ type tgroup struct {
 	// 0.9 quantile); crossed says it has.
 	mark    int
 	crossed bool
+	// held is how many of its leading prompt blocks its GPU's table counts
+	// for it (share.go): its own size leaves them out.
+	held int64
 }
 
 func (g *tgroup) blocksAt(generated int) int64 {
@@ -275,6 +278,7 @@ func (t *Ticket) Move(ctx context.Context) error {
 		for _, g := range w.shape {
 			w.weight = satAdd64(w.weight, g.final())
 		}
+		w.shared = sharedOf(w.shape)
 		w.charge = s.chargeLocked(w)
 	} else {
 		w.charge = w.weight

@@ -19,6 +19,10 @@ type Item struct {
 	// Lengths is the learned output-length distribution; nil means
 	// deterministic: alive until Cap, with no variance (warm-up, worst case).
 	Lengths *Lengths
+	// HeldShared is how many of the prompt's full blocks the item does not
+	// count: blocks a GPU holds once for several requests (its prefix
+	// cache), which the caller counts once on their own.
+	HeldShared int64
 }
 
 // Validate says what is wrong with it, naming the field. The other methods
@@ -39,6 +43,7 @@ func (it Item) Validate() error {
 		{"BlockTokens", int64(it.BlockTokens), 1},
 		{"BlockBytes", it.BlockBytes, 1},
 		{"Lead", int64(it.Lead), 0},
+		{"HeldShared", it.HeldShared, 0},
 	} {
 		if f.v < f.min {
 			errs = append(errs, fmt.Errorf("predict: Item.%s is %d; it must be >= %d", f.name, f.v, f.min))
@@ -55,6 +60,7 @@ func (it Item) clamped() Item {
 	it.BlockTokens = max(it.BlockTokens, 1)
 	it.BlockBytes = max(it.BlockBytes, 1)
 	it.Lead = max(it.Lead, 0)
+	it.HeldShared = max(it.HeldShared, 0)
 	return it
 }
 
@@ -68,11 +74,15 @@ func (it Item) own(gen int) int64 {
 	return int64((tokens+it.BlockTokens-1)/it.BlockTokens) - it.shared()
 }
 
+// counted is the prompt's full blocks the item counts: those not held for
+// it by another holder (HeldShared).
+func (it Item) counted() int64 { return max(it.shared()-it.HeldShared, 0) }
+
 // bytesAt is the item's size with every live sequence at gen generated
 // tokens. The sequences of one request share its prompt's full blocks, as
-// vLLM's parallel sampling does (kvbudget's RequestBlocks).
+// vLLM's parallel sampling does (kvbudget's GroupBlocks).
 func (it Item) bytesAt(gen int) int64 {
-	return (it.shared() + int64(it.Seqs)*it.own(gen)) * it.BlockBytes
+	return (it.counted() + int64(it.Seqs)*it.own(gen)) * it.BlockBytes
 }
 
 // Final is the item's worst-case size in bytes: every sequence at Cap.
@@ -145,7 +155,7 @@ func (it Item) addCurves(mean, variance, hi []float64, sign float64) (points int
 	shared := it.shared()
 	// The prompt's full blocks: held while any sequence may be alive when
 	// there are several, part of the one sequence's Bernoulli otherwise.
-	held, inSeq := float64(shared)*bb, 0.0
+	held, inSeq := float64(it.counted())*bb, 0.0
 	if it.Seqs == 1 {
 		held, inSeq = 0, held
 	}
