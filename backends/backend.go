@@ -263,9 +263,16 @@ var ErrTokenizeTimeout = errors.New("tokenize timed out")
 // (ErrTokenizeTimeout): a slow tokenizer must not hold requests back when
 // an estimate can stand in.
 func (b *Backend) Tokenize(ctx context.Context, body []byte) (int, error) {
+	return b.TokenizeIDs(ctx, body, nil)
+}
+
+// TokenizeIDs is Tokenize that also reads the prompt's token ids into *ids
+// (reusing its capacity) when ids is not nil: what the backend's prefix
+// cache tells blocks apart by.
+func (b *Backend) TokenizeIDs(ctx context.Context, body []byte, ids *[]uint32) (int, error) {
 	ctx, cancel := b.withTimeout(ctx, b.spec.TokenizeTimeout, ErrTokenizeTimeout)
 	defer cancel()
-	n, err := b.tokenize(ctx, body)
+	n, err := b.tokenize(ctx, body, ids)
 	if err != nil && errors.Is(context.Cause(ctx), ErrTokenizeTimeout) {
 		return 0, fmt.Errorf("backend %s: %w after %s", b.spec.Name, ErrTokenizeTimeout, b.spec.TokenizeTimeout)
 	}

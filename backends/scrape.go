@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -29,6 +30,11 @@ type KVReport struct {
 	NumGPUBlocks         int64
 	BlockSize            int
 	GPUMemoryUtilization float64
+	// PrefixCaching says the backend holds a full prompt block once for
+	// every running request that shares it (enable_prefix_caching). Absent
+	// from the report, it is false: a block is never taken as shared on a
+	// backend that has not said it shares.
+	PrefixCaching bool
 }
 
 // HasPool says whether the backend reported the size of its KV pool.
@@ -70,6 +76,8 @@ func ParseMetrics(in io.Reader, at time.Time) (KVReport, error) {
 					r.BlockSize, _ = strconv.Atoi(l.GetValue())
 				case "gpu_memory_utilization":
 					r.GPUMemoryUtilization, _ = strconv.ParseFloat(l.GetValue(), 64)
+				case "enable_prefix_caching":
+					r.PrefixCaching = strings.EqualFold(l.GetValue(), "true")
 				}
 			}
 		}

@@ -3,6 +3,7 @@ package backends
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/valyala/fasthttp"
@@ -18,9 +19,10 @@ const maxTokenizeAnswer = 16 << 20
 // kept, so the buffer goes straight back.
 var tokenizeBufs = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
 
-// tokenize is Tokenize without its timeout. Of the answer only "count" is
-// read: the list of token ids beside it is skipped, not parsed.
-func (b *Backend) tokenize(ctx context.Context, body []byte) (int, error) {
+// tokenize is Tokenize without its timeout. Of the answer "count" is read,
+// and, when ids is not nil, the list of token ids into it; otherwise the
+// list is skipped, not parsed.
+func (b *Backend) tokenize(ctx context.Context, body []byte, ids *[]uint32) (int, error) {
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	b.NewRequest(req, fasthttp.MethodPost, "/tokenize")
@@ -49,7 +51,65 @@ func (b *Backend) tokenize(ctx context.Context, body []byte) (int, error) {
 	if !ok {
 		return 0, fmt.Errorf("backend %s: tokenize: count is %.40q, not a token count", b.spec.Name, v)
 	}
+	if ids != nil {
+		v, err := jsonscan.Member(data, "tokens")
+		if err != nil {
+			return 0, fmt.Errorf("backend %s: tokenize: %w", b.spec.Name, err)
+		}
+		if *ids, ok = parseIDs((*ids)[:0], v); !ok || len(*ids) != n {
+			return 0, fmt.Errorf("backend %s: tokenize: tokens is not a list of the count's %d token ids", b.spec.Name, n)
+		}
+	}
 	return n, nil
+}
+
+// parseIDs appends to dst the token ids of a JSON array of non-negative
+// integers below 2^32; ok is false for anything else.
+func parseIDs(dst []uint32, v []byte) ([]uint32, bool) {
+	i := 0
+	space := func() {
+		for i < len(v) && (v[i] == ' ' || v[i] == '\t' || v[i] == '\n' || v[i] == '\r') {
+			i++
+		}
+	}
+	space()
+	if i == len(v) || v[i] != '[' {
+		return dst, false
+	}
+	i++
+	space()
+	if i < len(v) && v[i] == ']' {
+		i++
+		space()
+		return dst, i == len(v)
+	}
+	for {
+		start, n := i, uint64(0)
+		for i < len(v) && v[i] >= '0' && v[i] <= '9' && i-start < 10 {
+			n = n*10 + uint64(v[i]-'0')
+			i++
+		}
+		// JSON writes no leading zero, and no id has more than ten digits.
+		if i == start || n > math.MaxUint32 || i < len(v) && v[i] >= '0' && v[i] <= '9' || v[start] == '0' && i-start > 1 {
+			return dst, false
+		}
+		dst = append(dst, uint32(n))
+		space()
+		if i == len(v) {
+			return dst, false
+		}
+		switch v[i] {
+		case ',':
+			i++
+			space()
+		case ']':
+			i++
+			space()
+			return dst, i == len(v)
+		default:
+			return dst, false
+		}
+	}
 }
 
 // parseCount reads a non-negative JSON integer.

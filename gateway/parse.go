@@ -50,6 +50,9 @@ type request struct {
 	// sized by its cap, never by a forecast of what the model's answers
 	// usually run to.
 	pinned bool
+	// cacheSalt is vLLM's cache_salt: requests with different salts never
+	// share prompt blocks on the backend.
+	cacheSalt string
 
 	// The prompt, as the estimate tokenizer sees it. A batch completion
 	// request has one shape per prompt.
@@ -183,6 +186,13 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	if err := r.readPinned(v); err != nil {
 		return nil, err
 	}
+	if cs := v.Get("cache_salt"); cs != nil && cs.Type() != fastjson.TypeNull {
+		b, err := cs.StringBytes()
+		if err != nil || len(b) == 0 {
+			return nil, badParam("cache_salt", "cache_salt must be a non-empty string")
+		}
+		r.cacheSalt = string(b)
+	}
 	r.seqs = r.n
 	if best := v.Get("best_of"); best != nil && best.Type() != fastjson.TypeNull {
 		b, err := intParam(best, "best_of")
@@ -248,7 +258,7 @@ func (r *request) outOfRange(maxLen int) *apiError {
 // The keys the gateway reads, per object: a duplicate of one of them would
 // let the gateway and the backend read different requests.
 var (
-	topLevelKeys     = []string{"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "n", "best_of", "stream", "stream_options", "tools", "min_tokens", "ignore_eos"}
+	topLevelKeys     = []string{"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "n", "best_of", "stream", "stream_options", "tools", "min_tokens", "ignore_eos", "cache_salt"}
 	streamOptionKeys = []string{"include_usage"}
 	messageKeys      = []string{"role", "content", "tool_calls"}
 	partKeys         = []string{"type", "text"}

@@ -26,6 +26,8 @@ type reservation struct {
 	finished []bool
 	maxGen   []int // tokens seen of the furthest choice of each prompt
 	one      *oneChoice
+	// chains name each prompt's leading full blocks (prefix.go), or nil.
+	chains [][]uint64
 }
 
 // oneChoice holds the slices of a reservation of one prompt and one
@@ -61,6 +63,9 @@ func (r *reservation) shape() []admission.Group {
 	}
 	for i, p := range r.prompts {
 		g[i] = admission.Group{Prompt: p, Cap: max(r.outs[i], 1), Seqs: r.seqs, BlockTokens: r.layout.BlockSize, BlockBytes: r.layout.BytesPerBlock}
+		if i < len(r.chains) {
+			g[i].Prefix = r.chains[i]
+		}
 	}
 	return g
 }
@@ -218,5 +223,6 @@ func (x *exchange) reserve(prompts []int, exact []bool) *apiError {
 		}
 	}
 	x.res = newReservation(m.layout, prompts, outs, req.n, req.seqs, &x.one)
+	x.res.chains = x.chains
 	return nil
 }

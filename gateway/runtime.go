@@ -66,6 +66,9 @@ type gpu struct {
 	// bytes.
 	bytesPerToken map[*backends.Backend]int64
 	rr            atomic.Uint64
+	// sharing says its backends hold a shared prompt block once, as they
+	// last reported (prefix.go).
+	sharing atomic.Bool
 }
 
 // reported is what the backends of g report of their KV pools: their total

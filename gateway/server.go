@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"net"
 	"runtime/debug"
@@ -102,9 +103,12 @@ type Server struct {
 
 	active       atomic.Int64 // exchanges between arrival and finish
 	warnedBlocks sync.Map     // *backends.Backend → true once its block size mismatch is logged
-	warnedPools  sync.Map     // pool name → true once its unusable memory is logged
-	preemptions  sync.Map     // *backends.Backend → its last reported preemption counter
-	backendLog   *backendLog  // changes of backends' states and GPUs' budgets, logged once each
+	// prefixSeed seeds the names of prompt blocks (prefix.go): random per
+	// process, so that no client can aim a prompt at another's name.
+	prefixSeed  maphash.Seed
+	warnedPools sync.Map    // pool name → true once its unusable memory is logged
+	preemptions sync.Map    // *backends.Backend → its last reported preemption counter
+	backendLog  *backendLog // changes of backends' states and GPUs' budgets, logged once each
 
 	// testHookServe, when set by a test, runs at the start of every
 	// completion request (to inject a panic, say).
@@ -119,7 +123,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	if opt.Clock == nil {
 		opt.Clock = admission.SystemClock()
 	}
-	s := &Server{opt: opt, log: opt.Logger, now: opt.Clock.Now, backendLog: newBackendLog(opt.Logger)}
+	s := &Server{opt: opt, log: opt.Logger, now: opt.Clock.Now, backendLog: newBackendLog(opt.Logger), prefixSeed: maphash.MakeSeed()}
 	s.m = newMetrics(s.rt.Load, s.now)
 	s.opt.metrics = s.m
 	if sb := cfg.SharedBudget; sb != nil {
@@ -386,6 +390,11 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 	}
 	if resized {
 		s.backendLog.budget(g, pool, want)
+	}
+	if on := rt.shares(g); g.sharing.Swap(on) != on || on {
+		if err := rt.sched.SetSharing(g.id, on); err != nil {
+			s.log.Error("record whether a GPU shares prompt blocks", "gpu", g.name, "err", err)
+		}
 	}
 	if err := rt.sched.SetUsage(g.id, used, true); err != nil {
 		s.log.Error("record a backend's KV usage", "gpu", g.name, "err", err)

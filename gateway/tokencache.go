@@ -31,8 +31,15 @@ import (
 // dropped (counted in stale), so the next request asks the backend again.
 // Misses cost what no cache costs: one /tokenize round trip.
 //
+// Chains. Where a GPU of the model shares prompt blocks (prefix.go), an
+// entry also keeps the prompt's chain, the names of its full blocks, so
+// that a prompt seen before is shared without a round trip: 8 bytes a
+// block, at most 64 × capacity names in all, the least recently used
+// entries' chains dropped first (such an entry is asked again when its
+// chain is wanted).
+//
 // Bound. At most capacity entries, least recently used evicted first; an
-// entry is a few dozen bytes whatever the prompt's length. Entries live in
+// entry is a few dozen bytes whatever the prompt's length, and its chain. Entries live in
 // a slice (grown as entries come, up to capacity) threaded by a doubly
 // linked list of indices, so a full cache allocates nothing.
 type tokenCache struct {
@@ -44,6 +51,9 @@ type tokenCache struct {
 	mu    sync.Mutex // guards index, slots, head and tail
 	index map[tokenKey]int32
 	slots []tokenSlot
+	names int // Σ len(chain) over the slots, at most maxNames
+	// maxNames bounds names: 64 per entry.
+	maxNames int
 	head  int32 // most recently used; -1 when empty
 	tail  int32 // least recently used; -1 when empty
 }
@@ -53,6 +63,7 @@ type tokenKey [2]uint64
 type tokenSlot struct {
 	key        tokenKey
 	count      int
+	chain      []uint64 // never written once stored: readers keep it
 	prev, next int32 // neighbours in recency order; -1 at the ends
 }
 
@@ -60,6 +71,7 @@ func newTokenCache(capacity int) *tokenCache {
 	return &tokenCache{
 		seeds:    [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
 		capacity: capacity,
+		maxNames: 64 * max(capacity, 0),
 		index:    map[tokenKey]int32{},
 		head:     -1, tail: -1,
 	}
@@ -94,40 +106,71 @@ func writeLenPrefixed(h *maphash.Hash, b []byte) {
 
 // get returns the count cached under k and marks it recently used.
 func (c *tokenCache) get(k tokenKey) (int, bool) {
+	n, _, ok := c.lookup(k, 0)
+	return n, ok
+}
+
+// lookup returns the count and the chain (nil if none is kept) cached
+// under k and marks it recently used. When the caller is after the chain
+// (blockSize > 0), an entry without one is a miss unless its prompt has
+// no block to share (its last token's block is never shared).
+func (c *tokenCache) lookup(k tokenKey, blockSize int) (int, []uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	i, ok := c.index[k]
-	if !ok {
+	if !ok || blockSize > 0 && c.slots[i].chain == nil && (c.slots[i].count-1)/blockSize > 0 {
 		c.misses.Add(1)
-		return 0, false
+		return 0, nil, false
 	}
 	c.hits.Add(1)
 	c.moveToFrontLocked(i)
-	return c.slots[i].count, true
+	return c.slots[i].count, c.slots[i].chain, true
 }
 
 // put caches count under k, evicting the least recently used entry when
 // full.
-func (c *tokenCache) put(k tokenKey, count int) {
+func (c *tokenCache) put(k tokenKey, count int) { c.putChain(k, count, nil) }
+
+// putChain caches count and, when not nil, chain under k. An entry whose
+// count changes loses a chain it had.
+func (c *tokenCache) putChain(k tokenKey, count int, chain []uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if i, ok := c.index[k]; ok {
-		c.slots[i].count = count
+	i, ok := c.index[k]
+	switch {
+	case ok:
 		c.moveToFrontLocked(i)
-		return
-	}
-	var i int32
-	if len(c.slots) < c.capacity {
+	case len(c.slots) < c.capacity:
 		i = int32(len(c.slots))
 		c.slots = append(c.slots, tokenSlot{prev: -1, next: -1})
-	} else {
+		c.index[k] = i
+		c.pushFrontLocked(i)
+	default:
 		i = c.tail
 		c.unlinkLocked(i)
 		delete(c.index, c.slots[i].key)
+		c.setChainLocked(i, nil)
+		c.index[k] = i
+		c.pushFrontLocked(i)
 	}
-	c.slots[i].key, c.slots[i].count = k, count
-	c.index[k] = i
-	c.pushFrontLocked(i)
+	sl := &c.slots[i]
+	if ok && sl.count != count || chain != nil {
+		c.setChainLocked(i, nil)
+	}
+	sl.key, sl.count = k, count
+	if chain != nil && len(chain) <= c.maxNames {
+		// Room for it: the least recently used chains go first.
+		for j := c.tail; c.names+len(chain) > c.maxNames && j != -1; j = c.slots[j].prev {
+			c.setChainLocked(j, nil)
+		}
+		c.setChainLocked(i, chain)
+	}
+}
+
+// setChainLocked sets slot i's chain, keeping the count of names.
+func (c *tokenCache) setChainLocked(i int32, chain []uint64) {
+	c.names += len(chain) - len(c.slots[i].chain)
+	c.slots[i].chain = chain
 }
 
 // forget drops the entry under k if it still holds count: the backend's
@@ -142,6 +185,7 @@ func (c *tokenCache) forget(k tokenKey, count int) {
 	c.stale.Add(1)
 	c.unlinkLocked(i)
 	delete(c.index, k)
+	c.setChainLocked(i, nil)
 	// Move the last slot into the hole, so that slots stay dense.
 	last := int32(len(c.slots) - 1)
 	if i != last {
@@ -237,18 +281,41 @@ func (m *model) promptSources() []string {
 func (x *exchange) tokenizeCached(be **backends.Backend, i int) (int, error) {
 	c := x.m.tokens
 	var k tokenKey
+	share := x.rt.sharesAny(x.req.model)
 	if c != nil {
 		k = c.key(x.req, i)
-		if n, ok := c.get(k); ok {
+		bs := 0
+		if share {
+			bs = max(x.m.layout.BlockSize, 1)
+		}
+		if n, chain, ok := c.lookup(k, bs); ok {
 			x.noteSource(sourceCache)
 			if len(x.req.shapes) == 1 {
 				x.cacheHit, x.cacheKey, x.cacheCount = true, k, n
+			}
+			if share {
+				x.setChain(i, chain)
 			}
 			return n, nil
 		}
 	}
 	if err := x.pickTokenizer(be); err != nil {
 		return 0, err
+	}
+	if share {
+		// A GPU of the model holds shared blocks once: the token ids name
+		// this prompt's (prefix.go).
+		n, err := (*be).TokenizeIDs(x.ctx, tokenizeBody(nil, x.req, i), &x.ids)
+		if err != nil {
+			return 0, err
+		}
+		chain := promptChain(make([]uint64, 0, len(x.ids)/max(x.m.layout.BlockSize, 1)), x.s.prefixSeed, x.req.model, x.ids, x.m.layout.BlockSize)
+		x.setChain(i, chain)
+		x.noteSource(sourceBackend)
+		if c != nil {
+			c.putChain(k, n, chain)
+		}
+		return n, nil
 	}
 	n, err := (*be).Tokenize(x.ctx, tokenizeBody(nil, x.req, i))
 	if err != nil {

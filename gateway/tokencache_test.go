@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/backends/sim"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -191,7 +192,9 @@ func value(m *dto.Metric) float64 {
 // backend: hits and misses show in the metrics and /status, and the
 // prediction error is labelled by where the count came from.
 func TestTokenizeCacheHits(t *testing.T) {
-	_, url := startSim(t, nil)
+	// A backend that shares no prompt blocks: what is counted here is the
+	// cache's counts alone, never a chain asked for (prefix_test.go).
+	_, url := startSim(t, func(c *sim.Config) { c.DisablePrefixCaching = true })
 	s, gwURL := startGateway(t, baseConfig(url, ""), Options{})
 	body := chatBody("How large is a KV block?", 4, false)
 	for i := range 3 {
@@ -237,7 +240,7 @@ func TestTokenizeCacheHits(t *testing.T) {
 // changed under the same model name) is dropped; the next request asks the
 // backend again.
 func TestTokenizeCacheDropsStaleCounts(t *testing.T) {
-	_, url := startSim(t, nil)
+	_, url := startSim(t, func(c *sim.Config) { c.DisablePrefixCaching = true })
 	s, gwURL := startGateway(t, baseConfig(url, ""), Options{})
 	body := chatBody("How large is a KV block?", 4, false)
 	if res := postJSON(gwURL, "/v1/chat/completions", body); res.status != 200 {
@@ -348,5 +351,44 @@ func TestTokenCacheConcurrent(t *testing.T) {
 		if s.count != int(s.key[0]) {
 			t.Fatalf("slot %v holds count %d", s.key, s.count)
 		}
+	}
+}
+
+// Chains are kept beside counts within their bound, the least recently
+// used dropped first; an entry that lost its chain is a miss to a caller
+// after one, unless its prompt has no block to share.
+func TestTokenizeCacheKeepsChainsWithinTheirBound(t *testing.T) {
+	c := newTokenCache(2) // 128 names in all
+	chain := func(n int) []uint64 { return make([]uint64, n) }
+	a, b := tokenKey{1}, tokenKey{2}
+	c.putChain(a, 1000, chain(60))
+	c.putChain(b, 1000, chain(60))
+	if c.names != 120 {
+		t.Fatalf("%d names kept, want 120", c.names)
+	}
+	if _, ch, ok := c.lookup(a, 16); !ok || len(ch) != 60 {
+		t.Fatalf("a: ok %v, %d names; want its chain", ok, len(ch))
+	}
+	c.putChain(b, 1000, chain(70)) // a is the more recent: b's old chain goes first, then a's
+	if c.names != 70 {
+		t.Fatalf("%d names kept, want b's 70 alone", c.names)
+	}
+	if _, _, ok := c.lookup(a, 16); ok {
+		t.Error("a, without its chain, answered a caller after one")
+	}
+	if n, _, ok := c.lookup(a, 0); !ok || n != 1000 {
+		t.Errorf("a's count: %d, %v; want 1000 for a caller after the count alone", n, ok)
+	}
+	c.putChain(tokenKey{3}, 10, nil) // a prompt of less than a block: nothing to share
+	if _, _, ok := c.lookup(tokenKey{3}, 16); !ok {
+		t.Error("a prompt too short to share anything missed for want of a chain")
+	}
+	c.putChain(tokenKey{4}, 5000, chain(200)) // over the whole bound: the count alone
+	if _, ch, ok := c.lookup(tokenKey{4}, 0); !ok || ch != nil {
+		t.Errorf("a chain over the bound kept: %v, %d names", ok, len(ch))
+	}
+	c.forget(b, 1000)
+	if c.names > c.maxNames || c.names < 0 {
+		t.Errorf("%d names counted after forget (bound %d)", c.names, c.maxNames)
 	}
 }

@@ -118,6 +118,7 @@ func newEngineCollector(s *settings, labels prometheus.Labels, stats func() Stat
 		"gpu_memory_utilization": strconv.FormatFloat(s.utilization, 'g', -1, 64),
 		"cache_dtype":            "auto",
 		"num_cpu_blocks":         "None",
+		"enable_prefix_caching":  map[bool]string{false: "False", true: "True"}[s.prefixCaching],
 	}
 	for k, v := range labels {
 		info[k] = v

@@ -1,0 +1,126 @@
+package gateway
+
+import (
+	"encoding/binary"
+	"hash/maphash"
+)
+
+// Shared prompt blocks. A backend with a prefix cache (vLLM's automatic
+// prefix caching, on by default) holds a full prompt block once for every
+// running request whose prompt begins with the same tokens, in the same
+// block boundaries, for the same model (or LoRA adapter) and cache_salt.
+// The gateway names each of a prompt's leading full blocks by a hash
+// chained over its parent's and its own token ids, from a root of the
+// model and the salt, so that two names are equal only where the backend
+// would share; the GPU's admission table (admission.SetSharing) then
+// counts each such block once.
+//
+// What it can see: the token ids of a fresh /tokenize answer (tokenizer:
+// backend). A prompt counted from the tokenize cache, by the estimate, or
+// given as token ids is reserved whole, sharing nothing: never an
+// under-count, only a missed saving.
+//
+// A GPU shares only while every backend on it reports prefix caching on
+// (vllm:cache_config_info's enable_prefix_caching) at the model's
+// block_size, and no model runs on two of its backends (two processes
+// hold two caches).
+
+// promptChain names the leading full blocks of a prompt of ids for a
+// model, into dst: dst[j] stands for blocks 0 to j. (salted gives the names
+// a request's cache_salt makes of them.)
+func promptChain(dst []uint64, seed maphash.Seed, model string, ids []uint32, blockSize int) []uint64 {
+	if blockSize < 1 {
+		return dst[:0]
+	}
+	var h maphash.Hash
+	h.SetSeed(seed)
+	writeLenPrefixed(&h, []byte(model))
+	prev := h.Sum64()
+	dst = dst[:0]
+	var buf [8]byte
+	for j := 0; (j+1)*blockSize <= len(ids); j++ {
+		h.Reset()
+		binary.LittleEndian.PutUint64(buf[:], prev)
+		h.Write(buf[:])
+		for _, id := range ids[j*blockSize : (j+1)*blockSize] {
+			binary.LittleEndian.PutUint32(buf[:4], id)
+			h.Write(buf[:4])
+		}
+		prev = h.Sum64()
+		dst = append(dst, prev)
+	}
+	return dst
+}
+
+// salted is chain as requests with cache_salt salt name it: the same
+// chain for no salt, else each name mixed with the salt, so that two
+// salts never name a block alike. It never writes chain (the tokenize
+// cache's entries are read concurrently).
+func salted(seed maphash.Seed, chain []uint64, salt string) []uint64 {
+	if salt == "" {
+		return chain
+	}
+	var h maphash.Hash
+	h.SetSeed(seed)
+	writeLenPrefixed(&h, []byte(salt))
+	root := h.Sum64()
+	out := make([]uint64, len(chain))
+	var buf [16]byte
+	for j, name := range chain {
+		binary.LittleEndian.PutUint64(buf[:8], root)
+		binary.LittleEndian.PutUint64(buf[8:], name)
+		out[j] = maphash.Bytes(seed, buf[:])
+	}
+	return out
+}
+
+// setChain gives prompt i of the request its chain, as its cache_salt
+// names it.
+func (x *exchange) setChain(i int, chain []uint64) {
+	if x.chains == nil {
+		x.chains = make([][]uint64, len(x.req.shapes))
+	}
+	x.chains[i] = salted(x.s.prefixSeed, chain, x.req.cacheSalt)
+}
+
+// sharesAny says whether a GPU that may serve model holds shared prompt
+// blocks once now: only then is a prompt's chain worth its token ids.
+func (rt *runtime) sharesAny(model string) bool {
+	for _, g := range rt.gpus {
+		if !g.sharing.Load() {
+			continue
+		}
+		for _, b := range g.backends {
+			for _, m := range b.Spec().Models {
+				if m == model {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// shares says whether g's backends hold a shared prompt block once, as
+// they last reported: every one with prefix caching on, at its models'
+// block size, and no model on two of them.
+func (rt *runtime) shares(g *gpu) bool {
+	if len(g.backends) == 0 {
+		return false
+	}
+	seen := map[string]bool{}
+	for _, b := range g.backends {
+		kv, ok := b.KV()
+		if !ok || !kv.PrefixCaching {
+			return false
+		}
+		for _, name := range b.Spec().Models {
+			m := rt.models[name]
+			if seen[name] || m == nil || m.layout.BlockSize != kv.BlockSize {
+				return false
+			}
+			seen[name] = true
+		}
+	}
+	return true
+}

@@ -1,0 +1,139 @@
+package gateway
+
+import (
+	"bufio"
+	"hash/maphash"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/backends/sim"
+)
+
+// openStream starts a streamed chat completion and returns once its first
+// event arrived (the request admitted and running); cancel ends it.
+func openStream(t *testing.T, gw, body string) (end func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, gw+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		cancel()
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); resp.Body.Close() })
+	return func() { cancel(); resp.Body.Close() }
+}
+
+// saltedBody is chatBody with a cache_salt.
+func saltedBody(prompt string, maxTokens int, salt string) string {
+	var m map[string]any
+	_ = json.Unmarshal([]byte(chatBody(prompt, maxTokens, true)), &m)
+	m["cache_salt"] = salt
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+// On a backend with vLLM's prefix cache, running requests with one prompt
+// hold its full blocks once, and the gateway counts them once; another
+// cache_salt shares nothing; the blocks go when their last holder ends.
+// (Wall time: the simulator runs in real time so that streams stay open
+// while the test looks; nothing is asserted on how long anything takes.)
+func TestASharedPromptIsCountedOnceOnItsGPU(t *testing.T) {
+	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 })
+	s, gw := startGateway(t, baseConfig(url, ""), Options{})
+	rt := s.rt.Load()
+	eventually(t, "the backend's report of its prefix cache", func() bool { return rt.gpus["gpu0"].sharing.Load() })
+
+	prompt := words(800) // ~50 full blocks
+	one := openStream(t, gw, chatBody(prompt, 2000, true))
+	alone := gpuStats(s, "gpu0")
+	if alone.Shared == 0 || alone.SharedSaved != 0 {
+		t.Fatalf("one request: shared %d, saved %d; want its blocks in the table, nothing saved", alone.Shared, alone.SharedSaved)
+	}
+	two := openStream(t, gw, chatBody(prompt, 2000, true))
+	both := gpuStats(s, "gpu0")
+	if both.Shared != alone.Shared || both.SharedSaved != alone.Shared || both.Held >= 2*alone.Held {
+		t.Fatalf("two requests, one prompt: held %d (alone %d), shared %d, saved %d; want the prompt once",
+			both.Held, alone.Held, both.Shared, both.SharedSaved)
+	}
+	salted := openStream(t, gw, saltedBody(prompt, 2000, "tenant-b"))
+	if st := gpuStats(s, "gpu0"); st.SharedSaved != both.SharedSaved || st.Shared != 2*alone.Shared {
+		t.Fatalf("another cache_salt: shared %d, saved %d; want its own blocks beside, nothing more saved", st.Shared, st.SharedSaved)
+	}
+	one()
+	eventually(t, "the first holder to be released", func() bool { return gpuStats(s, "gpu0").Tickets == 2 })
+	if st := gpuStats(s, "gpu0"); st.Shared != 2*alone.Shared {
+		t.Fatalf("after the first holder: shared %d; the second still holds the prompt's %d", st.Shared, alone.Shared)
+	}
+	two()
+	salted()
+	eventually(t, "every block to go", func() bool { st := gpuStats(s, "gpu0"); return st.Held == 0 && st.Shared == 0 })
+}
+
+// A backend that does not share (prefix caching off) gets every prompt
+// counted whole.
+func TestABackendWithoutPrefixCachingSharesNothing(t *testing.T) {
+	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1; c.DisablePrefixCaching = true })
+	s, gw := startGateway(t, baseConfig(url, ""), Options{})
+	eventually(t, "the backend's first report", func() bool { _, _, ok := s.rt.Load().gpus["gpu0"].reported(); return ok })
+	prompt := words(800)
+	openStream(t, gw, chatBody(prompt, 2000, true))
+	openStream(t, gw, chatBody(prompt, 2000, true))
+	if st := gpuStats(s, "gpu0"); st.Shared != 0 || st.SharedSaved != 0 {
+		t.Fatalf("shared %d, saved %d on a backend without prefix caching", st.Shared, st.SharedSaved)
+	}
+}
+
+// A prompt's chain names its full blocks only, and differs with the model,
+// the salt and any token.
+func TestPromptChain(t *testing.T) {
+	s := &Server{prefixSeed: maphash.MakeSeed()}
+	ids := make([]uint32, 50)
+	for i := range ids {
+		ids[i] = uint32(i)
+	}
+	base := promptChain(nil, s.prefixSeed, "m", ids, 16)
+	if len(base) != 3 {
+		t.Fatalf("%d names for 50 tokens in blocks of 16, want 3", len(base))
+	}
+	for _, tc := range []struct {
+		name       string
+		model      string
+		salt       string
+		change     int // token to change, -1 none
+		sameBefore int // leading names that stay equal
+	}{
+		{"another model", "n", "", -1, 0},
+		{"a salt", "m", "s", -1, 0},
+		{"a token of the second block", "m", "", 20, 1},
+		{"a token past the full blocks", "m", "", 49, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			other := append([]uint32(nil), ids...)
+			if tc.change >= 0 {
+				other[tc.change]++
+			}
+			got := salted(s.prefixSeed, promptChain(nil, s.prefixSeed, tc.model, other, 16), tc.salt)
+			for j := range base {
+				if same := got[j] == base[j]; same != (j < tc.sameBefore) {
+					t.Errorf("name %d equal: %v, want %v", j, same, j < tc.sameBefore)
+				}
+			}
+		})
+	}
+}
