@@ -2,9 +2,9 @@ package gateway
 
 import (
 	"bufio"
-	"hash/maphash"
 	"context"
 	"encoding/json"
+	"hash/maphash"
 	"net/http"
 	"strings"
 	"testing"

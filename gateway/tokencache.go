@@ -54,8 +54,8 @@ type tokenCache struct {
 	names int // Σ len(chain) over the slots, at most maxNames
 	// maxNames bounds names: 64 per entry.
 	maxNames int
-	head  int32 // most recently used; -1 when empty
-	tail  int32 // least recently used; -1 when empty
+	head     int32 // most recently used; -1 when empty
+	tail     int32 // least recently used; -1 when empty
 }
 
 type tokenKey [2]uint64
@@ -64,7 +64,7 @@ type tokenSlot struct {
 	key        tokenKey
 	count      int
 	chain      []uint64 // never written once stored: readers keep it
-	prev, next int32 // neighbours in recency order; -1 at the ends
+	prev, next int32    // neighbours in recency order; -1 at the ends
 }
 
 func newTokenCache(capacity int) *tokenCache {
