@@ -46,7 +46,17 @@ type BackendConfig struct {
 	// MaxConcurrency is its limit in admission mode count. Default
 	// admission.max_concurrency.
 	MaxConcurrency int `yaml:"max_concurrency"`
+	// PrefixCaching says whether a prompt block that several running
+	// requests share counts once on the backend's GPU: auto (the default)
+	// when the backend reports prefix caching on (vLLM's
+	// vllm:cache_config_info, enable_prefix_caching), off never.
+	PrefixCaching string `yaml:"prefix_caching"`
 }
+
+const (
+	prefixCachingAuto = "auto"
+	prefixCachingOff  = "off"
+)
 
 // HealthConfig is a backend's active health check and circuit.
 type HealthConfig struct {
@@ -70,6 +80,9 @@ type ScrapeConfig struct {
 func (b *BackendConfig) defaults() {
 	if b.GPU == "" {
 		b.GPU = b.Name
+	}
+	if b.PrefixCaching == "" {
+		b.PrefixCaching = prefixCachingAuto
 	}
 }
 
@@ -127,6 +140,9 @@ func (c *Config) validateBackends(p *problems, models map[string]bool) {
 		p.dur(f+".tokenize_timeout", b.TokenizeTimeout)
 		if b.MaxConcurrency < 0 {
 			p.bad(f+".max_concurrency", "must be >= 1")
+		}
+		if b.PrefixCaching != prefixCachingAuto && b.PrefixCaching != prefixCachingOff {
+			p.bad(f+".prefix_caching", "%q is not auto or off", b.PrefixCaching)
 		}
 	}
 	for m := range models {

@@ -111,7 +111,7 @@ func (rt *runtime) shares(g *gpu) bool {
 	seen := map[string]bool{}
 	for _, b := range g.backends {
 		kv, ok := b.KV()
-		if !ok || !kv.PrefixCaching {
+		if !ok || !kv.PrefixCaching || rt.prefixOff[b] {
 			return false
 		}
 		for _, name := range b.Spec().Models {

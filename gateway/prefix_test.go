@@ -85,17 +85,37 @@ func TestASharedPromptIsCountedOnceOnItsGPU(t *testing.T) {
 	eventually(t, "every block to go", func() bool { st := gpuStats(s, "gpu0"); return st.Held == 0 && st.Shared == 0 })
 }
 
-// A backend that does not share (prefix caching off) gets every prompt
-// counted whole.
-func TestABackendWithoutPrefixCachingSharesNothing(t *testing.T) {
-	_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1; c.DisablePrefixCaching = true })
-	s, gw := startGateway(t, baseConfig(url, ""), Options{})
-	eventually(t, "the backend's first report", func() bool { _, _, ok := s.rt.Load().gpus["gpu0"].reported(); return ok })
-	prompt := words(800)
-	openStream(t, gw, chatBody(prompt, 2000, true))
-	openStream(t, gw, chatBody(prompt, 2000, true))
-	if st := gpuStats(s, "gpu0"); st.Shared != 0 || st.SharedSaved != 0 {
-		t.Fatalf("shared %d, saved %d on a backend without prefix caching", st.Shared, st.SharedSaved)
+// A backend that does not share (prefix caching off), or that the
+// configuration says not to count so (prefix_caching: off), gets every
+// prompt counted whole.
+func TestWithoutPrefixCachingEveryPromptIsCountedWhole(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		simShares bool
+		config    string
+	}{
+		{"the backend reports it off", false, ""},
+		{"the configuration turns it off", true, "    prefix_caching: off\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1; c.DisablePrefixCaching = !tc.simShares })
+			cfg := strings.Replace(baseConfig(url, ""), "    metrics: {interval: 50ms}\n", "    metrics: {interval: 50ms}\n"+tc.config, 1)
+			s, gw := startGateway(t, cfg, Options{})
+			eventually(t, "the backend's first report", func() bool { _, _, ok := s.rt.Load().gpus["gpu0"].reported(); return ok })
+			prompt := words(800)
+			openStream(t, gw, chatBody(prompt, 2000, true))
+			openStream(t, gw, chatBody(prompt, 2000, true))
+			if st := gpuStats(s, "gpu0"); st.Shared != 0 || st.SharedSaved != 0 {
+				t.Fatalf("shared %d, saved %d", st.Shared, st.SharedSaved)
+			}
+		})
+	}
+}
+
+func TestPrefixCachingConfigIsAutoOrOff(t *testing.T) {
+	cfg := strings.Replace(baseConfig("http://127.0.0.1:1", ""), "    metrics: {interval: 50ms}\n", "    metrics: {interval: 50ms}\n    prefix_caching: yes\n", 1)
+	if _, err := Parse([]byte(cfg), "."); err == nil || !strings.Contains(err.Error(), `backends[0].prefix_caching: "yes" is not auto or off`) {
+		t.Fatalf("err = %v", err)
 	}
 }
 

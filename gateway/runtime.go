@@ -35,10 +35,13 @@ type runtime struct {
 	gpus         map[string]*gpu    // by GPU name
 	gpuOf        map[*backends.Backend]*gpu
 	gpuByID      map[string]*gpu // by id
-	upstreams    *backends.Pool
-	cors         *corsPolicy          // nil: no CORS
-	sched        *admission.Scheduler // shared by every runtime of a server
-	count        bool                 // admission.mode count: requests, not bytes
+	// prefixOff are the backends whose shared prompt blocks are never
+	// counted once (backends[].prefix_caching: off).
+	prefixOff map[*backends.Backend]bool
+	upstreams *backends.Pool
+	cors      *corsPolicy          // nil: no CORS
+	sched     *admission.Scheduler // shared by every runtime of a server
+	count     bool                 // admission.mode count: requests, not bytes
 }
 
 type tenant struct {
@@ -122,7 +125,8 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 	rt := &runtime{
 		cfg: cfg, models: map[string]*model{}, tenants: map[string]*tenant{},
 		classRank: map[string]int{}, gpus: map[string]*gpu{}, gpuOf: map[*backends.Backend]*gpu{},
-		gpuByID: map[string]*gpu{}, count: cfg.Admission.Mode == modeCount, cors: newCORSPolicy(cfg.Server.CORS),
+		prefixOff: map[*backends.Backend]bool{},
+		gpuByID:   map[string]*gpu{}, count: cfg.Admission.Mode == modeCount, cors: newCORSPolicy(cfg.Server.CORS),
 	}
 	var errs []error
 	for i, mc := range cfg.Models {
@@ -272,6 +276,9 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		}
 		list = append(list, be)
 		rt.gpuOf[be] = g
+		if bc.PrefixCaching == prefixCachingOff {
+			rt.prefixOff[be] = true
+		}
 		g.backends = append(g.backends, be)
 		g.bytesPerToken[be] = rt.models[bc.Models[0]].layout.BytesPerToken
 	}
