@@ -75,6 +75,10 @@ type GPUStats struct {
 	// that share them (part of Held and Charge); SharedSaved what counting
 	// them once per ticket would have added (SetSharing).
 	Shared, SharedSaved int64
+	// PromptBlocks and SharedBlocks count, over every admission to it
+	// while it shared, the prompt blocks that could be shared and those
+	// found held already.
+	PromptBlocks, SharedBlocks int64
 	// Used is what its backends last reported in use; UsedKnown false until
 	// they do. Gated says that report keeps it closed to new admissions.
 	Used      int64
@@ -158,7 +162,7 @@ func (s *Scheduler) Stats() Stats {
 		ps := GPUStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Margin: p.marginOrOne(), Held: p.held,
 			Committed: s.committedLocked(p), Charge: p.charge, Tickets: p.tickets,
 			Used: p.used, UsedKnown: p.usedKnown, Gated: s.gatedLocked(p), Now: p.now, Stopping: p.stopping,
-			Shared: p.tableBytes, SharedSaved: p.sharedRefs - p.tableBytes}
+			Shared: p.tableBytes, SharedSaved: p.sharedRefs - p.tableBytes, PromptBlocks: p.promptBlocks, SharedBlocks: p.sharedHits}
 		ps.DrainRate, ps.Releases = p.drain.rate(now)
 		if p.res.kind != resNone && p.res.head.state == waiting {
 			ps.Reserved, ps.Blocking = p.res.head.line.q.name, p.res.kind == resBlock

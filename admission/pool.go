@@ -38,6 +38,9 @@ type pool struct {
 	table      map[uint64]int32
 	tableBytes int64
 	sharedRefs int64
+	// promptBlocks and sharedHits count, over the admissions to it, the
+	// shareable prompt blocks and those found held already.
+	promptBlocks, sharedHits int64
 
 	used      int64 // KV in use as its backends last reported it
 	usedKnown bool

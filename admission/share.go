@@ -74,9 +74,12 @@ func (s *Scheduler) shareLocked(p *pool, t *Ticket) {
 		for _, h := range g.Prefix[:m] {
 			if p.table[h] == 0 {
 				added = satAdd64(added, g.BlockBytes)
+			} else {
+				p.sharedHits++
 			}
 			p.table[h]++
 		}
+		p.promptBlocks += int64(m)
 		g.held = int64(m)
 		counted = satAdd64(counted, satMul(int64(m), g.BlockBytes))
 	}

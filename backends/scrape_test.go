@@ -29,6 +29,18 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",gpu_memory_utilization
 			want: KVReport{Usage: 0.42, HasUsage: true, Running: 7, Waiting: 3, Preemptions: 12, NumGPUBlocks: 2888, BlockSize: 16, GPUMemoryUtilization: 0.9},
 		},
 		{
+			name: "prefix caching on",
+			text: `vllm:cache_config_info{block_size="16",enable_prefix_caching="True",num_gpu_blocks="2888"} 1
+`,
+			want: KVReport{NumGPUBlocks: 2888, BlockSize: 16, PrefixCaching: true},
+		},
+		{
+			name: "prefix caching off",
+			text: `vllm:cache_config_info{block_size="16",enable_prefix_caching="False",num_gpu_blocks="2888"} 1
+`,
+			want: KVReport{NumGPUBlocks: 2888, BlockSize: 16},
+		},
+		{
 			name: "older vLLM names, two models",
 			text: `vllm:gpu_cache_usage_perc{model_name="a"} 0.1
 vllm:gpu_cache_usage_perc{model_name="b"} 0.6

@@ -153,6 +153,10 @@ var (
 	descRunningKV  = def{"kvgate_kv_running_bytes", "What the requests bound to a GPU may hold on it now: prompt and tokens generated plus a block of lead for streams, the worst case for the rest (the guard's account, kept within the budget).", []string{"gpu"}}.desc()
 	descStops      = def{"kvgate_admission_guard_stops_total", "Running streams the admission guard stopped to keep a GPU within its KV budget when they outgrew their forecast.", nil}.desc()
 	descTrips      = def{"kvgate_admission_forecast_trips_total", "Times a model's forecast was distrusted (its GPU back on worst-case admission for admission.cool_down, its learning started over), by reason: drift (sequences outlived their forecast), guard (a stream had to be stopped), overflow (a backend ran out of KV memory or preempted).", []string{"reason"}}.desc()
+	descShared     = def{"kvgate_kv_shared_bytes", "Prompt blocks a GPU counts once for the requests that share them (its backends hold them once, with prefix caching); part of kvgate_kv_held_bytes.", []string{"gpu"}}.desc()
+	descSaved      = def{"kvgate_kv_shared_saved_bytes", "What counting a GPU's shared prompt blocks once per request would have added to kvgate_kv_held_bytes.", []string{"gpu"}}.desc()
+	descPromptBlk  = def{"kvgate_prompt_blocks_total", "Prompt blocks that could be shared, of the requests admitted to a GPU while it shares (prefix caching).", []string{"gpu"}}.desc()
+	descSharedBlk  = def{"kvgate_prompt_blocks_shared_total", "Of kvgate_prompt_blocks_total, those found held already by a running request at admission, so counted once.", []string{"gpu"}}.desc()
 	descDistrust   = def{"kvgate_admission_distrusted", "1 while a model's forecast is distrusted (cool-down: its requests are held at their worst case).", []string{"model"}}.desc()
 )
 
@@ -163,7 +167,8 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descCommitted, descUsed, descBound, descGated,
 		descDrain, descQueued, descDepth, descClassHeld, descPredicting, descSamples, descEpsilon, descTenantHeld, descTenantQ,
 		descUp, descState, descScraped, descUsage, descRunning, descWaiting, descPreempt,
-		descTokLookups, descTokStale, descTokEntries, descRunningKV, descStops, descTrips, descDistrust} {
+		descTokLookups, descTokStale, descTokEntries, descRunningKV, descStops, descTrips, descDistrust,
+		descShared, descSaved, descPromptBlk, descSharedBlk} {
 		ch <- d
 	}
 }
@@ -195,6 +200,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descGated, boolFloat(p.Gated), gpu)
 		gauge(descDrain, p.DrainRate, gpu)
 		gauge(descRunningKV, float64(p.Now), gpu)
+		gauge(descShared, float64(p.Shared), gpu)
+		gauge(descSaved, float64(p.SharedSaved), gpu)
+		ch <- prometheus.MustNewConstMetric(descPromptBlk, prometheus.CounterValue, float64(p.PromptBlocks), gpu)
+		ch <- prometheus.MustNewConstMetric(descSharedBlk, prometheus.CounterValue, float64(p.SharedBlocks), gpu)
 	}
 	ch <- prometheus.MustNewConstMetric(descStops, prometheus.CounterValue, float64(st.GuardStops))
 	for reason, n := range st.Trips {

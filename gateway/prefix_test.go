@@ -71,6 +71,19 @@ func TestASharedPromptIsCountedOnceOnItsGPU(t *testing.T) {
 		t.Fatalf("two requests, one prompt: held %d (alone %d), shared %d, saved %d; want the prompt once",
 			both.Held, alone.Held, both.Shared, both.SharedSaved)
 	}
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"kvgate_kv_shared_bytes", map[string]string{"gpu": "gpu0"}, float64(alone.Shared)},
+		{"kvgate_kv_shared_saved_bytes", map[string]string{"gpu": "gpu0"}, float64(alone.Shared)},
+		{"kvgate_prompt_blocks_shared_total", map[string]string{"gpu": "gpu0"}, float64(alone.PromptBlocks)},
+	} {
+		if got, ok := metricValue(t, s, c.name, c.labels); !ok || got != c.want {
+			t.Errorf("%s = %g (present %v), want %g", c.name, got, ok, c.want)
+		}
+	}
 	salted := openStream(t, gw, saltedBody(prompt, 2000, "tenant-b"))
 	if st := gpuStats(s, "gpu0"); st.SharedSaved != both.SharedSaved || st.Shared != 2*alone.Shared {
 		t.Fatalf("another cache_salt: shared %d, saved %d; want its own blocks beside, nothing more saved", st.Shared, st.SharedSaved)

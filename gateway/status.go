@@ -60,6 +60,15 @@ type gpuView struct {
 	Gated        bool    `json:"headroom_gate"`
 	DrainRate    float64 `json:"drain_rate_bytes_per_second"`
 	Reserved     *string `json:"reserved_for,omitempty"` // the model whose head request holds a reservation
+	// SharesPrompts says its backends hold a shared prompt block once, as
+	// they last reported (prefix caching); Shared is the bytes of such
+	// blocks it counts once (part of Held), SharedSaved what counting them
+	// once per request would add, SharedFound the share of admitted
+	// requests' shareable prompt blocks found held already.
+	SharesPrompts bool    `json:"shares_prompts"`
+	Shared        int64   `json:"shared_bytes"`
+	SharedSaved   int64   `json:"shared_saved_bytes"`
+	SharedFound   float64 `json:"shared_found_ratio"`
 
 	// Limit is this replica's lease under a shared budget: admissions are
 	// measured against the smaller of it and Effective.
@@ -178,7 +187,11 @@ func (s *Server) status() statusView {
 			continue // a pool a reload removed, draining its last tickets
 		}
 		gv := gpuView{GPU: g.name, Configured: g.nominal, Capacity: p.Capacity, Effective: p.Effective, Held: p.Held,
-			Committed: p.Committed, Running: p.Now, Bound: p.Tickets, Gated: p.Gated, DrainRate: p.DrainRate}
+			Committed: p.Committed, Running: p.Now, Bound: p.Tickets, Gated: p.Gated, DrainRate: p.DrainRate,
+			SharesPrompts: g.sharing.Load(), Shared: p.Shared, SharedSaved: p.SharedSaved}
+		if p.PromptBlocks > 0 {
+			gv.SharedFound = float64(p.SharedBlocks) / float64(p.PromptBlocks)
+		}
 		if g.id != g.name {
 			gv.Pool = g.id
 		}

@@ -72,7 +72,7 @@ func TestMetricsNamesAndValues(t *testing.T) {
 		"kvsim_healthy" + lbl:                          1,
 		"vllm:time_to_first_token_seconds_count" + lbl: 4,
 		"vllm:e2e_request_latency_seconds_count" + lbl: 4,
-		`vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",gpu_memory_utilization="1",model_name="llama-3-8b",num_cpu_blocks="None",num_gpu_blocks="64"}`: 1,
+		`vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="1",model_name="llama-3-8b",num_cpu_blocks="None",num_gpu_blocks="64"}`: 1,
 	}
 	for series, v := range want {
 		got, ok := m[series]
