@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"hash/maphash"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"testing"
@@ -168,5 +170,59 @@ func TestPromptChain(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Never an under-count: over random pairs of prompts that share a leading
+// part of random length, with the same or another cache_salt, the blocks
+// the gateway counts as shared by the second are never more than the
+// simulated vLLM's prefix cache really finds for it.
+func TestSharedBlocksAreNeverMoreThanTheBackendShares(t *testing.T) {
+	backend, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1 })
+	// No hold after a hang-up: each trial ends its streams at once.
+	s, gw := startGateway(t, baseConfig(url, "admission:\n  abort_hold: 0s\n"), Options{})
+	rt := s.rt.Load()
+	eventually(t, "the backend's report of its prefix cache", func() bool { return rt.gpus["gpu0"].sharing.Load() })
+	r := rand.New(rand.NewPCG(3, 4))
+	text := func(n int) string {
+		w := make([]string, n)
+		for i := range w {
+			w[i] = fmt.Sprintf("w%d", r.IntN(5000))
+		}
+		return strings.Join(w, " ")
+	}
+	body := func(prompt, salt string) string {
+		if salt == "" {
+			return chatBody(prompt, 2000, true)
+		}
+		return saltedBody(prompt, 2000, salt)
+	}
+	var counted int64
+	for trial := range 12 {
+		base := text(200 + r.IntN(400))
+		cut := func() string { return base[:r.IntN(len(base)+1)] }
+		saltA, saltB := "", ""
+		if r.IntN(3) == 0 {
+			saltA = "a"
+		}
+		if r.IntN(2) == 0 {
+			saltB = saltA
+		} else if r.IntN(2) == 0 {
+			saltB = "b"
+		}
+		endA := openStream(t, gw, body(cut()+" "+text(r.IntN(40)), saltA))
+		before, hits := gpuStats(s, "gpu0").SharedBlocks, backend.Stats().PrefixCacheHits
+		endB := openStream(t, gw, body(cut()+" "+text(r.IntN(40)), saltB))
+		shared, found := gpuStats(s, "gpu0").SharedBlocks-before, backend.Stats().PrefixCacheHits-hits
+		if shared*16 > found {
+			t.Fatalf("trial %d: the gateway counted %d blocks shared, the backend found %d tokens in its cache", trial, shared, found)
+		}
+		counted += shared
+		endA()
+		endB()
+		eventually(t, "both to be released", func() bool { return gpuStats(s, "gpu0").Tickets == 0 })
+	}
+	if counted == 0 {
+		t.Fatal("no trial shared a block: the test tests nothing")
 	}
 }
