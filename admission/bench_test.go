@@ -219,3 +219,68 @@ func BenchmarkShapedAcquireRelease(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSharedAcquireRelease is BenchmarkShapedAcquireRelease's request
+// with a 4092-token prompt (255 shareable blocks) on a GPU that shares
+// prompt blocks: each request's own prompt (nothing found held, every
+// block entered and taken out again), one prompt for all (every block
+// found), and the same request on a GPU that does not share, for scale.
+func BenchmarkSharedAcquireRelease(b *testing.B) {
+	ctx := context.Background()
+	const prompt, blocks = 4092, 4092 / 16
+	for _, bc := range []struct {
+		name    string
+		sharing bool
+		common  bool
+	}{{"not_sharing", false, false}, {"unique_prompts", true, false}, {"one_prompt", true, true}} {
+		for _, policy := range []string{admission.WorstCase, admission.Predicted} {
+			b.Run(bc.name+"/"+policy, func(b *testing.B) {
+				s := newBenchScheduler(b, 1<<40, policy)
+				if err := s.SetSharing(gpu, bc.sharing); err != nil {
+					b.Fatal(err)
+				}
+				next := uint64(1)
+				request := func() admission.Request {
+					p := make([]uint64, blocks)
+					for j := range p {
+						p[j] = next<<32 | uint64(j)
+					}
+					if !bc.common {
+						next++
+					}
+					return admission.Request{Shape: []admission.Group{{Prompt: prompt, Cap: 1024, Seqs: 1, BlockTokens: 16, BlockBytes: 128 << 10, Prefix: p}}}
+				}
+				var running []*admission.Ticket
+				for range 128 {
+					tk, err := s.Acquire(ctx, request())
+					if err != nil {
+						b.Fatal(err)
+					}
+					tk.Progress(0, 100)
+					running = append(running, tk)
+				}
+				reqs := make([]admission.Request, 64)
+				for i := range reqs {
+					reqs[i] = request()
+				}
+				var tk admission.Ticket
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					if err := s.AcquireTicket(ctx, reqs[i%len(reqs)], &tk); err != nil {
+						b.Fatal(err)
+					}
+					i++
+					for g := 16; g <= 64; g += 16 {
+						tk.Progress(0, g)
+					}
+					tk.Done(0, 70, false)
+					tk.Release()
+				}
+				for _, t := range running {
+					t.Release()
+				}
+			})
+		}
+	}
+}

@@ -92,15 +92,20 @@ func (s *Scheduler) invariantsLocked(op string) error {
 				refBytes += g.held * g.BlockBytes
 			}
 		}
-		if len(refs) != len(p.table) || table != p.tableBytes || refBytes != p.sharedRefs {
+		if len(refs) != p.table.n || table != p.tableBytes || refBytes != p.sharedRefs {
 			bad("pool %q table has %d blocks, %d bytes, %d referenced; its tickets hold %d, %d, %d",
-				p.name, len(p.table), p.tableBytes, p.sharedRefs, len(refs), table, refBytes)
+				p.name, p.table.n, p.tableBytes, p.sharedRefs, len(refs), table, refBytes)
 		}
 		for h, n := range refs {
-			if p.table[h] != n {
-				bad("pool %q table counts %d holders of a block its tickets hold %d times", p.name, p.table[h], n)
+			if p.table.get(h) != n {
+				bad("pool %q table counts %d holders of a block its tickets hold %d times", p.name, p.table.get(h), n)
 				break
 			}
+		}
+		listed := 0
+		p.table.each(func(uint64, int32) { listed++ })
+		if listed != p.table.n {
+			bad("pool %q table lists %d names, counts %d", p.name, listed, p.table.n)
 		}
 		held, charge, now = held+table, charge+table, now+table
 		if s.set.policy.predicted && table != 0 {

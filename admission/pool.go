@@ -35,7 +35,7 @@ type pool struct {
 	// hold, tableBytes their bytes (part of held and charge), sharedRefs
 	// the bytes its tickets would hold without sharing (share.go).
 	sharing    bool
-	table      map[uint64]int32
+	table      blockTable
 	tableBytes int64
 	sharedRefs int64
 	// promptBlocks and sharedHits count, over the admissions to it, the

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"fmt"
+	"sort"
 
 	"github.com/kvgate/kvgate/kvbudget"
 )
@@ -68,16 +69,12 @@ func (s *Scheduler) shareLocked(p *pool, t *Ticket) {
 		if m == 0 {
 			continue
 		}
-		if p.table == nil {
-			p.table = map[uint64]int32{}
-		}
 		for _, h := range g.Prefix[:m] {
-			if p.table[h] == 0 {
+			if p.table.inc(h) {
 				added = satAdd64(added, g.BlockBytes)
 			} else {
 				p.sharedHits++
 			}
-			p.table[h]++
 		}
 		p.promptBlocks += int64(m)
 		g.held = int64(m)
@@ -109,8 +106,7 @@ func (s *Scheduler) unshareLocked(p *pool, t *Ticket) {
 			continue
 		}
 		for _, h := range g.Prefix[:g.held] {
-			if p.table[h]--; p.table[h] <= 0 {
-				delete(p.table, h)
+			if p.table.dec(h) {
 				freed += g.BlockBytes
 			}
 		}
@@ -160,15 +156,15 @@ func sharedOf(shape []Group) int64 {
 }
 
 // freshBytesLocked is what w's shareable blocks would add to p's table:
-// those no ticket of p holds now.
+// those no ticket of p holds now. The blocks of a prompt that p holds are
+// a leading run (a ticket holds all of its shareable blocks, and a name
+// stands for its whole prefix), so a binary search finds where it ends.
 func (s *Scheduler) freshBytesLocked(p *pool, w *waiter) int64 {
 	var b int64
 	for _, g := range w.shape {
-		for _, h := range g.Prefix[:g.shareable()] {
-			if p.table[h] == 0 {
-				b = satAdd64(b, g.BlockBytes)
-			}
-		}
+		m := g.shareable()
+		held := sort.Search(m, func(j int) bool { return p.table.get(g.Prefix[j]) == 0 })
+		b = satAdd64(b, satMul(int64(m-held), g.BlockBytes))
 	}
 	return b
 }
