@@ -52,64 +52,81 @@ func (b *Backend) tokenize(ctx context.Context, body []byte, ids *[]uint32) (int
 		return 0, fmt.Errorf("backend %s: tokenize: count is %.40q, not a token count", b.spec.Name, v)
 	}
 	if ids != nil {
-		v, err := jsonscan.Member(data, "tokens")
+		// The list is read in the one pass that parses it: a 4k-token
+		// prompt's is 25 KB, and skipping it first would read it twice.
+		at, err := jsonscan.ValueAt(data, "tokens")
 		if err != nil {
 			return 0, fmt.Errorf("backend %s: tokenize: %w", b.spec.Name, err)
 		}
-		if *ids, ok = parseIDs((*ids)[:0], v); !ok || len(*ids) != n {
+		var end int
+		if *ids, end = parseIDList((*ids)[:0], data[at:]); end < 0 || len(*ids) != n {
 			return 0, fmt.Errorf("backend %s: tokenize: tokens is not a list of the count's %d token ids", b.spec.Name, n)
 		}
 	}
 	return n, nil
 }
 
-// parseIDs appends to dst the token ids of a JSON array of non-negative
-// integers below 2^32; ok is false for anything else.
+// parseIDs appends to dst the token ids of v, a JSON array of
+// non-negative integers below 2^32 and nothing else; ok is false for
+// anything else.
 func parseIDs(dst []uint32, v []byte) ([]uint32, bool) {
-	i := 0
-	space := func() {
-		for i < len(v) && (v[i] == ' ' || v[i] == '\t' || v[i] == '\n' || v[i] == '\r') {
-			i++
-		}
-	}
-	space()
-	if i == len(v) || v[i] != '[' {
+	dst, end := parseIDList(dst, v)
+	if end < 0 {
 		return dst, false
 	}
-	i++
-	space()
-	if i < len(v) && v[i] == ']' {
-		i++
-		space()
-		return dst, i == len(v)
+	return dst, skipSpace(v, end) == len(v)
+}
+
+// parseIDList appends to dst the token ids of the JSON array of
+// non-negative integers below 2^32 that v begins with, and returns the
+// offset just past its closing bracket (what follows is not read), or -1.
+func parseIDList(dst []uint32, v []byte) ([]uint32, int) {
+	i := skipSpace(v, 0)
+	if i == len(v) || v[i] != '[' {
+		return dst, -1
 	}
-	for {
+	if i = skipSpace(v, i+1); i < len(v) && v[i] == ']' {
+		return dst, i + 1
+	}
+	for i < len(v) {
+		// A number: JSON writes no leading zero, and no id has more than
+		// ten digits.
 		start, n := i, uint64(0)
-		for i < len(v) && v[i] >= '0' && v[i] <= '9' && i-start < 10 {
-			n = n*10 + uint64(v[i]-'0')
-			i++
+		for ; i < len(v); i++ {
+			d := v[i] - '0'
+			if d > 9 {
+				break
+			}
+			n = n*10 + uint64(d)
 		}
-		// JSON writes no leading zero, and no id has more than ten digits.
-		if i == start || n > math.MaxUint32 || i < len(v) && v[i] >= '0' && v[i] <= '9' || v[start] == '0' && i-start > 1 {
-			return dst, false
+		if l := i - start; l == 0 || l > 10 || n > math.MaxUint32 || v[start] == '0' && l > 1 {
+			return dst, -1
 		}
 		dst = append(dst, uint32(n))
-		space()
-		if i == len(v) {
-			return dst, false
+		if i < len(v) && v[i] != ',' && v[i] != ']' {
+			i = skipSpace(v, i) // vLLM writes none; other servers may
 		}
-		switch v[i] {
-		case ',':
-			i++
-			space()
-		case ']':
-			i++
-			space()
-			return dst, i == len(v)
+		switch {
+		case i == len(v):
+			return dst, -1
+		case v[i] == ',':
+			i = skipSpace(v, i+1)
+		case v[i] == ']':
+			return dst, i + 1
 		default:
-			return dst, false
+			return dst, -1
 		}
 	}
+	return dst, -1
+}
+
+// skipSpace is the offset of the first byte at or after i that is not
+// JSON white space.
+func skipSpace(v []byte, i int) int {
+	for i < len(v) && (v[i] == ' ' || v[i] == '\t' || v[i] == '\n' || v[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // parseCount reads a non-negative JSON integer.

@@ -3,6 +3,7 @@ package backends
 import (
 	"encoding/json"
 	"slices"
+	"strconv"
 	"testing"
 )
 
@@ -66,4 +67,23 @@ func FuzzParseIDs(f *testing.F) {
 			t.Fatalf("parseIDs(%q) = %v, encoding/json %v", in, got, want)
 		}
 	})
+}
+
+// BenchmarkParseIDs reads a 4096-token /tokenize answer's ids.
+func BenchmarkParseIDs(b *testing.B) {
+	var buf []byte
+	buf = append(buf, '[')
+	for i := range 4096 {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = strconv.AppendInt(buf, int64(i*7919%128256), 10)
+	}
+	buf = append(buf, ']')
+	ids := make([]uint32, 0, 4096)
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	for b.Loop() {
+		ids, _ = parseIDs(ids[:0], buf)
+	}
 }

@@ -91,10 +91,8 @@ type exchange struct {
 	cacheKey   tokenKey
 	cacheCount int
 	// chains name each prompt's leading full blocks (prefix.go) when a GPU
-	// of the model shares them; nil where a prompt's were not seen. ids is
-	// the buffer a /tokenize answer's token ids are read into.
+	// of the model shares them; nil where a prompt's were not seen.
 	chains [][]uint64
-	ids    []uint32
 
 	body sseBody // a streamed answer, relayed as fasthttp writes it
 

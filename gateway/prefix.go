@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/binary"
 	"hash/maphash"
+	"sync"
 )
 
 // Shared prompt blocks. A backend with a prefix cache (vLLM's automatic
@@ -37,20 +38,23 @@ func promptChain(dst []uint64, seed maphash.Seed, model string, ids []uint32, bl
 	writeLenPrefixed(&h, []byte(model))
 	prev := h.Sum64()
 	dst = dst[:0]
-	var buf [8]byte
+	// One block at a time, its parent's name and its ids in one buffer: a
+	// hash call per block, not per token.
+	buf := make([]byte, 0, 8+4*blockSize)
 	for j := 0; (j+1)*blockSize <= len(ids); j++ {
-		h.Reset()
-		binary.LittleEndian.PutUint64(buf[:], prev)
-		h.Write(buf[:])
+		buf = binary.LittleEndian.AppendUint64(buf[:0], prev)
 		for _, id := range ids[j*blockSize : (j+1)*blockSize] {
-			binary.LittleEndian.PutUint32(buf[:4], id)
-			h.Write(buf[:4])
+			buf = binary.LittleEndian.AppendUint32(buf, id)
 		}
-		prev = h.Sum64()
+		prev = maphash.Bytes(seed, buf)
 		dst = append(dst, prev)
 	}
 	return dst
 }
+
+// idBufs are the buffers a /tokenize answer's token ids are read into:
+// only the chain made of them is kept.
+var idBufs = sync.Pool{New: func() any { b := make([]uint32, 0, 4096); return &b }}
 
 // salted is chain as requests with cache_salt salt name it: the same
 // chain for no salt, else each name mixed with the salt, so that two

@@ -305,11 +305,18 @@ func (x *exchange) tokenizeCached(be **backends.Backend, i int) (int, error) {
 	if share {
 		// A GPU of the model holds shared blocks once: the token ids name
 		// this prompt's (prefix.go).
-		n, err := (*be).TokenizeIDs(x.ctx, tokenizeBody(nil, x.req, i), &x.ids)
+		ids := idBufs.Get().(*[]uint32)
+		defer func() {
+			if cap(*ids) <= 1<<16 { // a rare huge prompt's buffer is not kept
+				idBufs.Put(ids)
+			}
+		}()
+		n, err := (*be).TokenizeIDs(x.ctx, tokenizeBody(nil, x.req, i), ids)
 		if err != nil {
 			return 0, err
 		}
-		chain := promptChain(make([]uint64, 0, len(x.ids)/max(x.m.layout.BlockSize, 1)), x.s.prefixSeed, x.req.model, x.ids, x.m.layout.BlockSize)
+		bs := max(x.m.layout.BlockSize, 1)
+		chain := promptChain(make([]uint64, 0, len(*ids)/bs), x.s.prefixSeed, x.req.model, *ids, bs)
 		x.setChain(i, chain)
 		x.noteSource(sourceBackend)
 		if c != nil {

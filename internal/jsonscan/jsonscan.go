@@ -38,46 +38,67 @@ func Member(data []byte, key string) ([]byte, error) {
 // quote to the end of its value, data[value:end] its value. It checks syntax
 // as Member does.
 func Members(data []byte, fn func(name []byte, start, value, end int) bool) error {
+	_, err := walk(data, "", fn)
+	return err
+}
+
+// ValueAt returns the offset in data of the value of the first member named
+// key, without reading that value or anything after it: for a caller that
+// reads a long value (an array of token ids) itself, in one pass.
+func ValueAt(data []byte, key string) (int, error) {
+	at, err := walk(data, key, func([]byte, int, int, int) bool { return true })
+	if err == nil && at < 0 {
+		err = fmt.Errorf("%w %q", ErrNoMember, key)
+	}
+	return at, err
+}
+
+// walk is Members, stopping at the member named stop (when not "") before
+// its value is skipped, and returning that value's offset (-1 if none).
+func walk(data []byte, stop string, fn func(name []byte, start, value, end int) bool) (int, error) {
 	i := skipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
-		return errors.New("answer is not a JSON object")
+		return -1, errors.New("answer is not a JSON object")
 	}
 	i = skipSpace(data, i+1)
 	if i < len(data) && data[i] == '}' {
-		return nil
+		return -1, nil
 	}
 	for i < len(data) {
 		if data[i] != '"' {
-			return fmt.Errorf("malformed JSON at byte %d", i)
+			return -1, fmt.Errorf("malformed JSON at byte %d", i)
 		}
 		start := i
 		end, err := skipString(data, i)
 		if err != nil {
-			return err
+			return -1, err
 		}
 		name := data[i+1 : end-1]
 		i = skipSpace(data, end)
 		if i >= len(data) || data[i] != ':' {
-			return fmt.Errorf("malformed JSON at byte %d", i)
+			return -1, fmt.Errorf("malformed JSON at byte %d", i)
 		}
 		i = skipSpace(data, i+1)
+		if stop != "" && string(name) == stop {
+			return i, nil
+		}
 		end, err = skipValue(data, i)
 		if err != nil {
-			return err
+			return -1, err
 		}
 		if !fn(name, start, i, end) {
-			return nil
+			return -1, nil
 		}
 		next, more, ok := After(data, end, '}')
 		if !ok {
-			return fmt.Errorf("malformed JSON at byte %d", next)
+			return -1, fmt.Errorf("malformed JSON at byte %d", next)
 		}
 		if !more {
-			return nil
+			return -1, nil
 		}
 		i = skipSpace(data, next)
 	}
-	return errors.New("truncated JSON")
+	return -1, errors.New("truncated JSON")
 }
 
 // ErrEscapedKey is returned by Lookup for an object with a key written
