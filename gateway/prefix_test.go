@@ -100,9 +100,9 @@ func TestASharedPromptIsCountedOnceOnItsGPU(t *testing.T) {
 	eventually(t, "every block to go", func() bool { st := gpuStats(s, "gpu0"); return st.Held == 0 && st.Shared == 0 })
 }
 
-// A backend that does not share (prefix caching off), or that the
-// configuration says not to count so (prefix_caching: off), gets every
-// prompt counted whole.
+// A backend that does not share (prefix caching off), one that the
+// configuration says not to count so (prefix_caching: off), and a prompt
+// the gateway only estimates get every prompt counted whole.
 func TestWithoutPrefixCachingEveryPromptIsCountedWhole(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -111,10 +111,16 @@ func TestWithoutPrefixCachingEveryPromptIsCountedWhole(t *testing.T) {
 	}{
 		{"the backend reports it off", false, ""},
 		{"the configuration turns it off", true, "    prefix_caching: off\n"},
+		{"the prompt is estimated", true, "estimate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, url := startSim(t, func(c *sim.Config) { c.TimeScale = 1; c.DisablePrefixCaching = !tc.simShares })
-			cfg := strings.Replace(baseConfig(url, ""), "    metrics: {interval: 50ms}\n", "    metrics: {interval: 50ms}\n"+tc.config, 1)
+			cfg := baseConfig(url, "")
+			if tc.config == "estimate" { // no token ids: nothing is known to be shared
+				cfg = strings.Replace(cfg, "tokenizer: backend", "tokenizer: estimate", 1)
+			} else {
+				cfg = strings.Replace(cfg, "    metrics: {interval: 50ms}\n", "    metrics: {interval: 50ms}\n"+tc.config, 1)
+			}
 			s, gw := startGateway(t, cfg, Options{})
 			eventually(t, "the backend's first report", func() bool { _, _, ok := s.rt.Load().gpus["gpu0"].reported(); return ok })
 			prompt := words(800)
