@@ -51,6 +51,10 @@ type Config struct {
 	// through Redis (package fleet). Default: none, the budget is this
 	// process's alone.
 	SharedBudget *fleet.Config `yaml:"shared_budget"`
+	// Passthrough lists the routes forwarded to a backend as they are
+	// (passthrough.go): paths, or prefixes ending in /*. Default: vLLM's
+	// /detokenize, /tokenizer_info, /version and /v1/audio/*; [] for none.
+	Passthrough []string `yaml:"passthrough"`
 
 	// dir is the directory of the file, against which relative paths resolve.
 	dir string
@@ -192,6 +196,7 @@ func (c *Config) validate() error {
 	models := c.validateModels(&p)
 	c.validateBackends(&p, models)
 	c.validateRouting(&p)
+	c.validatePassthrough(&p)
 	c.Log.validate(&p)
 	if c.SharedBudget != nil {
 		p.errs = append(p.errs, c.SharedBudget.Validate())

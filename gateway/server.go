@@ -493,8 +493,17 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			s.serveModels(ctx, id) // ids may hold slashes (org/model)
 			return
 		}
+		rt := s.rt.Load()
+		if rt.passthrough(path) {
+			s.servePassthrough(ctx, rt)
+			return
+		}
+		served := servedRoutes
+		if len(rt.cfg.Passthrough) > 0 {
+			served += ", and passes through " + strings.Join(rt.cfg.Passthrough, ", ")
+		}
 		(&apiError{status: 404, typ: typeInvalidRequest, code: "unknown_url",
-			message: fmt.Sprintf("Unknown request URL: %s %s. This gateway serves %s.", method, string(ctx.Path()), servedRoutes)}).write(ctx)
+			message: fmt.Sprintf("Unknown request URL: %s %s. This gateway serves %s.", method, string(ctx.Path()), served)}).write(ctx)
 	}
 }
 
