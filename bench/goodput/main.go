@@ -10,10 +10,10 @@
 // its prefix cache and against the gateway counting every prompt whole
 // (backends[].prefix_caching: off), beside the fixed limit that fits the
 // pool at worst case and both reservation policies. It prints one table
-// per workload: goodput (output tokens per second
-// of answered requests), real KV use over the saturated part of the run and
-// at its peak, overflow events, preemptions, sheds and failures; then the
-// issue's acceptance checks against it.
+// per workload: goodput (output tokens per second of answered requests),
+// real KV use over the saturated part of the run and at its peak, overflow
+// events, preemptions, sheds and failures; then the acceptance checks
+// against it.
 //
 //	go run ./bench/goodput [--requests 1500] [--clients 128] [--time-scale 0.5] [--sweep 8..32+4] [--workloads early-stop,fixed,shared-prefix,chat]
 //
