@@ -80,7 +80,7 @@ func BenchmarkReadStream(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		var r Result
-		s.readStream(ctx, ctx, strings.NewReader(body), &r)
+		s.readStream(ctx, ctx, strings.NewReader(body), &r, false)
 		if r.Outcome != OutcomeOK || r.OutputTokens != 256 {
 			b.Fatalf("%s %d", r.Outcome, r.OutputTokens)
 		}

@@ -68,10 +68,23 @@ func (o Outcome) String() string {
 
 // RequestSpec is one request to send.
 type RequestSpec struct {
-	Index        int
-	Prompt       string
-	PromptTokens int // the length aimed at
+	Index  int
+	Prompt string
+	// System opens the request when not empty: a system message on chat,
+	// the prompt's start on completions.
+	System string
+	// History is a session's earlier turns, sent between System and Prompt.
+	History      []Turn
+	PromptTokens int // the length aimed at, System and History included
 	MaxTokens    int
+	// KeepText asks the sender for the generated text in Result.Text.
+	KeepText bool
+}
+
+// Turn is one earlier exchange of a session: what the user sent and what
+// the assistant answered.
+type Turn struct {
+	User, Assistant string
 }
 
 // Result is what one request measured. Times are read from the sender's
@@ -85,8 +98,9 @@ type Result struct {
 	FirstToken   time.Time // zero when no content arrived
 	End          time.Time
 	ITL          []time.Duration
-	OutputTokens int // usage.completion_tokens, else content chunks
-	PromptTokens int // usage.prompt_tokens, else the spec's target
+	OutputTokens int    // usage.completion_tokens, else content chunks
+	PromptTokens int    // usage.prompt_tokens, else the spec's target
+	Text         string // the generated text, when the spec asked for it
 }
 
 // TTFT is the time to the first content chunk (whole response when not
@@ -177,9 +191,29 @@ type requestBody struct {
 func (s *httpSender) body(spec RequestSpec) ([]byte, error) {
 	b := requestBody{Model: s.model, MaxTokens: spec.MaxTokens, Stream: s.stream}
 	if s.chat {
-		b.Messages = []chatMessage{{Role: "user", Content: spec.Prompt}}
+		b.Messages = make([]chatMessage, 0, 2+2*len(spec.History))
+		if spec.System != "" {
+			b.Messages = append(b.Messages, chatMessage{Role: "system", Content: spec.System})
+		}
+		for _, t := range spec.History {
+			b.Messages = append(b.Messages, chatMessage{Role: "user", Content: t.User}, chatMessage{Role: "assistant", Content: t.Assistant})
+		}
+		b.Messages = append(b.Messages, chatMessage{Role: "user", Content: spec.Prompt})
 	} else {
-		b.Prompt = spec.Prompt
+		// A completion has no roles: the parts run on, one space apart.
+		var p strings.Builder
+		if spec.System != "" {
+			p.WriteString(spec.System)
+			p.WriteByte(' ')
+		}
+		for _, t := range spec.History {
+			p.WriteString(t.User)
+			p.WriteByte(' ')
+			p.WriteString(t.Assistant)
+			p.WriteByte(' ')
+		}
+		p.WriteString(spec.Prompt)
+		b.Prompt = p.String()
 	}
 	if s.stream {
 		b.StreamOptions = &streamOptions{IncludeUsage: true}
@@ -260,9 +294,9 @@ func (s *httpSender) Send(parent context.Context, spec RequestSpec) Result {
 	}
 	if s.stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		res.ITL = make([]time.Duration, 0, min(max(spec.MaxTokens-1, 0), 8192))
-		s.readStream(ctx, parent, resp.Body, &res)
+		s.readStream(ctx, parent, resp.Body, &res, spec.KeepText)
 	} else {
-		s.readWhole(ctx, parent, resp.Body, &res)
+		s.readWhole(ctx, parent, resp.Body, &res, spec.KeepText)
 	}
 	return res
 }
@@ -281,7 +315,7 @@ func (s *httpSender) fail(ctx, parent context.Context, res *Result, err error) {
 	}
 }
 
-func (s *httpSender) readStream(ctx, parent context.Context, body io.Reader, res *Result) {
+func (s *httpSender) readStream(ctx, parent context.Context, body io.Reader, res *Result, keepText bool) {
 	br, _ := s.readers.Get().(*bufio.Reader)
 	if br == nil {
 		br = bufio.NewReaderSize(body, 32<<10)
@@ -301,6 +335,7 @@ func (s *httpSender) readStream(ctx, parent context.Context, body io.Reader, res
 		finished bool
 		errEvent bool
 		long     []byte
+		text     strings.Builder
 	)
 	for {
 		frag, err := br.ReadSlice('\n')
@@ -333,6 +368,7 @@ func (s *httpSender) readStream(ctx, parent context.Context, body io.Reader, res
 			if bytes.Equal(data, []byte("[DONE]")) {
 				res.End = now
 				s.finish(res, chunks, usage)
+				res.Text = text.String()
 				return
 			}
 			v, perr := p.ParseBytes(data)
@@ -353,6 +389,9 @@ func (s *httpSender) readStream(ctx, parent context.Context, body io.Reader, res
 				return
 			}
 			content, fin := chunkContent(v)
+			if content && keepText {
+				appendText(&text, v, "delta", "content")
+			}
 			if u := v.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
 				if u.Exists("completion_tokens") {
 					usage = u.GetInt("completion_tokens")
@@ -378,6 +417,7 @@ func (s *httpSender) readStream(ctx, parent context.Context, body io.Reader, res
 				// [DONE] is optional in practice once every choice has a
 				// finish_reason; the response is complete.
 				s.finish(res, chunks, usage)
+				res.Text = text.String()
 				return
 			}
 			res.Outcome, res.Err = OutcomeConnError, "stream ended before [DONE]"
@@ -394,7 +434,7 @@ func (s *httpSender) finish(res *Result, chunks, usage int) {
 	}
 }
 
-func (s *httpSender) readWhole(ctx, parent context.Context, body io.Reader, res *Result) {
+func (s *httpSender) readWhole(ctx, parent context.Context, body io.Reader, res *Result, keepText bool) {
 	data, err := io.ReadAll(io.LimitReader(body, 64<<20))
 	now := s.clock.Now()
 	if err != nil {
@@ -417,6 +457,11 @@ func (s *httpSender) readWhole(ctx, parent context.Context, body io.Reader, res 
 	// Without a stream the first token is only seen with the last.
 	res.FirstToken = now
 	res.Outcome = OutcomeOK
+	if keepText {
+		var text strings.Builder
+		appendText(&text, v, "message", "content")
+		res.Text = text.String()
+	}
 	if u := v.Get("usage"); u != nil {
 		res.OutputTokens = u.GetInt("completion_tokens")
 		if n := u.GetInt("prompt_tokens"); n > 0 {
@@ -443,6 +488,18 @@ func chunkContent(v *fastjson.Value) (content, finished bool) {
 		}
 	}
 	return content, finished
+}
+
+// appendText adds the first choice's text to b: a completion's text, or
+// the chat content at path (delta.content in a stream, message.content in a
+// whole answer).
+func appendText(b *strings.Builder, v *fastjson.Value, path ...string) {
+	cs := v.GetArray("choices")
+	if len(cs) == 0 {
+		return
+	}
+	b.Write(cs[0].GetStringBytes("text"))
+	b.Write(cs[0].GetStringBytes(path...))
 }
 
 // chunkError recognises the error shapes OpenAI-compatible servers put in a

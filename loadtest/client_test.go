@@ -260,7 +260,7 @@ func FuzzReadStream(f *testing.F) {
 		var r Result
 		r.Start = t0
 		ctx := context.Background()
-		s.readStream(ctx, ctx, strings.NewReader(string(body)), &r)
+		s.readStream(ctx, ctx, strings.NewReader(string(body)), &r, false)
 		if r.Outcome < OutcomeOK || r.Outcome > OutcomeDropped {
 			t.Fatalf("outcome %d", r.Outcome)
 		}

@@ -80,6 +80,22 @@ type Config struct {
 	// fixed:512 and fixed:128. Output length is sent as max_tokens.
 	PromptTokens Dist
 	OutputTokens Dist
+	// SharedPrefixTokens, when positive, opens every request of a step with
+	// the same text of about that many tokens (a system message on chat,
+	// the prompt's start on completions), as an application's system
+	// prompt does, so that a server's prefix cache may hold it once.
+	// PromptTokens is then the length of what follows it, which stays
+	// distinct per request. The text differs between steps, so each step
+	// starts with a cold cache. Default 0: none.
+	SharedPrefixTokens int
+	// Turns, above 1, makes each worker of a closed loop hold multi-turn
+	// sessions of Turns requests: every turn re-sends the session's
+	// history, its earlier user messages and the assistant's actual
+	// answers, before a new user message of PromptTokens. A failed turn,
+	// or one whose next turn would not fit the model's context, ends its
+	// session early. Concurrency mode only. Default 0 (or 1): every request
+	// stands alone.
+	Turns int
 	// Seed makes the workload and the arrivals repeat; any value is valid.
 	Seed uint64
 
@@ -143,6 +159,9 @@ const (
 	DefaultSearchMax      = 1024
 	DefaultMaxInFlight    = 10_000
 	defaultMinRequests    = 20
+	// maxSharedPrefix bounds SharedPrefixTokens at a context no model
+	// serves, so a typo fails at once rather than building a huge prompt.
+	maxSharedPrefix = 1 << 20
 )
 
 // DefaultConcurrency is the sweep run when no levels are given.
@@ -253,6 +272,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Duration < 0 {
 		return c, fmt.Errorf("Duration: must be ≥ 0, got %s", c.Duration)
+	}
+	if c.SharedPrefixTokens < 0 || c.SharedPrefixTokens > maxSharedPrefix {
+		return c, fmt.Errorf("SharedPrefixTokens: must be in [0, %d], got %d", maxSharedPrefix, c.SharedPrefixTokens)
+	}
+	if c.Turns < 0 {
+		return c, fmt.Errorf("Turns: must be ≥ 0, got %d", c.Turns)
+	}
+	if c.Turns > 1 && c.Mode != ModeConcurrency {
+		return c, errors.New("Turns: sessions need a closed loop (Concurrency), not Rates")
 	}
 	if c.PromptTokens == nil {
 		c.PromptTokens = fixed(512)

@@ -47,7 +47,12 @@
 // /tokenize, one token a word is assumed and the report says so. Lengths
 // depend only on the seed and the request number, so every step of every
 // target sees the same lengths; the words differ, so nothing is served from
-// a prefix cache.
+// a prefix cache. Two options share prompts on purpose, as applications do:
+// --shared-prefix opens every request of a step with one system prompt (a
+// new one each step), and --turns makes each closed-loop worker hold
+// multi-turn sessions whose every turn re-sends the session so far — the
+// earlier user messages and the answers the server actually gave — before
+// a new user message. What follows the shared part stays distinct.
 //
 // # What "safe" means
 //

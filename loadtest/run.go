@@ -209,25 +209,40 @@ func listModels(ctx context.Context, c *http.Client, base, apiKey string) (model
 // workload makes request i of one attempt. Lengths depend on the seed, the
 // attempt and i only, so every level of every target sees the same sequence
 // of lengths; the words also depend on the target and the level, so no two
-// requests share a prefix a server could cache.
+// requests share a prefix a server could cache, but for the shared prefix
+// when one is asked for.
 type workload struct {
 	c           Config
 	gen         *promptGen
 	maxModelLen int
 	attempt     int
 	salt        uint64
+	prefix      string // the step's shared prefix; "" for none
+}
+
+func newWorkload(c Config, gen *promptGen, maxModelLen, attempt int, salt uint64) workload {
+	w := workload{c: c, gen: gen, maxModelLen: maxModelLen, attempt: attempt, salt: salt}
+	if c.SharedPrefixTokens > 0 {
+		// Built as a prompt of its own, without the chat template's
+		// overhead, which the user message that follows already counts.
+		plain := *gen
+		plain.overhead = 0
+		w.prefix, _ = plain.build(rand.New(rand.NewPCG(c.Seed^salt, uint64(attempt)<<40|1<<39)), c.SharedPrefixTokens)
+	}
+	return w
 }
 
 func (w workload) spec(i int) RequestSpec {
 	lr := rand.New(rand.NewPCG(w.c.Seed, uint64(w.attempt)<<40|uint64(i)))
 	p, o := w.c.PromptTokens.Sample(lr), w.c.OutputTokens.Sample(lr)
-	if m := w.maxModelLen; m > 1 && p+o > m {
+	shared := w.c.SharedPrefixTokens
+	if m := w.maxModelLen - shared; m > 1 && p+o > m {
 		o = min(o, m-1)
 		p = m - o
 	}
 	tr := rand.New(rand.NewPCG(w.c.Seed^w.salt, uint64(w.attempt)<<40|uint64(i)))
 	text, _ := w.gen.build(tr, p)
-	return RequestSpec{Index: i, Prompt: text, PromptTokens: p, MaxTokens: o}
+	return RequestSpec{Index: i, Prompt: text, System: w.prefix, PromptTokens: shared + p, MaxTokens: o}
 }
 
 func runTarget(ctx context.Context, c Config, ti int, p *prepared, metricsClient *http.Client, rep *Report) (SearchResult, error) {
@@ -254,12 +269,12 @@ func runTarget(ctx context.Context, c Config, ti int, p *prepared, metricsClient
 		info := StepInfo{Target: p.target.Name, Mode: c.Mode, Level: level, Attempt: attemptNo,
 			Requests: c.requestsFor(level), Duration: c.Duration}
 		c.Progress.StepStart(info)
-		w := workload{c: c, gen: p.gen, maxModelLen: p.report.MaxModelLen, attempt: attemptNo,
-			salt: uint64(ti+1)<<48 ^ math.Float64bits(level)}
+		w := newWorkload(c, p.gen, p.report.MaxModelLen, attemptNo, uint64(ti+1)<<48^math.Float64bits(level))
 		sc := stepConfig{
 			Mode: c.Mode, Level: level, Requests: c.requestsFor(level), Duration: c.Duration,
 			Warmup: c.warmupFor(level), MaxStepTime: c.MaxStepTime, MaxInFlight: c.MaxInFlight,
 			ArrivalSeed: c.Seed ^ uint64(attemptNo)<<32, Scrape: scrape, ScrapeInterval: c.ScrapeInterval,
+			Turns: c.Turns, SharedTokens: c.SharedPrefixTokens, MaxContext: p.report.MaxModelLen,
 			Progress:         func(s ProgressSnapshot) { c.Progress.StepUpdate(info, s) },
 			ProgressInterval: 200 * time.Millisecond,
 		}

@@ -39,6 +39,13 @@ type stepConfig struct {
 	MaxInFlight int
 	// Saturation enables the over-saturation stop; nil disables it.
 	Saturation *SaturationConfig
+	// Turns, above 1, makes each closed-loop worker hold sessions of that
+	// many requests (see session).
+	Turns int
+	// SharedTokens is the length of the shared prefix every spec opens with;
+	// MaxContext the model's context (0 unknown), past which a session
+	// starts afresh.
+	SharedTokens, MaxContext int
 	// ArrivalSeed seeds the Poisson arrivals.
 	ArrivalSeed uint64
 	// Scrape reads the target's metrics; nil when there are none.
@@ -234,20 +241,63 @@ func (r *runner) closedLoop(ctx context.Context) {
 	var wg sync.WaitGroup
 	for range int(r.cfg.Level) {
 		wg.Go(func() {
+			var s session
 			for !r.stopping(ctx) {
 				i := int(next.Add(1) - 1)
 				if !r.admit(i, r.clock.Now()) {
 					return
 				}
 				spec := r.workload(i)
+				if r.cfg.Turns > 1 {
+					s.open(&spec, r.cfg.MaxContext)
+				}
 				r.inflight.Add(1)
 				res := r.sender.Send(ctx, spec)
 				r.inflight.Add(-1)
+				if r.cfg.Turns > 1 {
+					s.close(spec, &res, r.cfg.Turns, r.cfg.SharedTokens)
+				}
 				r.record(i, res)
 			}
 		})
 	}
 	wg.Wait()
+}
+
+// session is one closed-loop worker's conversation: the turns it has had
+// and how many tokens they add to the next request's prompt.
+type session struct {
+	history []Turn
+	tokens  int
+}
+
+// open makes spec the session's next turn: its history is sent before the
+// new user message. A session whose next turn would not fit maxContext (0:
+// unknown) starts afresh.
+func (s *session) open(spec *RequestSpec, maxContext int) {
+	if maxContext > 0 && spec.PromptTokens+s.tokens+spec.MaxTokens > maxContext {
+		*s = session{}
+	}
+	spec.History = s.history
+	spec.PromptTokens += s.tokens
+	spec.KeepText = true
+}
+
+// close files the answer to spec. The session ends after turns requests,
+// or at the first one not answered in full. The text is dropped from res: a
+// step keeps every result, and only the session needs it.
+func (s *session) close(spec RequestSpec, res *Result, turns, shared int) {
+	if res.Outcome != OutcomeOK || len(s.history)+1 >= turns {
+		*s = session{}
+		res.Text = ""
+		return
+	}
+	// The next turn re-sends all of this one's prompt (res.PromptTokens is
+	// the server's count, else the spec's) but the shared prefix, which its
+	// own spec counts again, and this answer.
+	s.tokens = max(res.PromptTokens+res.OutputTokens-shared, 0)
+	s.history = append(s.history[:len(s.history):len(s.history)], Turn{User: spec.Prompt, Assistant: res.Text})
+	res.Text = ""
 }
 
 func (r *runner) openLoop(ctx context.Context) {

@@ -5,12 +5,17 @@
 // limit (admission.mode count), with worst-case reservations, and with
 // predicted ones (the default), vLLM's own preempt mode driven directly, and
 // the same simulator with a pool too large to fill (what no scheduler can
-// beat). It prints one table per workload: goodput (output tokens per second
-// of answered requests), real KV use over the saturated part of the run and
-// at its peak, overflow events, preemptions, sheds and failures; then the
-// issue's acceptance checks against it.
+// beat). The prefix workloads (shared-prefix, chat), whose requests share
+// their leading prompt blocks, are measured instead against vLLM alone with
+// its prefix cache and against the gateway counting every prompt whole
+// (backends[].prefix_caching: off), beside the fixed limit that fits the
+// pool at worst case and both reservation policies. It prints one table
+// per workload: goodput (output tokens per second of answered requests),
+// real KV use over the saturated part of the run and at its peak, overflow
+// events, preemptions, sheds and failures; then the acceptance checks
+// against it.
 //
-//	go run ./bench/goodput [--requests 1500] [--clients 128] [--time-scale 0.5] [--sweep 8..32+4]
+//	go run ./bench/goodput [--requests 1500] [--clients 128] [--time-scale 0.5] [--sweep 8..32+4] [--workloads early-stop,fixed,shared-prefix,chat]
 //
 // The time scale is set so that the engine model, not the machine, is the
 // limit: the simulator, the gateway and the load generator share the
@@ -51,7 +56,7 @@ func main() {
 	flag.IntVar(&o.requests, "requests", 1500, "requests per measured step")
 	flag.IntVar(&o.clients, "clients", 128, "concurrent clients of the saturated steps (at least 4× what the pool holds at worst case)")
 	flag.StringVar(&o.sweep, "sweep", "8..32+4", "concurrency limits tried straight at the simulator")
-	flag.StringVar(&o.workloads, "workloads", "early-stop,fixed", "workloads to run: early-stop (lognormal outputs stopping early), fixed (outputs of 128 or 512)")
+	flag.StringVar(&o.workloads, "workloads", "early-stop,fixed", "workloads to run: early-stop (lognormal outputs stopping early), fixed (outputs of 128 or 512), shared-prefix (one 2k-token system prompt, 80–120 tokens of each request's own), chat (4-turn sessions re-sending their history after a shared 1k-token system prompt)")
 	flag.Parse()
 	o.Main("goodput", func(ctx context.Context, kit *benchkit.Kit) error { return run(ctx, kit, o) })
 }
@@ -68,8 +73,11 @@ func run(ctx context.Context, kit *benchkit.Kit, o options) error {
 			return err
 		}
 		printTable(os.Stdout, wl, rows)
-		if wl.name == "early-stop" {
+		switch {
+		case wl.name == "early-stop":
 			printChecks(os.Stdout, rows)
+		case wl.limit > 0:
+			printPrefixChecks(os.Stdout, wl, rows)
 		}
 		fmt.Println()
 	}

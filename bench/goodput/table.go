@@ -8,31 +8,66 @@ import (
 )
 
 func printTable(w io.Writer, wl *workload, rows []row) {
-	fmt.Fprintf(w, "Workload %s: %s; prompts 90%% ≈256, 10%% ≈4000 tokens\n", wl.name, wl.title)
-	fmt.Fprintf(w, "%-26s %-20s %6s %10s %7s %8s %7s %8s %8s %6s %6s %6s\n",
-		"configuration", "", "conc", "goodput", "×best", "KV mean", "KV peak", "overflow", "preempt", "ok", "429", "failed")
+	fmt.Fprintf(w, "Workload %s: %s; %s\n", wl.name, wl.title, wl.promptNote)
+	rel := "×best"
+	if wl.limit > 0 {
+		rel = "×count"
+	}
+	fmt.Fprintf(w, "%-26s %-24s %6s %10s %7s %8s %7s %8s %8s %6s %6s %6s\n",
+		"configuration", "", "conc", "goodput", rel, "KV mean", "KV peak", "overflow", "preempt", "ok", "429", "failed")
 	base := rows[0].Goodput
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-26s %-20s %6d %10.0f %6.2f× %7.1f%% %6.1f%% %8.0f %8.0f %6d %6d %6d\n",
+		fmt.Fprintf(w, "%-26s %-24s %6d %10.0f %6.2f× %7.1f%% %6.1f%% %8.0f %8.0f %6d %6d %6d\n",
 			r.name, r.note, r.Level, r.Goodput, r.Goodput/base, 100*r.KVMean, 100*r.KVPeak, r.Overflow, r.Preemptions, r.OK, r.Shed, r.Failed)
 	}
 	fmt.Fprintln(w, "goodput: output tokens/s of answered requests; KV mean: the simulator's KV use (share of its pool, = the gateway's budget) from 20% to 80% of the step's time; overflow: the simulator's out-of-memory events")
 }
 
+// find is the row of that name (and note, when not ""), nil when absent.
+func find(rows []row, name, note string) *row {
+	for i := range rows {
+		if rows[i].name == name && (note == "" || rows[i].note == note) {
+			return &rows[i]
+		}
+	}
+	return nil
+}
+
+// printPrefixChecks states the acceptance bars of the prefix workloads:
+// the gateway (predicted, sharing prompt blocks) against vLLM alone and,
+// on shared-prefix, against itself counting every prompt whole.
+func printPrefixChecks(w io.Writer, wl *workload, rows []row) {
+	pred, off := find(rows, "gateway predicted", ""), find(rows, "gateway predicted", "prefix_caching: off")
+	pre := find(rows, "direct, vLLM preempt", "")
+	if pred == nil || off == nil || pre == nil {
+		return
+	}
+	var overflow float64
+	var overflowed int
+	for _, r := range rows[:len(rows)-1] { // the gateway's rows
+		overflow += r.Overflow
+		overflowed += r.Overflowed
+	}
+	check := func(ok bool, format string, a ...any) { benchkit.Check(w, ok, format, a...) }
+	fmt.Fprintf(w, "Acceptance, %s workload (gateway predicted, prompt blocks shared):\n", wl.name)
+	check(overflow == 0 && overflowed == 0, "zero overflow on the oom simulator behind the gateway, every configuration (%.0f events, %d answers)", overflow, overflowed)
+	switch wl.name {
+	case "shared-prefix":
+		check(pred.Failed == 0 && pred.Shed == 0, "every answer a 200 (%d sheds, %d failures)", pred.Shed, pred.Failed)
+		check(pred.KVMean >= 0.85, "real KV use %.1f%% of the pool over the saturated part (≥ 85%%)", 100*pred.KVMean)
+		check(pred.Goodput >= 0.95*pre.Goodput, "gateway %.0f%% of vLLM alone with its prefix cache (≥ 95%%)", 100*pred.Goodput/pre.Goodput)
+		check(pred.Goodput >= 3*off.Goodput, "gateway %.2f× itself with prefix_caching: off (≥ 3×)", pred.Goodput/off.Goodput)
+	case "chat":
+		check(pred.Goodput >= 0.9*pre.Goodput, "gateway %.0f%% of vLLM alone with its prefix cache (≥ 90%%)", 100*pred.Goodput/pre.Goodput)
+	}
+}
+
 // printChecks states the acceptance bars against the early-stop
 // table.
 func printChecks(w io.Writer, rows []row) {
-	find := func(name, note string) *row {
-		for i := range rows {
-			if rows[i].name == name && (note == "" || rows[i].note == note) {
-				return &rows[i]
-			}
-		}
-		return nil
-	}
-	best, worst := find("direct, best safe limit", ""), find("gateway worst_case", "")
-	pred, predPre := find("gateway predicted", "oom simulator"), find("gateway predicted", "preempt simulator")
-	pre, unb := find("direct, vLLM preempt", ""), find("unbounded pool", "")
+	best, worst := find(rows, "direct, best safe limit", ""), find(rows, "gateway worst_case", "")
+	pred, predPre := find(rows, "gateway predicted", "oom simulator"), find(rows, "gateway predicted", "preempt simulator")
+	pre, unb := find(rows, "direct, vLLM preempt", ""), find(rows, "unbounded pool", "")
 	if best == nil || worst == nil || pred == nil || predPre == nil || pre == nil || unb == nil {
 		return
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -10,14 +11,42 @@ import (
 	"github.com/kvgate/kvgate/bench/internal/benchkit"
 )
 
-// workload is one traffic shape: prompt lengths (90 % about 256 tokens,
-// 10 % about 4000) and how outputs end.
+// workload is one traffic shape: prompt lengths and how outputs end, and
+// for the prefix workloads what their requests share.
 type workload struct {
 	name, title string
+	promptNote  string   // the prompts, as the table states them
 	simArgs     []string // output lengths the simulator draws
 	outputs     string   // the load tester's --output-tokens
 	strict      bool     // --strict-openai: let the simulator stop outputs early
 	prompts     string   // file of prompt lengths
+	// shared is the system prompt every request opens with (tokens), turns
+	// the requests of a session; both 0 for the workloads without prefixes,
+	// which are measured against a sweep, the others against vLLM's prefix
+	// cache and the gateway that does not count it.
+	shared, turns int
+	// limit is the fixed concurrency limit of the prefix workloads: what
+	// fits the pool at worst case, the system prompt held once.
+	limit int
+}
+
+// poolTokens is the simulated GPU's KV pool: 2888 blocks of 16 tokens.
+const poolTokens = 2888 * 16
+
+// The prefix workloads' outputs: as early-stop's, lognormal median 200,
+// σ 0.8, drawn by the simulator, under max_tokens 1024.
+const maxTokens = 1024
+
+var earlyStop = []string{"--output-len", "lognormal:200,0.8"}
+
+// writeUniform writes 4096 lengths drawn uniformly from [lo, hi] to path.
+func writeUniform(path string, lo, hi int, seed uint64) error {
+	r := rand.New(rand.NewPCG(seed, 2))
+	var b strings.Builder
+	for range 4096 {
+		fmt.Fprintln(&b, lo+r.IntN(hi-lo+1))
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 func workloadNamed(name string, o options, kit *benchkit.Kit) (*workload, error) {
@@ -25,10 +54,34 @@ func workloadNamed(name string, o options, kit *benchkit.Kit) (*workload, error)
 	if err := benchkit.WritePromptLengths(prompts, o.Seed); err != nil {
 		return nil, err
 	}
+	const mixed = "prompts 90% ≈256, 10% ≈4000 tokens"
 	switch name {
 	case "early-stop":
-		return &workload{name: name, title: "outputs that stop early (lognormal median 200, σ 0.8, max_tokens 1024)",
-			simArgs: []string{"--output-len", "lognormal:200,0.8"}, outputs: "fixed:1024", strict: true, prompts: prompts}, nil
+		return &workload{name: name, title: "outputs that stop early (lognormal median 200, σ 0.8, max_tokens 1024)", promptNote: mixed,
+			simArgs: earlyStop, outputs: "fixed:1024", strict: true, prompts: prompts}, nil
+	case "shared-prefix":
+		const shared, lo, hi = 2048, 80, 120
+		unique := kit.Path("prompts-unique.txt")
+		if err := writeUniform(unique, lo, hi, o.Seed); err != nil {
+			return nil, err
+		}
+		return &workload{name: name, title: "one system prompt shared by every request, outputs that stop early (lognormal median 200, σ 0.8, max_tokens 1024)",
+			promptNote: fmt.Sprintf("prompts: the same %d-token system prompt, then %d–%d tokens of their own", shared, lo, hi),
+			simArgs:    earlyStop, outputs: fmt.Sprintf("fixed:%d", maxTokens), strict: true, prompts: unique,
+			shared: shared, limit: (poolTokens - shared) / (hi + maxTokens)}, nil
+	case "chat":
+		const shared, lo, hi, turns = 1024, 50, 150, 4
+		user := kit.Path("prompts-user.txt")
+		if err := writeUniform(user, lo, hi, o.Seed); err != nil {
+			return nil, err
+		}
+		// A session's last turn at worst: every user message at its
+		// longest, every earlier answer and its own at max_tokens.
+		worst := turns*hi + turns*maxTokens
+		return &workload{name: name, title: fmt.Sprintf("chat sessions of %d turns re-sending their history, outputs that stop early (lognormal median 200, σ 0.8, max_tokens 1024)", turns),
+			promptNote: fmt.Sprintf("prompts: the same %d-token system prompt, the session so far, a %d–%d-token user message", shared, lo, hi),
+			simArgs:    earlyStop, outputs: fmt.Sprintf("fixed:%d", maxTokens), strict: true, prompts: user,
+			shared: shared, turns: turns, limit: (poolTokens - shared) / worst}, nil
 	case "fixed":
 		outs := kit.Path("outputs-fixed.txt")
 		var ob strings.Builder
@@ -38,10 +91,10 @@ func workloadNamed(name string, o options, kit *benchkit.Kit) (*workload, error)
 		if err := os.WriteFile(outs, []byte(ob.String()), 0o644); err != nil {
 			return nil, err
 		}
-		return &workload{name: name, title: "outputs of fixed length (128 or 512 tokens, max_tokens = the length)",
+		return &workload{name: name, title: "outputs of fixed length (128 or 512 tokens, max_tokens = the length)", promptNote: mixed,
 			outputs: "file:" + outs, prompts: prompts}, nil
 	}
-	return nil, fmt.Errorf("unknown workload %q (want early-stop or fixed)", name)
+	return nil, fmt.Errorf("unknown workload %q (want early-stop, fixed, shared-prefix or chat)", name)
 }
 
 // row is one configuration's figures.
@@ -51,6 +104,9 @@ type row struct {
 }
 
 func (w *workload) run(ctx context.Context, o options, kit *benchkit.Kit) ([]row, error) {
+	if w.limit > 0 {
+		return w.runPrefix(ctx, o, kit)
+	}
 	var rows []row
 	// (a) Straight at an oom simulator, a sweep of concurrency limits: the
 	// best level that never overflowed is what a fixed limit gives.
@@ -112,6 +168,59 @@ func (w *workload) run(ctx context.Context, o options, kit *benchkit.Kit) ([]row
 	return rows, nil
 }
 
+// runPrefix measures a prefix workload: the gateway with a fixed limit, with
+// each reservation policy counting shared prompt blocks once, with the
+// predicted policy counting every prompt whole (what the
+// gateway did before it knew of prefix caches), and vLLM alone with its
+// prefix cache, driven directly. There is no sweep: the fixed limit is what
+// the pool holds at worst case.
+func (w *workload) runPrefix(ctx context.Context, o options, kit *benchkit.Kit) ([]row, error) {
+	conc := strconv.Itoa(o.clients)
+	gw := []struct {
+		name, note, admission, backend string
+	}{
+		{"gateway count", fmt.Sprintf("max_concurrency %d", w.limit), fmt.Sprintf("  mode: count\n  max_concurrency: %d\n", w.limit), ""},
+		{"gateway worst_case", "", "  reservation: worst_case\n", ""},
+		{"gateway predicted", "", "  reservation: predicted\n", ""},
+		{"gateway predicted", "prefix_caching: off", "  reservation: predicted\n", "    prefix_caching: off\n"},
+	}
+	var rows []row
+	for _, g := range gw {
+		name := g.name
+		if g.backend != "" {
+			name += " unshared"
+		}
+		sim, err := w.startSim(ctx, o, kit, name, "oom", nil)
+		if err != nil {
+			return nil, err
+		}
+		gwp, err := kit.StartGatewayOver(ctx, w.name+"-"+name, utilization, g.admission, "", fmt.Sprintf(`  - name: sim0
+    url: %s
+    models: [%s]
+    gpu_memory: 24GiB
+%s`, sim.URL, model, g.backend))
+		if err != nil {
+			sim.Stop()
+			return nil, err
+		}
+		rs, err := w.load(ctx, o, kit, name, gwp.URL, sim.URL+"/metrics", conc)
+		gwp.Stop()
+		sim.Stop()
+		if err != nil {
+			return nil, err
+		}
+		r := rs[0]
+		r.name, r.note = g.name, g.note
+		rows = append(rows, r)
+	}
+	pre, err := w.direct(ctx, o, kit, "direct-preempt", "preempt", conc, nil)
+	if err != nil {
+		return nil, err
+	}
+	pre[0].name, pre[0].note = "direct, vLLM preempt", "prefix cache, no gateway"
+	return append(rows, pre[0]), nil
+}
+
 // direct runs the load straight at a simulator.
 func (w *workload) direct(ctx context.Context, o options, kit *benchkit.Kit, name, overflow, levels string, extra []string) ([]row, error) {
 	sim, err := w.startSim(ctx, o, kit, name, overflow, extra)
@@ -140,7 +249,8 @@ func (w *workload) gateway(ctx context.Context, o options, kit *benchkit.Kit, na
 // load runs kvgate loadtest against url at levels.
 func (w *workload) load(ctx context.Context, o options, kit *benchkit.Kit, name, url, metrics, levels string) ([]row, error) {
 	steps, err := kit.Load(ctx, benchkit.Load{Name: w.name + "-" + name, Target: url, MetricsURL: metrics, Model: model,
-		Levels: levels, Requests: o.requests, Prompts: w.prompts, Outputs: w.outputs, Seed: o.Seed, Strict: w.strict})
+		Levels: levels, Requests: o.requests, Prompts: w.prompts, Outputs: w.outputs, Seed: o.Seed, Strict: w.strict,
+		SharedPrefix: w.shared, Turns: w.turns})
 	if err != nil {
 		return nil, err
 	}

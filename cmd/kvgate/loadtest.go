@@ -37,6 +37,7 @@ type loadtestFlags struct {
 	searchMax                                     float64
 	searchTol                                     string
 	requests, warmup, minRequests, maxReruns      int
+	sharedPrefix, turns                           int
 	duration, reqTimeout, maxStepTime             time.Duration
 	scrapeInterval, cooldown                      time.Duration
 	promptTokens, outputTokens                    string
@@ -65,6 +66,8 @@ func (f *loadtestFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.warmup, "warmup", 0, "uncounted warm-up requests at the start of each step (0: one per concurrent request, or a second of arrivals; -1: none)")
 	fs.StringVar(&f.promptTokens, "prompt-tokens", "fixed:512", "prompt length distribution: fixed:N, uniform:A-B, normal:MEAN,SD, lognormal:MEDIAN,SIGMA or file:PATH (one length a line)")
 	fs.StringVar(&f.outputTokens, "output-tokens", "fixed:128", "output length (max_tokens) distribution, same forms as --prompt-tokens")
+	fs.IntVar(&f.sharedPrefix, "shared-prefix", 0, "open every request with the same system prompt of about `TOKENS` tokens (a system message; on completions the prompt's start), as an application does; --prompt-tokens is then what follows it, still distinct per request")
+	fs.IntVar(&f.turns, "turns", 0, "multi-turn sessions of `N` requests: each turn re-sends the session's earlier user messages and the assistant's actual answers before a new user message of --prompt-tokens (closed loop only)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the lengths, the prompts and the arrivals: the same seed repeats the run")
 	fs.Float64Var(&f.maxKV, "max-kv-usage", loadtest.DefaultMaxKVUsage, "highest peak KV-cache usage a safe step may reach, as a share (0–1] of the backend's KV block pool (vllm:kv_cache_usage_perc) — not the gateway's ceiling, which is a share of GPU memory")
 	fs.Func("ceiling", "renamed --max-kv-usage", func(string) error {
@@ -204,6 +207,16 @@ func (f *loadtestFlags) config(set map[string]bool) (loadtest.Config, error) {
 	if c.OutputTokens, err = loadtest.ParseDist(f.outputTokens, nil); err != nil {
 		return c, badFlag("output-tokens", "%v", err)
 	}
+	if f.sharedPrefix < 0 {
+		return c, badFlag("shared-prefix", "must be ≥ 0, got %d", f.sharedPrefix)
+	}
+	if f.turns < 0 {
+		return c, badFlag("turns", "must be ≥ 0, got %d", f.turns)
+	}
+	if f.turns > 1 && c.Mode == loadtest.ModeRate {
+		return c, badFlag("turns", "sessions need a closed loop: give --concurrency, not --rate")
+	}
+	c.SharedPrefixTokens, c.Turns = f.sharedPrefix, f.turns
 	c.Seed = f.seed
 	if !(f.maxKV > 0 && f.maxKV <= 1) {
 		return c, badFlag("max-kv-usage", "must be in (0, 1], got %g", f.maxKV)

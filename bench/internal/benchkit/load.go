@@ -25,6 +25,9 @@ type Load struct {
 	Outputs    string // --output-tokens
 	Seed       uint64
 	Strict     bool // --strict-openai: let the simulator stop outputs early
+	// SharedPrefix is --shared-prefix (a system prompt common to every
+	// request, in tokens) and Turns --turns (multi-turn sessions); 0 none.
+	SharedPrefix, Turns int
 }
 
 // Load runs kvgate loadtest as l says and reads its report, one Step a
@@ -38,6 +41,12 @@ func (k *Kit) Load(ctx context.Context, l Load) ([]Step, error) {
 		"--progress", "none", "--json", report}
 	if l.Strict {
 		args = append(args, "--strict-openai")
+	}
+	if l.SharedPrefix > 0 {
+		args = append(args, "--shared-prefix", strconv.Itoa(l.SharedPrefix))
+	}
+	if l.Turns > 1 {
+		args = append(args, "--turns", strconv.Itoa(l.Turns))
 	}
 	cmd := exec.CommandContext(ctx, k.Bin, args...)
 	logf, err := os.Create(k.Path(Slug(l.Name) + "-loadtest.log"))
