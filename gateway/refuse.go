@@ -30,7 +30,7 @@ func (x *exchange) ended() (outcome, reason string, e *apiError) {
 		return outcomeFailed, "shutdown", &apiError{status: 503, typ: typeServer, code: "shutting_down", message: "The gateway is shutting down."}
 	case errors.Is(cause, errStoppedForMemory):
 		return outcomeShed, reasonGuard, &apiError{status: 503, typ: typeServer, code: reasonGuard, retryAfter: guardRetryAfter,
-			message: fmt.Sprintf("The requests running on this GPU outgrew their forecast: this one was stopped to keep its KV cache within budget before the backend ran out of memory. Retry after %s.", retryAfterText(guardRetryAfter))}
+			message: fmt.Sprintf("The requests running on this GPU outgrew their forecast: this one was stopped to keep the GPU's KV cache within its budget. Retry after %s.", retryAfterText(guardRetryAfter))}
 	default:
 		// The client hung up, or only shut its sending side (connwatch
 		// cannot tell the two apart). One that still reads must not take
