@@ -13,10 +13,12 @@ import (
 // keeps a table of the blocks its tickets hold, by content, with reference
 // counts: a ticket's own weight leaves its shareable blocks out, and the
 // GPU counts each of them once, from its first holder's admission to its
-// last holder's release, whoever admitted it. A request still needs room
-// for its whole worst case to be admitted (so admitting one never depends
-// on a block that a holder could give back the next moment); what sharing
-// frees is what the GPU holds once it runs, and so what the next ones find.
+// last holder's release, whoever admitted it. A request fits on what it
+// adds now: its own part and the blocks the table does not hold yet. Once
+// admitted it is a holder itself, so no other holder's release can take a
+// block from under it; and a request that waits while the holders of its
+// blocks end finds them gone, and needs its whole size again. Among its
+// GPUs with room, it goes where it adds least (dispatch.go).
 //
 // Never under-count: a block is counted as shared only if the caller's
 // Prefix says it is the same content on a backend that shares it. The
