@@ -153,12 +153,11 @@ func (w *workload) run(ctx context.Context, o options, kit *benchkit.Kit) ([]row
 		r.name, r.note = g.name, g.note
 		rows = append(rows, r)
 	}
-	pre, err := w.direct(ctx, o, kit, "direct-preempt", "preempt", conc, nil)
+	pre, err := w.preempt(ctx, o, kit, conc, "no gateway")
 	if err != nil {
 		return nil, err
 	}
-	pre[0].name, pre[0].note = "direct, vLLM preempt", "no gateway"
-	rows = append(rows, pre[0])
+	rows = append(rows, pre)
 	unb, err := w.direct(ctx, o, kit, "direct-unbounded", "preempt", conc, []string{"--gpu-memory", "320GiB"})
 	if err != nil {
 		return nil, err
@@ -213,12 +212,21 @@ func (w *workload) runPrefix(ctx context.Context, o options, kit *benchkit.Kit) 
 		r.name, r.note = g.name, g.note
 		rows = append(rows, r)
 	}
-	pre, err := w.direct(ctx, o, kit, "direct-preempt", "preempt", conc, nil)
+	pre, err := w.preempt(ctx, o, kit, conc, "prefix cache, no gateway")
 	if err != nil {
 		return nil, err
 	}
-	pre[0].name, pre[0].note = "direct, vLLM preempt", "prefix cache, no gateway"
-	return append(rows, pre[0]), nil
+	return append(rows, pre), nil
+}
+
+// preempt is the row of vLLM's own preempt mode, driven directly.
+func (w *workload) preempt(ctx context.Context, o options, kit *benchkit.Kit, conc, note string) (row, error) {
+	pre, err := w.direct(ctx, o, kit, "direct-preempt", "preempt", conc, nil)
+	if err != nil {
+		return row{}, err
+	}
+	pre[0].name, pre[0].note = "direct, vLLM preempt", note
+	return pre[0], nil
 }
 
 // direct runs the load straight at a simulator.
