@@ -144,6 +144,35 @@ func TestFIFOWithinClass(t *testing.T) {
 	}
 }
 
+// A request that continues one the guard stopped waits at that one's place
+// in the queue, ahead of those that arrived after it: the stopped one's
+// blocks are still held (the backend has yet to let them go) when its
+// continuation queues, and the room they leave goes to the continuation.
+func TestResumedRequestKeepsItsPlace(t *testing.T) {
+	for _, resume := range []bool{false, true} {
+		f := newFixture(t, oneGPU(10, admission.Config{Backfill: strictOrder}))
+		hold := f.acquire(std(6))
+		stopped := f.acquire(std(4))
+		later := f.enqueue(context.Background(), std(4))
+		cont := std(4)
+		if resume {
+			cont.Resumes = stopped
+		}
+		c := f.enqueue(context.Background(), cont)
+		stopped.Release() // the backend let its blocks go
+		first, second := later, c
+		if resume {
+			first, second = c, later
+		}
+		tf := f.admitted(first)
+		f.stillQueued(second)
+		tf.Release()
+		f.admitted(second).Release()
+		hold.Release()
+		f.state(0, 0)
+	}
+}
+
 // As in x/sync's semaphore: a waiter that does not fit blocks the smaller
 // ones behind it, and new arrivals too, so that it is not starved.
 func TestHeadOfLineBlocksSmallerWaitersAndArrivals(t *testing.T) {

@@ -177,6 +177,9 @@ func (s *Scheduler) initWaiterLocked(w *waiter, q *queue, l *line, r Request, in
 		affinity: r.Affinity, deadline: r.Deadline}
 	s.seq++
 	w.seq = s.seq
+	if r.Resumes != nil && r.Resumes.s == s && r.Resumes.seq > 0 {
+		w.seq = r.Resumes.seq
+	}
 	if len(r.Shape) == 0 {
 		w.weight, w.charge = r.Weight, r.Weight
 		return

@@ -42,6 +42,12 @@ type Request struct {
 	// wrong (see guard.go). Only requests that report their progress are
 	// ever stopped.
 	Stopper Stopper
+	// Resumes, when set, is the ticket of a request the guard stopped that
+	// this one continues (the caller re-sends it with what it had
+	// generated): it waits at that request's place in its queue, by arrival
+	// order, not behind everything that came since — its client has been
+	// waiting all along.
+	Resumes *Ticket
 	// Affinity, when not 0, names the pool the request prefers among those
 	// that fit (routing by session or prompt prefix): the same value picks
 	// the same pool while it fits.

@@ -66,6 +66,17 @@ type AdmissionConfig struct {
 	// the abort, and admitting into them would overflow it. Default 1s; 0:
 	// released at once.
 	AbortHold Duration `yaml:"abort_hold"`
+	// ResumeStopped: a stream the guard stops is resumed rather than cut
+	// (predicted only). Its exchange with the backend ends, so its blocks
+	// go back, and the gateway sends it again once it fits, at its place in
+	// the queue and held at its worst case: the prompt followed by what it
+	// had generated, to go on from there (vLLM's continue_final_message
+	// for chat, the text appended to the prompt for completions), as vLLM
+	// recomputes a sequence it preempted. The client's stream pauses and
+	// goes on. Requests that cannot be continued that way (several
+	// choices, structured output, echo, a prompt of token ids, tool calls)
+	// are still cut. Default true.
+	ResumeStopped *bool `yaml:"resume_stopped"`
 	// Backfill lets requests that fit start past a head request that does
 	// not, while that does not delay the head.
 	// Its fields and defaults are admission.BackfillConfig's.
@@ -192,6 +203,10 @@ func (a *AdmissionConfig) defaults() {
 	}
 	if !a.AbortHold.Written() {
 		a.AbortHold.D = defaultAbortHold
+	}
+	if a.ResumeStopped == nil {
+		on := true
+		a.ResumeStopped = &on
 	}
 	if a.Backfill.Enabled == nil {
 		on := a.Backfill.IsEnabled()

@@ -12,6 +12,12 @@ import (
 type choice0 struct {
 	text   bool
 	finish []byte
+	// start and end are where the text is in the event (its JSON string,
+	// quotes included) when there is one; reasoning says it is (or an
+	// event's texts include) a reasoning model's reasoning rather than the
+	// answer's content. A stream kept to be resumed copies the text.
+	start, end int
+	reasoning  bool
 }
 
 // tokenOnly says the event is one piece of text and nothing more: most
@@ -31,7 +37,7 @@ func (c choice0) tokenOnly() bool { return c.text && c.finish == nil }
 // only a broken backend sends, is acted on as its bytes say where the
 // parse would act on nothing. textStart and textEnd are where a non-empty
 // text is (the string, quotes included), when there is one.
-func scanChoice0(data []byte) (c choice0, ok bool, textStart, textEnd int) {
+func scanChoice0(data []byte) (c choice0, ok bool) {
 	s := eventScan{b: data}
 	choices := 0
 	ok = s.object(func(key []byte) bool {
@@ -46,7 +52,7 @@ func scanChoice0(data []byte) (c choice0, ok bool, textStart, textEnd int) {
 		}
 		return s.skip()
 	}) && choices == 1 && s.end()
-	return c, ok, s.textStart, s.textEnd
+	return c, ok
 }
 
 // tokenShape is the JSON around the text of the last event of a stream that
@@ -60,16 +66,17 @@ func scanChoice0(data []byte) (c choice0, ok bool, textStart, textEnd int) {
 type tokenShape struct {
 	b         [512]byte // b[:pre] comes before the text, b[pre:pre+post] after it
 	pre, post int
+	reasoning bool // the text is a reasoning's: its key is in b[:pre]
 }
 
 // choice0 is scanChoice0 for the next event of the stream.
 func (t *tokenShape) choice0(data []byte) (choice0, bool) {
 	if t.matches(data) {
-		return choice0{text: true}, true
+		return choice0{text: true, start: t.pre, end: len(data) - t.post, reasoning: t.reasoning}, true
 	}
-	c, ok, start, end := scanChoice0(data)
+	c, ok := scanChoice0(data)
 	if ok && c.tokenOnly() {
-		t.learn(data, start, end)
+		t.learn(data, c)
 	}
 	return c, ok
 }
@@ -85,11 +92,12 @@ func (t *tokenShape) matches(data []byte) bool {
 	return err == nil && data[len(pre)] == '"' && end == len(data)-len(post)
 }
 
-func (t *tokenShape) learn(data []byte, start, end int) {
+func (t *tokenShape) learn(data []byte, c choice0) {
 	t.pre, t.post = 0, 0 // none, unless it fits
-	if start+len(data)-end <= len(t.b) {
-		t.pre = copy(t.b[:], data[:start])
-		t.post = copy(t.b[t.pre:], data[end:])
+	if c.start+len(data)-c.end <= len(t.b) {
+		t.pre = copy(t.b[:], data[:c.start])
+		t.post = copy(t.b[t.pre:], data[c.end:])
+		t.reasoning = c.reasoning
 	}
 }
 
@@ -98,8 +106,6 @@ func (t *tokenShape) learn(data []byte, start, end int) {
 type eventScan struct {
 	b []byte
 	i int
-	// textStart and textEnd are where the last non-empty text is.
-	textStart, textEnd int
 }
 
 func (s *eventScan) space() { s.i = jsonscan.SkipSpace(s.b, s.i) }
@@ -194,13 +200,15 @@ func (s *eventScan) str() (nonEmpty, ok bool) {
 	return len(v) > 2, true
 }
 
-// text consumes a text string, noting where it is when it is not empty.
-func (s *eventScan) text(c *choice0) bool {
+// text consumes a text string, noting where it is when it is not empty;
+// reasoning says whose it is (see choice0).
+func (s *eventScan) text(c *choice0, reasoning bool) bool {
 	start := s.i
 	nonEmpty, ok := s.str()
 	if nonEmpty {
 		c.text = true
-		s.textStart, s.textEnd = start, s.i
+		c.start, c.end = start, s.i
+		c.reasoning = c.reasoning || reasoning
 	}
 	return ok
 }
@@ -239,7 +247,7 @@ func (s *eventScan) choice0(c *choice0) bool {
 		case "delta":
 			return once(&seen, seenDelta) && s.delta(c)
 		case "text":
-			return once(&seen, seenText) && s.text(c)
+			return once(&seen, seenText) && s.text(c, false)
 		case "logprobs":
 			return once(&seen, seenLogprobs) && s.null()
 		case "finish_reason":
@@ -261,11 +269,11 @@ func (s *eventScan) delta(c *choice0) bool {
 	return s.object(func(key []byte) bool {
 		switch string(key) {
 		case "content":
-			return once(&seen, 1) && s.text(c)
+			return once(&seen, 1) && s.text(c, false)
 		case "reasoning":
-			return once(&seen, 2) && s.text(c)
+			return once(&seen, 2) && s.text(c, true)
 		case "reasoning_content":
-			return once(&seen, 4) && s.text(c)
+			return once(&seen, 4) && s.text(c, true)
 		case "role":
 			_, ok := s.str()
 			return once(&seen, 8) && ok

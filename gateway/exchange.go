@@ -96,6 +96,16 @@ type exchange struct {
 
 	body sseBody // a streamed answer, relayed as fasthttp writes it
 
+	// resume keeps what a stream needs to be resumed after the guard
+	// stops it (resume.go); nil when it cannot be. preempted is the
+	// guard's word that it stopped the stream to be resumed (set from the
+	// guard's goroutine before it cuts the upstream exchange).
+	resume    *resumeState
+	preempted atomic.Bool
+	// resumeBuf is the continuation's ticket: ticketBuf may still be
+	// lingering, held until the backend has let the stopped blocks go.
+	resumeBuf admission.Ticket
+
 	access accessRecord // accesslog.go
 
 	done bool
@@ -175,6 +185,9 @@ func (x *exchange) finish(outcome, reason string) {
 		x.recordUsage()
 	}
 	x.logAccess(outcome, reason, took)
+	if x.resume != nil {
+		x.resume.free() // the pointer stays: the guard may read it still
+	}
 }
 
 // fail answers with e and finishes.
@@ -287,6 +300,9 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		Pinned: req.pinned, Deadline: x.start.Add(rt.cfg.Server.requestTimeout())}
 	if req.stream {
 		areq.Stopper = x
+		if req.resumable && rt.resumes() {
+			x.resume = newResumeState()
+		}
 	}
 	if rt.count {
 		areq.Weight = 1
@@ -352,9 +368,20 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 func (x *exchange) clientGone() { x.rctx.cancel(errClientGone) }
 
 // StopForMemory is the admission guard stopping the request (see
-// admission's guard.go): its context ends, which closes the upstream
-// exchange and lingers its reservation until the backend has let the
-// blocks go; the relay then ends the stream with an error event.
-func (x *exchange) StopForMemory() { x.rctx.cancel(errStoppedForMemory) }
+// admission's guard.go). A stream that can be resumed has its upstream
+// exchange cut and its reservation lingered until the backend has let the
+// blocks go, and the relay sends it again when it fits (resume.go). Any
+// other has its context end, which does the same and has the relay end
+// the stream with an error event.
+func (x *exchange) StopForMemory() {
+	if x.resume != nil {
+		x.preempted.Store(true) // before the cut the relay will see
+		if x.rctx.preempt() {
+			return
+		}
+		x.preempted.Store(false)
+	}
+	x.rctx.cancel(errStoppedForMemory)
+}
 
 var _ admission.Stopper = (*exchange)(nil)

@@ -27,6 +27,18 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 		}
 		body = b
 	}
+	if x.resume != nil {
+		x.resume.keep(body, &ctx.Request.Header)
+	}
+	return x.send(body, &ctx.Request.Header)
+}
+
+// headerSource is where the headers a backend is sent come from: the
+// client's request, or a resumed stream's copy of them.
+type headerSource interface{ Peek(key string) []byte }
+
+// send is forward's exchange with the backends, for a body ready to go.
+func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, error) {
 	ureq := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(ureq)
 	tried := map[*backends.Backend]bool{}
@@ -56,7 +68,7 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 		// The request id and W3C trace context reach the backend: vLLM
 		// started with --otlp-traces-endpoint continues the client's trace.
 		for _, h := range forwardedHeaders {
-			if v := ctx.Request.Header.Peek(h); len(v) > 0 {
+			if v := hdr.Peek(h); len(v) > 0 {
 				ureq.Header.SetBytesV(h, v)
 			}
 		}

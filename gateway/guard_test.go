@@ -3,11 +3,14 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/admission/admissiontest"
@@ -31,12 +34,14 @@ func smallOOMSim(t *testing.T) (*sim.Server, string) {
 // the old forecast, together they would need several times the pool; the
 // gateway stops streams itself, before the backend runs out, so the backend
 // never overflows, every other request is answered whole, and the stopped
-// ones get an error event with a code of their own.
+// ones get an error event with a code of their own (with resume_stopped
+// off; see TestGuardResumesStoppedStreams for the default).
 func TestGuardStopsStreamsBeforeTheBackendOverflows(t *testing.T) {
 	backend, url := smallOOMSim(t)
 	pool := backend.Stats().NumGPUBlocks
 	gw, gwURL := startGateway(t, baseConfig(url, `admission:
   reservation: predicted
+  resume_stopped: false
   ceiling: 0.9
   warmup_samples: 10
   abort_hold: 50ms
@@ -92,6 +97,101 @@ func TestGuardStopsStreamsBeforeTheBackendOverflows(t *testing.T) {
 		t.Errorf("requests shed by the guard: %g, want %d", n, stopped)
 	}
 	eventually(t, "every reservation back", func() bool { return held(gw) == 0 })
+}
+
+// The same shift with the default, resume_stopped: the streams the guard
+// stops are sent again from where they were once they fit, so the backend
+// never overflows and every client gets its whole answer: one role chunk,
+// no error, [DONE], and usage as one exchange would have counted it.
+func TestGuardResumesStoppedStreams(t *testing.T) {
+	backend, url := smallOOMSim(t)
+	pool := backend.Stats().NumGPUBlocks
+	gw, gwURL := startGateway(t, baseConfig(url, `admission:
+  reservation: predicted
+  ceiling: 0.9
+  warmup_samples: 10
+  abort_hold: 50ms
+  queue: {timeout: 60s}
+`), Options{})
+	eventually(t, "the budget to follow the backend's pool", func() bool {
+		return onlyGPU(gw).Capacity == pool*2<<20
+	})
+	for range 15 { // teach: answers are 8 tokens
+		if r := postJSON(gwURL, "/v1/chat/completions", chatBody(words(50), 500, true)); r.status != 200 || !strings.Contains(r.body, "[DONE]") {
+			t.Fatalf("short request: %d %.200s", r.status, r.body)
+		}
+	}
+	body := `{"model":"llama-3-8b","messages":[{"role":"user","content":"LONG` + words(50) + `"}],"max_tokens":500,"stream":true,"stream_options":{"include_usage":true}}`
+	alone := postJSON(gwURL, "/v1/chat/completions", body) // never stopped: the usage to expect
+	want := usageOf(t, alone.body)
+	const n = 30
+	var wg sync.WaitGroup
+	res := make([]result, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i] = postJSON(gwURL, "/v1/chat/completions", body)
+		}()
+	}
+	wg.Wait()
+	for i, r := range res {
+		if r.err != nil || r.status != 200 || strings.Contains(r.body, `"error"`) || !strings.HasSuffix(r.body, "data: [DONE]\n\n") {
+			t.Fatalf("request %d: %v %d ...%s", i, r.err, r.status, r.body[max(0, len(r.body)-300):])
+		}
+		if roles := strings.Count(r.body, `"role":"assistant"`); roles != 1 {
+			t.Errorf("request %d: %d role chunks, want 1", i, roles)
+		}
+		got := usageOf(t, r.body)
+		contents := strings.Count(r.body, `"content":"`) - 1 // the role chunk's empty content
+		if got[0] != want[0] || got[1] != contents {
+			t.Errorf("request %d: usage prompt %d completion %d; want prompt %d (as alone) and completion %d (the content events)", i, got[0], got[1], want[0], contents)
+		}
+	}
+	st := backend.Stats()
+	as := gw.rt.Load().sched.Stats()
+	var m dto.Metric
+	if err := gw.m.resumed.WithLabelValues("llama-3-8b").Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	resumed := m.GetCounter().GetValue()
+	t.Logf("the guard stopped %d streams, %g resumed; the backend's peak %d of %d blocks", as.GuardStops, resumed, st.PeakUsedBlocks, pool)
+	if st.OOMEvents != 0 {
+		t.Fatalf("the backend overflowed %d times", st.OOMEvents)
+	}
+	if as.GuardStops == 0 || resumed != float64(as.GuardStops) {
+		t.Fatalf("guard stops %d, resumed %g: want some, all resumed (the test would prove nothing)", as.GuardStops, resumed)
+	}
+	if n := requestsTotal(gw, outcomeShed, reasonGuard); n != 0 {
+		t.Errorf("requests shed by the guard: %g, want 0", n)
+	}
+	eventually(t, "every reservation back", func() bool { return held(gw) == 0 })
+}
+
+// usageOf is the prompt and completion tokens of a stream's usage chunk.
+func usageOf(t *testing.T, stream string) [2]int {
+	t.Helper()
+	for _, line := range strings.Split(stream, "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || !strings.Contains(data, `"usage":{`) {
+			continue
+		}
+		var ev struct {
+			Usage struct {
+				Prompt     int `json:"prompt_tokens"`
+				Completion int `json:"completion_tokens"`
+			} `json:"usage"`
+			Choices []any `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			t.Fatalf("usage chunk %s: %v", data, err)
+		}
+		if len(ev.Choices) == 0 {
+			return [2]int{ev.Usage.Prompt, ev.Usage.Completion}
+		}
+	}
+	t.Fatalf("no usage chunk in ...%s", stream[max(0, len(stream)-300):])
+	return [2]int{}
 }
 
 // A client that hangs up mid-stream leaves its reservation held for

@@ -55,6 +55,7 @@ type metrics struct {
 	lastReloadTime   prometheus.Gauge
 	inflight         prometheus.Gauge
 	overflows        *prometheus.CounterVec
+	resumed          *prometheus.CounterVec
 
 	// series caches each configured model's children of the request
 	// path's vectors (model name → *modelSeries). WithLabelValues hashes
@@ -205,6 +206,7 @@ var (
 	defLastReloadOK     = def{"kvgate_config_last_reload_successful", "1 if the last configuration reload (or the start) succeeded, 0 while the running config is older than a file that failed to load.", nil}
 	defLastReloadTime   = def{"kvgate_config_last_reload_success_timestamp_seconds", "Unix time of the last successful configuration load (the start counts).", nil}
 	defInflight         = def{"kvgate_requests_in_flight", "Requests between arrival and last byte.", nil}
+	defResumed          = def{"kvgate_streams_resumed_total", "Streams the admission guard stopped that were sent again from where they were (admission.resume_stopped): their clients saw a pause, not an error.", []string{"model"}}
 	defOverflows        = def{"kvgate_backend_overflows_total", "Out-of-memory errors a GPU's backends answered with (each puts the GPU on worst-case admission for admission.cool_down).", []string{"gpu"}}
 )
 
@@ -239,6 +241,7 @@ func newMetrics(current func() *runtime, now func() time.Time) *metrics {
 		lastReloadTime:   defLastReloadTime.gauge(),
 		inflight:         defInflight.gauge(),
 		overflows:        defOverflows.counterVec(),
+		resumed:          defResumed.counterVec(),
 	}
 	m.lastReloadOK.Set(1)
 	m.lastReloadTime.Set(float64(now().UnixNano()) / 1e9)

@@ -23,7 +23,7 @@ func (c *seededCollector) vecs() []prometheus.Collector {
 	m := c.m
 	return []prometheus.Collector{m.requests, m.admissions, m.admissionRejects, m.queueWait, m.backfilled,
 		m.outPredicted, m.outGenerated, m.tokensPredicted, m.tokensActual, m.promptRatio, m.ttft, m.itl, m.duration,
-		m.upstreamErrors, m.tokenizeFalls, m.reloads, m.overflows}
+		m.upstreamErrors, m.tokenizeFalls, m.reloads, m.overflows, m.resumed}
 }
 
 func (c *seededCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -65,6 +65,7 @@ func (m *metrics) seed(rt *runtime) {
 			m.forTenant(name, t)
 		}
 		m.outPredicted.WithLabelValues(name)
+		m.resumed.WithLabelValues(name)
 		m.outGenerated.WithLabelValues(name)
 		for _, src := range md.promptSources() {
 			m.promptRatio.WithLabelValues(name, src)

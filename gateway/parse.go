@@ -53,6 +53,9 @@ type request struct {
 	// cacheSalt is vLLM's cache_salt: requests with different salts never
 	// share prompt blocks on the backend.
 	cacheSalt string
+	// resumable: a stream the guard stops can be continued from the text
+	// it generated (resume.go).
+	resumable bool
 
 	// The prompt, as the estimate tokenizer sees it. A batch completion
 	// request has one shape per prompt.
@@ -211,6 +214,7 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 		return nil, err
 	}
 	r.readAffinity(v)
+	r.resumable = r.stream && r.seqs == 1 && !r.pinned && len(r.shapes) == 1 && continuable(v, kind)
 	return r, nil
 }
 

@@ -139,6 +139,7 @@ func TestParseRequest(t *testing.T) {
 			got.shapes = append([]promptShape(nil), got.shapes...)
 			got.oneShape, got.onePrompt = [1]promptShape{}, [1]promptText{}
 			got.numText = [32]byte{} // scratch
+			got.resumable = false    // TestResumable
 			if !reflect.DeepEqual(*got, tt.want) {
 				t.Errorf("got  %+v\nwant %+v", *got, tt.want)
 			}

@@ -52,16 +52,25 @@ const statusClientClosed = 499
 const guardRetryAfter = 2 * time.Second
 
 func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
-	reason := admission.ReasonOf(err)
+	if admission.ReasonOf(err) == admission.ReasonCanceled {
+		if !x.failEnded(ctx) {
+			x.finish(outcomeCanceled, "client_disconnect")
+		}
+		return
+	}
+	e, outcome, reason := x.admissionError(err)
+	x.fail(ctx, e, outcome, reason)
+}
+
+// admissionError is the answer to a refusal by admission other than the
+// request's own end (admission.ReasonCanceled, which ended says).
+func (x *exchange) admissionError(err error) (e *apiError, outcome, reason string) {
+	reason = admission.ReasonOf(err)
 	var rej *admission.RejectError
 	if errors.As(err, &rej) {
 		x.access.waited = rej.Waited
 	}
 	switch reason {
-	case admission.ReasonCanceled:
-		if !x.failEnded(ctx) {
-			x.finish(outcomeCanceled, "client_disconnect")
-		}
 	case admission.ReasonTooLarge:
 		e := &apiError{status: 400, typ: typeInvalidRequest, code: "kv_budget_exceeded", param: "max_tokens", noRetry: true,
 			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, %d sequences), more than the whole budget of any GPU serving model `%s` (%s). %s",
@@ -69,17 +78,16 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 		if x.rt.count {
 			e.message = fmt.Sprintf("This request cannot be admitted by model `%s`'s concurrency limit.", x.req.model)
 		}
-		x.fail(ctx, e, outcomeRejected, "kv_budget_exceeded")
+		return e, outcomeRejected, "kv_budget_exceeded"
 	case admission.ReasonTenantQuota:
 		// Only a request larger than the tenant's whole share gets here (one
 		// that merely finds its tenant at its cap waits): retrying cannot
 		// help, and the client is told not to.
-		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason, noRetry: true,
+		return &apiError{status: 429, typ: typeRateLimit, code: reason, noRetry: true,
 			message: fmt.Sprintf("This request needs %s of KV cache, more than your tenant may hold at once on any GPU serving model `%s` (%s). %s",
-				kvbudget.FormatBytes(x.res.weight()), x.req.model, kvbudget.FormatBytes(rej.Capacity), x.lowerHint())},
-			outcomeShed, reason)
+				kvbudget.FormatBytes(x.res.weight()), x.req.model, kvbudget.FormatBytes(rej.Capacity), x.lowerHint())}, outcomeShed, reason
 	case admission.ReasonNoRoute:
-		x.fail(ctx, noBackend(x.req.model), outcomeFailed, "no_backend")
+		return noBackend(x.req.model), outcomeFailed, "no_backend"
 	case admission.ReasonQueueFull, admission.ReasonQueueTimeout, admission.ReasonOverloaded:
 		msg := map[string]string{
 			admission.ReasonQueueFull:    "The admission queue is full.",
@@ -89,12 +97,10 @@ func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
 		if field := x.rt.cfg.queueingOff(x.class); reason == admission.ReasonQueueFull && field != "" {
 			msg = fmt.Sprintf("No GPU serving model `%s` has room for this request now, and queueing is disabled (%s is negative).", x.req.model, field)
 		}
-		x.fail(ctx, &apiError{status: 429, typ: typeRateLimit, code: reason, retryAfter: rej.RetryAfter,
-			message: fmt.Sprintf("%s It needs %s of KV cache; retry after %s.", msg, kvbudget.FormatBytes(x.res.weight()), retryAfterText(rej.RetryAfter))},
-			outcomeShed, reason)
-	default:
-		x.fail(ctx, &apiError{status: 500, typ: typeServer, message: err.Error()}, outcomeFailed, "internal")
+		return &apiError{status: 429, typ: typeRateLimit, code: reason, retryAfter: rej.RetryAfter,
+			message: fmt.Sprintf("%s It needs %s of KV cache; retry after %s.", msg, kvbudget.FormatBytes(x.res.weight()), retryAfterText(rej.RetryAfter))}, outcomeShed, reason
 	}
+	return &apiError{status: 500, typ: typeServer, message: err.Error()}, outcomeFailed, "internal"
 }
 
 // lowerHint is how a request too large to admit can be made smaller. One

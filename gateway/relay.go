@@ -34,8 +34,10 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 			x.s.log.Error("panic relaying stream", "panic", p, "stack", string(debug.Stack()))
 			outcome, reason = outcomeFailed, "internal"
 		}
-		er.release()
-		resp.Release()
+		if er != nil {
+			er.release()
+			resp.Release()
+		}
 		x.finish(outcome, reason)
 	}()
 	p := x.s.parsers.Get()
@@ -43,32 +45,29 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 	var shape tokenShape
 
 	ev, err := first, error(nil)
-	for ; err == nil; ev, err = er.next() {
-		keep, failed, last := x.inspect(p, &shape, ev)
-		if failed && !done {
-			outcome, reason = outcomeFailed, "backend_stream_error"
-		}
-		if keep && !done {
-			if _, werr := w.Write(x.renameModel(ev)); werr != nil {
-				x.clientGone()
-				outcome, reason = outcomeCanceled, "client_disconnect"
+	for {
+		for ; err == nil; ev, err = er.next() {
+			if !x.relayEvent(w, er, p, &shape, ev, &done, &outcome, &reason) {
 				return
 			}
 		}
-		if !done && !er.buffered() || last {
-			if ferr := w.Flush(); ferr != nil && !done {
-				x.clientGone()
-				outcome, reason = outcomeCanceled, "client_disconnect"
-				return
-			}
-			if last && !done {
-				done = true
-				x.relayedDone()
-				// The backend has finished: its blocks are free already,
-				// even if its side of the stream stays open a moment.
-				x.ticket.Release()
-			}
+		if done || !x.preempted.Load() || x.rctx.Cause() != nil {
+			break
 		}
+		// The guard stopped the stream to resume it (resume.go): the same
+		// relay goes on with the continuation.
+		er.release()
+		resp.Release()
+		var e *apiError
+		resp, er, ev, e, outcome, reason = x.resumeStream()
+		if e != nil {
+			writeStreamError(w, e)
+			return
+		}
+		if er == nil {
+			return
+		}
+		shape, err = tokenShape{}, nil
 	}
 	if done {
 		return // reading on was only to reuse the connection
@@ -96,47 +95,100 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 	writeStreamError(w, &apiError{typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)})
 }
 
+// relayEvent relays one event and acts on it; false when the client is
+// gone (outcome says so) and the relay must stop.
+func (x *exchange) relayEvent(w *bufio.Writer, er *eventReader, p *fastjson.Parser, shape *tokenShape, ev []byte, done *bool, outcome, reason *string) bool {
+	keep, failed, last, repl := x.inspect(p, shape, ev)
+	if failed && !*done {
+		*outcome, *reason = outcomeFailed, "backend_stream_error"
+	}
+	if repl != nil {
+		ev = repl
+	}
+	if keep && !*done {
+		if _, werr := w.Write(x.renameModel(ev)); werr != nil {
+			x.clientGone()
+			*outcome, *reason = outcomeCanceled, "client_disconnect"
+			return false
+		}
+	}
+	if !*done && !er.buffered() || last {
+		if ferr := w.Flush(); ferr != nil && !*done {
+			x.clientGone()
+			*outcome, *reason = outcomeCanceled, "client_disconnect"
+			return false
+		}
+		if last && !*done {
+			*done = true
+			x.relayedDone()
+			// The backend has finished: its blocks are free already,
+			// even if its side of the stream stays open a moment.
+			x.ticket.Release()
+		}
+	}
+	return true
+}
+
 // inspect reads one SSE event: token counts, finished choices, usage,
-// errors. keep is false for the usage-only chunk the client did not ask for;
-// last says the event is the stream's terminator, [DONE]. shape is the
-// stream's, to tell its token events by.
-func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (keep, failed, last bool) {
+// errors. keep is false for the usage-only chunk the client did not ask for
+// (and a continuation's opening role chunk: resume.go); last says the event
+// is the stream's terminator, [DONE]; repl, when not nil, is the event to
+// relay instead (a resumed stream's usage, told as one exchange's). shape
+// is the stream's, to tell its token events by.
+func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (keep, failed, last bool, repl []byte) {
 	data := sseData(ev)
 	if data == nil {
-		return true, false, false
+		return true, false, false, nil
 	}
 	if string(data) == "[DONE]" {
-		return true, false, true
+		return true, false, true, nil
 	}
+	rs := x.resume
 	if len(x.res.gen) == 1 {
 		// About the only choice and nothing else: read without a parse.
 		if c, ok := shape.choice0(data); ok {
 			if c.text {
+				if rs.capturing() {
+					rs.capture(data[c.start+1:c.end-1], c.reasoning)
+				}
 				x.token(0)
 			}
 			if c.finish != nil {
 				x.finished(0, string(c.finish) == "length")
 			}
-			return true, false, false
+			if rs != nil && rs.opening {
+				rs.opening = false
+				return c.text || c.finish != nil, false, false, nil
+			}
+			return true, false, false, nil
 		}
 	}
 	v, err := p.ParseBytes(data)
 	if err != nil {
-		return true, false, false
+		return true, false, false, nil
+	}
+	if rs != nil {
+		rs.opening = false
 	}
 	if e := v.Get("error"); e != nil {
 		if bytes.Contains(e.GetStringBytes("message"), outOfMemory) {
 			x.overflowed()
 		}
-		return true, true, false
+		return true, true, false, nil
 	}
 	if u := v.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
 		x.readUsage(u)
+		if rs != nil && rs.carried > 0 && x.req.includeUsage {
+			repl = resumedUsage(v, u, x.usage.prompt, x.usage.completion)
+		}
 	}
 	choices := v.GetArray("choices")
 	for _, c := range choices {
 		idx := c.GetInt("index")
 		if generated(c) {
+			if idx == 0 && rs.capturing() {
+				rs.captureParsed(c)
+			}
 			x.token(idx)
 		}
 		if fr := c.Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
@@ -144,9 +196,9 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 		}
 	}
 	if len(choices) == 0 && x.hasUsage && !x.req.includeUsage {
-		return false, false, false
+		return false, false, false, nil
 	}
-	return true, false, false
+	return true, false, false, repl
 }
 
 // writeStreamError ends a stream that has already begun with an error event,

@@ -141,6 +141,28 @@ func (c *reqCtx) cancel(cause error) {
 	}
 }
 
+// preempt ends the request's upstream exchange but not the request: it
+// closes the upstream connection and gives up the reservation held, which
+// lingers as on an end (the backend holds the blocks until it notices the
+// abort), while the context lives on for another exchange (resume.go).
+// False, doing nothing, when the context has ended or holds no upstream
+// exchange to cut.
+func (c *reqCtx) preempt() bool {
+	c.mu.Lock()
+	if c.cause != nil || c.closer == nil {
+		c.mu.Unlock()
+		return false
+	}
+	closer, t := c.closer, c.ticket
+	c.closer, c.ticket = nil, nil
+	c.mu.Unlock()
+	closer.Close()
+	if t != nil {
+		t.Linger(c.linger)
+	}
+	return true
+}
+
 // releaseOnEnd has t released the moment the context ends (at once if it
 // has): an ended request's upstream exchange is closed then and the backend
 // frees its blocks, so the reservation goes back then too — not when a

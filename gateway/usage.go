@@ -9,7 +9,24 @@ func (x *exchange) readUsage(u *fastjson.Value) {
 		return
 	}
 	x.usage.prompt, x.usage.completion = u.GetInt("prompt_tokens"), u.GetInt("completion_tokens")
+	if rs := x.resume; rs != nil && rs.carried > 0 {
+		// A resumed stream's backend counted what the stopped exchange had
+		// generated as prompt: it is the answer's.
+		moved := min(rs.carried, x.usage.prompt)
+		x.usage.prompt -= moved
+		x.usage.completion += moved
+	}
 	x.hasUsage = true
+}
+
+// resumedUsage is a resumed stream's usage event as the client is told it:
+// prompt and completion as one exchange would have counted them.
+func resumedUsage(v, u *fastjson.Value, prompt, completion int) []byte {
+	var a fastjson.Arena
+	u.Set("prompt_tokens", a.NewNumberInt(prompt))
+	u.Set("completion_tokens", a.NewNumberInt(completion))
+	out := append([]byte("data: "), v.MarshalTo(nil)...)
+	return append(out, "\n\n"...)
 }
 
 // learnWhole teaches the model's output-length predictor what a
@@ -39,6 +56,11 @@ func (x *exchange) recordUsage() {
 	if x.ticket != nil {
 		ms.outPredicted.Add(float64(x.ticket.PredictedOutput()))
 		ms.outGenerated.Add(float64(x.usage.completion))
+	}
+	if x.resume != nil && x.resume.carried > 0 {
+		// A resumed stream's prompt was counted again with its generated
+		// text: it says nothing of how well the prompt was estimated.
+		return
 	}
 	if x.predicted > 0 && x.usage.prompt > 0 {
 		source := x.source

@@ -85,7 +85,7 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 		pr.blocks = newBlockHasher(s.blockSize, salt, len(body)/(4*s.blockSize)+1)
 	}
 	if chat {
-		aerr = chatPrompt(v, &pr, true)
+		aerr = chatTemplate(v, &pr)
 	} else {
 		aerr = completionPrompt(v, &pr, true)
 	}
@@ -205,11 +205,7 @@ func parseTokenize(p *fastjson.Parser, body []byte, s *settings) (tokenizeParams
 	t.prompt = newPrompt(true, strs)
 	t.prompt.ids = []int{}
 	if v.Get("messages") != nil {
-		var gen bool
-		if gen, aerr = getBool(v, "add_generation_prompt", true); aerr != nil {
-			return t, aerr
-		}
-		aerr = chatPrompt(v, &t.prompt, gen)
+		aerr = chatTemplate(v, &t.prompt)
 	} else {
 		aerr = completionPrompt(v, &t.prompt, true)
 	}
@@ -222,8 +218,27 @@ func parseTokenize(p *fastjson.Parser, body []byte, s *settings) (tokenizeParams
 	return t, nil
 }
 
+// chatTemplate reads how the messages are rendered — vLLM's
+// add_generation_prompt (default true) and continue_final_message (default
+// false: when true the last message is left open, for the model to go on
+// with it) — and renders them into pr.
+func chatTemplate(v *fastjson.Value, pr *prompt) *apiError {
+	gen, aerr := getBool(v, "add_generation_prompt", true)
+	if aerr != nil {
+		return aerr
+	}
+	cont, aerr := getBool(v, "continue_final_message", false)
+	if aerr != nil {
+		return aerr
+	}
+	if gen && cont {
+		return badRequest("continue_final_message", "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+	}
+	return chatPrompt(v, pr, gen, cont)
+}
+
 // chatPrompt renders messages through the chat template into pr.
-func chatPrompt(v *fastjson.Value, pr *prompt, generation bool) *apiError {
+func chatPrompt(v *fastjson.Value, pr *prompt, generation, continueFinal bool) *apiError {
 	mv := v.Get("messages")
 	if mv == nil || mv.Type() == fastjson.TypeNull {
 		return badRequest("messages", "messages: Field required")
@@ -273,7 +288,9 @@ func chatPrompt(v *fastjson.Value, pr *prompt, generation bool) *apiError {
 		default:
 			return badRequest("messages", "messages[%d].content: Input should be a valid string or list of content parts", i)
 		}
-		pr.chatEnd()
+		if !continueFinal || i < len(msgs)-1 {
+			pr.chatEnd()
+		}
 	}
 	if generation {
 		pr.chatGenerationPrompt()

@@ -40,6 +40,9 @@ func TestParseGenRequest(t *testing.T) {
 		// BOS, header(user)=4, "hi", eot, assistant header=6.
 		{"chat template", true, `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`, 13, 4, 1, false, false},
 		{"max_completion_tokens wins", true, `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"max_completion_tokens":9}`, 13, 9, 1, false, false},
+		{"no generation prompt", true, `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}],"add_generation_prompt":false,"max_tokens":4}`, 7, 4, 1, false, false},
+		// The assistant's message left open: its header and "hi", no eot.
+		{"continue the final message", true, `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"hi"}],"add_generation_prompt":false,"continue_final_message":true,"max_tokens":4}`, 14, 4, 1, false, false},
 		{"null content", true, `{"model":"llama-3-8b","messages":[{"role":"assistant","content":null}],"max_tokens":1}`, 14, 1, 1, false, false},
 	}
 	for _, tc := range tests {
@@ -51,6 +54,10 @@ func TestParseGenRequest(t *testing.T) {
 		if g.promptTokens != tc.prompt || g.maxTokens != tc.max || g.n != tc.n || g.stream != tc.stream || g.includeUsage != tc.usage {
 			t.Errorf("%s: got prompt %d max %d n %d stream %t usage %t", tc.name, g.promptTokens, g.maxTokens, g.n, g.stream, g.includeUsage)
 		}
+	}
+	// As vLLM: a message cannot be both continued and followed by a new one.
+	if _, err := parse(t, s, true, `{"model":"llama-3-8b","messages":[{"role":"assistant","content":"hi"}],"continue_final_message":true}`); err == nil || err.param != "continue_final_message" {
+		t.Errorf("continue_final_message with add_generation_prompt: %v, want a 400 naming continue_final_message", err)
 	}
 }
 

@@ -1,0 +1,311 @@
+package gateway
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/valyala/bytebufferpool"
+	"github.com/valyala/fastjson"
+
+	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/jsonscan"
+)
+
+// Resuming a stream the guard stopped.
+//
+// When the requests running on a GPU outgrow their forecast, the guard
+// stops some of them before the backend runs out of blocks (admission's
+// guard.go). A stopped stream need not be lost: the gateway does what vLLM
+// does to a sequence it preempts — it frees the blocks and computes the
+// sequence again later from its tokens. The upstream exchange is cut (the
+// backend frees the blocks once it notices, which the reservation waits
+// for), and once the request fits again it is sent anew: its prompt
+// followed by what it had generated, to go on from there — for chat the
+// text as a final assistant message with vLLM's continue_final_message,
+// for completions the text appended to the prompt — and max_tokens less
+// what was generated. The client's stream pauses and goes on; it never
+// sees the cut.
+//
+// The continuation waits at the stopped request's place in the queue
+// (admission.Request.Resumes) and is held at its worst case, with no
+// Stopper: it cannot be stopped again, so a stream is resumed at most once
+// and never starves. What cannot be continued exactly from its text is cut
+// as before: several choices or sequences, a prompt of token ids, echo,
+// structured output, a client's own continue_final_message, and — found
+// only while it streams — tool calls or a reasoning model's reasoning.
+
+// resumeState is what a stream that may be resumed keeps: the body and
+// headers its backend was sent, and the text its only choice generated.
+type resumeState struct {
+	sent *bytebufferpool.ByteBuffer // the body, then the copied headers
+	hdr  [len(forwardedHeaders)][2]int
+	// text is the generated text as the events carried it: the contents of
+	// JSON strings, escapes and all, one after another.
+	text    *bytebufferpool.ByteBuffer
+	broken  bool // something was generated that the text cannot carry
+	resumed bool // sent again already: never twice
+	// carried is the tokens the earlier exchange generated, which the
+	// continuation's backend counts as prompt: the usage the client is
+	// told moves them back to the completion.
+	carried int
+	// opening: the continuation's first event is still to come; the role
+	// chunk that opens a chat stream is not relayed a second time.
+	opening bool
+}
+
+var (
+	sentBufs bytebufferpool.Pool
+	textBufs bytebufferpool.Pool
+)
+
+func newResumeState() *resumeState {
+	return &resumeState{sent: sentBufs.Get(), text: textBufs.Get()}
+}
+
+// free gives the buffers back; the state is unusable after.
+func (rs *resumeState) free() {
+	if rs.sent != nil {
+		sentBufs.Put(rs.sent)
+		textBufs.Put(rs.text)
+		rs.sent, rs.text = nil, nil
+	}
+}
+
+// keep copies the body the backend is sent and the client's headers it
+// is sent with: the continuation is sent after the handler has returned,
+// when the client's request may no longer be read.
+func (rs *resumeState) keep(body []byte, hdr headerSource) {
+	rs.sent.B = append(rs.sent.B[:0], body...)
+	for i, h := range forwardedHeaders {
+		start := len(rs.sent.B)
+		rs.sent.B = append(rs.sent.B, hdr.Peek(h)...)
+		rs.hdr[i] = [2]int{start, len(rs.sent.B)}
+	}
+}
+
+// Peek is the copy of a forwarded header (headerSource).
+func (rs *resumeState) Peek(key string) []byte {
+	for i, h := range forwardedHeaders {
+		if h == key {
+			return rs.sent.B[rs.hdr[i][0]:rs.hdr[i][1]]
+		}
+	}
+	return nil
+}
+
+// body is the body the backend was sent.
+func (rs *resumeState) body() []byte {
+	if len(forwardedHeaders) == 0 {
+		return rs.sent.B
+	}
+	return rs.sent.B[:rs.hdr[0][0]]
+}
+
+// capturing says the generated text is still being kept.
+func (rs *resumeState) capturing() bool { return rs != nil && !rs.resumed && !rs.broken }
+
+// capture keeps a piece of generated text, as the contents of a JSON
+// string (escapes kept); reasoning pieces cannot be continued as text.
+func (rs *resumeState) capture(escaped []byte, reasoning bool) {
+	if reasoning {
+		rs.broken = true
+		return
+	}
+	rs.text.B = append(rs.text.B, escaped...)
+}
+
+// captureParsed keeps the text of choice 0 of a parsed event, which the
+// scan could not read (generated says it carries output).
+func (rs *resumeState) captureParsed(c *fastjson.Value) {
+	d := c.Get("delta")
+	if d != nil && (len(d.GetArray("tool_calls")) > 0 || len(d.GetStringBytes("reasoning")) > 0 || len(d.GetStringBytes("reasoning_content")) > 0) {
+		rs.broken = true
+		return
+	}
+	text := c.GetStringBytes("text")
+	if d != nil {
+		text = d.GetStringBytes("content")
+	}
+	n := len(rs.text.B)
+	rs.text.B = jsonscan.AppendString(rs.text.B, string(text))
+	// AppendString quotes; the text is kept without them.
+	rs.text.B = append(rs.text.B[:n], rs.text.B[n+1:len(rs.text.B)-1]...)
+}
+
+// continuable says whether a request's body can be continued from its
+// text (see the comment at the top): read with the rest of the body.
+func continuable(v *fastjson.Value, kind endpoint) bool {
+	for _, k := range structuredKeys {
+		if f := v.Get(k); f != nil && f.Type() != fastjson.TypeNull {
+			return false
+		}
+	}
+	if rf := v.Get("response_format"); rf != nil && rf.Type() == fastjson.TypeObject && string(rf.GetStringBytes("type")) != "text" {
+		return false
+	}
+	if kind == chatCompletions {
+		return !isTrue(v.Get("continue_final_message")) && !isFalse(v.Get("add_generation_prompt"))
+	}
+	p := v.Get("prompt")
+	return p != nil && p.Type() == fastjson.TypeString && !isTrue(v.Get("echo")) && v.Get("suffix") == nil
+}
+
+// structuredKeys are vLLM's fields that constrain the output to a grammar,
+// which a continuation would restart from its beginning.
+var structuredKeys = [...]string{"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}
+
+func isTrue(v *fastjson.Value) bool  { return v != nil && v.Type() == fastjson.TypeTrue }
+func isFalse(v *fastjson.Value) bool { return v != nil && v.Type() == fastjson.TypeFalse }
+
+// continuation is the body that goes on from the text generated: the body
+// sent, with the text after the prompt and remaining tokens to generate.
+func (rs *resumeState) continuation(kind endpoint, remaining int) ([]byte, error) {
+	var p, tp fastjson.Parser
+	v, err := p.ParseBytes(rs.body())
+	if err != nil {
+		return nil, fmt.Errorf("parse the body sent: %w", err)
+	}
+	quoted := make([]byte, 0, len(rs.text.B)+2)
+	quoted = append(append(append(quoted, '"'), rs.text.B...), '"')
+	text, err := tp.ParseBytes(quoted)
+	if err != nil || text.Type() != fastjson.TypeString {
+		return nil, fmt.Errorf("the generated text is not a JSON string: %w", err)
+	}
+	var a fastjson.Arena
+	switch kind {
+	case chatCompletions:
+		msgs := v.Get("messages")
+		if msgs == nil || msgs.Type() != fastjson.TypeArray {
+			return nil, errors.New("the body sent has no messages")
+		}
+		m := a.NewObject()
+		m.Set("role", a.NewString("assistant"))
+		m.Set("content", text)
+		msgs.SetArrayItem(len(msgs.GetArray()), m)
+		v.Set("add_generation_prompt", a.NewFalse())
+		v.Set("continue_final_message", a.NewTrue())
+	default:
+		prompt, err := v.Get("prompt").StringBytes()
+		if err != nil {
+			return nil, fmt.Errorf("the body sent has no prompt string: %w", err)
+		}
+		v.Set("prompt", a.NewStringBytes(append(append([]byte(nil), prompt...), text.GetStringBytes()...)))
+	}
+	set := false
+	for _, k := range [...]string{"max_tokens", "max_completion_tokens"} {
+		if f := v.Get(k); f != nil && f.Type() != fastjson.TypeNull {
+			v.Set(k, a.NewNumberInt(remaining))
+			set = true
+		}
+	}
+	if !set {
+		v.Set("max_tokens", a.NewNumberInt(remaining))
+	}
+	return v.MarshalTo(nil), nil
+}
+
+// resumes says whether streams the guard stops are resumed: under the
+// predicted reservation (the only one whose guard stops anything) unless
+// the configuration says not to.
+func (rt *runtime) resumes() bool {
+	a := rt.cfg.Admission
+	return a.Mode == modeKV && a.Reservation == admission.Predicted && a.resumeStopped()
+}
+
+func (a AdmissionConfig) resumeStopped() bool { return a.ResumeStopped == nil || *a.ResumeStopped }
+
+// resumeStream sends a stream the guard stopped again, from where it was
+// (see the comment at the top), once it fits. It returns the
+// continuation's response, its reader and first event; or, when the
+// stream cannot or could not go on, the error event to end it with and
+// the outcome. The earlier response has been released.
+func (x *exchange) resumeStream() (resp *backends.Response, er *eventReader, first []byte, e *apiError, outcome, reason string) {
+	x.preempted.Store(false)
+	rs := x.resume
+	stopped := func() (*backends.Response, *eventReader, []byte, *apiError, string, string) {
+		x.rctx.cancel(errStoppedForMemory)
+		o, r, e := x.ended()
+		return nil, nil, nil, e, o, r
+	}
+	generated := x.res.gen[0]
+	remaining := x.res.outs[0] - generated
+	if !rs.capturing() || remaining < 1 || x.hungUp.Load() {
+		if x.hungUp.Load() {
+			x.clientGone()
+			o, r, e := x.ended()
+			return nil, nil, nil, e, o, r
+		}
+		return stopped()
+	}
+	body, err := rs.continuation(x.req.kind, remaining)
+	if err != nil {
+		x.s.log.Warn("could not resume a stopped stream", "model", x.req.model, "err", err)
+		return stopped()
+	}
+	rs.resumed, rs.carried, rs.opening = true, generated, true
+	stoppedTicket := x.ticket
+
+	// While it waits nothing is written to the client, so a hang-up is
+	// acted on at once, as before a stream.
+	x.stage.Store(stageBefore)
+	prompt := x.res.prompts[0] + generated
+	x.one = oneChoice{}
+	x.counts[0] = prompt
+	x.one.outs[0] = remaining
+	x.res = newReservation(x.res.layout, x.counts[:1], x.one.outs[:], 1, 1, &x.one)
+	areq := admission.Request{Queue: x.req.model, Class: x.class, Tenant: x.tenant, Deadline: x.rctx.deadline,
+		Pinned: true, Shape: x.res.shape(), Resumes: stoppedTicket}
+	x.s.flights.admitting(x)
+	err = x.rt.sched.AcquireTicket(x.ctx, areq, &x.resumeBuf)
+	x.s.flights.admitted(x)
+	if err != nil {
+		if o, r, e := x.ended(); o != "" {
+			return nil, nil, nil, e, o, r
+		}
+		e, o, r := x.admissionError(err)
+		return nil, nil, nil, e, o, r
+	}
+	x.ticket = &x.resumeBuf
+	x.rctx.releaseOnEnd(x.ticket)
+	x.s.m.resumed.WithLabelValues(x.m.name).Inc()
+
+	resp, err = x.send(body, rs)
+	if err == nil && (resp.Status() != 200 || !resp.IsEventStream()) {
+		status := resp.Status()
+		msg, _ := resp.ReadAll(64 << 10)
+		resp.Release()
+		resp, err = nil, fmt.Errorf("the backend answered the continuation %d: %s", status, bytes.TrimSpace(msg))
+	}
+	if err == nil {
+		er = newEventReader(resp, x.rt.cfg.Server.MaxSSELineBytes.Bytes)
+		if first, err = er.next(); err != nil {
+			er.release()
+			resp.Release()
+			resp, er = nil, nil
+			if errors.Is(err, io.EOF) {
+				err = errStreamTruncated
+			}
+		}
+	}
+	if err != nil {
+		if o, r, e := x.ended(); o != "" {
+			return nil, nil, nil, e, o, r
+		}
+		name := ""
+		if x.backend != nil {
+			name = x.backend.Name()
+			x.s.m.upstreamErrors.WithLabelValues(name, "transport").Inc()
+		}
+		x.s.log.Warn("a resumed stream's backend failed", "backend", name, "err", err)
+		return nil, nil, nil, &apiError{typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)}, outcomeFailed, "upstream_error"
+	}
+	x.answered()
+	x.stage.Store(stageStreaming)
+	if x.hungUp.Load() {
+		x.clientGone()
+	}
+	return resp, er, first, nil, "", ""
+}
