@@ -38,7 +38,10 @@
 // backend that sends none within first_byte_timeout gives a 504), while
 // the relay reports each choice's progress and end to its ticket. A stream
 // is a success once [DONE] reached the client; one that ends otherwise gets
-// a final error event and is a failure. What an answer reports it used
+// a final error event and is a failure. A stream the admission guard stops
+// (the GPU's running requests outgrew their forecast) is cut upstream and
+// sent again from where it was once it fits, its client seeing a pause
+// (resume.go). What an answer reports it used
 // (usage.go) calibrates the estimate, checks the tokenize cache, teaches
 // the output-length predictor and feeds the metrics.
 //

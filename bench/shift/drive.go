@@ -72,6 +72,14 @@ func drive(ctx context.Context, o options, sc *scenario, url, simURL string, res
 		res.samples = append(res.samples, s)
 	}
 	wg.Wait()
+	end, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if st, err := status(end, url); err == nil {
+		res.guardStops = st.Admission.GuardStops
+	}
+	if m, err := benchkit.Scrape(end, http.DefaultClient, url+"/metrics"); err == nil {
+		res.resumed = m.Sum("kvgate_streams_resumed_total")
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	slices.SortFunc(res.records, func(a, b record) int { return int(a.start - b.start) })

@@ -52,6 +52,10 @@ type result struct {
 	// requests sent from then on are the ones the stop bar counts.
 	changeAt    time.Duration
 	reservation string
+	// guardStops is the streams the guard stopped, resumed of them the
+	// ones the gateway sent again rather than cut.
+	guardStops int64
+	resumed    float64
 }
 
 // window sums what answered requests generated between from and to
@@ -138,8 +142,8 @@ func (r *result) print(w io.Writer) {
 	fmt.Fprintf(w, "  requests: %s\n", strings.Join(parts, ", "))
 	after := r.admittedAfter(r.changeAt)
 	stoppedAfter := r.count(func(x record) bool { return x.start >= r.changeAt && x.outcome == stopped })
-	fmt.Fprintf(w, "  overflow events %.0f; stopped by the gateway %d of %d admitted after the change (%.2f%%)\n",
-		r.overflow, stoppedAfter, after, 100*float64(stoppedAfter)/math.Max(1, float64(after)))
+	fmt.Fprintf(w, "  overflow events %.0f; stopped by the gateway %d of %d admitted after the change (%.2f%%); the guard stopped %d streams, resumed %.0f\n",
+		r.overflow, stoppedAfter, after, 100*float64(stoppedAfter)/math.Max(1, float64(after)), r.guardStops, r.resumed)
 	if r.sc.tenantOf != nil {
 		lostB := r.count(func(x record) bool { return x.tenant == "b" && (x.outcome == oom || x.outcome == stopped) })
 		okB := r.count(func(x record) bool { return x.tenant == "b" && x.outcome == ok })
