@@ -60,13 +60,13 @@ type sequence struct {
 type request struct {
 	prompt    int // prompt tokens
 	maxTokens int
+	arrival   time.Time
+	seqs      []sequence
+	wake      chan struct{} // capacity 1: the engine made progress on this request
 	// pooling: an embedding, score or classification request, whose one
 	// step is its prefill; it holds blocks for its prompt only (no slot for
 	// a token to decode) and generates nothing.
 	pooling bool
-	arrival   time.Time
-	seqs      []sequence
-	wake      chan struct{} // capacity 1: the engine made progress on this request
 
 	// What the prefix cache knows of the prompt, immutable: the chained
 	// hashes of its full blocks and the hash state of the tokens after them.
