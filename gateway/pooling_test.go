@@ -43,6 +43,7 @@ func TestParsePooling(t *testing.T) {
 		{"fractional token id", embeddings, `{"model":"m","input":[[1,2.5]]}`, nil, "input[0][1]"},
 		{"an input of an object", embeddings, `{"model":"m","input":["a",{}]}`, nil, "input[1]"},
 		{"duplicate model", embeddings, `{"model":"m","input":"a","model":"n"}`, nil, "model"},
+		{"duplicate input, escaped", embeddings, `{"model":"m","inp\u0075t":"a","input":["b","c"]}`, nil, "input"},
 		{"duplicate input", embeddings, `{"model":"m","input":"a","input":["b","c"]}`, nil, "input"},
 		{"duplicate text_2", score, `{"model":"m","text_1":"a","text_2":"b","text_2":["c","d"]}`, nil, "text_2"},
 		{"duplicate documents", rerank, `{"model":"m","query":"a","documents":["b"],"documents":["c","d"]}`, nil, "documents"},
