@@ -85,7 +85,7 @@ func parsePooling(p *fastjson.Parser, body []byte, kind poolKind, s *settings) (
 			return pp, aerr
 		}
 	}
-	if model != "" && model != s.model {
+	if model != s.model { // a missing one too, as for completions
 		return pp, modelNotFound(model)
 	}
 	for _, in := range pp.inputs {
