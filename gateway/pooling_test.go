@@ -187,6 +187,35 @@ func TestPoolingRoutesThroughGateway(t *testing.T) {
 	}
 }
 
+// A pooling answer's usage is read as a completion's: its prompt tokens,
+// which the backend's /tokenize counted exactly for one text each, and a
+// rerank's total; no output is reserved or reported.
+func TestPoolingUsageRead(t *testing.T) {
+	_, url := startSim(t, nil)
+	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+	tokens := func(kind, which string) float64 {
+		name := "kvgate_tokens_" + which + "_total"
+		v, _ := metricValue(t, gw, name, map[string]string{"model": "llama-3-8b", "kind": kind})
+		return v
+	}
+	if r := postJSON(gwURL, "/v1/embeddings", `{"model":"llama-3-8b","input":["hello there","general kenobi"]}`); r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if p, a := tokens("prompt", "predicted"), tokens("prompt", "actual"); p == 0 || p != a {
+		t.Errorf("prompt tokens predicted %v, reported %v; want the backend's exact count read back", p, a)
+	}
+	before := tokens("prompt", "actual")
+	if r := postJSON(gwURL, "/rerank", `{"model":"llama-3-8b","query":"q","documents":["a","b"]}`); r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if a := tokens("prompt", "actual"); a <= before {
+		t.Errorf("a rerank's total_tokens not read: %v then %v", before, a)
+	}
+	if p, a := tokens("output", "predicted"), tokens("output", "actual"); p != 0 || a != 0 {
+		t.Errorf("output tokens predicted %v, reported %v; want none", p, a)
+	}
+}
+
 // A served_name is rewritten to the backend's model name in the body
 // forwarded and back in the answer, as for completions.
 func TestPoolingServedName(t *testing.T) {
