@@ -159,7 +159,7 @@ tenants:
 		{"bigger than the budget", "/v1/completions", `{"model":"llama-3-8b","prompt":"hi","max_tokens":8000,"n":16}`, auth, 400, "kv_budget_exceeded", "max_tokens"},
 		{"bad priority", "/v1/chat/completions", chatBody("hi", 5, false), append([]string{"X-Priority", "vip"}, auth...), 400, "", "X-Priority"},
 		{"body too large", "/v1/chat/completions", big, auth, 413, "request_too_large", ""},
-		{"unknown path", "/v1/embeddings", `{}`, auth, 404, "unknown_url", ""},
+		{"unknown path", "/v1/nothing-here", `{}`, auth, 404, "unknown_url", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

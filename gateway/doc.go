@@ -45,6 +45,12 @@
 // (usage.go) calibrates the estimate, checks the tokenize cache, teaches
 // the output-length predictor and feeds the metrics.
 //
+// The pooling routes (embeddings, pooling, classify, score, rerank;
+// servePooling, pooling.go) take the same steps with their own reading of
+// the body (parse_pooling.go): each input is a prompt, and its reservation
+// is the prompt's blocks alone, held to the end of the answer, since a
+// backend runs it as one prefill and decodes nothing.
+//
 // # Invariants
 //
 // Every request leaves through exactly one finish (exchange.go), which

@@ -20,6 +20,9 @@ const (
 )
 
 func (e endpoint) path() string {
+	if e.pooling() {
+		return poolingPaths[e-embeddings]
+	}
 	if e == chatCompletions {
 		return "/v1/chat/completions"
 	}
@@ -74,6 +77,8 @@ type request struct {
 	// prompt, nearly every request, so that reading it allocates less.
 	oneShape  [1]promptShape
 	onePrompt [1]promptText
+
+	pool poolingInputs // a pooling request's own fields (parse_pooling.go)
 }
 
 // parseError is a 400 with the offending parameter.
@@ -494,7 +499,7 @@ func (r *request) promptTextsFromTree(p *fastjson.Parser, body []byte) error {
 func tokenizeBody(dst []byte, r *request, i int) []byte {
 	dst = jsonscan.AppendString(append(dst, `{"model":`...), r.model)
 	pt := r.prompts[i]
-	if r.kind == completions {
+	if r.kind == completions || r.kind.pooling() {
 		dst = append(append(dst, `,"prompt":`...), pt.text...)
 		return append(dst, '}')
 	}

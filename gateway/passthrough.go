@@ -27,8 +27,8 @@ var defaultPassthrough = []string{"/detokenize", "/tokenizer_info", "/version", 
 
 // ownRoutes are the gateway's own routes, which no passthrough entry may
 // name.
-var ownRoutes = []string{"/v1/chat/completions", "/v1/completions", "/tokenize", "/v1/models", "/metrics", "/healthz",
-	"/readyz", "/health", "/status"}
+var ownRoutes = append([]string{"/v1/chat/completions", "/v1/completions", "/tokenize", "/v1/models", "/metrics", "/healthz",
+	"/readyz", "/health", "/status"}, poolingPaths[:]...)
 
 // maxPassthroughAnswer bounds a relayed answer.
 const maxPassthroughAnswer = 64 << 20

@@ -52,7 +52,7 @@ func TestPassthroughRoutes(t *testing.T) {
 		{"a path normalized into the route", "GET", "/x/../version", "", "", 418, "GET /version "},
 		{"an unknown model", "POST", "/detokenize", "application/json", `{"model":"gpt-4","tokens":[1]}`, 404, "model_not_found"},
 		{"a JSON body that is not JSON", "POST", "/detokenize", "application/json", `{"model":`, 400, "could not parse"},
-		{"a route not listed", "GET", "/v1/rerank", "", "", 404, "passes through /detokenize, /tokenizer_info, /version, /v1/audio/*"},
+		{"a route not listed", "GET", "/invocations", "", "", 404, "passes through /detokenize, /tokenizer_info, /version, /v1/audio/*"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, _ := http.NewRequest(tc.method, gw+tc.path, strings.NewReader(tc.body))
@@ -88,7 +88,8 @@ func TestPassthroughConfig(t *testing.T) {
 		list, want string
 	}{
 		{"[]", ""},
-		{"[/version, /v1/rerank]", ""},
+		{"[/version, /invocations]", ""},
+		{"[/v1/rerank]", `passthrough[0]: "/v1/rerank" takes in /v1/rerank`},
 		{"[version]", `passthrough[0]: "version" is not a path from the root`},
 		{"[/v1/*/x]", `passthrough[0]: "/v1/*/x" is not a path from the root`},
 		{"[/v1/*]", `passthrough[0]: "/v1/*" takes in /v1/chat/completions, which the gateway serves itself`},

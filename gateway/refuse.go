@@ -72,7 +72,11 @@ func (x *exchange) admissionError(err error) (e *apiError, outcome, reason strin
 	}
 	switch reason {
 	case admission.ReasonTooLarge:
-		e := &apiError{status: 400, typ: typeInvalidRequest, code: "kv_budget_exceeded", param: "max_tokens", noRetry: true,
+		param := "max_tokens"
+		if x.req.kind.pooling() {
+			param = x.req.inputParam()
+		}
+		e := &apiError{status: 400, typ: typeInvalidRequest, code: "kv_budget_exceeded", param: param, noRetry: true,
 			message: fmt.Sprintf("This request needs %s of KV cache (%d prompt tokens, up to %d output tokens each, %d sequences), more than the whole budget of any GPU serving model `%s` (%s). %s",
 				kvbudget.FormatBytes(x.res.weight()), x.predicted, x.res.maxOut(), x.req.seqs, x.req.model, kvbudget.FormatBytes(rej.Capacity), x.lowerHint())}
 		if x.rt.count {
@@ -108,6 +112,9 @@ func (x *exchange) admissionError(err error) (e *apiError, outcome, reason strin
 // that this is why: without max_tokens the whole remaining context is
 // reserved for its output.
 func (x *exchange) lowerHint() string {
+	if x.req.kind.pooling() {
+		return "Send fewer or shorter inputs."
+	}
 	if x.req.maxTokens == 0 && x.injectMax == 0 {
 		return fmt.Sprintf("Set max_tokens or max_completion_tokens: without it the whole remaining context, %d tokens, is reserved for the output.", x.res.maxOut())
 	}

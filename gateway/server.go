@@ -420,7 +420,9 @@ func (s *Server) preemptionsRose(b *backends.Backend, n float64) bool {
 }
 
 // servedRoutes is what a 404 lists: the routes a client may call.
-const servedRoutes = "POST /v1/chat/completions, POST /v1/completions, POST /tokenize, GET /v1/models, GET /v1/models/{id}, " +
+const servedRoutes = "POST /v1/chat/completions, POST /v1/completions, POST /tokenize, " +
+	"POST /v1/embeddings, POST /pooling, POST /classify, POST /score, POST /v1/score, POST /rerank, POST /v1/rerank, POST /v2/rerank, " +
+	"GET /v1/models, GET /v1/models/{id}, " +
 	"GET /healthz, GET /readyz (and /health), GET /metrics, GET /status"
 
 // handle routes a request; no panic reaches the client.
@@ -453,6 +455,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	case "/v1/completions":
 		s.serveCompletionPost(ctx, completions)
+		return
+	}
+	if kind, ok := poolingEndpoint(p); ok {
+		s.servePoolingPost(ctx, kind)
 		return
 	}
 	path := string(p)

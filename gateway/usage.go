@@ -9,6 +9,9 @@ func (x *exchange) readUsage(u *fastjson.Value) {
 		return
 	}
 	x.usage.prompt, x.usage.completion = u.GetInt("prompt_tokens"), u.GetInt("completion_tokens")
+	if x.usage.prompt == 0 && x.req.kind.pooling() {
+		x.usage.prompt = u.GetInt("total_tokens") // a rerank's usage has only its total
+	}
 	if rs := x.resume; rs != nil && rs.carried > 0 {
 		// A resumed stream's backend counted what the stopped exchange had
 		// generated as prompt: it is the answer's.
@@ -51,7 +54,9 @@ func (x *exchange) recordUsage() {
 	ts := x.s.m.forTenant(x.m.name, x.tenant)
 	ts.predicted[0].Add(float64(x.predicted))
 	ts.actual[0].Add(float64(x.usage.prompt))
-	ts.predicted[1].Add(float64(x.res.reservedOutput()))
+	if !x.req.kind.pooling() { // a pooling request's one-token cap is its prompt's last token
+		ts.predicted[1].Add(float64(x.res.reservedOutput()))
+	}
 	ts.actual[1].Add(float64(x.usage.completion))
 	if x.ticket != nil {
 		ms.outPredicted.Add(float64(x.ticket.PredictedOutput()))

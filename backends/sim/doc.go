@@ -147,7 +147,12 @@
 // max_tokens, max_completion_tokens, min_tokens, ignore_eos, cache_salt;
 // stream_options.include_usage), GET /v1/models (with max_model_len),
 // POST /tokenize, GET /health and GET /metrics (vLLM's metric names and
-// labels, plus kvsim_ ones). Errors have vLLM's body
+// labels, plus kvsim_ ones). The pooling routes, POST /v1/embeddings,
+// /pooling, /classify, /score and /v1/score, /rerank, /v1/rerank and
+// /v2/rerank, answer in vLLM's shapes with usage (pooling.go): each input,
+// or each pair a score or a rerank compares, is a request of its own whose
+// one step is its prefill, holding its prompt's blocks and no decode slot;
+// the vectors and scores are drawn from its tokens. Errors have vLLM's body
 // {"error":{"message","type","param","code"}}: 400 BadRequestError for bad
 // JSON, types and values, and vLLM's context-length messages; 404
 // NotFoundError for an unknown model, and for a missing one (recent vLLM

@@ -63,6 +63,10 @@ type request struct {
 	arrival   time.Time
 	seqs      []sequence
 	wake      chan struct{} // capacity 1: the engine made progress on this request
+	// pooling: an embedding, score or classification request, whose one
+	// step is its prefill; it holds blocks for its prompt only (no slot for
+	// a token to decode) and generates nothing.
+	pooling bool
 
 	// What the prefix cache knows of the prompt, immutable: the chained
 	// hashes of its full blocks and the hash state of the tokens after them.
@@ -87,6 +91,9 @@ type request struct {
 // reachedMax says whether every sequence generated max_tokens, which is
 // what makes vLLM report finished_reason "length" (see finishReason).
 func (r *request) reachedMax() bool {
+	if r.pooling {
+		return false // vLLM ends a pooling request as stopped
+	}
 	for i := range r.seqs {
 		if r.seqs[i].target < r.maxTokens {
 			return false
@@ -392,7 +399,9 @@ func (e *engine) commitLocked(now time.Time) {
 				continue
 			}
 			sq.gen++
-			e.genTokens++
+			if !r.pooling {
+				e.genTokens++
+			}
 			if r.cacheable && e.cache != nil {
 				e.fillLocked(r, sq)
 			}

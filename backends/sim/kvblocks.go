@@ -75,6 +75,17 @@ func (e *engine) notePeakLocked() {
 	}
 }
 
+// span is the tokens whose blocks a sequence that has generated gen tokens
+// holds through the next step: the prompt, what it generated, and the slot
+// of the token the step computes. A pooling request's one step computes its
+// prompt and nothing after it, as vLLM allocates for a pooling model.
+func (r *request) span(gen int) int {
+	if r.pooling {
+		return r.prompt
+	}
+	return r.prompt + gen + 1
+}
+
 // growthLocked is the blocks r's live sequences need beyond what they hold to
 // each have one more token.
 func (e *engine) growthLocked(r *request) int64 {
@@ -82,7 +93,7 @@ func (e *engine) growthLocked(r *request) int64 {
 	for i := range r.seqs {
 		sq := &r.seqs[i]
 		if sq.gen < sq.target {
-			need += e.blocks(r.prompt+sq.gen+1) - r.shared - sq.own
+			need += e.blocks(r.span(sq.gen)) - r.shared - sq.own
 		}
 	}
 	return need
@@ -92,7 +103,7 @@ func (e *engine) growLocked(r *request) {
 	for i := range r.seqs {
 		sq := &r.seqs[i]
 		if sq.gen < sq.target {
-			want := e.blocks(r.prompt+sq.gen+1) - r.shared
+			want := e.blocks(r.span(sq.gen)) - r.shared
 			e.allocLocked(want - sq.own)
 			sq.own = want
 		}
@@ -116,7 +127,7 @@ func (e *engine) lookupLocked(r *request) (need int64, compute, hits int) {
 		compute += sq.gen // recomputed
 		e.seqHits = append(e.seqHits, 0)
 		if sq.gen < sq.target {
-			want += e.blocks(r.prompt+sq.gen+1) - int64(shared)
+			want += e.blocks(r.span(sq.gen)) - int64(shared)
 		}
 	}
 	need = int64(shared) + want
@@ -216,7 +227,7 @@ func (e *engine) admitLocked(r *request, hits int) {
 		k := e.seqHits[i]
 		sq.cached = append(sq.cached, e.hitBuf[off:off+k]...)
 		off += k
-		want := e.blocks(r.prompt+sq.gen+1) - int64(shared)
+		want := e.blocks(r.span(sq.gen)) - int64(shared)
 		e.allocLocked(want - int64(k))
 		if caching {
 			for _, h := range sq.hashes[k:] {

@@ -157,6 +157,16 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.generate(ctx, false) })
 	case "/tokenize":
 		s.post(ctx, s.tokenize)
+	case "/v1/embeddings":
+		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.pool(ctx, poolEmbed) })
+	case "/pooling":
+		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.pool(ctx, poolPooling) })
+	case "/classify":
+		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.pool(ctx, poolClassify) })
+	case "/score", "/v1/score":
+		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.pool(ctx, poolScore) })
+	case "/rerank", "/v1/rerank", "/v2/rerank":
+		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.pool(ctx, poolRerank) })
 	case "/v1/models":
 		s.get(ctx, s.models)
 	case "/health":

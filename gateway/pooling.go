@@ -1,0 +1,173 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/backends"
+)
+
+// Pooling requests (embeddings, pooling, classify, score, rerank) are
+// admitted by their prompts alone. The backend runs each input as one
+// prefill: it holds the input's KV blocks while it computes them and
+// frees them when the answer is pooled, decoding nothing. So the
+// reservation is the inputs' blocks, held from admission to the end of
+// the answer, and there is no stream to follow: the answer comes whole,
+// as a non-streamed completion's does, and its usage is read the same way.
+
+// servePoolingPost serves a pooling route, which only POST reaches.
+func (s *Server) servePoolingPost(ctx *fasthttp.RequestCtx, kind endpoint) {
+	if !ctx.IsPost() {
+		methodNotAllowed(ctx, "POST")
+		return
+	}
+	s.servePooling(ctx, kind)
+}
+
+// servePooling is serveCompletion for a request that decodes nothing:
+// the same steps (authenticate, read the body once, find the model,
+// count the inputs, reserve, admit, forward, answer), with the pooling
+// body's reading and a reservation of the prompts' blocks only.
+func (s *Server) servePooling(ctx *fasthttp.RequestCtx, kind endpoint) {
+	rt := s.rt.Load()
+	x := s.newExchange(ctx, rt)
+	x.noteAccess(ctx, kind.path())
+	defer x.finish(outcomeFailed, "internal") // no-op unless a path forgot to finish
+
+	tn, ok := rt.authenticate(ctx)
+	if !ok {
+		x.fail(ctx, unauthorized(), outcomeRejected, "unauthorized")
+		return
+	}
+	if tn != nil {
+		x.tenant = tn.name
+	}
+	p := s.parsers.Get()
+	req, err := parsePooling(p, ctx.PostBody(), kind)
+	s.parsers.Put(p)
+	if err != nil {
+		var pe *parseError
+		errors.As(err, &pe)
+		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: pe.param, message: pe.msg}, outcomeRejected, "invalid_request")
+		return
+	}
+	x.req = req
+	m := rt.byClientName[req.model]
+	if m == nil {
+		x.fail(ctx, &apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
+			message: fmt.Sprintf("The model `%s` does not exist.", req.model)}, outcomeRejected, "unknown_model")
+		return
+	}
+	if m.servedName != m.name {
+		x.alias, req.model = req.model, m.name // see serveCompletion
+	}
+	x.m, x.label = m, m.name
+	if m.tokenizer == "backend" {
+		if err := poolingTexts(&s.parsers, ctx.PostBody(), req); err != nil {
+			s.log.Error("find the inputs of a parsed pooling request", "err", err)
+			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
+			return
+		}
+	}
+	if x.class, err = rt.classFor(tn, ctx.Request.Header.Peek(rt.cfg.Admission.PriorityHeader)); err != nil {
+		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: rt.cfg.Admission.PriorityHeader, message: err.Error()}, outcomeRejected, "invalid_request")
+		return
+	}
+	if !rt.upstreams.Serves(req.model) {
+		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
+		return
+	}
+	prompts, exact, err := x.countPrompts()
+	if errors.Is(err, backends.ErrNoBackend) {
+		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
+		return
+	}
+	if err != nil {
+		if !x.failEnded(ctx) {
+			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
+		}
+		return
+	}
+	if e := x.reservePooling(prompts, exact); e != nil {
+		x.fail(ctx, e, outcomeRejected, e.code)
+		return
+	}
+
+	areq := admission.Request{Queue: req.model, Class: x.class, Tenant: x.tenant, Opaque: true,
+		Deadline: x.start.Add(rt.cfg.Server.requestTimeout())}
+	if rt.count {
+		areq.Weight = 1
+	} else {
+		areq.Shape = x.res.shape()
+	}
+	if rt.cfg.Routing == routingAffinity {
+		areq.Affinity = x.affinity(ctx)
+	}
+	s.flights.admitting(x)
+	err = rt.sched.AcquireTicket(x.ctx, areq, &x.ticketBuf)
+	s.flights.admitted(x)
+	if err != nil {
+		x.admissionFailed(ctx, err)
+		return
+	}
+	x.ticket = &x.ticketBuf
+	x.rctx.releaseOnEnd(x.ticket)
+	if w := x.ticket.Waited(); w > 0 {
+		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
+	}
+
+	resp, err := x.forward(ctx)
+	if err != nil {
+		x.upstreamFailed(ctx, err)
+		return
+	}
+	ctx.Response.Header.Set("X-Kvgate-Backend", x.backend.Name())
+	copyBackendHeaders(ctx, resp)
+	x.answered()
+	x.passBody(ctx, resp)
+}
+
+// reservePooling turns the inputs' token counts into the reservation, or
+// into the 400 an input over the model's context length gets (only an
+// exact count proves one too long; an estimate that says so is held to
+// the context, and the backend judges).
+//
+// Each input is one group of one sequence that holds exactly Blocks(p),
+// its prompt's blocks: a backend running a pooling request allocates
+// slots for the tokens it computes, the prompt, and none for a token to
+// decode. admission.Group sizes a group as Blocks(Prompt+Cap) and needs a
+// Cap of at least 1, so the input is Prompt p−1 with Cap 1: the last
+// prompt token stands in the output's place. Prompt p with Cap 1 would
+// hold a block too many whenever p fills its last block exactly. The
+// groups share nothing (no prefix chains): a conservative hold, since a
+// pooling model's backend may not cache prefixes.
+func (x *exchange) reservePooling(prompts []int, exact []bool) *apiError {
+	m, req := x.m, x.req
+	var outs []int
+	if len(prompts) == 1 {
+		outs = x.one.outs[:]
+	} else {
+		outs = make([]int, len(prompts))
+	}
+	for i, p := range prompts {
+		if t := req.pool.truncate; t > 0 && p > t {
+			p = t // vLLM keeps the last t tokens of the input
+		}
+		if p > m.maxLen {
+			if exact[i] {
+				return &apiError{status: 400, typ: typeInvalidRequest, code: "context_length_exceeded", param: req.inputParam(),
+					message: fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens in the input. Please reduce the length of the input.", m.maxLen, p)}
+			}
+			p = m.maxLen
+		}
+		x.predicted += p
+		prompts[i], outs[i] = max(p-1, 0), 1
+	}
+	x.chains = nil
+	x.res = newReservation(m.layout, prompts, outs, 1, 1, &x.one)
+	return nil
+}
