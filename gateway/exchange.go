@@ -97,6 +97,7 @@ type exchange struct {
 	body sseBody // a streamed answer, relayed as fasthttp writes it
 
 	access accessRecord // accesslog.go
+	trace  *reqTrace    // trace.go; nil with tracing off
 
 	done bool
 }
@@ -175,6 +176,7 @@ func (x *exchange) finish(outcome, reason string) {
 		x.recordUsage()
 	}
 	x.logAccess(outcome, reason, took)
+	x.trace.end(x, outcome, reason, took)
 }
 
 // fail answers with e and finishes.
@@ -207,6 +209,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	rt := s.rt.Load()
 	x := s.newExchange(ctx, rt)
 	x.noteAccess(ctx, kind.path())
+	x.startTrace(ctx, kind)
 	streaming := false
 	defer func() {
 		if !streaming {
@@ -299,6 +302,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	s.flights.admitting(x)
 	err = rt.sched.AcquireTicket(x.ctx, areq, &x.ticketBuf)
 	s.flights.admitted(x)
+	x.trace.admitted(x)
 	if err != nil {
 		x.admissionFailed(ctx, err)
 		return
