@@ -134,9 +134,6 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		s.opt.onDemand = s.fleet.Wake
 		s.m.reg.MustRegister(rtt.h, fleetCollector{f: s.fleet})
 	}
-	if err := s.tracing.apply(cfg.Tracing, s.log); err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
-	}
 	rt, commit, err := buildRuntime(cfg, nil, &s.opt, nil)
 	if err == nil {
 		s.sched, err = commit()
@@ -169,6 +166,9 @@ func New(cfg *Config, opt Options) (*Server, error) {
 			w.Close()
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
+	}
+	if err := s.tracing.apply(cfg.Tracing, s.log); err != nil {
+		s.log.Error("tracing: no span will be exported", "err", err)
 	}
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	sc := cfg.Server
