@@ -46,14 +46,15 @@
 //
 // Every request leaves through exactly one finish (exchange.go), which
 // releases its reservation, stops watching its client, cancels its
-// upstream exchange and writes its access-log line (accesslog.go) and,
-// with tracing on, ends its spans (trace.go). A client hang-up (noticed
-// through package connwatch even while the request is queued or waiting
-// for a non-streamed answer), a request timeout and a shutdown all end
-// the request's context (reqctx.go; its deadlines are checked by the sweep
-// of the requests in flight, inflight.go), and an ended context closes
-// the upstream connection, which is how the backend learns to abort. A
-// choice that finishes early gives its blocks back at once. A request reads the configuration once (an immutable runtime,
+// upstream exchange, writes its access-log line (accesslog.go) and ends
+// its spans (trace.go). A
+// client hang-up (noticed through package connwatch even while the request
+// is queued or waiting for a non-streamed answer), a request timeout and a
+// shutdown all end the request's context (reqctx.go; its deadlines are
+// checked by the sweep of the requests in flight, inflight.go), and an
+// ended context closes the upstream connection, which is how the backend
+// learns to abort. A choice that finishes early gives its blocks back at
+// once. A request reads the configuration once (an immutable runtime,
 // runtime.go) and a reload swaps in a new one, keeping the budgets and
 // backends that persist, so reservations in flight survive it.
 //
