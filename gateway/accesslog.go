@@ -57,39 +57,16 @@ func (x *exchange) logAccess(outcome, reason string, total time.Duration) {
 	if !a.on || !x.s.log.Enabled(context.Background(), slog.LevelInfo) {
 		return
 	}
-	status := 200
-	switch {
-	case x.body.x != nil: // a stream: its 200 went out with the first event
-	case a.rc != nil && outcome == outcomeCanceled && len(a.rc.Response.Body()) == 0:
-		status = 499 // nothing was answered: the client left (nginx's code for it)
-	case a.rc != nil:
-		status = a.rc.Response.StatusCode()
-	}
-	waited := a.waited
-	gpu := ""
-	if x.ticket != nil {
-		waited = x.ticket.Waited()
-		gpu = x.ticket.GPU()
-		if g := x.rt.gpuByID[gpu]; g != nil {
-			gpu = g.name
-		}
-	}
-	backend := ""
-	if x.backend != nil {
-		backend = x.backend.Name()
-	}
-	prompt, output := x.predicted, 0
-	if x.hasUsage {
-		prompt, output = x.usage.prompt, x.usage.completion
-	}
+	waited := x.queueWait()
+	prompt, output := x.tokens()
 	x.s.log.LogAttrs(context.Background(), slog.LevelInfo, "request",
 		slog.String("id", a.id),
 		slog.String("tenant", x.tenant),
 		slog.String("route", a.route),
 		slog.String("model", x.label),
-		slog.String("gpu", gpu),
-		slog.String("backend", backend),
-		slog.Int("status", status),
+		slog.String("gpu", x.gpuName()),
+		slog.String("backend", x.backendName()),
+		slog.Int("status", x.answerStatus(a.rc, outcome)),
 		slog.String("outcome", outcome),
 		slog.String("reason", reason),
 		slog.Float64("queue_wait_ms", ms(waited)),
@@ -99,6 +76,56 @@ func (x *exchange) logAccess(outcome, reason string, total time.Duration) {
 		slog.Int("output_tokens", output),
 		slog.Int64("kv_reserved_bytes", x.res.weight()),
 	)
+}
+
+// answerStatus is the status the client got; rc is read only for an answer
+// the handler wrote (nil: unknown, taken as 200).
+func (x *exchange) answerStatus(rc *fasthttp.RequestCtx, outcome string) int {
+	switch {
+	case x.body.x != nil: // a stream: its 200 went out with the first event
+	case rc != nil && outcome == outcomeCanceled && len(rc.Response.Body()) == 0:
+		return 499 // nothing was answered: the client left (nginx's code for it)
+	case rc != nil:
+		return rc.Response.StatusCode()
+	}
+	return 200
+}
+
+// queueWait is how long the request waited for admission, admitted or not.
+func (x *exchange) queueWait() time.Duration {
+	if x.ticket != nil {
+		return x.ticket.Waited()
+	}
+	return x.access.waited
+}
+
+// gpuName is the name of the GPU the request was admitted to; "" if none.
+func (x *exchange) gpuName() string {
+	if x.ticket == nil {
+		return ""
+	}
+	gpu := x.ticket.GPU()
+	if g := x.rt.gpuByID[gpu]; g != nil {
+		return g.name
+	}
+	return gpu
+}
+
+// backendName is the backend the request was sent to last; "" if none.
+func (x *exchange) backendName() string {
+	if x.backend == nil {
+		return ""
+	}
+	return x.backend.Name()
+}
+
+// tokens are the request's prompt and output tokens: the backend's usage
+// when it reported it, else the prompt as counted and no output.
+func (x *exchange) tokens() (prompt, output int) {
+	if x.hasUsage {
+		return x.usage.prompt, x.usage.completion
+	}
+	return x.predicted, 0
 }
 
 // ms is d in milliseconds, to the microsecond.

@@ -55,6 +55,9 @@ type Config struct {
 	// (passthrough.go): paths, or prefixes ending in /*. Default: vLLM's
 	// /detokenize, /tokenizer_info, /version and /v1/audio/*; [] for none.
 	Passthrough []string `yaml:"passthrough"`
+	// Tracing exports a span per proxied request over OTLP/HTTP
+	// (config_tracing.go). Default: off.
+	Tracing TracingConfig `yaml:"tracing"`
 
 	// dir is the directory of the file, against which relative paths resolve.
 	dir string
@@ -198,6 +201,7 @@ func (c *Config) validate() error {
 	c.validateRouting(&p)
 	c.validatePassthrough(&p)
 	c.Log.validate(&p)
+	c.validateTracing(&p)
 	if c.SharedBudget != nil {
 		p.errs = append(p.errs, c.SharedBudget.Validate())
 	}

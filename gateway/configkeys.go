@@ -77,6 +77,14 @@ func walkShape(n *yaml.Node, t reflect.Type, path string, errs *[]error) {
 			}
 			walkShape(v, f, join(path, k.Value), errs)
 		}
+	case reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			bad("want a mapping of keys, got %s", kindName(n))
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			walkShape(n.Content[i+1], t.Elem(), join(path, n.Content[i].Value), errs)
+		}
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
 			bad("want a list, got %s", kindName(n))

@@ -55,7 +55,8 @@
 //
 // Every request leaves through exactly one finish (exchange.go), which
 // releases its reservation, stops watching its client, cancels its
-// upstream exchange and writes its access-log line (accesslog.go). A
+// upstream exchange, writes its access-log line (accesslog.go) and ends
+// its spans (trace.go). A
 // client hang-up (noticed through package connwatch even while the request
 // is queued or waiting for a non-streamed answer), a request timeout and a
 // shutdown all end the request's context (reqctx.go; its deadlines are

@@ -107,6 +107,7 @@ type exchange struct {
 	resumeBuf admission.Ticket
 
 	access accessRecord // accesslog.go
+	trace  *reqTrace    // trace.go; nil with tracing off
 
 	done bool
 }
@@ -185,6 +186,7 @@ func (x *exchange) finish(outcome, reason string) {
 		x.recordUsage()
 	}
 	x.logAccess(outcome, reason, took)
+	x.trace.end(x, outcome, reason, took)
 	if x.resume != nil {
 		x.resume.free() // the pointer stays: the guard may read it still
 	}
@@ -220,6 +222,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	rt := s.rt.Load()
 	x := s.newExchange(ctx, rt)
 	x.noteAccess(ctx, kind.path())
+	x.startTrace(ctx, kind)
 	streaming := false
 	defer func() {
 		if !streaming {
@@ -315,6 +318,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	s.flights.admitting(x)
 	err = rt.sched.AcquireTicket(x.ctx, areq, &x.ticketBuf)
 	s.flights.admitted(x)
+	x.trace.admitted(x)
 	if err != nil {
 		x.admissionFailed(ctx, err)
 		return

@@ -72,6 +72,7 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 				ureq.Header.SetBytesV(h, v)
 			}
 		}
+		x.trace.upstream(x, ureq, be) // its traceparent replaces the client's
 		ureq.SetBodyRaw(body)
 		x.backend = be // the backend waited on, for a first-byte timeout
 		resp, err := be.Do(x.ctx, ureq)
@@ -133,6 +134,7 @@ func (x *exchange) stopFirstByte() bool {
 // answered stops the first-byte clock: the backend answers. Unless the
 // clock ran out first, that resets the backend's count of timeouts.
 func (x *exchange) answered() {
+	x.trace.answered(x)
 	if !x.stopFirstByte() {
 		return
 	}

@@ -109,6 +109,7 @@ type Server struct {
 	warnedPools sync.Map    // pool name → true once its unusable memory is logged
 	preemptions sync.Map    // *backends.Backend → its last reported preemption counter
 	backendLog  *backendLog // changes of backends' states and GPUs' budgets, logged once each
+	tracing     tracing     // span export (trace.go)
 
 	// testHookServe, when set by a test, runs at the start of every
 	// completion request (to inject a panic, say).
@@ -165,6 +166,9 @@ func New(cfg *Config, opt Options) (*Server, error) {
 			w.Close()
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
+	}
+	if err := s.tracing.apply(cfg.Tracing, s.log); err != nil {
+		s.log.Error("tracing: no span will be exported", "err", err)
 	}
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	sc := cfg.Server
@@ -260,6 +264,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		<-s.sweepDone
 	})
 	s.watch.Close()
+	s.tracing.close() // the spans of the requests just drained
 	return err
 }
 
@@ -305,6 +310,9 @@ func (s *Server) Reload(cfg *Config) error {
 	}
 	s.rt.Store(rt)
 	s.m.reloaded(true, s.now())
+	if err := s.tracing.apply(cfg.Tracing, s.log); err != nil {
+		s.log.Error("tracing: keeping the running exporter", "err", err)
+	}
 	if s.tls != nil && cfg.Server.TLS != old.cfg.Server.TLS {
 		s.tls.set(cfg.Server.TLS)
 		leaf := s.tls.leaf()
