@@ -29,12 +29,10 @@ type AdmissionConfig struct {
 	// predicted (its prompt and what it has generated, plus its growth as
 	// forecast from the output lengths this model's requests really had, so
 	// that the batch's future peak stays within the budget but with
-	// probability epsilon) or worst_case (prompt + max_tokens from
-	// admission to release: overflow is impossible, most of the pool stays
-	// reserved but empty). Default worst_case: predicted never overflows
-	// either (the guard), but when outputs turn long abruptly it stops a
-	// share of the streams admitted on the old forecast, above what the
-	// default may cost (see the README's "Choosing a reservation policy").
+	// probability epsilon; when the forecast is wrong the guard stops, and
+	// resumes, streams before the GPU overflows) or worst_case (prompt +
+	// max_tokens from admission to release: overflow is impossible, most of
+	// the pool stays reserved but empty). Default predicted.
 	Reservation string `yaml:"reservation"`
 	// Epsilon bounds the probability that a GPU's real KV use passes its
 	// budget, per admission, under predicted. In (0, 0.5). Default 1e-4.
@@ -148,7 +146,7 @@ type TenantConfig struct {
 const (
 	defaultMode           = modeKV
 	defaultMaxConcurrency = 16
-	defaultReservation    = admission.WorstCase
+	defaultReservation    = admission.Predicted
 	defaultPriorityHeader = "X-Priority"
 	defaultFeedback       = true
 	// defaultAbortHold: the simulator notices an abort at its next step and

@@ -3,10 +3,8 @@ package gateway
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -230,112 +228,37 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		}
 	}()
 
-	tn, ok := rt.authenticate(ctx)
+	tn, ok := x.readBody(ctx, kind, parseRequest)
 	if !ok {
-		x.fail(ctx, unauthorized(), outcomeRejected, "unauthorized")
 		return
 	}
-	if tn != nil {
-		x.tenant = tn.name
-	}
-	p := s.parsers.Get()
-	req, err := parseRequest(p, ctx.PostBody(), kind)
-	s.parsers.Put(p)
-	if err != nil {
-		var pe *parseError
-		errors.As(err, &pe)
-		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: pe.param, message: pe.msg}, outcomeRejected, "invalid_request")
-		return
-	}
-	x.req = req
-	m := rt.byClientName[req.model]
-	if m != nil && m.servedName != m.name {
-		// From here on the request is the backend's model; the client's
-		// name goes back into the body forwarded and the answers.
-		x.alias, req.model = req.model, m.name
-	}
-	if m == nil {
-		x.fail(ctx, &apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
-			message: fmt.Sprintf("The model `%s` does not exist.", req.model)}, outcomeRejected, "unknown_model")
-		return
-	}
-	x.m, x.label = m, m.name
-	if e := req.outOfRange(m.maxLen); e != nil {
+	req := x.req
+	if e := req.outOfRange(x.m.maxLen); e != nil {
 		x.fail(ctx, e, outcomeRejected, "invalid_request")
 		return
 	}
-	if m.tokenizer == "backend" {
-		if err := promptTexts(&s.parsers, ctx.PostBody(), req); err != nil {
-			s.log.Error("find the prompts of a parsed request", "err", err)
-			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
-			return
-		}
-	}
-	if x.class, err = rt.classFor(tn, ctx.Request.Header.Peek(rt.cfg.Admission.PriorityHeader)); err != nil {
-		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: rt.cfg.Admission.PriorityHeader, message: err.Error()}, outcomeRejected, "invalid_request")
-		return
-	}
-
-	if !rt.upstreams.Serves(req.model) {
-		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
-		return
-	}
-	prompts, exact, err := x.countPrompts()
-	if errors.Is(err, backends.ErrNoBackend) {
-		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
-		return
-	}
-	if err != nil {
-		if !x.failEnded(ctx) {
-			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
-		}
+	prompts, exact, ok := x.count(ctx, tn, promptTexts)
+	if !ok {
 		return
 	}
 	if e := x.reserve(prompts, exact); e != nil {
 		x.fail(ctx, e, outcomeRejected, e.code)
 		return
 	}
-
-	// The queue wait ends at the class's timeout or when the request as a
-	// whole would time out, whichever is first; the scheduler sheds at once
-	// a request whose expected wait already passes that.
-	areq := admission.Request{Queue: req.model, Class: x.class, Tenant: x.tenant, Opaque: !req.stream,
-		Pinned: req.pinned, Deadline: x.start.Add(rt.cfg.Server.requestTimeout())}
+	areq := admission.Request{Opaque: !req.stream, Pinned: req.pinned}
 	if req.stream {
 		areq.Stopper = x
 		if req.resumable && rt.resumes() {
 			x.resume = newResumeState()
 		}
 	}
-	if rt.count {
-		areq.Weight = 1
-	} else {
-		areq.Shape = x.res.shape()
-	}
-	if rt.cfg.Routing == routingAffinity {
-		areq.Affinity = x.affinity(ctx)
-	}
-	s.flights.admitting(x)
-	err = rt.sched.AcquireTicket(x.ctx, areq, &x.ticketBuf)
-	s.flights.admitted(x)
-	x.trace.admitted(x)
-	if err != nil {
-		x.admissionFailed(ctx, err)
+	if !x.admit(ctx, areq) {
 		return
 	}
-	x.ticket = &x.ticketBuf
-	x.rctx.releaseOnEnd(x.ticket)
-	if w := x.ticket.Waited(); w > 0 {
-		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
-	}
-
-	resp, err := x.forward(ctx)
-	if err != nil {
-		x.upstreamFailed(ctx, err)
+	resp, ok := x.upstream(ctx)
+	if !ok {
 		return
 	}
-	ctx.Response.Header.Set("X-Kvgate-Backend", x.backend.Name())
-	copyBackendHeaders(ctx, resp)
 	if resp.Status() == fasthttp.StatusOK && req.stream && resp.IsEventStream() {
 		// The client is promised a 200 only once the first event is here:
 		// until then a backend that hangs can still get a 504.

@@ -37,24 +37,7 @@ func smallOOMSim(t *testing.T) (*sim.Server, string) {
 // ones get an error event with a code of their own (with resume_stopped
 // off; see TestGuardResumesStoppedStreams for the default).
 func TestGuardStopsStreamsBeforeTheBackendOverflows(t *testing.T) {
-	backend, url := smallOOMSim(t)
-	pool := backend.Stats().NumGPUBlocks
-	gw, gwURL := startGateway(t, baseConfig(url, `admission:
-  reservation: predicted
-  resume_stopped: false
-  ceiling: 0.9
-  warmup_samples: 10
-  abort_hold: 50ms
-  queue: {timeout: 60s}
-`), Options{})
-	eventually(t, "the budget to follow the backend's pool", func() bool {
-		return onlyGPU(gw).Capacity == pool*2<<20
-	})
-	for range 15 { // teach: answers are 8 tokens
-		if r := postJSON(gwURL, "/v1/chat/completions", chatBody(words(50), 500, true)); r.status != 200 || !strings.Contains(r.body, "[DONE]") {
-			t.Fatalf("short request: %d %.200s", r.status, r.body)
-		}
-	}
+	backend, pool, gw, gwURL := taughtShortAnswers(t, "resume_stopped: false")
 	const n = 30 // each ~450 tokens at the end, 29 blocks: 870 of a pool of ~330
 	var wg sync.WaitGroup
 	res := make([]result, n)
@@ -104,23 +87,7 @@ func TestGuardStopsStreamsBeforeTheBackendOverflows(t *testing.T) {
 // never overflows and every client gets its whole answer: one role chunk,
 // no error, [DONE], and usage as one exchange would have counted it.
 func TestGuardResumesStoppedStreams(t *testing.T) {
-	backend, url := smallOOMSim(t)
-	pool := backend.Stats().NumGPUBlocks
-	gw, gwURL := startGateway(t, baseConfig(url, `admission:
-  reservation: predicted
-  ceiling: 0.9
-  warmup_samples: 10
-  abort_hold: 50ms
-  queue: {timeout: 60s}
-`), Options{})
-	eventually(t, "the budget to follow the backend's pool", func() bool {
-		return onlyGPU(gw).Capacity == pool*2<<20
-	})
-	for range 15 { // teach: answers are 8 tokens
-		if r := postJSON(gwURL, "/v1/chat/completions", chatBody(words(50), 500, true)); r.status != 200 || !strings.Contains(r.body, "[DONE]") {
-			t.Fatalf("short request: %d %.200s", r.status, r.body)
-		}
-	}
+	backend, pool, gw, gwURL := taughtShortAnswers(t, "")
 	body := `{"model":"llama-3-8b","messages":[{"role":"user","content":"LONG` + words(50) + `"}],"max_tokens":500,"stream":true,"stream_options":{"include_usage":true}}`
 	alone := postJSON(gwURL, "/v1/chat/completions", body) // never stopped: the usage to expect
 	want := usageOf(t, alone.body)
@@ -166,6 +133,32 @@ func TestGuardResumesStoppedStreams(t *testing.T) {
 		t.Errorf("requests shed by the guard: %g, want 0", n)
 	}
 	eventually(t, "every reservation back", func() bool { return held(gw) == 0 })
+}
+
+// taughtShortAnswers starts the small oom simulator and a gateway under
+// predicted reservations (with the admission keys in extra) that has
+// learned answers are 8 tokens long; pool is the backend's blocks.
+func taughtShortAnswers(t *testing.T, extra string) (backend *sim.Server, pool int64, gw *Server, gwURL string) {
+	t.Helper()
+	backend, url := smallOOMSim(t)
+	pool = backend.Stats().NumGPUBlocks
+	gw, gwURL = startGateway(t, baseConfig(url, `admission:
+  reservation: predicted
+  ceiling: 0.9
+  warmup_samples: 10
+  abort_hold: 50ms
+  queue: {timeout: 60s}
+  `+extra+`
+`), Options{})
+	eventually(t, "the budget to follow the backend's pool", func() bool {
+		return onlyGPU(gw).Capacity == pool*2<<20
+	})
+	for range 15 {
+		if r := postJSON(gwURL, "/v1/chat/completions", chatBody(words(50), 500, true)); r.status != 200 || !strings.Contains(r.body, "[DONE]") {
+			t.Fatalf("short request: %d %.200s", r.status, r.body)
+		}
+	}
+	return backend, pool, gw, gwURL
 }
 
 // usageOf is the prompt and completion tokens of a stream's usage chunk.

@@ -103,28 +103,10 @@ func badParam(param, format string, a ...any) *parseError {
 // are integers as pydantic reads them (10.0 is 10), and one past int64 is a
 // 400 naming the field, never a wrapped value.
 func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, error) {
-	v, err := p.ParseBytes(body)
+	v, r, err := openBody(p, body, kind, topLevelKeys)
 	if err != nil {
-		return nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %v", err)}
+		return nil, err
 	}
-	if v.Type() != fastjson.TypeObject {
-		return nil, &parseError{msg: "The request body must be a JSON object."}
-	}
-	if at, what := jsonscan.InvalidString(body); at >= 0 {
-		return nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %s at offset %d", what, at)}
-	}
-	if dup := jsonscan.Duplicate(v, topLevelKeys); dup != "" {
-		return nil, duplicateKey(dup)
-	}
-	r := &request{kind: kind, n: 1, seqs: 1}
-	if bad := jsonscan.InvalidNumber(v, r.numText[:0]); bad != "" {
-		return nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %q is not a JSON number", bad)}
-	}
-	mv := v.Get("model")
-	if mv == nil || mv.Type() != fastjson.TypeString || len(mv.GetStringBytes()) == 0 {
-		return nil, badParam("model", "you must provide a model parameter (a non-empty string)")
-	}
-	r.model = string(mv.GetStringBytes())
 
 	if sv := v.Get("stream"); sv != nil && sv.Type() != fastjson.TypeNull {
 		b, err := sv.Bool()
@@ -221,6 +203,35 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	r.readAffinity(v)
 	r.resumable = r.stream && r.seqs == 1 && !r.pinned && len(r.shapes) == 1 && continuable(v, kind)
 	return r, nil
+}
+
+// openBody is the reading every admitted body starts with: JSON, an
+// object, valid strings, none of keys twice, numbers that are numbers, a
+// model named. It returns the parsed body and the request it fills.
+func openBody(p *fastjson.Parser, body []byte, kind endpoint, keys []string) (*fastjson.Value, *request, error) {
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return nil, nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %v", err)}
+	}
+	if v.Type() != fastjson.TypeObject {
+		return nil, nil, &parseError{msg: "The request body must be a JSON object."}
+	}
+	if at, what := jsonscan.InvalidString(body); at >= 0 {
+		return nil, nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %s at offset %d", what, at)}
+	}
+	if dup := jsonscan.Duplicate(v, keys); dup != "" {
+		return nil, nil, duplicateKey(dup)
+	}
+	r := &request{kind: kind, n: 1, seqs: 1}
+	if bad := jsonscan.InvalidNumber(v, r.numText[:0]); bad != "" {
+		return nil, nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %q is not a JSON number", bad)}
+	}
+	mv := v.Get("model")
+	if mv == nil || mv.Type() != fastjson.TypeString || len(mv.GetStringBytes()) == 0 {
+		return nil, nil, badParam("model", "you must provide a model parameter (a non-empty string)")
+	}
+	r.model = string(mv.GetStringBytes())
+	return v, r, nil
 }
 
 // readPinned reads the vLLM fields that set the output's length:

@@ -67,28 +67,10 @@ var poolingKeys = []string{"model", "input", "messages", "tools", "truncate_prom
 // backend runs as a request of its own. The returned request does not
 // refer to p's memory.
 func parsePooling(p *fastjson.Parser, body []byte, kind endpoint) (*request, error) {
-	v, err := p.ParseBytes(body)
+	v, r, err := openBody(p, body, kind, poolingKeys)
 	if err != nil {
-		return nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %v", err)}
+		return nil, err
 	}
-	if v.Type() != fastjson.TypeObject {
-		return nil, &parseError{msg: "The request body must be a JSON object."}
-	}
-	if at, what := jsonscan.InvalidString(body); at >= 0 {
-		return nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %s at offset %d", what, at)}
-	}
-	if dup := jsonscan.Duplicate(v, poolingKeys); dup != "" {
-		return nil, duplicateKey(dup)
-	}
-	r := &request{kind: kind, n: 1, seqs: 1}
-	if bad := jsonscan.InvalidNumber(v, r.numText[:0]); bad != "" {
-		return nil, &parseError{msg: fmt.Sprintf("We could not parse the JSON body of your request: %q is not a JSON number", bad)}
-	}
-	mv := v.Get("model")
-	if mv == nil || mv.Type() != fastjson.TypeString || len(mv.GetStringBytes()) == 0 {
-		return nil, badParam("model", "you must provide a model parameter (a non-empty string)")
-	}
-	r.model = string(mv.GetStringBytes())
 	if u := v.Get("user"); u != nil && u.Type() == fastjson.TypeString {
 		r.user = string(u.GetStringBytes())
 	}

@@ -1,14 +1,11 @@
 package gateway
 
 import (
-	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvgate/kvgate/admission"
-	"github.com/kvgate/kvgate/backends"
 )
 
 // Pooling requests (embeddings, pooling, classify, score, rerank) are
@@ -36,97 +33,28 @@ func (s *Server) servePooling(ctx *fasthttp.RequestCtx, kind endpoint) {
 	rt := s.rt.Load()
 	x := s.newExchange(ctx, rt)
 	x.noteAccess(ctx, kind.path())
+	x.startTrace(ctx, kind)
 	defer x.finish(outcomeFailed, "internal") // no-op unless a path forgot to finish
 
-	tn, ok := rt.authenticate(ctx)
+	tn, ok := x.readBody(ctx, kind, parsePooling)
 	if !ok {
-		x.fail(ctx, unauthorized(), outcomeRejected, "unauthorized")
 		return
 	}
-	if tn != nil {
-		x.tenant = tn.name
-	}
-	p := s.parsers.Get()
-	req, err := parsePooling(p, ctx.PostBody(), kind)
-	s.parsers.Put(p)
-	if err != nil {
-		var pe *parseError
-		errors.As(err, &pe)
-		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: pe.param, message: pe.msg}, outcomeRejected, "invalid_request")
-		return
-	}
-	x.req = req
-	m := rt.byClientName[req.model]
-	if m == nil {
-		x.fail(ctx, &apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
-			message: fmt.Sprintf("The model `%s` does not exist.", req.model)}, outcomeRejected, "unknown_model")
-		return
-	}
-	if m.servedName != m.name {
-		x.alias, req.model = req.model, m.name // see serveCompletion
-	}
-	x.m, x.label = m, m.name
-	if m.tokenizer == "backend" {
-		if err := poolingTexts(&s.parsers, ctx.PostBody(), req); err != nil {
-			s.log.Error("find the inputs of a parsed pooling request", "err", err)
-			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
-			return
-		}
-	}
-	if x.class, err = rt.classFor(tn, ctx.Request.Header.Peek(rt.cfg.Admission.PriorityHeader)); err != nil {
-		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: rt.cfg.Admission.PriorityHeader, message: err.Error()}, outcomeRejected, "invalid_request")
-		return
-	}
-	if !rt.upstreams.Serves(req.model) {
-		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
-		return
-	}
-	prompts, exact, err := x.countPrompts()
-	if errors.Is(err, backends.ErrNoBackend) {
-		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
-		return
-	}
-	if err != nil {
-		if !x.failEnded(ctx) {
-			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
-		}
+	prompts, exact, ok := x.count(ctx, tn, poolingTexts)
+	if !ok {
 		return
 	}
 	if e := x.reservePooling(prompts, exact); e != nil {
 		x.fail(ctx, e, outcomeRejected, e.code)
 		return
 	}
-
-	areq := admission.Request{Queue: req.model, Class: x.class, Tenant: x.tenant, Opaque: true,
-		Deadline: x.start.Add(rt.cfg.Server.requestTimeout())}
-	if rt.count {
-		areq.Weight = 1
-	} else {
-		areq.Shape = x.res.shape()
-	}
-	if rt.cfg.Routing == routingAffinity {
-		areq.Affinity = x.affinity(ctx)
-	}
-	s.flights.admitting(x)
-	err = rt.sched.AcquireTicket(x.ctx, areq, &x.ticketBuf)
-	s.flights.admitted(x)
-	if err != nil {
-		x.admissionFailed(ctx, err)
+	if !x.admit(ctx, admission.Request{Opaque: true}) {
 		return
 	}
-	x.ticket = &x.ticketBuf
-	x.rctx.releaseOnEnd(x.ticket)
-	if w := x.ticket.Waited(); w > 0 {
-		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
-	}
-
-	resp, err := x.forward(ctx)
-	if err != nil {
-		x.upstreamFailed(ctx, err)
+	resp, ok := x.upstream(ctx)
+	if !ok {
 		return
 	}
-	ctx.Response.Header.Set("X-Kvgate-Backend", x.backend.Name())
-	copyBackendHeaders(ctx, resp)
 	x.answered()
 	x.passBody(ctx, resp)
 }
@@ -147,12 +75,7 @@ func (s *Server) servePooling(ctx *fasthttp.RequestCtx, kind endpoint) {
 // pooling model's backend may not cache prefixes.
 func (x *exchange) reservePooling(prompts []int, exact []bool) *apiError {
 	m, req := x.m, x.req
-	var outs []int
-	if len(prompts) == 1 {
-		outs = x.one.outs[:]
-	} else {
-		outs = make([]int, len(prompts))
-	}
+	outs := x.outsFor(len(prompts))
 	for i, p := range prompts {
 		if t := req.pool.truncate; t > 0 && p > t {
 			p = t // vLLM keeps the last t tokens of the input

@@ -181,12 +181,7 @@ func (x *exchange) reserve(prompts []int, exact []bool) *apiError {
 	if req.kind == completions {
 		param = "prompt"
 	}
-	var outs []int
-	if len(prompts) == 1 {
-		outs = x.one.outs[:]
-	} else {
-		outs = make([]int, len(prompts))
-	}
+	outs := x.outsFor(len(prompts))
 	for i, p := range prompts {
 		x.predicted += p
 		room := m.maxLen - p
@@ -225,4 +220,13 @@ func (x *exchange) reserve(prompts []int, exact []bool) *apiError {
 	x.res = newReservation(m.layout, prompts, outs, req.n, req.seqs, &x.one)
 	x.res.chains = x.chains
 	return nil
+}
+
+// outsFor is the slice of output caps for n prompts: the exchange's own
+// for one, nearly every request, so that reserving allocates nothing.
+func (x *exchange) outsFor(n int) []int {
+	if n == 1 {
+		return x.one.outs[:]
+	}
+	return make([]int, n)
 }

@@ -53,10 +53,12 @@ const tracerFlushTimeout = 5 * time.Second
 var traceContext propagation.TraceContext
 
 // spanNames are the request spans' names, by endpoint: method and route.
-var spanNames = [...]string{
-	chatCompletions: "POST " + chatCompletions.path(),
-	completions:     "POST " + completions.path(),
-}
+var spanNames = func() (names [rerankV2 + 1]string) {
+	for e := range names {
+		names[e] = "POST " + endpoint(e).path()
+	}
+	return names
+}()
 
 // tracing is the server's current tracer and those a reload retired whose
 // last requests have not finished.

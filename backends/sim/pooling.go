@@ -128,7 +128,7 @@ func (pp *poolParams) readInputs(v *fastjson.Value, special bool) *apiError {
 	iv := v.Get("input")
 	if (iv == nil || iv.Type() == fastjson.TypeNull) && v.Get("messages") != nil {
 		pr := newPrompt(false, false)
-		if aerr := chatPrompt(v, &pr, false); aerr != nil {
+		if aerr := chatPrompt(v, &pr, false, false); aerr != nil {
 			return aerr
 		}
 		pp.inputs = append(pp.inputs, poolInput{tokens: pr.tokens, hash: pr.hash})

@@ -62,8 +62,8 @@ func printPrefixChecks(w io.Writer, wl *workload, rows []row) {
 	}
 }
 
-// printChecks states the issue's acceptance bars against the early-stop
-// table.
+// printChecks states the bars kvgate holds itself to against the
+// early-stop table.
 func printChecks(w io.Writer, rows []row) {
 	best, worst := find(rows, "direct, best safe limit", ""), find(rows, "gateway worst_case", "")
 	pred, predPre := find(rows, "gateway predicted", "oom simulator"), find(rows, "gateway predicted", "preempt simulator")
@@ -72,7 +72,7 @@ func printChecks(w io.Writer, rows []row) {
 		return
 	}
 	check := func(ok bool, format string, a ...any) { benchkit.Check(w, ok, format, a...) }
-	fmt.Fprintln(w, "Acceptance (issue \"Fill the pool\"), default config, early-stopping workload:")
+	fmt.Fprintln(w, "Checks (fill the pool), predicted reservations, early-stopping workload:")
 	check(pred.KVMean >= 0.85, "real KV use %.1f%% of the budget over the saturated part (≥ 85%%)", 100*pred.KVMean)
 	check(pred.Overflow == 0 && predPre.Overflow == 0, "zero overflow on the oom simulator (%.0f)", pred.Overflow)
 	check(predPre.PreemptedPct <= 1, "preemptions on the preempt simulator %.0f, %.2f%% of requests (≤ 1%%)", predPre.Preemptions, predPre.PreemptedPct)

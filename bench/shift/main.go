@@ -24,8 +24,8 @@
 //
 // It prints, per scenario, the simulator's out-of-memory events, requests
 // the gateway stopped itself (share of those admitted after the shift),
-// tenant B's losses, goodput windows, KV use and the learned p90, then the
-// issue's acceptance checks.
+// tenant B's losses, the guard's stops and how many were resumed, goodput
+// windows, KV use and the learned p90, then the checks of the promise.
 package main
 
 import (
@@ -105,7 +105,7 @@ func run(ctx context.Context, kit *benchkit.Kit, o options) error {
 }
 
 func checks(w io.Writer, o options, results []*result, base *result) {
-	fmt.Fprintf(w, "Acceptance (issue \"The promise holds whatever the traffic does\"), reservation %s, oom simulator:\n", o.reservation)
+	fmt.Fprintf(w, "Checks of the promise (it holds whatever the traffic does), reservation %s, oom simulator:\n", o.reservation)
 	for _, r := range results {
 		after := r.admittedAfter(r.changeAt)
 		stoppedAfter := r.count(func(x record) bool { return x.start >= r.changeAt && x.outcome == stopped })
