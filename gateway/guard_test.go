@@ -137,7 +137,11 @@ func TestGuardResumesStoppedStreams(t *testing.T) {
 
 // taughtShortAnswers starts the small oom simulator and a gateway under
 // predicted reservations (with the admission keys in extra) that has
-// learned answers are 8 tokens long; pool is the backend's blocks.
+// learned answers are 8 tokens long; pool is the backend's blocks. Its
+// abort_hold is the default's second: the simulator, at a fifth of real
+// time, frees a cut stream's blocks at its next step, which on a loaded
+// machine comes well after 50ms, and what is admitted before then would
+// land in blocks it still holds.
 func taughtShortAnswers(t *testing.T, extra string) (backend *sim.Server, pool int64, gw *Server, gwURL string) {
 	t.Helper()
 	backend, url := smallOOMSim(t)
@@ -146,7 +150,6 @@ func taughtShortAnswers(t *testing.T, extra string) (backend *sim.Server, pool i
   reservation: predicted
   ceiling: 0.9
   warmup_samples: 10
-  abort_hold: 50ms
   queue: {timeout: 60s}
   `+extra+`
 `), Options{})

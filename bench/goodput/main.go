@@ -49,6 +49,9 @@ type options struct {
 	*benchkit.Flags
 	requests, clients int
 	sweep, workloads  string
+	// predicted is more admission keys for the rows with predicted
+	// reservations, to weigh a setting (epsilon, headroom) side by side.
+	predicted string
 }
 
 func main() {
@@ -57,6 +60,7 @@ func main() {
 	flag.IntVar(&o.clients, "clients", 128, "concurrent clients of the saturated steps (at least 4× what the pool holds at worst case)")
 	flag.StringVar(&o.sweep, "sweep", "8..32+4", "concurrency limits tried straight at the simulator")
 	flag.StringVar(&o.workloads, "workloads", "early-stop,fixed", "workloads to run: early-stop (lognormal outputs stopping early), fixed (outputs of 128 or 512), shared-prefix (one 2k-token system prompt, 80–120 tokens of each request's own), chat (4-turn sessions re-sending their history after a shared 1k-token system prompt)")
+	flag.StringVar(&o.predicted, "predicted", "", "more admission keys for the predicted rows, as YAML flow items (e.g. 'epsilon: 1e-2, headroom: 0.01')")
 	flag.Parse()
 	o.Main("goodput", func(ctx context.Context, kit *benchkit.Kit) error { return run(ctx, kit, o) })
 }

@@ -141,8 +141,8 @@ func (w *workload) run(ctx context.Context, o options, kit *benchkit.Kit) ([]row
 	}{
 		{"gateway count", fmt.Sprintf("max_concurrency %d", best.Level), fmt.Sprintf("  mode: count\n  max_concurrency: %d\n", best.Level), "oom"},
 		{"gateway worst_case", "", "  reservation: worst_case\n", "oom"},
-		{"gateway predicted", "oom simulator", "  reservation: predicted\n", "oom"},
-		{"gateway predicted", "preempt simulator", "  reservation: predicted\n", "preempt"},
+		{"gateway predicted", "oom simulator", predictedKeys(o), "oom"},
+		{"gateway predicted", "preempt simulator", predictedKeys(o), "preempt"},
 	}
 	for _, g := range gw {
 		rs, err := w.gateway(ctx, o, kit, g.name+" "+g.overflow, g.overflow, conc, g.extra)
@@ -180,8 +180,8 @@ func (w *workload) runPrefix(ctx context.Context, o options, kit *benchkit.Kit) 
 	}{
 		{"gateway count", fmt.Sprintf("max_concurrency %d", w.limit), fmt.Sprintf("  mode: count\n  max_concurrency: %d\n", w.limit), ""},
 		{"gateway worst_case", "", "  reservation: worst_case\n", ""},
-		{"gateway predicted", "", "  reservation: predicted\n", ""},
-		{"gateway predicted", "prefix_caching: off", "  reservation: predicted\n", "    prefix_caching: off\n"},
+		{"gateway predicted", "", predictedKeys(o), ""},
+		{"gateway predicted", "prefix_caching: off", predictedKeys(o), "    prefix_caching: off\n"},
 	}
 	var rows []row
 	for _, g := range gw {
@@ -237,6 +237,17 @@ func (w *workload) direct(ctx context.Context, o options, kit *benchkit.Kit, nam
 	}
 	defer sim.Stop()
 	return w.load(ctx, o, kit, name, sim.URL, sim.URL+"/metrics", levels)
+}
+
+// predictedKeys is the admission section of the predicted rows.
+func predictedKeys(o options) string {
+	keys := "  reservation: predicted\n"
+	for _, kv := range strings.Split(o.predicted, ",") {
+		if kv = strings.TrimSpace(kv); kv != "" {
+			keys += "  " + kv + "\n"
+		}
+	}
+	return keys
 }
 
 // gateway runs the load through a gateway in front of a simulator.
