@@ -1,0 +1,138 @@
+// The npm openai client against kvgate, as a user's app would call it.
+// KVGATE_BASE_URL is the gateway's /v1 URL; KVGATE_MODEL the model it
+// serves (llama-3-8b unless set). Prints one JSON line: each call's result
+// or error, and "ok"; exits 1 if any call failed its check.
+//
+// Run by gateway/npmclient_test.go; install with
+//   npm ci --prefix gateway/testdata/npmclient
+import OpenAI from "openai";
+
+const baseURL = process.env.KVGATE_BASE_URL;
+const model = process.env.KVGATE_MODEL || "llama-3-8b";
+if (!baseURL) {
+  console.error("KVGATE_BASE_URL is not set");
+  process.exit(2);
+}
+
+// Each request's path and JSON body, to see what the client asked for
+// beneath what it hands back.
+const sent = [];
+async function recordingFetch(url, init) {
+  let body = null;
+  try {
+    body = typeof init?.body === "string" ? JSON.parse(init.body) : null;
+  } catch {}
+  sent.push({ path: new URL(url).pathname, body });
+  return fetch(url, init);
+}
+
+// No retries: a failure is the first answer's, not hidden by a second try.
+const client = new OpenAI({ baseURL, apiKey: "unused", maxRetries: 0, timeout: 30_000, fetch: recordingFetch });
+const results = {};
+let failed = false;
+
+async function check(name, fn) {
+  try {
+    results[name] = await fn();
+  } catch (err) {
+    failed = true;
+    results[name] = { error: String(err && err.stack ? err.stack : err) };
+  }
+}
+
+function must(cond, what) {
+  if (!cond) throw new Error(what);
+}
+
+await check("chat", async () => {
+  const r = await client.chat.completions.create({
+    model,
+    messages: [{ role: "user", content: "Say hello in five words." }],
+    max_tokens: 5,
+  });
+  const c = r.choices[0];
+  must(r.choices.length === 1 && c.message.content, `no content: ${JSON.stringify(r)}`);
+  must(r.usage && r.usage.completion_tokens === 5, `usage: ${JSON.stringify(r.usage)}`);
+  return { content: c.message.content, finish_reason: c.finish_reason, completion_tokens: r.usage.completion_tokens };
+});
+
+await check("chat_stream", async () => {
+  const stream = await client.chat.completions.create({
+    model,
+    messages: [{ role: "user", content: "Count to ten." }],
+    max_tokens: 10,
+    stream: true,
+  });
+  let content = "";
+  let chunks = 0;
+  let finish_reason = null;
+  for await (const chunk of stream) {
+    chunks++;
+    for (const ch of chunk.choices) {
+      content += ch.delta?.content ?? "";
+      if (ch.finish_reason) finish_reason = ch.finish_reason;
+    }
+  }
+  must(content, "no content streamed");
+  must(finish_reason, "no finish_reason in the stream");
+  return { content, chunks, finish_reason };
+});
+
+await check("completion", async () => {
+  const r = await client.completions.create({ model, prompt: "Once upon a time", max_tokens: 7 });
+  must(r.choices.length === 1 && r.choices[0].text, `no text: ${JSON.stringify(r)}`);
+  must(r.usage && r.usage.completion_tokens === 7, `usage: ${JSON.stringify(r.usage)}`);
+  return { text: r.choices[0].text, completion_tokens: r.usage.completion_tokens };
+});
+
+// The client asks for base64 unless told otherwise and decodes it itself:
+// what comes back must be the float32s that encoding_format "float" gives.
+await check("embedding", async () => {
+  const input = ["the quick brown fox", "jumps"];
+  const r = await client.embeddings.create({ model, input });
+  const asked = sent.findLast((s) => s.path.endsWith("/embeddings"))?.body;
+  must(asked && asked.encoding_format === "base64", `the client asked for ${JSON.stringify(asked)}`);
+  must(r.data.length === 2, `data: ${r.data.length} items`);
+  for (const d of r.data) {
+    must(Array.isArray(d.embedding) && d.embedding.length > 0, `embedding ${d.index}: ${typeof d.embedding}`);
+    must(d.embedding.every(Number.isFinite), `embedding ${d.index}: not all finite numbers`);
+  }
+  must(r.usage && r.usage.prompt_tokens > 0, `usage: ${JSON.stringify(r.usage)}`);
+  const f = await client.embeddings.create({ model, input, encoding_format: "float" });
+  const same = f.data.every((d, i) => d.embedding.length === r.data[i].embedding.length &&
+    d.embedding.every((x, j) => Math.fround(x) === r.data[i].embedding[j]));
+  must(same, "the base64 embeddings differ from the float ones");
+  return {
+    count: r.data.length,
+    dims: r.data[0].embedding.length,
+    prompt_tokens: r.usage.prompt_tokens,
+    encoding_format: asked.encoding_format,
+    matches_float: same,
+  };
+});
+
+await check("models", async () => {
+  const ids = [];
+  for await (const m of client.models.list()) ids.push(m.id);
+  must(ids.includes(model), `models: ${JSON.stringify(ids)}`);
+  return { ids };
+});
+
+await check("unknown_model", async () => {
+  try {
+    await client.chat.completions.create({
+      model: "no-such-model",
+      messages: [{ role: "user", content: "hi" }],
+      max_tokens: 3,
+    });
+  } catch (err) {
+    must(err instanceof OpenAI.NotFoundError, `raised ${err && err.constructor && err.constructor.name}: ${err}`);
+    must(err.status === 404, `status ${err.status}`);
+    return { error: err.constructor.name, status: err.status, code: err.code, param: err.param };
+  }
+  throw new Error("an unknown model was answered");
+});
+
+results.ok = !failed;
+console.log(JSON.stringify(results));
+process.exit(failed ? 1 : 0);
