@@ -9,6 +9,9 @@ func (x *exchange) readUsage(u *fastjson.Value) {
 		return
 	}
 	x.usage.prompt, x.usage.completion = u.GetInt("prompt_tokens"), u.GetInt("completion_tokens")
+	if x.req.kind.typedEvents() { // the Responses and Messages APIs' names
+		x.usage.prompt, x.usage.completion = u.GetInt("input_tokens"), u.GetInt("output_tokens")
+	}
 	if x.usage.prompt == 0 && x.req.kind.pooling() {
 		x.usage.prompt = u.GetInt("total_tokens") // a rerank's usage has only its total
 	}

@@ -316,21 +316,22 @@ type apiEncoder struct {
 	seq       int
 }
 
-// event appends one typed SSE event: its name, then its data, which
-// must carry the type member last so that a Responses event gets its
-// sequence number.
+// event appends one typed SSE event: its name, then its data, the type
+// first; data appends the other members, each followed by a comma. A
+// Responses event ends with its sequence number.
 func (e *apiEncoder) event(dst []byte, typ string, data func([]byte) []byte) []byte {
 	dst = append(dst, "event: "...)
 	dst = append(dst, typ...)
-	dst = append(dst, "\ndata: {"...)
-	dst = data(dst)
-	dst = append(dst, `"type":"`...)
+	dst = append(dst, "\ndata: {\"type\":\""...)
 	dst = append(dst, typ...)
-	dst = append(dst, '"')
+	dst = append(dst, `",`...)
+	dst = data(dst)
 	if e.api == apiResponses {
-		dst = append(dst, `,"sequence_number":`...)
+		dst = append(dst, `"sequence_number":`...)
 		dst = strconv.AppendInt(dst, int64(e.seq), 10)
 		e.seq++
+	} else {
+		dst = dst[:len(dst)-1] // the last comma
 	}
 	return append(dst, "}\n\n"...)
 }
