@@ -256,6 +256,7 @@ func TestResponsesBadBodies(t *testing.T) {
 		{`{"model":"llama-3-8b","input":"a","max_output_tokens":true}`, "max_output_tokens"},
 		{`{"model":"llama-3-8b","input":"a","max_output_tokens":9000}`, "max_output_tokens"},
 		{`{"model":"llama-3-8b","input":[{"role":"user","content":[{"type":"input_text","text":1}]}]}`, "input[0].content[0].text"},
+		{`{"model":"llama-3-8b","input":"` + words(8200) + `"}`, "input"}, // counted exactly, past the context
 	} {
 		r := postJSON(gwURL, "/v1/responses", tc.body)
 		if r.status != 400 || decodeError(t, r.body).Error.Param == nil || *decodeError(t, r.body).Error.Param != tc.param {
@@ -497,6 +498,26 @@ func FuzzParseGeneration(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A served_name is rewritten to the backend's model name in the body
+// forwarded and back in the answer and every event of a stream.
+func TestGenerationServedName(t *testing.T) {
+	_, url := startSim(t, nil)
+	cfg := strings.Replace(baseConfig(url, ""), "  - name: llama-3-8b\n", "  - name: llama-3-8b\n    served_name: gen\n", 1)
+	gw, gwURL := startGateway(t, cfg, Options{})
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/responses", `{"model":"gen","input":"hi","max_output_tokens":5}`},
+		{"/v1/responses", `{"model":"gen","input":"hi","max_output_tokens":5,"stream":true}`},
+		{"/v1/messages", `{"model":"gen","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`},
+		{"/v1/messages", `{"model":"gen","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stream":true}`},
+	} {
+		r := postJSON(gwURL, tc.path, tc.body)
+		if r.status != 200 || strings.Contains(r.body, "llama-3-8b") || !strings.Contains(r.body, `"model":"gen"`) {
+			t.Errorf("%s %s: %d %.400s", tc.path, tc.body, r.status, r.body)
+		}
+	}
+	eventually(t, "the reservations to go back", func() bool { return held(gw) == 0 })
 }
 
 // tokens is the model's count of prompt or output tokens, predicted or

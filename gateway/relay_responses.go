@@ -106,6 +106,20 @@ func (x *exchange) anthropicEvent(v *fastjson.Value, typ string) bool {
 	return false
 }
 
+// learnTyped is learnWhole for a whole Responses or Messages answer: one
+// sequence, its length the usage's output, capped when the answer says
+// it stopped at its length field.
+func (x *exchange) learnTyped(v *fastjson.Value) {
+	if !x.hasUsage || len(x.res.prompts) != 1 {
+		return
+	}
+	capped := string(v.GetStringBytes("incomplete_details", "reason")) == "max_output_tokens" ||
+		string(v.GetStringBytes("stop_reason")) == "max_tokens"
+	if prompt, n, ok := x.res.finish(0, x.usage.completion); ok {
+		x.ticket.Done(prompt, n, capped)
+	}
+}
+
 // streamError ends a stream that has already begun with an error event in
 // its API's shape: chat's and completions' (writeStreamError), the
 // Responses API's error event, or Anthropic's.

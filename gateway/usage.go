@@ -39,6 +39,10 @@ func resumedUsage(v, u *fastjson.Value, prompt, completion int) []byte {
 // non-streamed answer generated: only a single choice's length is known
 // (usage counts all choices together).
 func (x *exchange) learnWhole(v *fastjson.Value) {
+	if x.req.kind.typedEvents() {
+		x.learnTyped(v) // relay_responses.go
+		return
+	}
 	choices := v.GetArray("choices")
 	if !x.hasUsage || len(choices) != 1 || len(x.res.prompts) != 1 {
 		return
