@@ -36,6 +36,7 @@ func TestParseGeneration(t *testing.T) {
 			promptShape{textBytes: 8, messages: 4, images: 1}, 9, ""},
 		{"a function call item", responsesAPI, `{"model":"m","input":[{"type":"function_call_output","call_id":"c","output":"ok"}]}`,
 			promptShape{textBytes: len(`{"type":"function_call_output","call_id":"c","output":"ok"}`)}, 0, ""},
+		{"background false", responsesAPI, `{"model":"m","input":"a","background":false}`, promptShape{textBytes: 1, messages: 1}, 0, ""},
 		{"max_output_tokens 10.0", responsesAPI, `{"model":"m","input":"a","max_output_tokens":10.0}`, promptShape{textBytes: 1, messages: 1}, 10, ""},
 		{"messages", messagesAPI, `{"model":"m","system":"be","messages":[{"role":"user","content":"abc"}],"max_tokens":5}`, promptShape{textBytes: 5, messages: 2}, 5, ""},
 		{"system and content blocks", messagesAPI, `{"model":"m","system":[{"type":"text","text":"be"}],"messages":[{"role":"user","content":[{"type":"text","text":"abc"},{"type":"image","source":{}}]}],"max_tokens":5,"stream":false}`,
@@ -59,6 +60,8 @@ func TestParseGeneration(t *testing.T) {
 		{"duplicate max_output_tokens, escaped", responsesAPI, `{"model":"m","input":"a","max_output_tokens":1,"max_output_t\u006fkens":900}`, promptShape{}, 0, "max_output_tokens"},
 		{"duplicate item content", responsesAPI, `{"model":"m","input":[{"role":"user","content":"a","content":"bbbb"}]}`, promptShape{}, 0, "input[0].content"},
 		{"duplicate part text", responsesAPI, `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"a","text":"bb"}]}]}`, promptShape{}, 0, "input[0].content[0].text"},
+		{"background", responsesAPI, `{"model":"m","input":"a","background":true}`, promptShape{}, 0, "background"},
+		{"background of a string", responsesAPI, `{"model":"m","input":"a","background":"no"}`, promptShape{}, 0, "background"},
 		{"previous_response_id of a number", responsesAPI, `{"model":"m","input":"a","previous_response_id":1}`, promptShape{}, 0, "previous_response_id"},
 
 		{"no max_tokens", messagesAPI, `{"model":"m","messages":[{"role":"user","content":"a"}]}`, promptShape{}, 0, "max_tokens"},
@@ -419,6 +422,54 @@ func TestTypedStreamReleasedOnBackendFailure(t *testing.T) {
 		}
 		eventually(t, "the reservation to go back", func() bool { return held(gw) == 0 })
 	})
+}
+
+// A typed stream the admission guard stops is cut, never resumed, and
+// ends with its API's error event carrying the guard's reason; its
+// reservation goes back.
+func TestTypedStreamStoppedByTheGuard(t *testing.T) {
+	for _, tc := range []struct{ path, body, delta, errEvent string }{
+		{"/v1/responses", `{"model":"llama-3-8b","input":"hi","max_output_tokens":500,"stream":true}`, "event: response.output_text.delta", `data: {"type":"error","code":"` + reasonGuard + `"`},
+		{"/v1/messages", `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}],"max_tokens":500,"stream":true}`, "event: content_block_delta", `data: {"type":"error","error":{"type":"overloaded_error"`},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			_, url := startSim(t, func(c *sim.Config) { c.TimeScale, c.OutputLen = 1, "fixed:500" })
+			clock := newClock()
+			gw, gwURL := startGateway(t, baseConfig(url, ""), Options{Clock: clock})
+			c, br := rawRequest(t, gwURL, tc.path, tc.body)
+			defer c.Close()
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.HasPrefix(line, tc.delta) {
+					break
+				}
+			}
+			gw.flights.each(func(x *exchange) {
+				if x.resume != nil {
+					t.Error("a typed stream kept to be resumed")
+				}
+				x.StopForMemory()
+			})
+			sawError := false
+			for !sawError {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					break
+				}
+				sawError = strings.HasPrefix(line, tc.errEvent)
+			}
+			if !sawError {
+				t.Error("no error event of the guard in the API's shape")
+			}
+			advanceUntil(t, clock, 100*time.Millisecond, "the reservation to go back", func() bool { return held(gw) == 0 })
+			if n := requestsTotal(gw, outcomeShed, reasonGuard); n != 1 {
+				t.Errorf("requests shed by the guard: %g, want 1", n)
+			}
+		})
+	}
 }
 
 // The error a typed stream is ended with by the gateway (a timeout, the

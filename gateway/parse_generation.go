@@ -88,8 +88,8 @@ type generationInputs struct {
 // objects within.
 var (
 	responsesKeys = []string{"model", "input", "instructions", "max_output_tokens", "stream", "tools",
-		"previous_response_id", "conversation", "min_tokens", "ignore_eos", "cache_salt", "user"}
-	messagesKeys = []string{"model", "messages", "system", "max_tokens", "stream", "tools", "cache_salt"}
+		"previous_response_id", "conversation", "background", "min_tokens", "ignore_eos", "cache_salt", "user"}
+	messagesKeys = []string{"model", "messages", "system", "max_tokens", "stream", "tools", "min_tokens", "ignore_eos", "cache_salt"}
 	itemKeys     = []string{"type", "role", "content"}
 )
 
@@ -176,6 +176,18 @@ func parseGeneration(p *fastjson.Parser, body []byte, kind endpoint) (*request, 
 // and the other items a conversation holds (function calls and their
 // outputs, reasoning), each of which is prompt text to the backend.
 func (r *request) readResponsesInput(v *fastjson.Value, s *promptShape) (first []byte, err error) {
+	// A background response is answered at once and generated after: the
+	// gateway would have let its reservation go long before the backend
+	// lets its blocks go.
+	if bg := v.Get("background"); bg != nil && bg.Type() != fastjson.TypeNull {
+		b, err := bg.Bool()
+		if err != nil {
+			return nil, badParam("background", "background must be a boolean")
+		}
+		if b {
+			return nil, badParam("background", "background responses are not served through this gateway: it holds a request's KV reservation until its answer ends, and a background response's answer ends before it is generated. Send it without background (streamed, if it is long)")
+		}
+	}
 	for _, name := range [...]string{"previous_response_id", "conversation"} {
 		f := v.Get(name)
 		if f == nil || f.Type() == fastjson.TypeNull {
