@@ -51,6 +51,14 @@
 // is the prompt's blocks alone, held to the end of the answer, since a
 // backend runs it as one prefill and decodes nothing.
 //
+// The Responses and Messages APIs (serveGeneration, generation.go) take
+// chat's steps too: vLLM runs each as a chat, so its prompt is read into
+// a chat's shape (parse_generation.go) and its output reserved up to
+// its length field. Their streams are typed events, read by their own
+// inspector (relay_responses.go): each delta a token, the last event the
+// end, as [DONE] is chat's; they are stopped by the guard but never
+// resumed. Messages' errors are in Anthropic's shape.
+//
 // # Invariants
 //
 // Every request leaves through exactly one finish (exchange.go), which

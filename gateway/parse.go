@@ -23,6 +23,9 @@ func (e endpoint) path() string {
 	if e.pooling() {
 		return poolingPaths[e-embeddings]
 	}
+	if e.typedEvents() {
+		return generationPaths[e-responsesAPI]
+	}
 	if e == chatCompletions {
 		return "/v1/chat/completions"
 	}
@@ -78,7 +81,8 @@ type request struct {
 	oneShape  [1]promptShape
 	onePrompt [1]promptText
 
-	pool poolingInputs // a pooling request's own fields (parse_pooling.go)
+	pool poolingInputs    // a pooling request's own fields (parse_pooling.go)
+	gen  generationInputs // a Responses or Messages request's (parse_generation.go)
 }
 
 // parseError is a 400 with the offending parameter.

@@ -28,7 +28,7 @@ var defaultPassthrough = []string{"/detokenize", "/tokenizer_info", "/version", 
 // ownRoutes are the gateway's own routes, which no passthrough entry may
 // name.
 var ownRoutes = append([]string{"/v1/chat/completions", "/v1/completions", "/tokenize", "/v1/models", "/metrics", "/healthz",
-	"/readyz", "/health", "/status"}, poolingPaths[:]...)
+	"/readyz", "/health", "/status", "/v1/responses", "/v1/messages"}, poolingPaths[:]...)
 
 // maxPassthroughAnswer bounds a relayed answer.
 const maxPassthroughAnswer = 64 << 20

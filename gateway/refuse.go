@@ -72,7 +72,7 @@ func (x *exchange) admissionError(err error) (e *apiError, outcome, reason strin
 	}
 	switch reason {
 	case admission.ReasonTooLarge:
-		param := "max_tokens"
+		param := x.req.lengthParam()
 		if x.req.kind.pooling() {
 			param = x.req.inputParam()
 		}
@@ -115,8 +115,14 @@ func (x *exchange) lowerHint() string {
 	if x.req.kind.pooling() {
 		return "Send fewer or shorter inputs."
 	}
+	if x.req.kind == responsesAPI && x.req.maxTokens == 0 && x.injectMax == 0 {
+		return fmt.Sprintf("Set max_output_tokens: without it the whole remaining context, %d tokens, is reserved for the output.", x.res.maxOut())
+	}
 	if x.req.maxTokens == 0 && x.injectMax == 0 {
 		return fmt.Sprintf("Set max_tokens or max_completion_tokens: without it the whole remaining context, %d tokens, is reserved for the output.", x.res.maxOut())
+	}
+	if x.req.kind.typedEvents() {
+		return fmt.Sprintf("Lower %s, or shorten the prompt.", x.req.lengthParam())
 	}
 	return "Lower max_tokens or n, or shorten the prompt."
 }

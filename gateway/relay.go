@@ -61,7 +61,7 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 		var e *apiError
 		resp, er, ev, e, outcome, reason = x.resumeStream()
 		if e != nil {
-			writeStreamError(w, e)
+			x.streamError(w, e)
 			return
 		}
 		if er == nil {
@@ -76,7 +76,7 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 	if o, r, e := x.ended(); o != "" {
 		outcome, reason = o, r
 		if e != nil {
-			writeStreamError(w, e)
+			x.streamError(w, e)
 		}
 		return
 	}
@@ -92,7 +92,7 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 	}
 	x.s.m.upstreamErrors.WithLabelValues(name, "transport").Inc()
 	x.s.log.Warn("backend stream ended badly", "backend", name, "err", err)
-	writeStreamError(w, &apiError{typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)})
+	x.streamError(w, &apiError{typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)})
 }
 
 // relayEvent relays one event and acts on it; false when the client is
@@ -142,6 +142,10 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 	}
 	if string(data) == "[DONE]" {
 		return true, false, true, nil
+	}
+	if x.req.kind.typedEvents() { // the Responses and Messages APIs (relay_responses.go)
+		keep, failed, last = x.inspectTyped(p, ev)
+		return keep, failed, last, nil
 	}
 	rs := x.resume
 	if len(x.res.gen) == 1 {

@@ -177,10 +177,7 @@ func (x *exchange) countPrompts() (counts []int, exact []bool, err error) {
 // backend would generate past what was reserved.
 func (x *exchange) reserve(prompts []int, exact []bool) *apiError {
 	m, req := x.m, x.req
-	param := "messages"
-	if req.kind == completions {
-		param = "prompt"
-	}
+	param := req.promptParam()
 	outs := x.outsFor(len(prompts))
 	for i, p := range prompts {
 		x.predicted += p

@@ -429,6 +429,7 @@ func (s *Server) preemptionsRose(b *backends.Backend, n float64) bool {
 
 // servedRoutes is what a 404 lists: the routes a client may call.
 const servedRoutes = "POST /v1/chat/completions, POST /v1/completions, POST /tokenize, " +
+	"POST /v1/responses, GET /v1/responses/{id}, POST /v1/responses/{id}/cancel, POST /v1/messages, POST /v1/messages/count_tokens, " +
 	"POST /v1/embeddings, POST /pooling, POST /classify, POST /score, POST /v1/score, POST /rerank, POST /v1/rerank, POST /v2/rerank, " +
 	"GET /v1/models, GET /v1/models/{id}, " +
 	"GET /healthz, GET /readyz (and /health), GET /metrics, GET /status"
@@ -467,6 +468,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	if kind, ok := poolingEndpoint(p); ok {
 		s.servePoolingPost(ctx, kind)
+		return
+	}
+	if kind, sub, ok := generationEndpoint(p); ok {
+		s.serveGenerationRoute(ctx, kind, sub)
 		return
 	}
 	path := string(p)

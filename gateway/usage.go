@@ -9,6 +9,9 @@ func (x *exchange) readUsage(u *fastjson.Value) {
 		return
 	}
 	x.usage.prompt, x.usage.completion = u.GetInt("prompt_tokens"), u.GetInt("completion_tokens")
+	if x.req.kind.typedEvents() { // the Responses and Messages APIs' names
+		x.usage.prompt, x.usage.completion = u.GetInt("input_tokens"), u.GetInt("output_tokens")
+	}
 	if x.usage.prompt == 0 && x.req.kind.pooling() {
 		x.usage.prompt = u.GetInt("total_tokens") // a rerank's usage has only its total
 	}
@@ -36,6 +39,10 @@ func resumedUsage(v, u *fastjson.Value, prompt, completion int) []byte {
 // non-streamed answer generated: only a single choice's length is known
 // (usage counts all choices together).
 func (x *exchange) learnWhole(v *fastjson.Value) {
+	if x.req.kind.typedEvents() {
+		x.learnTyped(v) // relay_responses.go
+		return
+	}
 	choices := v.GetArray("choices")
 	if !x.hasUsage || len(choices) != 1 || len(x.res.prompts) != 1 {
 		return

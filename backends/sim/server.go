@@ -155,6 +155,10 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.generate(ctx, true) })
 	case "/v1/completions":
 		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.generate(ctx, false) })
+	case "/v1/responses":
+		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.generateAPI(ctx, apiResponses) })
+	case "/v1/messages":
+		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.generateAPI(ctx, apiMessages) })
 	case "/tokenize":
 		s.post(ctx, s.tokenize)
 	case "/v1/embeddings":

@@ -1,0 +1,416 @@
+package gateway
+
+import (
+	"fmt"
+	"hash/maphash"
+	"math"
+	"strconv"
+
+	"github.com/valyala/fastjson"
+
+	"github.com/kvgate/kvgate/internal/jsonscan"
+)
+
+// The generation APIs vLLM serves besides chat and completions: OpenAI's
+// Responses API and Anthropic's Messages API. vLLM runs each as a chat:
+// its instructions or system prompt and its messages rendered by the
+// chat template, one sequence generated up to its length field. So each
+// is read into a chat's prompt shape and reserved as a chat is; only the
+// fields, the stream's events and the error shapes differ. They are
+// numbered apart from chat's and the pooling endpoints.
+const (
+	responsesAPI endpoint = 16 + iota
+	messagesAPI
+)
+
+// generationPaths are the routes of the endpoints above, in their order.
+var generationPaths = [...]string{"/v1/responses", "/v1/messages"}
+
+// typedEvents says whether e's streams are typed events (event: NAME,
+// data: {"type":NAME,...}) ending with a last event of their own rather
+// than chat's data: [DONE].
+func (e endpoint) typedEvents() bool { return e == responsesAPI || e == messagesAPI }
+
+// generationEndpoint is the endpoint of a route that is one of the typed
+// generation APIs. sub says the route is one of theirs that only reads
+// or acts on what the backend keeps (a stored response, its
+// cancellation, a token count), which is passed through unadmitted.
+func generationEndpoint(path []byte) (e endpoint, sub, ok bool) {
+	for i, p := range generationPaths {
+		if string(path) == p {
+			return responsesAPI + endpoint(i), false, true
+		}
+	}
+	switch {
+	case len(path) > len("/v1/responses/") && string(path[:len("/v1/responses/")]) == "/v1/responses/":
+		return responsesAPI, true, true
+	case string(path) == "/v1/messages/count_tokens":
+		return messagesAPI, true, true
+	}
+	return 0, false, false
+}
+
+// lengthParam is the field that caps a request's output, for errors.
+func (r *request) lengthParam() string {
+	if r.kind == responsesAPI {
+		return "max_output_tokens"
+	}
+	return "max_tokens"
+}
+
+// promptParam is the field a request's prompt is in, for errors.
+func (r *request) promptParam() string {
+	switch r.kind {
+	case completions:
+		return "prompt"
+	case responsesAPI:
+		return "input"
+	}
+	return "messages"
+}
+
+// generationInputs is what the gateway reads of a Responses or Messages
+// request besides what a chat has.
+type generationInputs struct {
+	// prior: a Responses request continues a stored one
+	// (previous_response_id, conversation): the backend puts that
+	// conversation, which the gateway cannot see, before the input.
+	prior bool
+	// plain: the prompt is text messages only, which the backend's
+	// /tokenize can count as a chat's (see generationTexts).
+	plain bool
+	// seq is the sequence_number of the last event of a Responses
+	// stream, so that an error event the gateway ends it with follows on.
+	seq int
+}
+
+// The keys the gateway reads of each body (see topLevelKeys), and of the
+// objects within.
+var (
+	responsesKeys = []string{"model", "input", "instructions", "max_output_tokens", "stream", "tools",
+		"previous_response_id", "conversation", "background", "min_tokens", "ignore_eos", "cache_salt", "user"}
+	messagesKeys = []string{"model", "messages", "system", "max_tokens", "stream", "tools", "min_tokens", "ignore_eos", "cache_salt"}
+	itemKeys     = []string{"type", "role", "content"}
+)
+
+// parseGeneration reads a Responses or Messages body with p, as
+// parseRequest reads a chat's: one reading by the backend's rules (a
+// duplicate key refused, an integer past int64 a 400 naming its field),
+// of the fields that size the request: the prompt (instructions or
+// system, and the messages), the length field, the stream. The
+// returned request does not refer to p's memory.
+func parseGeneration(p *fastjson.Parser, body []byte, kind endpoint) (*request, error) {
+	keys, lengthKey := responsesKeys, "max_output_tokens"
+	if kind == messagesAPI {
+		keys, lengthKey = messagesKeys, "max_tokens"
+	}
+	v, r, err := openBody(p, body, kind, keys)
+	if err != nil {
+		return nil, err
+	}
+	if sv := v.Get("stream"); sv != nil && sv.Type() != fastjson.TypeNull {
+		b, err := sv.Bool()
+		if err != nil {
+			return nil, badParam("stream", "stream must be a boolean")
+		}
+		r.stream = b
+	}
+	// Both APIs end a stream with its usage, unasked: there is no usage
+	// chunk to ask for on the client's behalf.
+	r.includeUsage = true
+	switch mt := v.Get(lengthKey); {
+	case (mt == nil || mt.Type() == fastjson.TypeNull) && kind == messagesAPI:
+		return nil, badParam(lengthKey, "max_tokens: Field required")
+	case mt != nil && mt.Type() != fastjson.TypeNull:
+		n, err := intParam(mt, lengthKey)
+		if err != nil {
+			return nil, err
+		}
+		if n <= 0 {
+			return nil, badParam(lengthKey, "%s must be a positive integer, got %d", lengthKey, n)
+		}
+		if n > math.MaxInt {
+			return nil, badParam(lengthKey, "%s is out of range: %d", lengthKey, n)
+		}
+		r.maxTokens, r.maxTokensParam = int(n), lengthKey
+	}
+	if err := r.readPinned(v); err != nil {
+		return nil, err
+	}
+	if cs := v.Get("cache_salt"); cs != nil && cs.Type() != fastjson.TypeNull {
+		b, err := cs.StringBytes()
+		if err != nil || len(b) == 0 {
+			return nil, badParam("cache_salt", "cache_salt must be a non-empty string")
+		}
+		r.cacheSalt = string(b)
+	}
+	var s promptShape
+	var first []byte // the prompt's first text, for affinity
+	r.gen.plain = true
+	if kind == responsesAPI {
+		first, err = r.readResponsesInput(v, &s)
+	} else {
+		first, err = r.readAnthropicMessages(v, &s)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
+		s.textBytes += len(tools.MarshalTo(nil))
+		r.gen.plain = false // each API writes its tools its own way, which /tokenize does not take
+	}
+	r.oneShape[0] = s
+	r.shapes = r.oneShape[:]
+	if u := v.Get("user"); u != nil && u.Type() == fastjson.TypeString {
+		r.user = string(u.GetStringBytes())
+	}
+	if len(first) > 0 {
+		r.prefix = maphash.Bytes(affinitySeed, first[:min(len(first), affinityPrefix)]) | 1
+	}
+	return r, nil
+}
+
+// readResponsesInput reads a Responses request's prompt: instructions
+// (a string), then input — a string, or a list of items: messages whose
+// content is a string or a list of parts (input_text, output_text, ...),
+// and the other items a conversation holds (function calls and their
+// outputs, reasoning), each of which is prompt text to the backend.
+func (r *request) readResponsesInput(v *fastjson.Value, s *promptShape) (first []byte, err error) {
+	// A background response is answered at once and generated after: the
+	// gateway would have let its reservation go long before the backend
+	// lets its blocks go.
+	if bg := v.Get("background"); bg != nil && bg.Type() != fastjson.TypeNull {
+		b, err := bg.Bool()
+		if err != nil {
+			return nil, badParam("background", "background must be a boolean")
+		}
+		if b {
+			return nil, badParam("background", "background responses are not served through this gateway: it holds a request's KV reservation until its answer ends, and a background response's answer ends before it is generated. Send it without background (streamed, if it is long)")
+		}
+	}
+	for _, name := range [...]string{"previous_response_id", "conversation"} {
+		f := v.Get(name)
+		if f == nil || f.Type() == fastjson.TypeNull {
+			continue
+		}
+		if name == "previous_response_id" && f.Type() != fastjson.TypeString {
+			return nil, badParam(name, "%s must be a string", name)
+		}
+		r.gen.prior = true
+	}
+	if in := v.Get("instructions"); in != nil && in.Type() != fastjson.TypeNull {
+		if in.Type() != fastjson.TypeString {
+			return nil, badParam("instructions", "instructions must be a string")
+		}
+		first = in.GetStringBytes()
+		s.textBytes += len(first)
+		s.messages++
+	}
+	in := v.Get("input")
+	switch {
+	case in == nil || in.Type() == fastjson.TypeNull:
+		return nil, badParam("input", "you must provide an input")
+	case in.Type() == fastjson.TypeString:
+		s.textBytes += len(in.GetStringBytes())
+		s.messages++
+		if first == nil {
+			first = in.GetStringBytes()
+		}
+		return first, nil
+	case in.Type() != fastjson.TypeArray:
+		return nil, badParam("input", "input must be a string or an array of items")
+	}
+	items, _ := in.Array()
+	if len(items) == 0 {
+		return nil, badParam("input", "input must not be empty")
+	}
+	for i, it := range items {
+		param := fmt.Sprintf("input[%d]", i)
+		if it.Type() != fastjson.TypeObject {
+			return nil, badParam(param, "each input item must be an object")
+		}
+		if dup := jsonscan.Duplicate(it, itemKeys); dup != "" {
+			return nil, duplicateKey(param + "." + dup)
+		}
+		ty := it.Get("type")
+		if ty != nil && ty.Type() != fastjson.TypeString {
+			return nil, badParam(param+".type", "type must be a string")
+		}
+		role := it.Get("role")
+		if role == nil && (ty == nil || string(ty.GetStringBytes()) == "message") {
+			return nil, badParam(param+".role", "each message needs a role")
+		}
+		if role == nil {
+			// A function call, its output, a reasoning item: the backend
+			// renders it into the prompt.
+			s.textBytes += len(it.MarshalTo(nil))
+			r.gen.plain = false
+			continue
+		}
+		if role.Type() != fastjson.TypeString {
+			return nil, badParam(param+".role", "role must be a string")
+		}
+		s.messages++
+		t, err := r.readContent(it.Get("content"), param+".content", s)
+		if err != nil {
+			return nil, err
+		}
+		if first == nil {
+			first = t
+		}
+	}
+	return first, nil
+}
+
+// readAnthropicMessages reads a Messages request's prompt: system (a
+// string or a list of text blocks), then messages, each a role and a
+// content that is a string or a list of blocks.
+func (r *request) readAnthropicMessages(v *fastjson.Value, s *promptShape) (first []byte, err error) {
+	if sys := v.Get("system"); sys != nil && sys.Type() != fastjson.TypeNull {
+		s.messages++
+		if first, err = r.readContent(sys, "system", s); err != nil {
+			return nil, err
+		}
+	}
+	msgs := v.Get("messages")
+	if msgs == nil || msgs.Type() != fastjson.TypeArray || len(msgs.GetArray()) == 0 {
+		return nil, badParam("messages", "messages must be a non-empty array")
+	}
+	for i, m := range msgs.GetArray() {
+		param := fmt.Sprintf("messages[%d]", i)
+		if m.Type() != fastjson.TypeObject {
+			return nil, badParam(param, "each message must be an object")
+		}
+		if dup := jsonscan.Duplicate(m, messageKeys); dup != "" {
+			return nil, duplicateKey(param + "." + dup)
+		}
+		if role := m.Get("role"); role == nil || role.Type() != fastjson.TypeString {
+			return nil, badParam(param+".role", "each message needs a role")
+		}
+		s.messages++
+		c := m.Get("content")
+		if c == nil || c.Type() == fastjson.TypeNull {
+			return nil, badParam(param+".content", "each message needs a content")
+		}
+		t, err := r.readContent(c, param+".content", s)
+		if err != nil {
+			return nil, err
+		}
+		if first == nil {
+			first = t
+		}
+	}
+	return first, nil
+}
+
+// readContent reads a message's content, a string or a list of parts,
+// into s; text is its first text. A part with a text (a string) is that
+// text; an image, a file or a document is one image's tokens; any other
+// (a tool call or result, thinking) is counted as its JSON.
+func (r *request) readContent(c *fastjson.Value, param string, s *promptShape) (text []byte, err error) {
+	switch {
+	case c == nil || c.Type() == fastjson.TypeNull:
+		return nil, nil
+	case c.Type() == fastjson.TypeString:
+		s.textBytes += len(c.GetStringBytes())
+		return c.GetStringBytes(), nil
+	case c.Type() != fastjson.TypeArray:
+		return nil, badParam(param, "content must be a string or an array of parts")
+	}
+	for j, part := range c.GetArray() {
+		pp := param + "[" + strconv.Itoa(j) + "]"
+		if part.Type() != fastjson.TypeObject {
+			return nil, badParam(pp, "each content part must be an object")
+		}
+		if dup := jsonscan.Duplicate(part, partKeys); dup != "" {
+			return nil, duplicateKey(pp + "." + dup)
+		}
+		ty := part.Get("type")
+		if ty == nil || ty.Type() != fastjson.TypeString {
+			return nil, badParam(pp+".type", "each content part needs a type (a string)")
+		}
+		switch string(ty.GetStringBytes()) {
+		case "input_text", "output_text", "text":
+			t := part.Get("text")
+			if t == nil || t.Type() != fastjson.TypeString {
+				return nil, badParam(pp+".text", "a text part needs a text (a string)")
+			}
+			s.textBytes += len(t.GetStringBytes())
+			if text == nil {
+				text = t.GetStringBytes()
+			}
+		case "input_image", "input_file", "input_audio", "image", "document":
+			s.images++
+			r.gen.plain = false
+		default:
+			s.textBytes += len(part.MarshalTo(nil))
+			r.gen.plain = false
+		}
+	}
+	return text, nil
+}
+
+// generationTexts finds, for the backend tokenizer, the prompt of a
+// request whose prompt is text messages only, as the chat messages vLLM
+// renders it from: the instructions or system prompt as a system
+// message, then each message, its text parts as chat's. A prompt with
+// anything else (images, tool calls, tools, a stored conversation) is
+// left to the estimate: /tokenize would not count it as the API runs it.
+func generationTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
+	if !r.gen.plain || r.gen.prior {
+		return nil
+	}
+	p := pp.Get()
+	defer pp.Put(p)
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return err
+	}
+	out := []byte{'['}
+	add := func(role []byte, content *fastjson.Value) {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = jsonscan.AppendString(append(out, `{"role":`...), string(role))
+		out = append(out, `,"content":`...)
+		if content.Type() == fastjson.TypeString {
+			out = jsonscan.AppendString(out, string(content.GetStringBytes()))
+		} else {
+			out = append(out, '[')
+			for j, part := range content.GetArray() {
+				if j > 0 {
+					out = append(out, ',')
+				}
+				out = jsonscan.AppendString(append(out, `{"type":"text","text":`...), string(part.GetStringBytes("text")))
+				out = append(out, '}')
+			}
+			out = append(out, ']')
+		}
+		out = append(out, '}')
+	}
+	system := []byte("system")
+	if r.kind == responsesAPI {
+		if in := v.Get("instructions"); in != nil && in.Type() == fastjson.TypeString {
+			add(system, in)
+		}
+		in := v.Get("input")
+		if in.Type() == fastjson.TypeString {
+			add([]byte("user"), in)
+		}
+		for _, it := range in.GetArray() {
+			if c := it.Get("content"); c != nil && c.Type() != fastjson.TypeNull {
+				add(it.GetStringBytes("role"), c)
+			}
+		}
+	} else {
+		if sys := v.Get("system"); sys != nil && sys.Type() != fastjson.TypeNull {
+			add(system, sys)
+		}
+		for _, m := range v.GetArray("messages") {
+			add(m.GetStringBytes("role"), m.Get("content"))
+		}
+	}
+	r.onePrompt[0] = promptText{text: append(out, ']')}
+	r.prompts = r.onePrompt[:]
+	return nil
+}
