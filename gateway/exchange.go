@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -92,7 +91,8 @@ type exchange struct {
 	// of the model shares them; nil where a prompt's were not seen.
 	chains [][]uint64
 
-	body sseBody // a streamed answer, relayed as fasthttp writes it
+	body      sseBody // a streamed answer, relayed as fasthttp writes it
+	streaming bool    // the relay owns finish (set by the handler's goroutine only)
 
 	// resume keeps what a stream needs to be resumed after the guard
 	// stops it (resume.go); nil when it cannot be. preempted is the
@@ -217,26 +217,14 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	if s.testHookServe != nil {
 		s.testHookServe()
 	}
-	rt := s.rt.Load()
-	x := s.newExchange(ctx, rt)
-	x.noteAccess(ctx, kind.path())
-	x.startTrace(ctx, kind)
-	streaming := false
-	defer func() {
-		if !streaming {
-			x.finish(outcomeFailed, "internal") // no-op unless a path forgot to finish
-		}
-	}()
+	x := s.begin(ctx, kind)
+	defer x.leave()
 
 	tn, ok := x.readBody(ctx, kind, parseRequest)
 	if !ok {
 		return
 	}
 	req := x.req
-	if e := req.outOfRange(x.m.maxLen); e != nil {
-		x.fail(ctx, e, outcomeRejected, "invalid_request")
-		return
-	}
 	prompts, exact, ok := x.count(ctx, tn, promptTexts)
 	if !ok {
 		return
@@ -248,7 +236,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	areq := admission.Request{Opaque: !req.stream, Pinned: req.pinned}
 	if req.stream {
 		areq.Stopper = x
-		if req.resumable && rt.resumes() {
+		if req.resumable && x.rt.resumes() {
 			x.resume = newResumeState()
 		}
 	}
@@ -259,37 +247,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 	if !ok {
 		return
 	}
-	if resp.Status() == fasthttp.StatusOK && req.stream && resp.IsEventStream() {
-		// The client is promised a 200 only once the first event is here:
-		// until then a backend that hangs can still get a 504.
-		er := newEventReader(resp, rt.cfg.Server.MaxSSELineBytes.Bytes)
-		first, err := er.next()
-		if err != nil {
-			er.release()
-			resp.Release()
-			if errors.Is(err, io.EOF) {
-				err = errStreamTruncated
-			}
-			x.upstreamFailed(ctx, err)
-			return
-		}
-		x.answered()
-		ctx.SetStatusCode(fasthttp.StatusOK)
-		ctx.SetContentType("text/event-stream")
-		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		streaming = true              // from here the relay owns finish
-		x.stage.Store(stageStreaming) // see hangUp
-		x.body = sseBody{x: x, resp: resp, er: er, first: first}
-		if !ctx.Request.Header.IsHTTP11() {
-			x.body.closeDelimited(ctx, rt.cfg.Server.writeTimeout())
-			return
-		}
-		ctx.Response.SetBodyStream(&x.body, -1)
-		return
-	}
-	x.answered()
-	x.passBody(ctx, resp)
+	x.answer(ctx, resp)
 }
 
 func (x *exchange) clientGone() { x.rctx.cancel(errClientGone) }

@@ -1,9 +1,7 @@
 package gateway
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 
@@ -44,26 +42,14 @@ func (s *Server) serveGenerationRoute(ctx *fasthttp.RequestCtx, kind endpoint, s
 // APIs: the same steps, with their reading of the body and one sequence
 // per request.
 func (s *Server) serveGeneration(ctx *fasthttp.RequestCtx, kind endpoint) {
-	rt := s.rt.Load()
-	x := s.newExchange(ctx, rt)
-	x.noteAccess(ctx, kind.path())
-	x.startTrace(ctx, kind)
-	streaming := false
-	defer func() {
-		if !streaming {
-			x.finish(outcomeFailed, "internal") // no-op unless a path forgot to finish
-		}
-	}()
+	x := s.begin(ctx, kind)
+	defer x.leave()
 
 	tn, ok := x.readBody(ctx, kind, parseGeneration)
 	if !ok {
 		return
 	}
 	req := x.req
-	if e := req.outOfRange(x.m.maxLen); e != nil {
-		x.fail(ctx, e, outcomeRejected, "invalid_request")
-		return
-	}
 	prompts, exact, ok := x.count(ctx, tn, generationTexts)
 	if !ok {
 		return
@@ -99,36 +85,7 @@ func (s *Server) serveGeneration(ctx *fasthttp.RequestCtx, kind endpoint) {
 	if !ok {
 		return
 	}
-	if resp.Status() == fasthttp.StatusOK && req.stream && resp.IsEventStream() {
-		// As for chat: a 200 only once the first event is here.
-		er := newEventReader(resp, rt.cfg.Server.MaxSSELineBytes.Bytes)
-		first, err := er.next()
-		if err != nil {
-			er.release()
-			resp.Release()
-			if errors.Is(err, io.EOF) {
-				err = errStreamTruncated
-			}
-			x.upstreamFailed(ctx, err)
-			return
-		}
-		x.answered()
-		ctx.SetStatusCode(fasthttp.StatusOK)
-		ctx.SetContentType("text/event-stream")
-		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		streaming = true              // from here the relay owns finish
-		x.stage.Store(stageStreaming) // see hangUp
-		x.body = sseBody{x: x, resp: resp, er: er, first: first}
-		if !ctx.Request.Header.IsHTTP11() {
-			x.body.closeDelimited(ctx, rt.cfg.Server.writeTimeout())
-			return
-		}
-		ctx.Response.SetBodyStream(&x.body, -1)
-		return
-	}
-	x.answered()
-	x.passBody(ctx, resp)
+	x.answer(ctx, resp)
 }
 
 // priorContext sizes a Responses request that continues a stored

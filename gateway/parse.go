@@ -157,17 +157,11 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 		if mt == nil || mt.Type() == fastjson.TypeNull {
 			continue
 		}
-		n, err := intParam(mt, key)
+		n, err := lengthParam(mt, key)
 		if err != nil {
 			return nil, err
 		}
-		if n <= 0 {
-			return nil, badParam(key, "%s must be a positive integer, got %d", key, n)
-		}
-		if n > math.MaxInt {
-			return nil, badParam(key, "%s is out of range: %d", key, n)
-		}
-		r.maxTokens, r.maxTokensParam = int(n), key
+		r.maxTokens, r.maxTokensParam = n, key
 		break
 	}
 	if nv := v.Get("n"); nv != nil && nv.Type() != fastjson.TypeNull {
@@ -207,6 +201,22 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	r.readAffinity(v)
 	r.resumable = r.stream && r.seqs == 1 && !r.pinned && len(r.shapes) == 1 && continuable(v, kind)
 	return r, nil
+}
+
+// lengthParam reads a length field (max_tokens and its kin): a positive
+// integer an int holds.
+func lengthParam(v *fastjson.Value, key string) (int, error) {
+	n, err := intParam(v, key)
+	if err != nil {
+		return 0, err
+	}
+	if n <= 0 {
+		return 0, badParam(key, "%s must be a positive integer, got %d", key, n)
+	}
+	if n > math.MaxInt {
+		return 0, badParam(key, "%s is out of range: %d", key, n)
+	}
+	return int(n), nil
 }
 
 // openBody is the reading every admitted body starts with: JSON, an

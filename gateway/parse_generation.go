@@ -3,7 +3,6 @@ package gateway
 import (
 	"fmt"
 	"hash/maphash"
-	"math"
 	"strconv"
 
 	"github.com/valyala/fastjson"
@@ -122,17 +121,11 @@ func parseGeneration(p *fastjson.Parser, body []byte, kind endpoint) (*request, 
 	case (mt == nil || mt.Type() == fastjson.TypeNull) && kind == messagesAPI:
 		return nil, badParam(lengthKey, "max_tokens: Field required")
 	case mt != nil && mt.Type() != fastjson.TypeNull:
-		n, err := intParam(mt, lengthKey)
+		n, err := lengthParam(mt, lengthKey)
 		if err != nil {
 			return nil, err
 		}
-		if n <= 0 {
-			return nil, badParam(lengthKey, "%s must be a positive integer, got %d", lengthKey, n)
-		}
-		if n > math.MaxInt {
-			return nil, badParam(lengthKey, "%s is out of range: %d", lengthKey, n)
-		}
-		r.maxTokens, r.maxTokensParam = int(n), lengthKey
+		r.maxTokens, r.maxTokensParam = n, lengthKey
 	}
 	if err := r.readPinned(v); err != nil {
 		return nil, err

@@ -30,11 +30,8 @@ func (s *Server) servePoolingPost(ctx *fasthttp.RequestCtx, kind endpoint) {
 // count the inputs, reserve, admit, forward, answer), with the pooling
 // body's reading and a reservation of the prompts' blocks only.
 func (s *Server) servePooling(ctx *fasthttp.RequestCtx, kind endpoint) {
-	rt := s.rt.Load()
-	x := s.newExchange(ctx, rt)
-	x.noteAccess(ctx, kind.path())
-	x.startTrace(ctx, kind)
-	defer x.finish(outcomeFailed, "internal") // no-op unless a path forgot to finish
+	x := s.begin(ctx, kind)
+	defer x.leave()
 
 	tn, ok := x.readBody(ctx, kind, parsePooling)
 	if !ok {
@@ -55,8 +52,7 @@ func (s *Server) servePooling(ctx *fasthttp.RequestCtx, kind endpoint) {
 	if !ok {
 		return
 	}
-	x.answered()
-	x.passBody(ctx, resp)
+	x.answer(ctx, resp) // never a stream: passed whole
 }
 
 // reservePooling turns the inputs' token counts into the reservation, or

@@ -3,6 +3,7 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
@@ -17,6 +18,22 @@ import (
 // reserve (the route's own), wait for admission (admit), and forward
 // (upstream). Each answers the client and finishes the exchange itself
 // when it fails, and says so by returning false.
+
+// begin starts a proxied request's exchange; the caller defers leave.
+func (s *Server) begin(ctx *fasthttp.RequestCtx, kind endpoint) *exchange {
+	x := s.newExchange(ctx, s.rt.Load())
+	x.noteAccess(ctx, kind.path())
+	x.startTrace(ctx, kind)
+	return x
+}
+
+// leave finishes an exchange a path forgot to finish — a no-op for every
+// path that did — unless a stream's relay owns its finish now.
+func (x *exchange) leave() {
+	if !x.streaming {
+		x.finish(outcomeFailed, "internal")
+	}
+}
 
 // parseFunc reads a route's body: one reading, every field admission
 // needs (parse.go, parse_pooling.go).
@@ -62,6 +79,10 @@ func (x *exchange) readBody(ctx *fasthttp.RequestCtx, kind endpoint, parse parse
 // the prompts' text in the body for a model counted by its backend.
 func (x *exchange) count(ctx *fasthttp.RequestCtx, tn *tenant, texts func(*fastjson.ParserPool, []byte, *request) error) (prompts []int, exact []bool, ok bool) {
 	rt, req := x.rt, x.req
+	if e := req.outOfRange(x.m.maxLen); e != nil {
+		x.fail(ctx, e, outcomeRejected, "invalid_request")
+		return nil, nil, false
+	}
 	if x.m.tokenizer == "backend" {
 		if err := texts(&x.s.parsers, ctx.PostBody(), req); err != nil {
 			x.s.log.Error("find the prompts of a parsed request", "err", err)
@@ -136,4 +157,41 @@ func (x *exchange) upstream(ctx *fasthttp.RequestCtx) (*backends.Response, bool)
 	ctx.Response.Header.Set("X-Kvgate-Backend", x.backend.Name())
 	copyBackendHeaders(ctx, resp)
 	return resp, true
+}
+
+// answer answers the client from the backend's response: a streamed
+// answer is relayed (the relay then owns the exchange's finish), any other
+// passed whole. The client is promised a 200 for a stream
+// only once its first event is here: until then a backend that hangs can
+// still get a 504.
+func (x *exchange) answer(ctx *fasthttp.RequestCtx, resp *backends.Response) {
+	if resp.Status() != fasthttp.StatusOK || !x.req.stream || !resp.IsEventStream() {
+		x.answered()
+		x.passBody(ctx, resp)
+		return
+	}
+	er := newEventReader(resp, x.rt.cfg.Server.MaxSSELineBytes.Bytes)
+	first, err := er.next()
+	if err != nil {
+		er.release()
+		resp.Release()
+		if errors.Is(err, io.EOF) {
+			err = errStreamTruncated
+		}
+		x.upstreamFailed(ctx, err)
+		return
+	}
+	x.answered()
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("text/event-stream")
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	ctx.Response.Header.Set("X-Accel-Buffering", "no")
+	x.streaming = true            // from here the relay owns finish
+	x.stage.Store(stageStreaming) // see hangUp
+	x.body = sseBody{x: x, resp: resp, er: er, first: first}
+	if !ctx.Request.Header.IsHTTP11() {
+		x.body.closeDelimited(ctx, x.rt.cfg.Server.writeTimeout())
+		return
+	}
+	ctx.Response.SetBodyStream(&x.body, -1)
 }

@@ -96,15 +96,8 @@ func (s *Server) streamAPI(w *bufio.Writer, r *request, enc *apiEncoder) {
 			b = enc.fail(b, errorFor(r.err))
 		}
 		*buf = b
-		if len(b) > 0 {
-			if _, err := w.Write(b); err != nil {
-				s.eng.abort(r)
-				return
-			}
-			if err := w.Flush(); err != nil {
-				s.eng.abort(r)
-				return
-			}
+		if !s.sendEvents(w, b, r) {
+			return
 		}
 		if st != statusActive {
 			return

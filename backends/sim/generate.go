@@ -133,19 +133,29 @@ func (s *Server) stream(w *bufio.Writer, r *request, g genParams, enc *encoder) 
 			b = appendErrorEvent(b, errorFor(r.err))
 		}
 		*buf = b
-		if len(b) > 0 {
-			if _, err := w.Write(b); err != nil {
-				s.eng.abort(r)
-				return
-			}
-			if err := w.Flush(); err != nil {
-				s.eng.abort(r)
-				return
-			}
+		if !s.sendEvents(w, b, r) {
+			return
 		}
 		if st != statusActive {
 			return
 		}
 		<-r.wake
 	}
+}
+
+// sendEvents writes and flushes a stream's events (none: nothing to do);
+// false, with r aborted, when the client is gone.
+func (s *Server) sendEvents(w *bufio.Writer, b []byte, r *request) bool {
+	if len(b) == 0 {
+		return true
+	}
+	if _, err := w.Write(b); err != nil {
+		s.eng.abort(r)
+		return false
+	}
+	if err := w.Flush(); err != nil {
+		s.eng.abort(r)
+		return false
+	}
+	return true
 }
