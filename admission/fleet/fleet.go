@@ -67,13 +67,14 @@ type GPU struct {
 // reload lock anyway) and guards lessees; byPool is a copy-on-write
 // snapshot of it that the request path (Wake) reads without a lock.
 type Fleet struct {
-	cfg     *Config
-	log     *slog.Logger
-	clock   admission.Clock
-	grace   time.Duration // FallbackGrace: the request timeout
-	client  *redis.Client
-	store   *Redis
-	observe func(op string, took time.Duration, err error) // never nil
+	cfg      *Config
+	log      *slog.Logger
+	clock    admission.Clock
+	grace    time.Duration // FallbackGrace: the request timeout
+	residual time.Duration // how long a silent replica's lease counts (Config.ResidualTTL resolved)
+	client   *redis.Client
+	store    *Redis
+	observe  func(op string, took time.Duration, err error) // never nil
 
 	sched   Scheduler // set once by Start
 	lengths *lengthSharer
@@ -170,7 +171,7 @@ func New(cfg *Config, d Deps) *Fleet {
 	}
 	client := redis.NewClient(cfg.redisOpts)
 	f := &Fleet{
-		cfg: cfg, log: d.Logger.With("replica", cfg.Replica), clock: d.Clock, grace: d.FallbackGrace,
+		cfg: cfg, log: d.Logger.With("replica", cfg.Replica), clock: d.Clock, grace: d.FallbackGrace, residual: cfg.residual(d.FallbackGrace),
 		client: client, observe: d.Observe, lessees: map[string]*poolLease{}, draining: map[string]*poolLease{},
 	}
 	f.store = NewRedis(client, RedisOptions{Prefix: cfg.KeyPrefix, Observe: d.Observe, Now: d.Clock.Now})
@@ -199,7 +200,7 @@ func (f *Fleet) Start(sched Scheduler, models func() []string, gpus []GPU) error
 	}
 	sb := f.cfg
 	f.log.Info("sharing GPU budgets with the fleet through Redis", "replicas", sb.Replicas,
-		"redis", redactURL(sb.Redis), "lease_ttl", sb.LeaseTTL.D, "chunk", sb.Chunk.String())
+		"redis", redactURL(sb.Redis), "lease_ttl", sb.LeaseTTL.D, "residual_ttl", f.residual, "chunk", sb.Chunk.String())
 	return nil
 }
 
@@ -275,7 +276,7 @@ func (f *Fleet) startLocked(g *GPU, budget int64) (*poolLease, error) {
 	sched := f.sched
 	l, err := NewLessee(LesseeConfig{
 		Store: f.store, Key: g.Name, Replica: f.cfg.Replica, Replicas: f.cfg.Replicas,
-		Budget: budget, Chunk: pl.chunk, TTL: f.cfg.LeaseTTL.D, FallbackGrace: f.grace,
+		Budget: budget, Chunk: pl.chunk, TTL: f.cfg.LeaseTTL.D, FallbackGrace: f.grace, Residual: f.residual,
 		Demand: func() (int64, int64) { return pl.demand(sched) },
 		OnTrust: func(c int64, until time.Time) {
 			pl.trust.Store(&trust{capacity: c, until: until})
