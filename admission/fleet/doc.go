@@ -156,7 +156,7 @@
 //     has leased what it holds. Only then do leases grow by demand again.
 //   - A lease lost while the replica was not failing (the store answers
 //     with less than the replica counted: Redis restarted within a TTL, or
-//     the replica stalled past its TTL) is handled the same way, and
+//     the replica stalled past its residual bound) is handled the same way, and
 //     counted in Stats.LostLeases.
 //
 // What this cannot prevent: a replica cut off from Redis while the others

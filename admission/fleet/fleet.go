@@ -315,8 +315,8 @@ func (f *Fleet) SetBudget(pool string, b int64) {
 }
 
 // stopLocked stops pl's goroutine and, with giveBack, returns what its pool
-// does not hold (what it holds expires with the TTL, by when those requests
-// have finished or died with the process).
+// does not hold (what it holds stays counted as a residual hold until the
+// residual bound, by when those requests have ended).
 func (f *Fleet) stopLocked(pl *poolLease, giveBack bool) {
 	pl.stop()
 	<-pl.done
@@ -327,7 +327,7 @@ func (f *Fleet) stopLocked(pl *poolLease, giveBack bool) {
 	defer cancel()
 	f.leaveBoard(ctx, pl)
 	if err := pl.l.Shutdown(ctx); err != nil {
-		f.log.Warn("giving the lease back failed; it expires with its TTL", "gpu", pl.gpu, "err", err, "ttl", f.cfg.LeaseTTL.D)
+		f.log.Warn("giving the lease back failed; it counts until its residual bound", "gpu", pl.gpu, "err", err, "residual_ttl", f.residual)
 	}
 }
 
@@ -378,7 +378,8 @@ func (f *Fleet) Close() {
 
 // Abandon stops the fleet as kill -9 would, as far as the other replicas
 // can tell: its lessees stop renewing and give nothing back, so that what
-// it leased expires with the TTL. Tests use it to play a crash; Close is
+// it leased becomes a residual hold after the TTL and goes after the
+// residual bound. Tests use it to play a crash or a pause; Close is
 // the way out of a running process.
 func (f *Fleet) Abandon() {
 	f.mu.Lock()

@@ -248,8 +248,9 @@ func (l *Lessee) Run(ctx context.Context) error {
 }
 
 // Shutdown sets the capacity to 0 and gives back what the pool does not
-// hold; what it still holds stays leased until the TTL runs out, by when
-// those requests have died with the process. Call it after Run returned.
+// hold; what it still holds stays leased, and past the TTL counts as a
+// residual hold until the residual bound, by when those requests have
+// ended. Call it after Run returned.
 func (l *Lessee) Shutdown(ctx context.Context) error {
 	l.setCapacity(0)
 	held, _ := l.cfg.Demand()
