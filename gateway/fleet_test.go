@@ -77,11 +77,12 @@ func fleetSim(t *testing.T) (*sim.Server, string) {
 // replicaConfig is a gateway in front of url; with redisURL it is replica
 // name of a fleet of two. The TTL is shorter than the default to keep the
 // tests short, and long enough that a replica stalled by a busy machine
-// does not lose its lease.
+// does not lose its lease. A replica these tests kill has its requests
+// end with it (crash), so its lease need not outlive its TTL.
 func replicaConfig(url, redisURL, name string) string {
 	extra := "admission:\n  queue: {timeout: 60s}\n"
 	if redisURL != "" {
-		extra += fmt.Sprintf("shared_budget: {redis: '%s', replicas: 2, lease_ttl: 2s, chunk: 5%%, replica: %s, lengths_interval: 100ms}\n", redisURL, name)
+		extra += fmt.Sprintf("shared_budget: {redis: '%s', replicas: 2, lease_ttl: 2s, residual_ttl: 2s, chunk: 5%%, replica: %s, lengths_interval: 100ms}\n", redisURL, name)
 	}
 	return baseConfig(url, extra)
 }

@@ -53,6 +53,15 @@ type Config struct {
 	// LengthsInterval is how often the output lengths this replica learned
 	// are sent to the fleet and the others' read back. Default 2s.
 	LengthsInterval Duration `yaml:"lengths_interval"`
+	// ResidualTTL is how long after a replica's last call to Redis its
+	// lease still counts: past LeaseTTL it is the replica's residual hold,
+	// which the others may not lease, because a replica that stopped
+	// calling may be paused or cut off with its requests still running on
+	// the GPU. Default LeaseTTL + the gateway's request timeout: a lease
+	// admits nothing past its TTL, and a request ends within the request
+	// timeout. At least LeaseTTL; LeaseTTL frees a silent replica's lease
+	// with its TTL, as if its requests always died with it.
+	ResidualTTL Duration `yaml:"residual_ttl"`
 
 	// redisOpts is Redis parsed.
 	redisOpts *redis.Options
@@ -180,6 +189,14 @@ func (sb *Config) Validate() error {
 		bad(f+".replica", "%q must not contain white space", sb.Replica)
 	}
 	duration(f+".lengths_interval", &sb.LengthsInterval, defaultLengthsInterval, minLengthsInterval)
+	// Its default needs the request timeout, which is the gateway's: New
+	// resolves it (residual).
+	switch r := sb.ResidualTTL; {
+	case r.Err() != nil:
+		bad(f+".residual_ttl", "%v", r.Err())
+	case r.D != 0 && r.D < sb.LeaseTTL.D:
+		bad(f+".residual_ttl", "%v is below lease_ttl %v: a lease must count at least as long as it lives", r.D, sb.LeaseTTL.D)
+	}
 	return errors.Join(errs...)
 }
 
@@ -190,7 +207,17 @@ func (sb *Config) SameAs(o *Config) bool {
 		return sb == o
 	}
 	return sb.Redis == o.Redis && sb.Replicas == o.Replicas && sb.LeaseTTL.D == o.LeaseTTL.D && sb.Chunk.Percent == o.Chunk.Percent &&
-		sb.Chunk.Bytes == o.Chunk.Bytes && sb.KeyPrefix == o.KeyPrefix && sb.LengthsInterval.D == o.LengthsInterval.D
+		sb.Chunk.Bytes == o.Chunk.Bytes && sb.KeyPrefix == o.KeyPrefix && sb.LengthsInterval.D == o.LengthsInterval.D &&
+		sb.ResidualTTL.D == o.ResidualTTL.D
+}
+
+// residual is ResidualTTL resolved: its default is LeaseTTL plus the
+// request timeout.
+func (sb *Config) residual(requestTimeout time.Duration) time.Duration {
+	if sb.ResidualTTL.D > 0 {
+		return sb.ResidualTTL.D
+	}
+	return sb.LeaseTTL.D + max(requestTimeout, 0)
 }
 
 // defaultReplica is hostname-pid-random: unique per process, and telling

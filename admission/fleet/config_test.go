@@ -29,6 +29,15 @@ func TestConfig(t *testing.T) {
 		sb.Chunk.String() != "2%" || sb.Chunk.Of(1000) != 20 || !strings.Contains(sb.Replica, "-") {
 		t.Errorf("defaults: %+v (chunk %s)", sb, sb.Chunk)
 	}
+	// A silent replica's lease counts until what it admitted has ended: a
+	// lease admits nothing past its TTL, a request ends within the request
+	// timeout.
+	if got := sb.residual(10 * time.Minute); got != 3*time.Second+10*time.Minute {
+		t.Errorf("default residual_ttl with a 10m request timeout: %v, want lease_ttl + 10m", got)
+	}
+	if c, err := parse(t, "{redis: 'redis://h:1/0', replicas: 1, lease_ttl: 2s, residual_ttl: 2s}"); err != nil || c.residual(time.Minute) != 2*time.Second {
+		t.Errorf("residual_ttl set to lease_ttl: %v, %v; want 2s", err, c.residual(time.Minute))
+	}
 	if !sb.redisOpts.ContextTimeoutEnabled {
 		t.Error("the Redis client would ignore a call's deadline on its socket")
 	}
@@ -59,6 +68,8 @@ func TestConfig(t *testing.T) {
 		{"chunk zero", "{redis: 'redis://h:1/0', replicas: 2, chunk: '0'}", "shared_budget.chunk: \"0\": must be more than 0 bytes"},
 		{"replica name", "{redis: 'redis://h:1/0', replicas: 2, replica: 'a b'}", "shared_budget.replica"},
 		{"lengths interval", "{redis: 'redis://h:1/0', replicas: 2, lengths_interval: 1ms}", "shared_budget.lengths_interval"},
+		{"residual below the ttl", "{redis: 'redis://h:1/0', replicas: 2, residual_ttl: 1s}", "shared_budget.residual_ttl: 1s is below lease_ttl 3s"},
+		{"residual not a duration", "{redis: 'redis://h:1/0', replicas: 2, residual_ttl: later}", "shared_budget.residual_ttl: invalid duration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parse(t, tc.yaml)
@@ -89,6 +100,7 @@ func TestSameAs(t *testing.T) {
 		{"{redis: 'redis://h:1/0', replicas: 3, replica: a}", false},
 		{"{redis: 'redis://h:1/0', replicas: 2, replica: a, chunk: 5%}", false},
 		{"{redis: 'redis://h:1/0', replicas: 2, replica: a, lease_ttl: 4s}", false},
+		{"{redis: 'redis://h:1/0', replicas: 2, replica: a, residual_ttl: 4s}", false},
 	} {
 		b, err := parse(t, tc.yaml)
 		if err != nil {

@@ -82,6 +82,7 @@ func TestStoreContract(t *testing.T) {
 		{"ReleaseReturnsExactlyWhatWasGranted", contractReleaseReturnsExactlyWhatWasGranted},
 		{"ConcurrentReplicasNeverExceedBudget", contractConcurrentReplicasNeverExceedBudget},
 		{"LostLeaseComesBackAfterTTL", contractLostLeaseComesBackAfterTTL},
+		{"ResidualHoldCountsUntilItsBound", contractResidualHoldCountsUntilItsBound},
 		{"SmallestBudgetWins", contractSmallestBudgetWins},
 		{"RaisedBudgetWaitsForTheLastAnnouncement", contractRaisedBudgetWaitsForTheLastAnnouncement},
 		{"PrefixAndKeyIsolateBudgets", contractPrefixAndKeyIsolateBudgets},
@@ -301,6 +302,59 @@ func contractLostLeaseComesBackAfterTTL(t *testing.T, h harness) {
 	}
 }
 
+// A lease past its TTL with a longer Residual is the replica's residual
+// hold: nobody may lease it, the replica's next call revives it, and it goes
+// once Residual has passed since that call. A lease given back goes at
+// once, whatever its Residual.
+func contractResidualHoldCountsUntilItsBound(t *testing.T, h harness) {
+	s, ctx := h.open(""), context.Background()
+	// A second of margin between the TTL and the bound, for a stalled
+	// machine between two calls.
+	const ttl, residual = time.Second, 2 * time.Second
+	silent := fleet.Request{Replica: "silent", Budget: 100, TTL: ttl, Residual: residual}
+	lease(t)(s.Acquire(ctx, "gpu0", silent, 60, 0))
+	lease(t)(s.Acquire(ctx, "gpu0", req("alive", 100), 30, 0))
+	quits := fleet.Request{Replica: "quits", Budget: 100, TTL: ttl, Residual: residual}
+	lease(t)(s.Acquire(ctx, "gpu0", quits, 10, 0))
+	if l := lease(t)(s.Release(ctx, "gpu0", quits, 10)); l.Held != 0 || l.Total != 90 {
+		t.Fatalf("a lease given back: %+v, want it gone at once (total 90)", l)
+	}
+
+	h.advance(ttl)
+	l := lease(t)(s.Acquire(ctx, "gpu0", req("new", 100), 60, 1))
+	if l.Granted != 10 || l.Total != 100 || l.Residual != 60 {
+		t.Errorf("past the silent replica's TTL: %+v, want only the 10 given back granted, 60 residual", l)
+	}
+	f := listing(t)(s.Leases(ctx, "gpu0"))
+	if f.Residual != 60 || f.Total != 100 {
+		t.Errorf("listing %+v, want 60 of 100 residual", f)
+	}
+	for _, hd := range f.Holders {
+		if (hd.Replica == "silent") != hd.Residual {
+			t.Errorf("holder %+v: only the silent replica is a residual hold", hd)
+		}
+		if hd.Replica == "silent" && (hd.TTL != 0 || hd.Keep <= 0 || hd.Keep > residual-ttl) {
+			t.Errorf("silent holder %+v: want no TTL and under %v kept", hd, residual-ttl)
+		}
+	}
+
+	// It calls again: the same lease, live, with its TTL and bound anew.
+	if l := lease(t)(s.Renew(ctx, "gpu0", silent)); l.Held != 60 || l.TTL != ttl || l.Residual != 0 {
+		t.Fatalf("the silent replica back: %+v, want its 60 live again", l)
+	}
+	if f := listing(t)(s.Leases(ctx, "gpu0")); f.Residual != 0 {
+		t.Errorf("after its renewal: %+v, want no residual hold", f)
+	}
+
+	h.advance(residual)
+	if l := lease(t)(s.Acquire(ctx, "gpu0", req("new", 100), 60, 0)); l.Granted != 60 || l.Residual != 0 {
+		t.Errorf("past the bound: %+v, want the 60 granted", l)
+	}
+	if l := lease(t)(s.Renew(ctx, "gpu0", silent)); l.Held != 0 {
+		t.Errorf("the silent replica back after the bound: %+v, want its lease gone", l)
+	}
+}
+
 func contractSmallestBudgetWins(t *testing.T, h harness) {
 	s, ctx := h.open(""), context.Background()
 	if l := lease(t)(s.Acquire(ctx, "gpu0", req("unsure", 0), 1, 0)); l.Granted != 0 || l.Budget != 0 {
@@ -430,7 +484,8 @@ func contractFleetListsEveryReplica(t *testing.T, h harness) {
 	}
 	for i, w := range want {
 		g := f.Holders[i]
-		if g.Replica != w.Replica || g.Bytes != w.Bytes || g.Budget != w.Budget || (g.Bytes > 0) != (g.TTL > 0) || g.TTL > long {
+		if g.Replica != w.Replica || g.Bytes != w.Bytes || g.Budget != w.Budget || (g.Bytes > 0) != (g.TTL > 0) || g.TTL > long ||
+			g.Residual || g.Keep != g.TTL {
 			t.Errorf("holder %d: %+v, want %+v with a TTL when it holds bytes", i, g, w)
 		}
 	}

@@ -28,29 +28,32 @@
 // # Model
 //
 // A budget key names one GPU's budget. Under it a Store keeps, per replica,
-// a lease (bytes, expiry) and the budget that replica announces (bytes,
-// expiry). Every call from a replica renews both for the TTL it passes; an
-// entry whose expiry has passed is dead and is purged by the next call on
-// the key (no cron). The key's budget is the smallest live announcement:
+// a lease (bytes, expiry, keep) and the budget that replica announces
+// (bytes, expiry). Every call from a replica renews both for the TTL it
+// passes, and moves the lease's keep to its residual bound (below); an
+// announcement whose expiry has passed, and a lease whose keep has, is dead
+// and is purged by the next call on the key (no cron). A lease past its
+// expiry but not its keep is a residual hold (below). The key's budget is the smallest live announcement:
 // replicas that disagree (one saw a smaller KV pool) use the smallest, and a
 // raised budget takes effect once the last replica announcing the old one
 // has raised it too or its announcement has expired. Time is Redis's own
 // clock (TIME inside the script); replicas' clocks are never compared.
 //
-// Redis keeps a key's books in five Redis keys sharing one hash tag
-// (prefix + "{key}:leases", ":leases:exp", ":budgets", ":budgets:exp",
-// ":ops"), so they live in one Cluster slot, and each expires with its last
-// entry. One Lua script (lease.lua) makes every change. Memory keeps the
+// Redis keeps a key's books in six Redis keys sharing one hash tag
+// (prefix + "{key}:leases", ":leases:exp", ":leases:keep", ":budgets",
+// ":budgets:exp", ":ops"), so they live in one Cluster slot, and each
+// expires with its last entry. One Lua script (lease.lua) makes every change. Memory keeps the
 // same books in process: it is the reference in tests and the store of a
 // gateway that runs alone. Both pass one contract suite.
 //
 // # The script's invariant
 //
-// A grant is made only while live leases + grant ≤ the key's budget, in one
-// atomic step with the purge that decides what is live. So the live leases
-// never exceed the budget, except when the budget is lowered under leases
-// already granted: nothing is revoked then, nothing more is granted until
-// the leases fit, and Lessees scale their capacity down meanwhile (below).
+// A grant is made only while leases + residual holds + grant ≤ the key's
+// budget, in one atomic step with the purge that decides what still counts.
+// So they never exceed the budget, except when the budget is lowered under
+// leases already granted: nothing is revoked then, nothing more is granted
+// until the leases fit, and Lessees scale their capacity down meanwhile
+// (below).
 // A release never returns more than the replica holds. A client that sends
 // a call again (go-redis retries when a connection breaks after the script
 // ran) is answered from the record of the first run, never served twice.
@@ -81,6 +84,42 @@
 // when the fleet's leases exceed a lowered budget, and never above the
 // replica's own budget. So Σ capacity ≤ Σ leases ≤ budget.
 //
+// # Residual holds
+//
+// A replica that stops calling Redis (paused by SIGSTOP or a stalled VM,
+// cut off from Redis, or killed) looks the same to the others in every
+// case, but only a killed one's requests end with it: a paused or cut-off
+// replica's requests keep running on the backend, which does not know, and
+// keep their KV blocks. So its lease is not freed at its TTL. The rule: a
+// lease counts until what was admitted on it must have ended. Past its TTL
+// it is no longer live (its holder trusts it no more, and admits nothing
+// new on it, from TTL − TTL/3 after its last call was sent: "Renewal"
+// above), but it stays counted as the replica's residual hold: nobody may
+// lease it, and the fair levels are computed over the budget less the
+// residual holds. It ends when the replica calls again — any call revives
+// it as the lease it was, so a replica back from a pause carries on with
+// its requests covered and nothing lost — or when the residual bound
+// (LesseeConfig.Residual: shared_budget.residual_ttl, by default lease_ttl
+// + the request timeout) has passed since its last call: its last
+// admission came before its TTL ended, and a request ends within the
+// request timeout of arriving. The bound is stamped by Redis at each call,
+// like the expiry, so a silent replica needs no one to clean up after it.
+//
+// What counts is the lease, not what the replica's pool held when it last
+// called: the pool admits inside its capacity without a round trip, so
+// what it held at its last call understates what it may hold when it falls
+// silent (a burst admitted on a fresh grant, then a pause). The lease is
+// what it may hold. That costs little: under saturation a pool holds about
+// its lease, and an idle one gives its chunks back after the hysteresis,
+// so a replica idle before it fell silent leaves nothing behind. A replica
+// stopped cleanly (Close, after its drain) gives back what its pool does
+// not hold, all of it when the drain ended every request, and frees its
+// part at once. The price is a killed replica's: its lease stays counted
+// for the bound although its requests died with its connections, because
+// from Redis a kill and a pause look alike. An operator who prefers having
+// that capacity back at the TTL, and knows its replicas are never paused
+// or cut off with requests running, sets residual_ttl to lease_ttl.
+//
 // # Chunk size: waste against round trips
 //
 // After growth the lease exceeds demand by less than a chunk, and a whole
@@ -96,9 +135,11 @@
 //
 // # Failures
 //
-//   - A replica dies (kill -9): it stops renewing; its lease and its
-//     announcement expire after the TTL and the others may lease its
-//     capacity. What it held died with it (its requests' connections).
+//   - A replica dies (kill -9), is paused, or is cut off from Redis: it
+//     stops renewing; its announcement expires after the TTL, its lease
+//     becomes a residual hold (above) and the others may lease that part
+//     once the residual bound has passed, or at once when it gives the
+//     lease back.
 //   - Redis unreachable: a replica keeps its lease as capacity while it
 //     can trust it (above), retrying every Retry. Then it falls back to
 //     min(capacity, budget/Replicas): never more than it was granted, never
@@ -115,13 +156,15 @@
 //     has leased what it holds. Only then do leases grow by demand again.
 //   - A lease lost while the replica was not failing (the store answers
 //     with less than the replica counted: Redis restarted within a TTL, or
-//     the replica stalled past its TTL) is handled the same way, and
+//     the replica stalled past its residual bound) is handled the same way, and
 //     counted in Stats.LostLeases.
 //
 // What this cannot prevent: a replica cut off from Redis while the others
-// still reach it looks dead to them. Its lease expires, they may lease it,
-// and it serves on its fallback capacity meanwhile: the fleet may exceed the
-// budget by that replica's fallback capacity until the cut heals. Telling a
+// still reach it looks dead to them. Its residual hold covers its fallback
+// capacity (never more than its lease) until the residual bound; if the
+// cut outlasts it while the replica serves — and, with FallbackGrace, grows
+// to its whole share — the fleet may exceed the budget by that replica's
+// fallback capacity until the cut heals. Telling a
 // cut-off replica from a dead one needs consensus, which this design leaves
 // to Redis; an operator who cannot accept the risk runs Redis beside the
 // replicas (or with Sentinel) so that cuts are rare.

@@ -89,9 +89,13 @@ func (f *Fleet) runFair(ctx context.Context, period time.Duration) {
 func (f *Fleet) fairStep(ctx context.Context, pl *poolLease) {
 	held, queued := f.sched.Demand(pl.pool)
 	budget := pl.budget.Load()
-	if b := pl.l.Stats().Budget; b > 0 && b < budget {
+	st := pl.l.Stats()
+	if b := st.Budget; b > 0 && b < budget {
 		budget = b // the fleet's budget: the smallest announced
 	}
+	// Silent replicas' residual holds are nobody's to share: the live
+	// replicas' fair parts are of what is left.
+	budget = max(0, budget-st.Residual)
 	demand := pl.recentDemand(min(held+queued, budget))
 	cctx, cancel := context.WithTimeout(ctx, f.cfg.LeaseTTL.D/3)
 	start := f.clock.Now()

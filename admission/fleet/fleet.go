@@ -67,13 +67,14 @@ type GPU struct {
 // reload lock anyway) and guards lessees; byPool is a copy-on-write
 // snapshot of it that the request path (Wake) reads without a lock.
 type Fleet struct {
-	cfg     *Config
-	log     *slog.Logger
-	clock   admission.Clock
-	grace   time.Duration // FallbackGrace: the request timeout
-	client  *redis.Client
-	store   *Redis
-	observe func(op string, took time.Duration, err error) // never nil
+	cfg      *Config
+	log      *slog.Logger
+	clock    admission.Clock
+	grace    time.Duration // FallbackGrace: the request timeout
+	residual time.Duration // how long a silent replica's lease counts (Config.ResidualTTL resolved)
+	client   *redis.Client
+	store    *Redis
+	observe  func(op string, took time.Duration, err error) // never nil
 
 	sched   Scheduler // set once by Start
 	lengths *lengthSharer
@@ -170,7 +171,7 @@ func New(cfg *Config, d Deps) *Fleet {
 	}
 	client := redis.NewClient(cfg.redisOpts)
 	f := &Fleet{
-		cfg: cfg, log: d.Logger.With("replica", cfg.Replica), clock: d.Clock, grace: d.FallbackGrace,
+		cfg: cfg, log: d.Logger.With("replica", cfg.Replica), clock: d.Clock, grace: d.FallbackGrace, residual: cfg.residual(d.FallbackGrace),
 		client: client, observe: d.Observe, lessees: map[string]*poolLease{}, draining: map[string]*poolLease{},
 	}
 	f.store = NewRedis(client, RedisOptions{Prefix: cfg.KeyPrefix, Observe: d.Observe, Now: d.Clock.Now})
@@ -199,7 +200,7 @@ func (f *Fleet) Start(sched Scheduler, models func() []string, gpus []GPU) error
 	}
 	sb := f.cfg
 	f.log.Info("sharing GPU budgets with the fleet through Redis", "replicas", sb.Replicas,
-		"redis", redactURL(sb.Redis), "lease_ttl", sb.LeaseTTL.D, "chunk", sb.Chunk.String())
+		"redis", redactURL(sb.Redis), "lease_ttl", sb.LeaseTTL.D, "residual_ttl", f.residual, "chunk", sb.Chunk.String())
 	return nil
 }
 
@@ -275,7 +276,7 @@ func (f *Fleet) startLocked(g *GPU, budget int64) (*poolLease, error) {
 	sched := f.sched
 	l, err := NewLessee(LesseeConfig{
 		Store: f.store, Key: g.Name, Replica: f.cfg.Replica, Replicas: f.cfg.Replicas,
-		Budget: budget, Chunk: pl.chunk, TTL: f.cfg.LeaseTTL.D, FallbackGrace: f.grace,
+		Budget: budget, Chunk: pl.chunk, TTL: f.cfg.LeaseTTL.D, FallbackGrace: f.grace, Residual: f.residual,
 		Demand: func() (int64, int64) { return pl.demand(sched) },
 		OnTrust: func(c int64, until time.Time) {
 			pl.trust.Store(&trust{capacity: c, until: until})
@@ -314,8 +315,8 @@ func (f *Fleet) SetBudget(pool string, b int64) {
 }
 
 // stopLocked stops pl's goroutine and, with giveBack, returns what its pool
-// does not hold (what it holds expires with the TTL, by when those requests
-// have finished or died with the process).
+// does not hold (what it holds stays counted as a residual hold until the
+// residual bound, by when those requests have ended).
 func (f *Fleet) stopLocked(pl *poolLease, giveBack bool) {
 	pl.stop()
 	<-pl.done
@@ -326,7 +327,7 @@ func (f *Fleet) stopLocked(pl *poolLease, giveBack bool) {
 	defer cancel()
 	f.leaveBoard(ctx, pl)
 	if err := pl.l.Shutdown(ctx); err != nil {
-		f.log.Warn("giving the lease back failed; it expires with its TTL", "gpu", pl.gpu, "err", err, "ttl", f.cfg.LeaseTTL.D)
+		f.log.Warn("giving the lease back failed; it counts until its residual bound", "gpu", pl.gpu, "err", err, "residual_ttl", f.residual)
 	}
 }
 
@@ -377,7 +378,8 @@ func (f *Fleet) Close() {
 
 // Abandon stops the fleet as kill -9 would, as far as the other replicas
 // can tell: its lessees stop renewing and give nothing back, so that what
-// it leased expires with the TTL. Tests use it to play a crash; Close is
+// it leased becomes a residual hold after the TTL and goes after the
+// residual bound. Tests use it to play a crash or a pause; Close is
 // the way out of a running process.
 func (f *Fleet) Abandon() {
 	f.mu.Lock()

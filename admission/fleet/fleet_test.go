@@ -172,3 +172,62 @@ func TestSyncKeepsDrainsAndGivesBack(t *testing.T) {
 		t.Fatalf("%d still leased after Close", n)
 	}
 }
+
+// A silent replica's residual hold is nobody's to share: the live
+// replicas' fair level is of the budget less it. Here p leased 600 and went
+// silent, b and c each want the whole budget of 1000: they share the 400
+// left, 200 each, not 1000 (which would leave b leasing all 400 and c
+// nothing).
+func TestFairLevelLeavesResidualHoldsOut(t *testing.T) {
+	srv := fleettest.StartRedis(t)
+	cfg, err := parse(t, "{redis: '"+srv.URL()+"', replicas: 3, replica: b, chunk: '10%'}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, c := context.Background(), srv.Client()
+	store := NewRedis(c, RedisOptions{Prefix: cfg.KeyPrefix})
+	silent := Request{Replica: "p", Budget: 1000, TTL: 100 * time.Millisecond, Residual: time.Hour}
+	if _, err := store.Acquire(ctx, "gpu0", silent, 600, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Leases run on Redis's clock: wait until p's TTL has passed there.
+	start, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		now, err := c.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left := silent.TTL - now.Sub(start); left > 0 {
+			<-time.After(left)
+			continue
+		}
+		break
+	}
+	if err := fairScript.Run(ctx, c, []string{cfg.KeyPrefix + "{gpu0}:demand"}, "c", 1000, time.Minute.Milliseconds()).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	clock := admissiontest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	f := New(cfg, Deps{Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+	t.Cleanup(f.Close)
+	sched := newFakeSched()
+	sched.setDemand("p0", 0, 1000)
+	if err := f.Start(sched, func() []string { return nil }, []GPU{{Name: "gpu0", ID: "p0", Nominal: 1000, Budget: 1000}}); err != nil {
+		t.Fatal(err)
+	}
+	sched.waitLimit(t, "p0", 400) // all that p's residual hold leaves
+	f.mu.Lock()
+	pl := f.lessees["p0"]
+	f.mu.Unlock()
+	if st := pl.l.Stats(); st.Residual != 600 {
+		t.Fatalf("b's lessee: %+v, want p's 600 seen as a residual hold", st)
+	}
+	f.fairStep(ctx, pl)
+	if lv := pl.level.Load(); lv != 200 {
+		t.Errorf("fair level %d, want 200: half of the 400 the residual hold leaves", lv)
+	}
+	sched.waitLimit(t, "p0", 200)
+}

@@ -1,10 +1,10 @@
 -- The one place where leases change (see doc.go). Atomic: Redis runs a script
 -- alone, so purge, count and grant see one consistent state.
 --
--- Invariant kept here: after any call, the live leases of the key sum to at
--- most the smallest live announced budget, except where that budget was
--- lowered under leases already granted (nothing is revoked; nothing more is
--- granted until the sum is back under it).
+-- Invariant kept here: after any call, the leases of the key — live ones and
+-- residual holds — sum to at most the smallest live announced budget, except
+-- where that budget was lowered under leases already granted (nothing is
+-- revoked; nothing more is granted until the sum is back under it).
 --
 -- KEYS[1] leases       hash  replica -> bytes leased
 -- KEYS[2] lease expiry zset  replica -> expiry, ms of Redis TIME
@@ -12,15 +12,22 @@
 -- KEYS[4] budget expiry zset replica -> expiry, ms
 -- KEYS[5] ops          hash  replica -> "<op id> <bytes moved>", so that a
 --                      client's retry of the same call is answered, not redone
+-- KEYS[6] lease keep   zset  replica -> when its lease stops counting, ms
 -- ARGV: op (acquire|renew|release|list), replica, bytes, least, budget, ttl ms,
---       op id (may be empty)
+--       op id (may be empty), residual ms
+--
+-- A lease is live while its expiry (KEYS[2]) is ahead. Past it the replica
+-- is paused, cut off or dead, and what it admitted may still run on the GPU:
+-- the lease stays counted, as its residual hold, until its keep (KEYS[6])
+-- passes; only then is it purged. The replica's next call revives it.
 --
 -- Every number handed back to Redis goes through fmt: Lua's own number to
 -- string conversion may print large integers as 1e+15.
-local leases, lexp, budgets, bexp, ops = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local leases, lexp, budgets, bexp, ops, lkeep = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local op, replica = ARGV[1], ARGV[2]
 local bytes, least, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
 local opid = ARGV[7]
+local residual = math.max(ttl, tonumber(ARGV[8]) or 0)
 
 local function fmt(n) return string.format('%.0f', n) end
 
@@ -37,8 +44,15 @@ local function purge(hash, zset)
     redis.call('ZREMRANGEBYSCORE', zset, '-inf', now)
   end
 end
-purge(leases, lexp)
 purge(budgets, bexp)
+-- A lease goes once its keep has passed; past its expiry alone it is a
+-- residual hold. (A lease with no keep, written before keeps existed, goes
+-- with its expiry.)
+purge(leases, lkeep)
+for _, r in ipairs(redis.call('ZRANGEBYSCORE', lexp, '-inf', now)) do
+  if not redis.call('ZSCORE', lkeep, r) then redis.call('HDEL', leases, r) end
+end
+redis.call('ZREMRANGEBYSCORE', lexp, '-inf', now)
 
 -- Each key expires with the last of its entries, so that an abandoned
 -- budget leaves nothing behind.
@@ -48,6 +62,25 @@ local function keep(hash, zset)
     redis.call('PEXPIREAT', hash, last[2])
     redis.call('PEXPIREAT', zset, last[2])
   end
+end
+
+-- The leases key, its expiries and its keeps go with the last keep.
+local function keepLeases()
+  local last = redis.call('ZRANGE', lkeep, -1, -1, 'WITHSCORES')
+  if #last == 2 then
+    for _, k in ipairs({leases, lexp, lkeep}) do redis.call('PEXPIREAT', k, last[2]) end
+  end
+end
+
+-- residuals sums the residual holds (leases past their expiry, not yet
+-- past their keep) of every replica but except.
+local function residuals(except)
+  local s = 0
+  local all = redis.call('HGETALL', leases)
+  for i = 1, #all, 2 do
+    if all[i] ~= except and not redis.call('ZSCORE', lexp, all[i]) then s = s + tonumber(all[i + 1]) end
+  end
+  return s
 end
 
 local function sum(hash)
@@ -66,8 +99,9 @@ local function smallest(hash)
 end
 
 if op == 'list' then
-  -- budget, total, then per replica: name, bytes, ttl ms, announced budget.
-  local out = {fmt(smallest(budgets)), fmt(sum(leases))}
+  -- budget, total, residual holds, then per replica: name, bytes, ttl ms,
+  -- announced budget, keep ms.
+  local out = {fmt(smallest(budgets)), fmt(sum(leases)), fmt(residuals(''))}
   local seen = {}
   local function add(r)
     if seen[r] then return end
@@ -75,12 +109,15 @@ if op == 'list' then
     local b = redis.call('HGET', leases, r)
     local e = redis.call('ZSCORE', lexp, r)
     local a = redis.call('HGET', budgets, r)
-    local left = 0
+    local k = redis.call('ZSCORE', lkeep, r)
+    local left, kept = 0, 0
     if b and e then left = tonumber(e) - now end
+    if b then kept = math.max(left, k and (tonumber(k) - now) or 0) end
     table.insert(out, r)
     table.insert(out, b or '0')
     table.insert(out, fmt(left))
     table.insert(out, a or '0')
+    table.insert(out, fmt(kept))
   end
   for _, r in ipairs(redis.call('HKEYS', leases)) do add(r) end
   for _, r in ipairs(redis.call('HKEYS', budgets)) do add(r) end
@@ -129,16 +166,19 @@ if not replay then
   end
 end
 
--- Every call renews the caller's lease, or removes it once empty.
+-- Every call renews the caller's lease (reviving it if it was a residual
+-- hold), or removes it once empty.
 local left = 0
 if held > 0 then
   redis.call('HSET', leases, replica, fmt(held))
   redis.call('ZADD', lexp, fmt(now + ttl), replica)
+  redis.call('ZADD', lkeep, fmt(now + residual), replica)
   left = ttl
 else
   redis.call('HDEL', leases, replica)
   redis.call('ZREM', lexp, replica)
+  redis.call('ZREM', lkeep, replica)
 end
-keep(leases, lexp)
+keepLeases()
 
-return {moved, held, left, total, budget}
+return {moved, held, left, total, budget, residuals(replica)}

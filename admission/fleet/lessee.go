@@ -49,6 +49,13 @@ type LesseeConfig struct {
 	// 0: never; until the store returns a replica keeps the smaller of what
 	// it had leased and its share.
 	FallbackGrace time.Duration
+	// Residual is how long after its last call the lease still counts in
+	// the store if this replica stops calling (paused, cut off, dead): by
+	// then whatever its pool admitted on the lease has ended (see doc.go,
+	// "Residual holds"). Default TTL: the lease ends with its TTL, for a
+	// pool whose requests cannot outlive its process's calls. At least
+	// TTL.
+	Residual time.Duration
 	// Demand reads the local admission pool: the weight it holds (admitted,
 	// not yet released) and the weight queued for lack of capacity. It must
 	// reflect every admission made under a capacity reported before the
@@ -86,7 +93,8 @@ type Lessee struct {
 	wake  chan struct{}
 
 	granted     int64     // this replica's lease, as the store last said
-	fleet       int64     // all live leases on the key, at the last call
+	fleet       int64     // all leases on the key (residual holds included), at the last call
+	residual    int64     // the other replicas' residual holds, at the last call
 	effective   int64     // the key's budget (smallest announced), at the last call
 	capacity    int64     // last reported to the pool
 	until       time.Time // the horizon last reported with it (OnTrust)
@@ -111,11 +119,15 @@ type Lessee struct {
 type Stats struct {
 	Capacity    int64 // what the pool may hold now
 	Leased      int64 // this replica's lease, as the store last said
-	FleetLeased int64 // all live leases on the key, at the last call
-	Budget      int64 // the key's budget at the last call (smallest announced)
-	Share       int64 // the static share used in a store outage
-	Fallback    bool  // serving on the static share: the store is unreachable
-	Rejoining   bool  // back from an outage or a lost lease: re-leasing before growing
+	FleetLeased int64 // all leases on the key, residual holds included, at the last call
+	// Residual is the other replicas' residual holds at the last call:
+	// leases past their TTL that still count, because what those replicas
+	// admitted may still run (see doc.go). Nobody may lease them.
+	Residual  int64
+	Budget    int64 // the key's budget at the last call (smallest announced)
+	Share     int64 // the static share used in a store outage
+	Fallback  bool  // serving on the static share: the store is unreachable
+	Rejoining bool  // back from an outage or a lost lease: re-leasing before growing
 
 	Grants     uint64 // acquires that granted something
 	Denials    uint64 // acquires that granted nothing
@@ -137,6 +149,9 @@ func NewLessee(cfg LesseeConfig) (*Lessee, error) {
 	}
 	if cfg.Retry == 0 {
 		cfg.Retry = cfg.TTL / 10
+	}
+	if cfg.Residual == 0 {
+		cfg.Residual = cfg.TTL
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = admission.SystemClock()
@@ -166,6 +181,8 @@ func NewLessee(cfg LesseeConfig) (*Lessee, error) {
 		err = fmt.Errorf("Retry %v outside (0, TTL/3 = %v]", cfg.Retry, cfg.TTL/3)
 	case cfg.FallbackGrace < 0:
 		err = fmt.Errorf("FallbackGrace %v is negative", cfg.FallbackGrace)
+	case cfg.Residual < cfg.TTL:
+		err = fmt.Errorf("Residual %v below TTL %v", cfg.Residual, cfg.TTL)
 	case cfg.Demand == nil:
 		err = errors.New("Demand is required")
 	case cfg.OnCapacity == nil && cfg.OnTrust == nil:
@@ -231,8 +248,9 @@ func (l *Lessee) Run(ctx context.Context) error {
 }
 
 // Shutdown sets the capacity to 0 and gives back what the pool does not
-// hold; what it still holds stays leased until the TTL runs out, by when
-// those requests have died with the process. Call it after Run returned.
+// hold; what it still holds stays leased, and past the TTL counts as a
+// residual hold until the residual bound, by when those requests have
+// ended. Call it after Run returned.
 func (l *Lessee) Shutdown(ctx context.Context) error {
 	l.setCapacity(0)
 	held, _ := l.cfg.Demand()
@@ -331,7 +349,7 @@ func (l *Lessee) call(ctx context.Context, op string, bytes, least int64) bool {
 		timeout = max(min(timeout, l.fallbackAt().Sub(sent)), time.Millisecond)
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
-	r := Request{Replica: l.cfg.Replica, Budget: l.alive.Load(), TTL: l.cfg.TTL}
+	r := Request{Replica: l.cfg.Replica, Budget: l.alive.Load(), TTL: l.cfg.TTL, Residual: l.cfg.Residual}
 	var got Lease
 	var err error
 	switch op {
@@ -391,7 +409,7 @@ func (l *Lessee) answered(sent, now time.Time, op string, asked int64, got Lease
 		l.rejoinUntil = now.Add(l.cfg.TTL)
 		l.rejoinCap = l.capacity
 	}
-	l.granted, l.fleet, l.effective = got.Held, got.Total, got.Budget
+	l.granted, l.fleet, l.effective, l.residual = got.Held, got.Total, got.Budget, got.Residual
 	if op == "acquire" && got.Granted < asked {
 		l.deniedUntil = now.Add(l.cfg.Retry)
 	}
@@ -511,7 +529,7 @@ func (l *Lessee) count(f func(*Stats)) {
 
 func (l *Lessee) publish() {
 	l.count(func(s *Stats) {
-		s.Capacity, s.Leased, s.FleetLeased, s.Budget = l.capacity, l.granted, l.fleet, l.effective
+		s.Capacity, s.Leased, s.FleetLeased, s.Budget, s.Residual = l.capacity, l.granted, l.fleet, l.effective, l.residual
 		s.Share, s.Fallback = l.share(), l.fallback
 		s.Rejoining = l.now().Before(l.rejoinUntil)
 	})

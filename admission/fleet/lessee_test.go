@@ -377,6 +377,8 @@ func TestLesseeConfigNamesTheBadField(t *testing.T) {
 		{"Hysteresis", func(c *fleet.LesseeConfig) { c.Hysteresis = -1 }},
 		{"Retry", func(c *fleet.LesseeConfig) { c.Retry = 2 * time.Second }},
 		{"FallbackGrace", func(c *fleet.LesseeConfig) { c.FallbackGrace = -1 }},
+		// A lease must count at least as long as it is trusted.
+		{"Residual", func(c *fleet.LesseeConfig) { c.Residual = time.Second }},
 		{"Demand", func(c *fleet.LesseeConfig) { c.Demand = nil }},
 		{"OnCapacity", func(c *fleet.LesseeConfig) { c.OnCapacity = nil }},
 	}

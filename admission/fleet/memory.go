@@ -35,7 +35,19 @@ type memBook struct {
 
 type memEntry struct {
 	n       int64
-	expires time.Time // dead once now >= expires
+	expires time.Time // not live once now >= expires
+	keep    time.Time // a lease counts on (a residual hold) until then; zero: until expires
+}
+
+// gone says whether e no longer counts at now.
+func (e memEntry) gone(now time.Time) bool {
+	return !now.Before(e.expires) && !now.Before(e.keep)
+}
+
+// residual says whether e is a residual hold at now: not live, still
+// counted.
+func (e memEntry) residual(now time.Time) bool {
+	return !now.Before(e.expires) && !e.gone(now)
 }
 
 // NewMemory returns an empty in-process store reading time from now
@@ -121,10 +133,10 @@ func (m *Memory) call(key string, r Request, f func(*memBook, *Lease)) Lease {
 	if r.Budget > 0 {
 		b.budgets[r.Replica] = memEntry{n: r.Budget, expires: expires}
 	}
-	l := Lease{Held: b.leases[r.Replica].n, Total: b.total(), Budget: b.budget()}
+	l := Lease{Held: b.leases[r.Replica].n, Total: b.total(), Budget: b.budget(), Residual: b.residual(now, r.Replica)}
 	f(b, &l)
 	if l.Held > 0 {
-		b.leases[r.Replica] = memEntry{n: l.Held, expires: expires}
+		b.leases[r.Replica] = memEntry{n: l.Held, expires: expires, keep: now.Add(max(r.TTL, r.Residual))}
 		l.TTL = r.TTL
 	} else {
 		delete(b.leases, r.Replica)
@@ -152,7 +164,7 @@ func (m *Memory) Leases(ctx context.Context, key string) (Listing, error) {
 	}
 	now := s.now()
 	b.purge(now)
-	f := Listing{Budget: b.budget(), Total: b.total()}
+	f := Listing{Budget: b.budget(), Total: b.total(), Residual: b.residual(now, "")}
 	byReplica := map[string]*Holder{}
 	holder := func(replica string) *Holder {
 		h := byReplica[replica]
@@ -164,7 +176,10 @@ func (m *Memory) Leases(ctx context.Context, key string) (Listing, error) {
 	}
 	for replica, e := range b.leases {
 		h := holder(replica)
-		h.Bytes, h.TTL = e.n, e.expires.Sub(now)
+		h.Bytes, h.Keep = e.n, max(e.expires.Sub(now), e.keep.Sub(now))
+		if h.Residual = e.residual(now); !h.Residual {
+			h.TTL = e.expires.Sub(now)
+		}
 	}
 	for replica, e := range b.budgets {
 		holder(replica).Budget = e.n
@@ -182,11 +197,22 @@ func (m *Memory) Leases(ctx context.Context, key string) (Listing, error) {
 func (b *memBook) purge(now time.Time) {
 	for _, m := range []map[string]memEntry{b.leases, b.budgets} {
 		for replica, e := range m {
-			if !now.Before(e.expires) {
+			if e.gone(now) {
 				delete(m, replica)
 			}
 		}
 	}
+}
+
+// residual sums the residual holds of every replica but except.
+func (b *memBook) residual(now time.Time, except string) int64 {
+	var t int64
+	for replica, e := range b.leases {
+		if replica != except && e.residual(now) {
+			t += e.n
+		}
+	}
+	return t
 }
 
 func (b *memBook) total() int64 {

@@ -40,7 +40,7 @@ type RedisOptions struct {
 
 // Redis is the Store shared by gateway replicas: one Lua script (lease.lua)
 // does every change atomically inside Redis. It works with any go-redis
-// client (single server, Sentinel failover, Cluster: a key's five Redis keys
+// client (single server, Sentinel failover, Cluster: a key's six Redis keys
 // share one hash tag) and is safe under the client's retries: each Acquire
 // and Release carries an id, and a call the client sends twice is answered
 // from the record of its first run.
@@ -74,7 +74,7 @@ func NewRedis(c redis.Scripter, o RedisOptions) *Redis {
 // two budget keys are equal.
 func (s *Redis) keys(key string) []string {
 	base := s.prefix + "{" + key + "}:"
-	return []string{base + "leases", base + "leases:exp", base + "budgets", base + "budgets:exp", base + "ops"}
+	return []string{base + "leases", base + "leases:exp", base + "budgets", base + "budgets:exp", base + "ops", base + "leases:keep"}
 }
 
 func (s *Redis) opID() string {
@@ -108,15 +108,15 @@ func (s *Redis) Release(ctx context.Context, key string, r Request, bytes int64)
 
 func (s *Redis) run(ctx context.Context, op, key string, r Request, bytes, least int64, id string) (Lease, error) {
 	ttl := r.TTL.Milliseconds()
-	v, err := s.eval(ctx, op, key, []any{op, r.Replica, bytes, least, r.Budget, ttl, id})
+	v, err := s.eval(ctx, op, key, []any{op, r.Replica, bytes, least, r.Budget, ttl, id, r.Residual.Milliseconds()})
 	if err != nil {
 		return Lease{}, opError(op, key, r.Replica, err)
 	}
-	n, err := ints(v, 5)
+	n, err := ints(v, 6)
 	if err != nil {
 		return Lease{}, opError(op, key, r.Replica, err)
 	}
-	l := Lease{Held: n[1], TTL: time.Duration(n[2]) * time.Millisecond, Total: n[3], Budget: n[4]}
+	l := Lease{Held: n[1], TTL: time.Duration(n[2]) * time.Millisecond, Total: n[3], Budget: n[4], Residual: n[5]}
 	switch op {
 	case "acquire":
 		l.Granted = n[0]
@@ -131,7 +131,7 @@ func (s *Redis) Leases(ctx context.Context, key string) (Listing, error) {
 	if key == "" {
 		return Listing{}, opError("list", key, "", invalid("empty key"))
 	}
-	v, err := s.eval(ctx, "list", key, []any{"list", "", 0, 0, 0, 0, ""})
+	v, err := s.eval(ctx, "list", key, []any{"list", "", 0, 0, 0, 0, "", 0})
 	if err != nil {
 		return Listing{}, opError("list", key, "", err)
 	}
@@ -204,34 +204,31 @@ func toInt(x any) (int64, error) {
 	return 0, fmt.Errorf("unexpected %T %v in script answer", x, x)
 }
 
-// parseListing reads the list answer: budget, total, then quadruples of
-// replica, bytes, ttl ms, announced budget. The script lists leaseholders
-// first, then announcers, each once.
+// parseListing reads the list answer: budget, total, residual holds, then
+// quintuples of replica, bytes, ttl ms, announced budget, keep ms. The
+// script lists leaseholders first, then announcers, each once.
 func parseListing(v any) (Listing, error) {
 	a, ok := v.([]any)
-	if !ok || len(a) < 2 || (len(a)-2)%4 != 0 {
+	if !ok || len(a) < 3 || (len(a)-3)%5 != 0 {
 		return Listing{}, fmt.Errorf("unexpected script answer %v", v)
 	}
 	var f Listing
-	var err error
-	if f.Budget, err = toInt(a[0]); err != nil {
+	head, err := ints(a[:3], 3)
+	if err != nil {
 		return Listing{}, err
 	}
-	if f.Total, err = toInt(a[1]); err != nil {
-		return Listing{}, err
-	}
-	for i := 2; i < len(a); i += 4 {
+	f.Budget, f.Total, f.Residual = head[0], head[1], head[2]
+	for i := 3; i < len(a); i += 5 {
 		replica, ok := a[i].(string)
 		if !ok {
 			return Listing{}, fmt.Errorf("unexpected replica %v in script answer", a[i])
 		}
-		var n [3]int64
-		for j := range n {
-			if n[j], err = toInt(a[i+1+j]); err != nil {
-				return Listing{}, err
-			}
+		n, err := ints(a[i+1:i+5], 4)
+		if err != nil {
+			return Listing{}, err
 		}
-		f.Holders = append(f.Holders, Holder{Replica: replica, Bytes: n[0], TTL: time.Duration(n[1]) * time.Millisecond, Budget: n[2]})
+		f.Holders = append(f.Holders, Holder{Replica: replica, Bytes: n[0], TTL: time.Duration(n[1]) * time.Millisecond, Budget: n[2],
+			Keep: time.Duration(n[3]) * time.Millisecond, Residual: n[0] > 0 && n[1] <= 0})
 	}
 	sortHolders(f.Holders)
 	return f, nil

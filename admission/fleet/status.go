@@ -48,12 +48,14 @@ func (f *Fleet) listed(pl *poolLease) *fleetList {
 // Status is the gateway's /status shared_budget: who this replica is and,
 // per GPU, its lease and the fleet's, as Redis lists it.
 type Status struct {
-	Replica  string      `json:"replica"`
-	Replicas int         `json:"replicas"`
-	Redis    string      `json:"redis"` // without credentials
-	LeaseTTL string      `json:"lease_ttl"`
-	Chunk    string      `json:"chunk"`
-	GPUs     []LeaseView `json:"gpus"`
+	Replica  string `json:"replica"`
+	Replicas int    `json:"replicas"`
+	Redis    string `json:"redis"` // without credentials
+	LeaseTTL string `json:"lease_ttl"`
+	// ResidualTTL is how long a silent replica's lease still counts.
+	ResidualTTL string      `json:"residual_ttl"`
+	Chunk       string      `json:"chunk"`
+	GPUs        []LeaseView `json:"gpus"`
 }
 
 // LeaseView is one GPU's part of Status.
@@ -64,8 +66,12 @@ type LeaseView struct {
 	Capacity    int64 `json:"capacity_bytes"`
 	Leased      int64 `json:"leased_bytes"`
 	FleetLeased int64 `json:"fleet_leased_bytes"`
-	Budget      int64 `json:"budget_bytes"`
-	Share       int64 `json:"static_share_bytes"`
+	// Residual is the part of FleetLeased that silent replicas hold: their
+	// leases' TTL passed unrenewed, and they count on until residual_ttl,
+	// as what their requests may still hold on the GPU.
+	Residual int64 `json:"residual_bytes"`
+	Budget   int64 `json:"budget_bytes"`
+	Share    int64 `json:"static_share_bytes"`
 	// FairShare is the max-min fair level of the budget over the live
 	// replicas' demands, which this replica admits no more than; absent
 	// while the demands fit the budget.
@@ -98,6 +104,10 @@ type HolderView struct {
 	Bytes   int64  `json:"leased_bytes"`
 	TTLMs   int64  `json:"ttl_ms"`
 	Budget  int64  `json:"announced_budget_bytes"`
+	// Residual: the replica has not renewed its lease within the TTL; the
+	// lease counts on for KeepMs more, or until the replica calls again.
+	Residual bool  `json:"residual,omitempty"`
+	KeepMs   int64 `json:"keep_ms"`
 }
 
 // Status is /status's shared_budget. It never waits for Redis: the fleet
@@ -105,10 +115,10 @@ type HolderView struct {
 func (f *Fleet) Status() *Status {
 	sb := f.cfg
 	v := &Status{Replica: sb.Replica, Replicas: sb.Replicas, Redis: redactURL(sb.Redis),
-		LeaseTTL: sb.LeaseTTL.D.String(), Chunk: sb.Chunk.String(), GPUs: []LeaseView{}}
+		LeaseTTL: sb.LeaseTTL.D.String(), ResidualTTL: f.residual.String(), Chunk: sb.Chunk.String(), GPUs: []LeaseView{}}
 	for _, ls := range f.Leases() {
 		st := ls.Stats
-		lv := LeaseView{GPU: ls.GPU, Capacity: st.Capacity, Leased: st.Leased, FleetLeased: st.FleetLeased, Budget: st.Budget,
+		lv := LeaseView{GPU: ls.GPU, Capacity: st.Capacity, Leased: st.Leased, FleetLeased: st.FleetLeased, Residual: st.Residual, Budget: st.Budget,
 			Share: st.Share, Fallback: st.Fallback, Rejoining: st.Rejoining, Grants: st.Grants, Denials: st.Denials,
 			Releases: st.Releases, Renewals: st.Renewals, Errors: st.Failures, LostLeases: st.LostLeases, Fleet: []HolderView{}}
 		if ls.Level >= 0 {
@@ -130,7 +140,7 @@ func (f *Fleet) Status() *Status {
 			}
 			for _, h := range fl.fl.Holders {
 				lv.Fleet = append(lv.Fleet, HolderView{Replica: h.Replica, Self: h.Replica == sb.Replica, Bytes: h.Bytes,
-					TTLMs: h.TTL.Milliseconds(), Budget: h.Budget})
+					TTLMs: h.TTL.Milliseconds(), Budget: h.Budget, Residual: h.Residual, KeepMs: h.Keep.Milliseconds()})
 			}
 		}
 		v.GPUs = append(v.GPUs, lv)

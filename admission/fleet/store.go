@@ -16,9 +16,11 @@ import (
 //
 // Every call from a replica proves it alive: it renews that replica's lease
 // and its budget announcement for r.TTL. Counting (see doc.go): a lease is
-// live until its TTL passes unrenewed; the key's budget is the smallest live
-// announcement (0 when there is none); Acquire grants only while the live
-// leases plus the grant fit that budget.
+// live until its TTL passes unrenewed, and then counts on as the replica's
+// residual hold until r.Residual has passed since its last call (the
+// replica's next call revives it); the key's budget is the smallest live
+// announcement (0 when there is none); Acquire grants only while the leases
+// and residual holds plus the grant fit that budget.
 type Store interface {
 	// Acquire grows r.Replica's lease on key by as much of bytes as is free,
 	// if at least least bytes are (least 0 means bytes: all or nothing). A refusal is
@@ -30,8 +32,9 @@ type Store interface {
 	// Release returns bytes of r.Replica's lease (all of it if it holds
 	// less) and renews the rest.
 	Release(ctx context.Context, key string, r Request, bytes int64) (Lease, error)
-	// Leases lists every replica that holds a lease or has a live
-	// announcement on key: the fleet view. Expired leases are not listed.
+	// Leases lists every replica that holds a lease (live or residual) or
+	// has a live announcement on key: the fleet view. Leases past their
+	// residual bound are not listed.
 	Leases(ctx context.Context, key string) (Listing, error)
 }
 
@@ -47,6 +50,13 @@ type Request struct {
 	// TTL is how long the lease and the announcement live without another
 	// call; at least a millisecond (the Redis store's resolution).
 	TTL time.Duration
+	// Residual is how long after this call the lease still counts if the
+	// replica makes no other: past its TTL it is the replica's residual
+	// hold, which no other replica may lease, because requests the replica
+	// admitted on it may still run on the GPU (a paused or cut-off replica
+	// looks dead to the store, but its requests do not stop). 0, or less
+	// than TTL: TTL (the lease ends with its TTL).
+	Residual time.Duration
 }
 
 // Lease is a replica's standing after a call, as the store saw it.
@@ -57,23 +67,31 @@ type Lease struct {
 	// TTL is what is left of the lease (0 when Held is 0), by the store's
 	// clock.
 	TTL    time.Duration
-	Total  int64 // all live leases on the key, this one included
+	Total  int64 // all leases on the key, this one and residual holds included
 	Budget int64 // the key's budget: the smallest live announcement
+	// Residual is the part of Total that other replicas hold as residual
+	// holds: leases past their TTL that still count.
+	Residual int64
 }
 
 // Listing is the key's state: its budget, its live leases, and who holds them.
 type Listing struct {
-	Budget  int64
-	Total   int64
-	Holders []Holder // sorted by Replica
+	Budget   int64
+	Total    int64    // leases, residual holds included
+	Residual int64    // the residual holds' part of Total
+	Holders  []Holder // sorted by Replica
 }
 
 // Holder is one replica's part of a Listing.
 type Holder struct {
 	Replica string
 	Bytes   int64         // its lease; 0 if it only announces a budget
-	TTL     time.Duration // left on its lease; 0 if it holds none
+	TTL     time.Duration // left on its lease; 0 if it holds none or its lease is a residual hold
 	Budget  int64         // its live announcement; 0 if none
+	// Residual: its lease's TTL has passed unrenewed, and the lease counts
+	// on, for Keep more, as what its requests may still hold.
+	Residual bool
+	Keep     time.Duration // left until its lease stops counting; 0 if it holds none
 }
 
 // MaxBytes bounds every byte count a Store accepts: 2^53, the largest
@@ -115,6 +133,8 @@ func check(key string, r Request) error {
 		return invalid("ttl %v below 1ms", r.TTL)
 	case r.Budget < 0 || r.Budget > MaxBytes:
 		return invalid("budget %d outside [0, %d]", r.Budget, int64(MaxBytes))
+	case r.Residual < 0:
+		return invalid("residual %v is negative", r.Residual)
 	}
 	return nil
 }

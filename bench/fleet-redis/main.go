@@ -155,7 +155,9 @@ func (b *bench) start(ctx context.Context) error {
 	b.simURL = sim.URL
 	for i := range 3 {
 		name := fmt.Sprintf("r%d", i+1)
-		p, err := b.startGateway(ctx, name, fmt.Sprintf("shared_budget: {redis: %q, replicas: 3, replica: %s}\n", b.redis.URL, name))
+		// A replica killed with SIGKILL has its requests end with it: its
+		// part may go to the others at its TTL (residual_ttl = lease_ttl).
+		p, err := b.startGateway(ctx, name, fmt.Sprintf("shared_budget: {redis: %q, replicas: 3, replica: %s, residual_ttl: 3s}\n", b.redis.URL, name))
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,177 @@
+package fleet_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/admission/admissiontest"
+	"github.com/kvgate/kvgate/admission/fleet"
+)
+
+// residualRig is two lessees, p (the one that goes silent) and b, on one
+// store, stepped by hand on a manual clock. pass lets d go by for the
+// lessees and for the store: on the in-process store that is the same
+// clock; on Redis, whose leases run on its own clock, it also waits until
+// Redis's TIME has moved d.
+type residualRig struct {
+	ctx    context.Context
+	clock  *admissiontest.Clock
+	store  fleet.Store
+	pass   func(d time.Duration)
+	p, b   *fleet.Lessee
+	pp, pb *pool
+}
+
+// The TTL leaves a stalled machine two thirds of it between b's steps on
+// Redis; the bound is three TTLs.
+const (
+	residualTTL   = 1500 * time.Millisecond
+	residualBound = 3 * residualTTL
+)
+
+func newResidualRig(t *testing.T, store string) *residualRig {
+	r := &residualRig{ctx: context.Background(), clock: admissiontest.NewClock(epoch)}
+	switch store {
+	case "memory":
+		r.store, r.pass = fleet.NewMemory(r.clock.Now), r.clock.Advance
+	case "redis":
+		h := redisHarness(t)
+		r.store = h.open("kvgate:")
+		r.pass = func(d time.Duration) {
+			h.advance(d)
+			r.clock.Advance(d)
+		}
+	}
+	mk := func(replica string) (*fleet.Lessee, *pool) {
+		p := &pool{}
+		l, err := fleet.NewLessee(fleet.LesseeConfig{
+			Store: r.store, Key: "gpu0", Replica: replica, Replicas: 2, Budget: 1000, Chunk: 100,
+			TTL: residualTTL, Residual: residualBound, Hysteresis: time.Second,
+			Demand: p.Demand, OnCapacity: p.OnCapacity, Clock: r.clock, Logger: slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, p
+	}
+	r.p, r.pp = mk("p")
+	r.b, r.pb = mk("b")
+	return r
+}
+
+// silence lets d go by while p does not call (paused, cut off or dead) and b
+// steps every TTL/3, as its renewals would.
+func (r *residualRig) silence(d time.Duration) {
+	for end := r.clock.Now().Add(d); r.clock.Now().Before(end); {
+		r.pass(residualTTL / 3)
+		r.b.Step(r.ctx)
+	}
+}
+
+func (r *residualRig) holder(t *testing.T, replica string) fleet.Holder {
+	t.Helper()
+	f := listing(t)(r.store.Leases(r.ctx, "gpu0"))
+	for _, h := range f.Holders {
+		if h.Replica == replica {
+			return h
+		}
+	}
+	return fleet.Holder{Replica: replica}
+}
+
+// A replica that stops calling Redis (paused past its TTL, cut off, killed)
+// may still have requests running on the GPU: its lease stays counted, as
+// its residual hold, until it calls again — which revives the lease as it
+// was — or until the bound has passed since its last call. What it gave
+// back, or never leased, goes at once.
+func TestResidualHoldKeepsASilentReplicasLeaseFromTheOthers(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			for _, tc := range []struct {
+				name string
+				run  func(t *testing.T, r *residualRig)
+			}{
+				{"silent past its TTL, then back", func(t *testing.T, r *residualRig) {
+					r.silence(residualTTL + residualTTL/3)
+					if st := r.b.Stats(); st.Capacity != 400 || st.Residual != 600 || st.FleetLeased != 1000 {
+						t.Errorf("b while p is silent past its TTL: %+v, want capacity 400 beside p's 600 residual", st)
+					}
+					if h := r.holder(t, "p"); !h.Residual || h.Bytes != 600 {
+						t.Errorf("p listed as %+v, want a residual hold of 600", h)
+					}
+					// p resumes: its first call renews the lease it had, and
+					// nothing was lost.
+					r.p.Step(r.ctx)
+					if st := r.p.Stats(); st.Leased != 600 || st.Capacity != 600 || st.LostLeases != 0 || st.Rejoining {
+						t.Errorf("p back: %+v, want its 600 leased and usable again, no lost lease", st)
+					}
+					if h := r.holder(t, "p"); h.Residual || h.Bytes != 600 {
+						t.Errorf("p listed as %+v after its renewal, want a live lease of 600", h)
+					}
+					r.silence(residualTTL / 3)
+					if st := r.b.Stats(); st.Residual != 0 || st.Capacity != 400 {
+						t.Errorf("b after p's return: %+v, want no residual hold, capacity 400", st)
+					}
+				}},
+				{"silent past the bound", func(t *testing.T, r *residualRig) {
+					r.silence(residualBound - residualTTL/3)
+					if st := r.b.Stats(); st.Capacity != 400 {
+						t.Errorf("b before the bound: %+v, want capacity 400", st)
+					}
+					r.silence(residualTTL / 3 * 2)
+					if st := r.b.Stats(); st.Capacity != 1000 || st.Residual != 0 {
+						t.Errorf("b past the bound: %+v, want the whole budget", st)
+					}
+					r.p.Step(r.ctx)
+					if st := r.p.Stats(); st.Leased != 0 || st.LostLeases != 1 {
+						t.Errorf("p back past the bound: %+v, want its lease lost", st)
+					}
+				}},
+				{"idle before it went silent", func(t *testing.T, r *residualRig) {
+					// Its requests ended and it gave its chunks back after
+					// the hysteresis: a silence leaves nothing behind.
+					r.pp.set(0, 0)
+					r.p.Step(r.ctx)
+					r.pass(time.Second)
+					r.p.Step(r.ctx)
+					if st := r.p.Stats(); st.Leased != 0 {
+						t.Fatalf("p idle past the hysteresis: %+v, want its lease given back", st)
+					}
+					r.silence(residualTTL / 3)
+					if st := r.b.Stats(); st.Capacity != 1000 || st.Residual != 0 {
+						t.Errorf("b: %+v, want the whole budget at once", st)
+					}
+				}},
+				{"stopped cleanly", func(t *testing.T, r *residualRig) {
+					// A replica that stops after its drain gives back what
+					// its pool does not hold: all of it.
+					r.pp.set(0, 0)
+					if err := r.p.Shutdown(r.ctx); err != nil {
+						t.Fatal(err)
+					}
+					r.silence(residualTTL / 3)
+					if st := r.b.Stats(); st.Capacity != 1000 || st.Residual != 0 {
+						t.Errorf("b: %+v, want the whole budget at once", st)
+					}
+				}},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					r := newResidualRig(t, store)
+					// p leases 600 and runs requests on all of it; b wants
+					// the whole budget and gets the rest.
+					r.pp.set(0, 600)
+					r.p.Step(r.ctx)
+					r.pp.set(600, 0)
+					r.pb.set(0, 1000)
+					r.b.Step(r.ctx)
+					if sp, sb := r.p.Stats(), r.b.Stats(); sp.Capacity != 600 || sb.Capacity != 400 {
+						t.Fatalf("before: p %+v, b %+v; want capacities 600 and 400", sp, sb)
+					}
+					tc.run(t, r)
+				})
+			}
+		})
+	}
+}
