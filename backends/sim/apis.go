@@ -64,14 +64,17 @@ func (s *Server) generateAPI(ctx *fasthttp.RequestCtx, a api) {
 	for r.status.Load() == statusActive && !r.started() {
 		<-r.wake
 	}
-	unwatch()
 	if r.status.Load() == statusFailed && !r.started() {
+		unwatch()
 		s.writeAPIError(ctx, a, errorFor(r.err))
 		return
 	}
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) { s.streamAPI(w, r, enc) })
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) { // the watch stays on: see generate.go
+		defer unwatch()
+		s.streamAPI(w, r, enc)
+	})
 }
 
 // streamAPI writes r's events in enc's API until r ends or the client

@@ -10,9 +10,9 @@ import (
 )
 
 // A client that goes away has its request aborted and its blocks freed at
-// once, as vLLM aborts it: while streaming (the first failed write says so),
-// and while waiting for a non-streamed answer or for its first token
-// (connwatch sees the hang-up). Every test runs in real time, where the
+// once, as vLLM aborts it: while streaming, and while waiting for a
+// non-streamed answer or for its first token (connwatch sees the hang-up;
+// a stream's failed write would too). Every test runs in real time, where the
 // request would run for a minute, and fails if it outlives its client.
 
 // rawRequest sends a completion over a bare TCP connection.

@@ -160,10 +160,10 @@
 // drops the field is caught). A rejected request allocates nothing.
 //
 // A client that disconnects has its request aborted and its blocks freed at
-// once, as vLLM aborts it: a stream at its first failed write; a request
-// still queued, or waiting for its answer or its first token, when
-// internal/connwatch sees the connection hang up (Linux TCP; not in-memory
-// listeners).
+// once, as vLLM aborts it: when internal/connwatch sees the connection
+// hang up (Linux TCP; not in-memory listeners) — a request still queued,
+// waiting for its answer or its first token, or streaming — or else at a
+// stream's first failed write.
 //
 // # Not modelled
 //

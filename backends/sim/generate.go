@@ -13,8 +13,8 @@ import (
 // streamed one waits for its first token (or its failure) before it commits
 // to a 200, so that a request failed before any output gets a plain HTTP
 // error; from then on every token is one SSE event, written as soon as the
-// engine has produced it, and the first failed write aborts the request and
-// frees its blocks.
+// engine has produced it; a hang-up (connwatch) or a failed write aborts
+// the request and frees its blocks.
 func (s *Server) generate(ctx *fasthttp.RequestCtx, chat bool) {
 	p := s.parsers.Get()
 	g, aerr := parseGenRequest(p, ctx.PostBody(), chat, s.set)
@@ -52,14 +52,23 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, chat bool) {
 	for r.status.Load() == statusActive && !r.started() {
 		<-r.wake
 	}
-	unwatch()
 	if r.status.Load() == statusFailed && !r.started() {
+		unwatch()
 		s.writeError(ctx, errorFor(r.err))
 		return
 	}
 	ctx.SetContentType("text/event-stream")
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) { s.stream(w, r, g, &enc) })
+	// The watch stays on while the stream is written: a client that hangs
+	// up is aborted at once, as vLLM aborts a request whose client
+	// disconnected, rather than when a write finally fails — which behind
+	// fasthttp's pipe, on a loaded machine, can be many steps later, while
+	// the request goes on taking blocks. (fasthttp starts the writer at
+	// once, so unwatch always runs.)
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer unwatch()
+		s.stream(w, r, g, &enc)
+	})
 }
 
 func (s *Server) newRequest(g genParams) *request {
