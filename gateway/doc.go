@@ -6,7 +6,11 @@
 //
 // # A request, end to end
 //
-// The handler (serveCompletion, exchange.go) authenticates the client
+// A request is routed by its path (routes.go) to its route's handler —
+// serveCompletion (exchange.go) for chat and completions; the Responses
+// and Messages APIs (generation.go) and the pooling routes (pooling.go)
+// take the same steps (steps.go) with their own reading of the body. The
+// handler authenticates the client
 // (auth.go) and reads only the fields that decide admission (parse.go:
 // model, messages or prompt, max_tokens / max_completion_tokens, n /
 // best_of, stream, stream_options), exactly as vLLM will read them — a body
