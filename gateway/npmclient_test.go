@@ -40,6 +40,16 @@ type npmClientResult struct {
 		EncodingFormat string `json:"encoding_format"`
 		MatchesFloat   bool   `json:"matches_float"`
 	} `json:"embedding"`
+	Response struct {
+		Text         string `json:"text"`
+		OutputTokens int    `json:"output_tokens"`
+	} `json:"response"`
+	ResponseStream struct {
+		Text         string `json:"text"`
+		Deltas       int    `json:"deltas"`
+		OutputTokens int    `json:"output_tokens"`
+		Status       string `json:"status"`
+	} `json:"response_stream"`
 	Models struct {
 		IDs []string `json:"ids"`
 	} `json:"models"`
@@ -77,7 +87,8 @@ func needNode(t *testing.T) string {
 // TestNPMOpenAIClientThroughGateway: the npm openai client, as a Node app
 // uses it, through the gateway to the simulated vLLM: chat plain and
 // streamed, a completion, embeddings (which it asks for in base64 and
-// decodes itself, checked against the same in floats), the model list, and an unknown model raised as its
+// decodes itself, checked against the same in floats), the Responses API
+// plain and streamed, the model list, and an unknown model raised as its
 // NotFoundError.
 func TestNPMOpenAIClientThroughGateway(t *testing.T) {
 	node := needNode(t)
@@ -118,6 +129,8 @@ func TestNPMOpenAIClientThroughGateway(t *testing.T) {
 		{"completion", r.Completion.Text != "" && r.Completion.CompletionTokens == 7},
 		{"embedding", r.Embedding.Count == 2 && r.Embedding.Dims > 0 && r.Embedding.PromptTokens > 0 &&
 			r.Embedding.EncodingFormat == "base64" && r.Embedding.MatchesFloat},
+		{"response", r.Response.Text != "" && r.Response.OutputTokens == 6},
+		{"response_stream", r.ResponseStream.Text != "" && r.ResponseStream.Deltas >= 9 && r.ResponseStream.OutputTokens == 9 && r.ResponseStream.Status == "incomplete"},
 		{"models", len(r.Models.IDs) == 1 && r.Models.IDs[0] == "llama-3-8b"},
 		{"unknown_model", r.UnknownModel.Error == "NotFoundError" && r.UnknownModel.Status == 404 &&
 			r.UnknownModel.Code == "model_not_found" && r.UnknownModel.Param == "model"},

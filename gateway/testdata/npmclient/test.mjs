@@ -111,6 +111,33 @@ await check("embedding", async () => {
   };
 });
 
+// The Responses API, which the AI SDK's openai('model') and the client's
+// responses.create use: plain, and streamed as its typed events.
+await check("response", async () => {
+  const r = await client.responses.create({ model, input: "Say hello in five words.", max_output_tokens: 6 });
+  must(r.output_text, `no output_text: ${JSON.stringify(r)}`);
+  must(r.usage && r.usage.output_tokens === 6 && r.usage.input_tokens > 0, `usage: ${JSON.stringify(r.usage)}`);
+  return { text: r.output_text, output_tokens: r.usage.output_tokens };
+});
+
+await check("response_stream", async () => {
+  const stream = await client.responses.create({ model, input: "Count to ten.", max_output_tokens: 9, stream: true });
+  let text = "";
+  let deltas = 0;
+  let completed = null;
+  for await (const ev of stream) {
+    if (ev.type === "response.output_text.delta") {
+      text += ev.delta;
+      deltas++;
+    }
+    // Cut by max_output_tokens, a response ends incomplete.
+    if (ev.type === "response.completed" || ev.type === "response.incomplete") completed = ev.response;
+  }
+  must(text, "no text streamed");
+  must(completed && completed.usage && completed.usage.output_tokens === 9, `completed: ${JSON.stringify(completed)}`);
+  return { text, deltas, output_tokens: completed.usage.output_tokens, status: completed.status };
+});
+
 await check("models", async () => {
   const ids = [];
   for await (const m of client.models.list()) ids.push(m.id);
