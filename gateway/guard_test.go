@@ -20,13 +20,14 @@ import (
 // smallOOMSim is an oom simulator with a pool of a few hundred blocks
 // (24 GiB at 0.9 less the weights and 6 GiB kept aside), whose answers are
 // 8 tokens long unless the prompt says LONG: then 400. A gateway cannot
-// read which a request is. It runs at a tenth of real time: the guard
-// rests on the gateway seeing each stream's tokens within a block's worth
-// of the backend's steps, which a loaded test machine running the race
-// detector can take longer than a block of real-time steps to do.
+// read which a request is. It runs at twice a real GPU's pace (a step of
+// the batch here takes some 15ms, a block of 16 steps a quarter second),
+// not faster: the guard rests on the gateway seeing each stream's tokens
+// within a block's worth of the backend's steps, and a loaded test machine
+// running the race detector lagged a block at a faster pace.
 func smallOOMSim(t *testing.T) (*sim.Server, string) {
 	return startSim(t, func(c *sim.Config) {
-		c.OnOverflow, c.TimeScale = sim.OverflowOOM, 0.1
+		c.OnOverflow, c.TimeScale = sim.OverflowOOM, 0.5
 		c.Reserve, c.MaxModelLen = 6<<30, 2048
 		c.OutputLen, c.OutputLenWhen = "fixed:8", []string{"LONG=fixed:400"}
 	})
