@@ -44,9 +44,10 @@
 // scheduler, with the per-request quantiles replaced by a bound on the
 // probability of overflow, which many independent requests make tight. A
 // request whose progress is not reported (Opaque: a non-streamed answer),
-// one that sets its own length (Pinned), one of a queue still warming up
-// (fewer than WarmupSamples) or distrusted, and one without a Shape are
-// held at their worst case. While a GPU's backend reports more than (1 − Headroom) × E in
+// one of a queue still warming up (fewer than WarmupSamples) or
+// distrusted, and one without a Shape are held at their worst case; one
+// that sets its own length (Pinned) is taken to run every sequence to its
+// cap, growing as its progress says — certain, never a guess. While a GPU's backend reports more than (1 − Headroom) × E in
 // use, nothing new is admitted to it on the forecast's word: the backend's
 // own account is ground truth, and Feedback widens the margin when it is
 // exceeded. A request whose worst case fits beside every worst case held
@@ -69,7 +70,7 @@
 // a queue for CoolDown: its requests, running ones too, go to their worst
 // case and its predictors start over. A ticket released before its
 // sequences finished teaches each as censored at the length it reached.
-// Opaque and Pinned requests are never forecast. Linger keeps a given-up
+// Opaque and Pinned requests are never forecast from learned lengths. Linger keeps a given-up
 // ticket held until the backend can have let its blocks go.
 //
 // A request's charge is what it counts for against its tenant's cap, GPU

@@ -54,9 +54,21 @@ type guardState struct {
 	lingering bool // given up, held until the backend has let its blocks go
 }
 
-// predictable says whether a request may be forecast rather than held at
-// its worst case: it reports progress and does not set its own length.
+// predictable says whether a request may be forecast from its queue's
+// learned lengths: it reports progress and does not set its own length.
 func (w *waiter) predictable() bool { return !w.opaque && !w.pinned && len(w.shape) > 0 }
+
+// certainGrowth says whether a request's growth is known without a
+// forecast: it sets its own length (ignore_eos, min_tokens, or a stream
+// resumed at its worst case) and reports its progress, so that every
+// sequence is taken to run to its cap — the most it can hold at every step,
+// as worst_case holds it at its end, but growing as it really grows, so
+// that the batch's peak counts the requests that finish first.
+func (w *waiter) certainGrowth() bool { return !w.opaque && w.pinned && len(w.shape) > 0 }
+
+// guessed says whether t's growth is a forecast from learned lengths that
+// can be wrong, rather than certain or its worst case.
+func (t *Ticket) guessed() bool { return t.lens != nil && !t.pinned }
 
 // guardNowLocked is what t may hold on the backend now.
 func (s *Scheduler) guardNowLocked(t *Ticket) int64 {
@@ -133,8 +145,8 @@ func (s *Scheduler) guardCheckLocked(p *pool) {
 	weigh := func(t *Ticket) float64 { return float64(nowOf[t.tenant]) / max(t.tenant.share, 1e-9) }
 	slices.SortFunc(victims, func(a, b *Ticket) int {
 		switch {
-		case (a.lens == nil) != (b.lens == nil): // predicted first: their growth was a guess
-			if a.lens != nil {
+		case a.guessed() != b.guessed(): // predicted first: their growth was a guess
+			if a.guessed() {
 				return -1
 			}
 			return 1
@@ -263,7 +275,7 @@ func (s *Scheduler) distrustLocked(q *queue, reason string) {
 	s.scratchSeq = 0
 	for _, r := range q.routes {
 		for t := r.p.first; t != nil; t = t.next {
-			if t.line.q == q && t.lens != nil {
+			if t.line.q == q && t.guessed() {
 				s.updateLocked(t, func() { t.lens = nil })
 			}
 		}

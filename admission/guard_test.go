@@ -109,8 +109,9 @@ func TestGuardStopsBeforeThePoolIsExceeded(t *testing.T) {
 }
 
 // A request that cannot be forecast — it does not report progress, or it
-// sets its own length — is held at its worst case, so the guard never
-// needs to stop it, and a pinned length teaches nothing.
+// sets its own length — commits its worst case (a pinned one grows to it
+// for certain: see TestPinnedGrowthIsCertain), so its growth is never a
+// guess the guard must correct, and a pinned length teaches nothing.
 func TestPinnedAndOpaqueHeldAtWorstCase(t *testing.T) {
 	for _, tc := range []struct {
 		name      string

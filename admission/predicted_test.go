@@ -270,3 +270,35 @@ func exactLengths(t *testing.T, taught, capAt int) {
 		t.Fatalf("the pool was never filled: peak %d of %d blocks", peak, blocks)
 	}
 }
+
+// A request that sets its own length (Pinned: ignore_eos, min_tokens, a
+// resumed stream) is sized by it — every sequence runs to its cap — but as
+// it grows, not at its end from the start: beside one that will finish
+// before it reaches its own peak it fits, where two that grow together do
+// not.
+func TestPinnedGrowthIsCertain(t *testing.T) {
+	pin := func() admission.Request {
+		r := chat(0, 592) // 37 blocks of 16 bytes at its cap
+		r.Pinned, r.Deadline = true, t0
+		return r
+	}
+	for _, tc := range []struct {
+		name  string
+		ahead int // tokens the first has generated when the second arrives
+		fits  bool
+	}{
+		{"beside one about to finish", 560, true},
+		{"beside one just started", 0, false},
+	} {
+		f := newFixture(t, predicted(1000, 1))
+		first := f.acquire(pin())
+		first.Progress(0, tc.ahead)
+		second, err := f.b.Acquire(context.Background(), pin())
+		if (err == nil) != tc.fits {
+			t.Errorf("%s: admitted %v (%v), want %v: worst cases 592 + 592 > 1000", tc.name, err == nil, err, tc.fits)
+		}
+		second.Release()
+		first.Release()
+		f.state(0, 0)
+	}
+}

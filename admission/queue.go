@@ -188,8 +188,11 @@ func (s *Scheduler) initWaiterLocked(w *waiter, q *queue, l *line, r Request, in
 		w.weight = satAdd64(w.weight, g.final())
 	}
 	w.shared = sharedOf(w.shape)
-	if w.predictable() {
+	switch {
+	case w.predictable():
 		w.lens = s.lengthsForLocked(q, t)
+	case w.certainGrowth():
+		w.lens = s.certain
 	}
 	w.charge = s.chargeLocked(w)
 }

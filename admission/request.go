@@ -33,9 +33,11 @@ type Request struct {
 	// learned length gives, from admission to release.
 	Opaque bool
 	// Pinned says the request itself sets its output's length (vLLM's
-	// ignore_eos, or a min_tokens floor): it is held at its worst case and
-	// its length teaches no predictor, since it says nothing of how long
-	// the model's answers run.
+	// ignore_eos, or a min_tokens floor): every sequence is taken to run
+	// to its cap — under Predicted, growing as its progress says (its
+	// worst case at every step, not from the start); otherwise held at
+	// its worst case — and its length teaches no predictor, since it says
+	// nothing of how long the model's answers run.
 	Pinned bool
 	// Stopper, if set, is how the scheduler stops the running request to
 	// keep its pool's memory within its capacity when the forecast was

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -48,6 +49,10 @@ type Scheduler struct {
 	backfilled  int64 // waiters admitted past an earlier waiter that did not fit
 	rng         *rand.Rand
 	scratch     curve // a candidate's forecast, reused under mu
+	// certain is the lengths of requests that set their own (Pinned):
+	// every sequence runs to its cap, no sooner. It holds no sample, so
+	// every sequence survives to its cap, and it learns none.
+	certain *predict.Lengths
 	// own is a candidate's forecast without its shareable blocks (share.go),
 	// for GPUs that hold them once; ownSeq, ownLens and ownOpaque name whose.
 	own       curve
@@ -120,6 +125,9 @@ func New(cfg Config) (*Scheduler, error) {
 		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 	if s.clock == nil {
 		s.clock = SystemClock()
+	}
+	if s.certain, err = predict.NewLengths(predict.LengthsConfig{MaxLen: math.MaxInt32}); err != nil {
+		return nil, fmt.Errorf("admission: %w", err)
 	}
 	s.limits.limited, s.limits.onDemand = cfg.Limited, cfg.OnDemand
 	s.mu.Lock()

@@ -163,7 +163,7 @@ func (t *Ticket) Progress(gi, generated int) {
 		return
 	}
 	s.updateLocked(t, func() { g.gen, g.blk = generated, b })
-	if !g.crossed && t.lens != nil && generated >= g.mark {
+	if !g.crossed && t.guessed() && generated >= g.mark {
 		g.crossed = true
 		s.noteSequenceLocked(t.line.q, true)
 	}
@@ -189,7 +189,7 @@ func (t *Ticket) Done(gi, generated int, capped bool) {
 		s.mu.Unlock()
 		return
 	}
-	if t.lens != nil && !g.crossed && !t.guard.stopped {
+	if t.guessed() && !g.crossed && !t.guard.stopped {
 		s.noteSequenceLocked(t.line.q, false)
 	}
 	s.updateLocked(t, func() { g.live-- })

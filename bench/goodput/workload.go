@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -262,7 +263,24 @@ func (w *workload) gateway(ctx context.Context, o options, kit *benchkit.Kit, na
 		return nil, err
 	}
 	defer g.Stop()
-	return w.load(ctx, o, kit, name, g.URL, sim.URL+"/metrics", levels)
+	rows, err := w.load(ctx, o, kit, name, g.URL, sim.URL+"/metrics", levels)
+	reportGuard(ctx, name, g.URL)
+	return rows, err
+}
+
+// reportGuard says what the guard did in a gateway's run: streams stopped
+// (and resumed) and forecasts distrusted, each of which held the model at
+// its worst case for a cool-down.
+func reportGuard(ctx context.Context, name, url string) {
+	var st struct {
+		Admission struct {
+			GuardStops int64            `json:"guard_stops"`
+			Trips      map[string]int64 `json:"forecast_trips"`
+		} `json:"admission"`
+	}
+	if err := benchkit.Status(ctx, http.DefaultClient, url, &st); err == nil && (st.Admission.GuardStops > 0 || len(st.Admission.Trips) > 0) {
+		fmt.Fprintf(os.Stderr, "%s: guard stops %d, forecast trips %v\n", name, st.Admission.GuardStops, st.Admission.Trips)
+	}
 }
 
 // load runs kvgate loadtest against url at levels.
