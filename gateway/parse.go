@@ -199,7 +199,7 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 		return nil, err
 	}
 	r.readAffinity(v)
-	r.resumable = r.stream && r.seqs == 1 && !r.pinned && len(r.shapes) == 1 && continuable(v, kind)
+	r.resumable = r.stream && r.seqs == 1 && len(r.shapes) == 1 && continuable(v, kind)
 	return r, nil
 }
 

@@ -35,7 +35,9 @@ import (
 // and never starves. What cannot be continued exactly from its text is cut
 // as before: several choices or sequences, a prompt of token ids, echo,
 // structured output, a client's own continue_final_message, and — found
-// only while it streams — tool calls or a reasoning model's reasoning.
+// only while it streams — tool calls or a reasoning model's reasoning. A
+// request that sets its own length goes on with it: ignore_eos as it was,
+// min_tokens less what was generated.
 
 // resumeState is what a stream that may be resumed keeps: the body and
 // headers its backend was sent, and the text its only choice generated.
@@ -162,7 +164,7 @@ func isFalse(v *fastjson.Value) bool { return v != nil && v.Type() == fastjson.T
 
 // continuation is the body that goes on from the text generated: the body
 // sent, with the text after the prompt and remaining tokens to generate.
-func (rs *resumeState) continuation(kind endpoint, remaining int) ([]byte, error) {
+func (rs *resumeState) continuation(kind endpoint, remaining, generated int) ([]byte, error) {
 	var p, tp fastjson.Parser
 	v, err := p.ParseBytes(rs.body())
 	if err != nil {
@@ -204,6 +206,11 @@ func (rs *resumeState) continuation(kind endpoint, remaining int) ([]byte, error
 	if !set {
 		v.Set("max_tokens", a.NewNumberInt(remaining))
 	}
+	// A floor on the output is a floor on the whole answer: what was
+	// generated counts towards it. (ignore_eos goes on as it was.)
+	if f := v.Get("min_tokens"); f != nil && f.Type() == fastjson.TypeNumber {
+		v.Set("min_tokens", a.NewNumberInt(max(f.GetInt()-generated, 0)))
+	}
 	return v.MarshalTo(nil), nil
 }
 
@@ -240,7 +247,7 @@ func (x *exchange) resumeStream() (resp *backends.Response, er *eventReader, fir
 		}
 		return stopped()
 	}
-	body, err := rs.continuation(x.req.kind, remaining)
+	body, err := rs.continuation(x.req.kind, remaining, generated)
 	if err != nil {
 		x.s.log.Warn("could not resume a stopped stream", "model", x.req.model, "err", err)
 		return stopped()

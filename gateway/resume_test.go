@@ -23,8 +23,8 @@ func TestResumable(t *testing.T) {
 		{"not streamed", chatCompletions, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, false},
 		{"two choices", chatCompletions, chat + `,"n":2}`, false},
 		{"best_of", chatCompletions, chat + `,"best_of":2}`, false},
-		{"min_tokens sets its length", chatCompletions, chat + `,"min_tokens":5}`, false},
-		{"ignore_eos", chatCompletions, chat + `,"ignore_eos":true}`, false},
+		{"min_tokens: less what was generated", chatCompletions, chat + `,"min_tokens":5}`, true},
+		{"ignore_eos", chatCompletions, chat + `,"ignore_eos":true}`, true},
 		{"guided_json", chatCompletions, chat + `,"guided_json":{"type":"object"}}`, false},
 		{"structured_outputs", chatCompletions, chat + `,"structured_outputs":{"regex":"a+"}}`, false},
 		{"json_schema", chatCompletions, chat + `,"response_format":{"type":"json_schema"}}`, false},
@@ -74,6 +74,10 @@ func TestContinuation(t *testing.T) {
 			map[string]any{"model": "m", "max_tokens": 60.0, "max_completion_tokens": 60.0,
 				"messages":              []any{map[string]any{"role": "user", "content": "hi"}, map[string]any{"role": "assistant", "content": "ok"}},
 				"add_generation_prompt": false, "continue_final_message": true}},
+		{"min_tokens less what was generated, ignore_eos kept", completions,
+			`{"model":"m","prompt":"a","max_tokens":100,"min_tokens":50,"ignore_eos":true}`,
+			`b`,
+			map[string]any{"model": "m", "prompt": "ab", "max_tokens": 60.0, "min_tokens": 10.0, "ignore_eos": true}},
 		{"completion without a length", completions,
 			`{"model":"m","prompt":"Once upon","stream":true}`,
 			` a time \u00e9`,
@@ -82,7 +86,7 @@ func TestContinuation(t *testing.T) {
 		rs := newResumeState()
 		rs.keep([]byte(tc.sent), headerMap{"X-Request-Id": "abc"})
 		rs.capture([]byte(tc.text), false)
-		out, err := rs.continuation(tc.kind, 60)
+		out, err := rs.continuation(tc.kind, 60, 40)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
