@@ -40,6 +40,10 @@ type reqCtx struct {
 	// while an upstream exchange is open: the backend holds the request's
 	// blocks until it notices the abort (admission.abort_hold).
 	linger time.Duration
+	// cut: preempt took the upstream connection to close it. The exchange
+	// on it must not give it back to the pool (Uninterrupt says so), as it
+	// would after its last byte had it not been cut.
+	cut    bool
 	funcs  []afterFunc // AfterFuncs of derived contexts
 	nextID int
 	// waiting is told, without blocking, when the done channel is first
@@ -154,7 +158,7 @@ func (c *reqCtx) preempt() bool {
 		return false
 	}
 	closer, t := c.closer, c.ticket
-	c.closer, c.ticket = nil, nil
+	c.closer, c.ticket, c.cut = nil, nil, true
 	c.mu.Unlock()
 	closer.Close()
 	if t != nil {
@@ -199,12 +203,14 @@ func (c *reqCtx) lockLive() bool {
 }
 
 // Uninterrupt forgets the connection held; false if the context ended
-// first, which closed it.
+// first, or preempt cut the exchange, either of which closed it.
 func (c *reqCtx) Uninterrupt() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closer = nil
-	return c.cause == nil
+	cut := c.cut
+	c.cut = false
+	return c.cause == nil && !cut
 }
 
 // AfterFunc is what context.AfterFunc, WithCancel and WithTimeout use on a

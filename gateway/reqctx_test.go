@@ -117,3 +117,35 @@ func TestReqCtxWaitingWakesTheSweep(t *testing.T) {
 		t.Error("a context ended before anyone waited woke the sweep")
 	}
 }
+
+// preempt cuts the upstream exchange but not the request: the connection
+// is closed and never handed back to the pool as one whose answer was read
+// whole, the context lives on, and the next exchange's connection is the
+// pool's again once it is done. Without an exchange, or once the request
+// has ended, there is nothing to cut.
+func TestReqCtxPreempt(t *testing.T) {
+	var rc reqCtx
+	if rc.preempt() {
+		t.Fatal("preempted without an upstream exchange")
+	}
+	first, second := &closer{}, &closer{}
+	rc.Interrupt(first)
+	if !rc.preempt() || first.n.Load() != 1 {
+		t.Fatalf("preempt: the connection closed %d times, want once", first.n.Load())
+	}
+	if rc.Err() != nil || rc.Cause() != nil {
+		t.Fatal("preempt ended the request")
+	}
+	if rc.Uninterrupt() {
+		t.Fatal("the cut exchange's connection would go back to the pool")
+	}
+	rc.Interrupt(second)
+	if !rc.Uninterrupt() || second.n.Load() != 0 {
+		t.Fatal("the next exchange's connection is not the pool's once done")
+	}
+	rc.Interrupt(second)
+	rc.cancel(errClientGone)
+	if rc.preempt() {
+		t.Fatal("preempted an ended request")
+	}
+}
