@@ -253,7 +253,11 @@ func (x *exchange) resumeStream() (resp *backends.Response, er *eventReader, fir
 		return stopped()
 	}
 	rs.resumed, rs.carried, rs.opening = true, generated, true
+	// The stopped ticket is its linger's now: nothing of this exchange
+	// may release it before the backend has let its blocks go, even if
+	// the continuation is never admitted.
 	stoppedTicket := x.ticket
+	x.ticket = nil
 
 	// While it waits nothing is written to the client, so a hang-up is
 	// acted on at once, as before a stream.
