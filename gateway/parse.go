@@ -112,12 +112,8 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 		return nil, err
 	}
 
-	if sv := v.Get("stream"); sv != nil && sv.Type() != fastjson.TypeNull {
-		b, err := sv.Bool()
-		if err != nil {
-			return nil, badParam("stream", "stream must be a boolean")
-		}
-		r.stream = b
+	if err := r.readStream(v); err != nil {
+		return nil, err
 	}
 	if so := v.Get("stream_options"); so != nil && so.Type() != fastjson.TypeNull {
 		if so.Type() != fastjson.TypeObject {
@@ -201,6 +197,20 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	r.readAffinity(v)
 	r.resumable = r.stream && r.seqs == 1 && len(r.shapes) == 1 && continuable(v, kind)
 	return r, nil
+}
+
+// readStream reads stream: a boolean, null as absent.
+func (r *request) readStream(v *fastjson.Value) error {
+	sv := v.Get("stream")
+	if sv == nil || sv.Type() == fastjson.TypeNull {
+		return nil
+	}
+	b, err := sv.Bool()
+	if err != nil {
+		return badParam("stream", "stream must be a boolean")
+	}
+	r.stream = b
+	return nil
 }
 
 // lengthParam reads a length field (max_tokens and its kin): a positive

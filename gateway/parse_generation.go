@@ -107,12 +107,8 @@ func parseGeneration(p *fastjson.Parser, body []byte, kind endpoint) (*request, 
 	if err != nil {
 		return nil, err
 	}
-	if sv := v.Get("stream"); sv != nil && sv.Type() != fastjson.TypeNull {
-		b, err := sv.Bool()
-		if err != nil {
-			return nil, badParam("stream", "stream must be a boolean")
-		}
-		r.stream = b
+	if err := r.readStream(v); err != nil {
+		return nil, err
 	}
 	// Both APIs end a stream with its usage, unasked: there is no usage
 	// chunk to ask for on the client's behalf.
