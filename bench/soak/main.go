@@ -3,20 +3,20 @@
 // queued, no request in flight, goroutines back to their baseline and
 // memory flat on every replica, and no GPU ever over-admitted.
 //
-// It builds kvgate (or uses --kvgate) and starts, each a process of its
-// own on loopback: a redis-server; three simulated backends of one model,
-// each on a GPU of its own, run with --on-overflow oom (a GPU that is
-// over-admitted fails what runs on it and counts it), and a fourth kept
-// aside; and three gateway replicas in front of them that share each GPU's
-// budget through Redis (shared_budget, lease_ttl 2s), each reaching Redis
-// through a TCP proxy of its own that can blackhole it. --concurrency
-// clients spread --requests requests across the replicas: chat,
-// completions, the Responses API and Anthropic's Messages, each streamed
-// or not, embeddings and reranks, random prompt and output lengths, n up
-// to 3, two tenants, a few wrong keys. A share of clients hang up at a
-// random moment (queued, waiting, or mid-stream), and a share half-close:
-// they send the request over a raw HTTP/1.1 connection, shut their sending
-// side and read the answer.
+// It builds kvgate (or uses --kvgate) and starts, each a process of its own
+// on loopback: a redis-server (--redis-server; it must be installed); three
+// simulated backends of one model, each on a GPU of its own, run with
+// --on-overflow oom (a GPU that is over-admitted fails what runs on it and
+// counts it), and a fourth kept aside; and three gateway replicas in front
+// of them that share each GPU's budget through Redis (shared_budget,
+// --lease-ttl 2s), each reaching Redis through a TCP proxy of its own that
+// can blackhole it. --concurrency clients spread --requests requests across
+// the replicas: chat, completions, the Responses API and Anthropic's
+// Messages, each streamed or not, embeddings and reranks, random prompt and
+// output lengths, n up to 3, two tenants, a few wrong keys. A share of
+// clients hang up at a random moment (queued, waiting, or mid-stream), and
+// a share half-close: they send the request over a raw HTTP/1.1 connection,
+// shut their sending side and read the answer.
 //
 // Faults, each at a fixed point of the run and under load:
 //   - sim2 removed by a reload of every replica and re-added by the next
@@ -38,6 +38,12 @@
 // error.code or type, Anthropic's error.type). It prints one table of
 // figures — status codes and reasons, per route and per replica — and the
 // checks, per replica and fleet-wide, and exits 1 if any fails.
+//
+// main.go starts the parts, config.go writes the replicas' configs and
+// reloads them, load.go and halfclose.go are the clients, answer.go judges
+// an answer, tally.go counts what the clients saw, faults.go schedules the
+// faults, rest.go reads a replica at rest and report.go prints the figures
+// and the checks.
 //
 //	go run ./bench/soak                    # 100k requests
 //	go run ./bench/soak --requests 20000   # a shorter run
