@@ -113,6 +113,19 @@ func (s *soak) report(restErr error, elapsed time.Duration) error {
 		atRest := e.err == nil && e.held == 0 && e.running == 0 && e.bound == 0 && e.queued == 0 && e.inflight == 0
 		s.check(r.name+" at rest", atRest, "%d bytes held or committed, %d running, %d bound, %d queued, %g in flight",
 			e.held, e.running, e.bound, e.queued, e.inflight)
+		// Idle, a replica gives back every whole chunk it leased.
+		var over, lines []string
+		for _, g := range sortedKeys(e.leased) {
+			lines = append(lines, fmt.Sprintf("%s %s", g, mib(float64(e.leased[g]))))
+			if e.leased[g] >= e.chunk[g] {
+				over = append(over, g)
+			}
+		}
+		info := fmt.Sprintf("%s leased at rest (a chunk: %s)", strings.Join(lines, ", "), mib(float64(e.chunk["sim0"])))
+		if len(over) > 0 {
+			info += "; a chunk or more on " + strings.Join(over, ", ")
+		}
+		s.check(r.name+" leases given back", e.leased != nil && len(over) == 0, "%s", info)
 		internal := m.Sum("kvgate_requests_total", `reason="internal"`)
 		s.check(r.name+" no internal errors", e.metrics != nil && internal == 0, "%g", internal)
 		p := panics(r.proc.Log)

@@ -24,8 +24,11 @@ type atRest struct {
 	goroutines, rss, inflight float64
 	held, running, queued     int64
 	bound                     int64
-	metrics                   benchkit.Metrics
-	err                       error // it did not come to rest
+	// leases: what it still leases, per GPU, once settled, and a chunk of
+	// each GPU's budget (what it may keep idle)
+	leased, chunk map[string]int64
+	metrics       benchkit.Metrics
+	err           error // it did not come to rest
 }
 
 // restAll waits for every replica to come to rest (at the same time, as
@@ -41,6 +44,7 @@ func (s *soak) restAll(ctx context.Context, into func(*replica) *atRest) error {
 			a := into(r)
 			*a = s.rest(ctx, r)
 			a.goroutines = s.settledGoroutines(r)
+			a.leased, a.chunk = s.leases(r)
 			if m, err := s.metrics(r); err == nil {
 				a.rss = m["process_resident_memory_bytes"]
 			}
@@ -118,6 +122,21 @@ type statusView struct {
 			} `json:"fleet"`
 		} `json:"gpus"`
 	} `json:"shared_budget"`
+}
+
+// leases is what a replica leases per GPU and the chunk of each GPU's
+// budget, the most it may keep idle (shared_budget.chunk: 2% by default).
+func (s *soak) leases(r *replica) (leased, chunk map[string]int64) {
+	st, err := s.status(r)
+	if err != nil || st.SharedBudget == nil {
+		return nil, nil
+	}
+	leased, chunk = map[string]int64{}, map[string]int64{}
+	for _, g := range st.SharedBudget.GPUs {
+		leased[g.GPU] = g.Leased
+		chunk[g.GPU] = (g.Budget*2 + 99) / 100
+	}
+	return leased, chunk
 }
 
 // fallback says whether the replica admits on its static share on every
