@@ -173,11 +173,12 @@ func (s *soak) pause(at int, r *replica) error {
 		return err
 	}
 	time.Sleep(d)
-	others := s.leasedByOthers(r)
+	others, own, residual := s.leasesSeen(r)
 	if err := r.proc.Signal(syscall.SIGCONT); err != nil {
 		return err
 	}
-	s.note("request %d: %s paused (SIGSTOP) for %s, then SIGCONT; the others held %s of leases at its end", at, r.name, d, mib(float64(others)))
+	s.note("request %d: %s paused (SIGSTOP) for %s, then SIGCONT; at its end the others leased %s, and its own %s counted on (%s as a residual hold)",
+		at, r.name, d, mib(float64(others)), mib(float64(own)), mib(float64(residual)))
 	return nil
 }
 
@@ -204,28 +205,46 @@ func (s *soak) blackhole(at int, r *replica) error {
 	return nil
 }
 
-// leasedByOthers is what the replicas other than r hold in leases, as
-// the first of them tells on /status.
-func (s *soak) leasedByOthers(r *replica) int64 {
+// leasesSeen is the fleet's leases as another replica than r lists them
+// on /status, summed over the GPUs: what the others hold, and what r holds
+// and how much of that counts only as its residual hold (r stopped
+// renewing). /status answers the list it last read and reads a new one in
+// the background, so the page is read until its list is newer than the
+// first call.
+func (s *soak) leasesSeen(r *replica) (others, own, residual int64) {
 	for _, o := range s.replicas {
 		if o == r {
 			continue
 		}
-		st, err := s.status(o)
-		if err != nil || st.SharedBudget == nil {
-			continue
+		asked := time.Now()
+		var st statusView
+		for range 20 {
+			v, err := s.status(o)
+			if err != nil || v.SharedBudget == nil {
+				return 0, 0, 0
+			}
+			st = v
+			if v.listedSince(asked) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		var t int64
 		for _, g := range st.SharedBudget.GPUs {
 			for _, l := range g.Fleet {
-				if l.Replica != r.name {
-					t += l.Bytes
+				switch {
+				case l.Replica != r.name:
+					others += l.Bytes
+				case l.Residual:
+					own += l.Bytes
+					residual += l.Bytes
+				default:
+					own += l.Bytes
 				}
 			}
 		}
-		return t
+		return others, own, residual
 	}
-	return 0
+	return 0, 0, 0
 }
 
 // sample reads each replica's memory and goroutines at request i.

@@ -117,9 +117,11 @@ type statusView struct {
 			Budget   int64  `json:"budget_bytes"`
 			Fallback bool   `json:"fallback"`
 			Fleet    []struct {
-				Replica string `json:"replica"`
-				Bytes   int64  `json:"leased_bytes"`
+				Replica  string `json:"replica"`
+				Bytes    int64  `json:"leased_bytes"`
+				Residual bool   `json:"residual"`
 			} `json:"fleet"`
+			FleetAsOf string `json:"fleet_as_of"`
 		} `json:"gpus"`
 	} `json:"shared_budget"`
 }
@@ -137,6 +139,21 @@ func (s *soak) leases(r *replica) (leased, chunk map[string]int64) {
 		chunk[g.GPU] = (g.Budget*2 + 99) / 100
 	}
 	return leased, chunk
+}
+
+// listedSince says whether every GPU's fleet list was read from Redis
+// after t.
+func (v statusView) listedSince(t time.Time) bool {
+	if v.SharedBudget == nil {
+		return false
+	}
+	for _, g := range v.SharedBudget.GPUs {
+		at, err := time.Parse(time.RFC3339Nano, g.FleetAsOf)
+		if err != nil || at.Before(t) {
+			return false
+		}
+	}
+	return true
 }
 
 // fallback says whether the replica admits on its static share on every
