@@ -390,6 +390,12 @@ func (s *Scheduler) lengthsForLocked(q *queue, t *tenantState) *predict.Lengths 
 	if !s.set.policy.predicted || !s.trustedLocked(q) {
 		return nil
 	}
+	if !q.warm {
+		if q.lengths.Samples() < s.set.policy.warmup {
+			return nil
+		}
+		s.warmLocked(q)
+	}
 	if l := q.byTenant[t.name]; l != nil && l.Samples() >= s.set.policy.warmup {
 		return l
 	}
@@ -397,6 +403,32 @@ func (s *Scheduler) lengthsForLocked(q *queue, t *tenantState) *predict.Lengths 
 		return q.lengths
 	}
 	return nil
+}
+
+// warmLocked ends q's warm-up: every sequence of q still running teaches
+// its predictors a censored sample at the length it has reached. The first
+// warmup_samples to finish are the shortest of those admitted (the long
+// ones are still running), and lengths learned from them alone are short
+// exactly where the memory is; with the survivors counted as at least as
+// long as they are, Kaplan–Meier is unbiased up to where they have got, and
+// past that it knows nothing and holds a request to its cap. A survivor is
+// counted again when it finishes, which errs towards longer outputs, as
+// the predictor does wherever it must err.
+func (s *Scheduler) warmLocked(q *queue) {
+	q.warm = true
+	for _, r := range q.routes {
+		for t := r.p.first; t != nil; t = t.next {
+			if t.line.q != q || t.pinned || t.opaque || t.weight == 0 {
+				continue
+			}
+			for i := range t.groups {
+				g := &t.groups[i]
+				for range g.live {
+					s.observeLocked(q, t.tenant.name, g.gen, true)
+				}
+			}
+		}
+	}
 }
 
 // observeLocked teaches q's predictors one finished sequence.

@@ -264,7 +264,7 @@ func (s *Scheduler) distrustLocked(q *queue, reason string) {
 	s.trips[reason]++
 	q.trust.until = until
 	if l, err := predict.NewLengths(predict.LengthsConfig{MaxLen: q.spec.maxLen}); err == nil {
-		q.lengths, q.byTenant = l, map[string]*predict.Lengths{}
+		q.lengths, q.byTenant, q.warm = l, map[string]*predict.Lengths{}, false
 		if q.tally != nil {
 			// The fleet's deltas stay in the new layout's terms (the same
 			// one): nothing to start over there.

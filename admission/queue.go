@@ -19,6 +19,10 @@ type queue struct {
 	// byTenant the same per tenant (bounded: see lengthsForLocked).
 	lengths  *predict.Lengths
 	byTenant map[string]*predict.Lengths
+	// warm says lengths has been trusted since learning (re)started, and
+	// the sequences running then taught it as censored samples
+	// (warmLocked).
+	warm bool
 	// tally and tallyTenants count what this scheduler learned since
 	// LengthsDelta last took it; nil until the first call (lengths.go).
 	tally        *predict.Tally

@@ -205,10 +205,14 @@ func (s *Scheduler) updateLocked(t *Ticket, change func()) {
 	change()
 	if t.lens == nil && len(t.groups) > 0 && !t.opaque && !t.pinned {
 		// Admitted while its queue was warming up: forecast it like the
-		// rest as soon as the queue has learned enough.
+		// rest as soon as the queue has learned enough. It takes no part
+		// in the change detector: it is a survivor, picked for having run
+		// this long, so it crosses its mark far more often than the mark
+		// says, however right the forecast is (the warm-up's long requests
+		// all counted as crossings at once and tripped the detector).
 		if t.lens = s.lengthsForLocked(t.line.q, t.tenant); t.lens != nil {
 			for i := range t.groups {
-				t.groups[i].mark, t.groups[i].crossed = markFor(t.lens, t.groups[i].Cap), false
+				t.groups[i].mark, t.groups[i].crossed = markFor(t.lens, t.groups[i].Cap), true
 			}
 		}
 	}
