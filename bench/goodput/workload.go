@@ -286,7 +286,7 @@ func reportGuard(ctx context.Context, name, url string) {
 // load runs kvgate loadtest against url at levels.
 func (w *workload) load(ctx context.Context, o options, kit *benchkit.Kit, name, url, metrics, levels string) ([]row, error) {
 	steps, err := kit.Load(ctx, benchkit.Load{Name: w.name + "-" + name, Target: url, MetricsURL: metrics, Model: model,
-		Levels: levels, Requests: o.requests, Prompts: w.prompts, Outputs: w.outputs, Seed: o.Seed, Strict: w.strict,
+		Levels: levels, Requests: o.requests, Warmup: o.warmup, Prompts: w.prompts, Outputs: w.outputs, Seed: o.Seed, Strict: w.strict,
 		SharedPrefix: w.shared, Turns: w.turns})
 	if err != nil {
 		return nil, err

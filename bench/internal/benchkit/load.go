@@ -21,10 +21,13 @@ type Load struct {
 	Model      string
 	Levels     string // --concurrency
 	Requests   int    // counted requests a step
-	Prompts    string // file of prompt lengths, one a line
-	Outputs    string // --output-tokens
-	Seed       uint64
-	Strict     bool // --strict-openai: let the simulator stop outputs early
+	// Warmup is --warmup: uncounted requests at the start of each step (0:
+	// the load tester's default, one per client).
+	Warmup  int
+	Prompts string // file of prompt lengths, one a line
+	Outputs string // --output-tokens
+	Seed    uint64
+	Strict  bool // --strict-openai: let the simulator stop outputs early
 	// SharedPrefix is --shared-prefix (a system prompt common to every
 	// request, in tokens) and Turns --turns (multi-turn sessions); 0 none.
 	SharedPrefix, Turns int
@@ -39,6 +42,9 @@ func (k *Kit) Load(ctx context.Context, l Load) ([]Step, error) {
 		"--prompt-tokens", "file:" + l.Prompts, "--output-tokens", l.Outputs, "--seed", strconv.FormatUint(l.Seed, 10),
 		"--max-kv-usage", "1", "--max-reruns", "0", "--scrape-interval", "250ms", "--request-timeout", "30m",
 		"--progress", "none", "--json", report}
+	if l.Warmup != 0 {
+		args = append(args, "--warmup", strconv.Itoa(l.Warmup))
+	}
 	if l.Strict {
 		args = append(args, "--strict-openai")
 	}
