@@ -69,7 +69,10 @@
 // crossing their predictor's 0.9 quantile, a stop, or Overflowed distrusts
 // a queue for CoolDown: its requests, running ones too, go to their worst
 // case and its predictors start over. A ticket released before its
-// sequences finished teaches each as censored at the length it reached.
+// sequences finished teaches each as censored at the length it reached, and
+// so does every sequence still running when a warm-up ends (the first to
+// finish are the shortest); a ticket forecast only from then on takes no
+// part in the CUSUM, having been picked by its survival.
 // Opaque and Pinned requests are never forecast from learned lengths. Linger keeps a given-up
 // ticket held until the backend can have let its blocks go.
 //
