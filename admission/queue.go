@@ -105,7 +105,7 @@ func (q *queue) ensureLengths() error {
 	if err != nil {
 		return err
 	}
-	q.lengths, q.byTenant = l, map[string]*predict.Lengths{}
+	q.lengths, q.byTenant, q.warm = l, map[string]*predict.Lengths{}, false
 	return nil
 }
 
