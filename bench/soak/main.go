@@ -61,6 +61,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/internal/benchkit"
+	"github.com/kvgate/kvgate/internal/holeproxy"
 )
 
 type options struct {
@@ -110,8 +111,8 @@ type replica struct {
 	name, addr, url string
 	cfg             string
 	proc            *benchkit.Process
-	proxy           *benchkit.Proxy // its way to Redis
-	down            atomic.Bool     // out of the clients' rotation (paused)
+	proxy           *holeproxy.Proxy // its way to Redis
+	down            atomic.Bool      // out of the clients' rotation (paused)
 
 	reloadsOK, reloadsBad int
 	base, end             atRest
@@ -221,7 +222,7 @@ func (s *soak) start(ctx context.Context, redisBin string) error {
 			return err
 		}
 		r.url = "http://" + r.addr
-		if r.proxy, err = benchkit.StartProxy(s.redis.Addr); err != nil {
+		if r.proxy, err = holeproxy.Start(s.redis.Addr); err != nil {
 			return err
 		}
 		s.replicas = append(s.replicas, r)

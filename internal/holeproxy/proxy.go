@@ -1,4 +1,4 @@
-package benchkit
+package holeproxy
 
 import (
 	"errors"
@@ -7,9 +7,9 @@ import (
 	"sync"
 )
 
-// Proxy is a TCP proxy on a free loopback port to one target, for a
-// benchmark that cuts a process off from another (a gateway replica from
-// Redis) without stopping either: Blackhole(true) is a partition.
+// Proxy is a TCP proxy on a free loopback port to one target, for a test
+// or a benchmark that cuts a process off from another (a gateway replica
+// from Redis) without stopping either: Blackhole(true) is a partition.
 type Proxy struct {
 	Addr   string // where it listens
 	target string
@@ -22,9 +22,9 @@ type Proxy struct {
 	wg     sync.WaitGroup
 }
 
-// StartProxy listens on a free loopback port and forwards every
-// connection to target, both ways.
-func StartProxy(target string) (*Proxy, error) {
+// Start listens on a free loopback port and forwards every connection to
+// target, both ways.
+func Start(target string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err

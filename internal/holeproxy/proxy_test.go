@@ -1,4 +1,4 @@
-package benchkit
+package holeproxy
 
 import (
 	"bufio"
@@ -51,7 +51,7 @@ func roundTrip(c net.Conn, r *bufio.Reader, line string, d time.Duration) (strin
 }
 
 func TestProxyForwardsAndBlackholes(t *testing.T) {
-	p, err := StartProxy(echoServer(t))
+	p, err := Start(echoServer(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestProxyForwardsAndBlackholes(t *testing.T) {
 }
 
 func TestProxyCloseEndsConnections(t *testing.T) {
-	p, err := StartProxy(echoServer(t))
+	p, err := Start(echoServer(t))
 	if err != nil {
 		t.Fatal(err)
 	}
