@@ -20,8 +20,8 @@ import (
 //     taken before the gateway sees it, and will take before the next
 //     report); for any other, its worst case, since nothing bounds it
 //     better. A pool's now is their sum. When a Progress takes it past the
-//     pool's capacity (guardLine), the scheduler stops running requests — predicted ones
-//     first, lowest class first, then the tenant holding the most for its
+//     pool's capacity (guardLine), the scheduler stops running requests — those that can be
+//     resumed first (ResumableStopper), then predicted ones, lowest class first, then the tenant holding the most for its
 //     share, then the newest — until what is left fits, through their
 //     Stopper, before the backend has to fail them all. A stopped request
 //     still holds until it is released: its blocks are the backend's until
@@ -45,6 +45,26 @@ import (
 // goroutine whose progress report found the pool over its line, so it must
 // return at once.
 type Stopper interface{ StopForMemory() }
+
+// ResumableStopper is a Stopper whose request can be resumed once
+// stopped, while Resumable says so (what a stream has generated may take
+// that away: a tool call, a model's reasoning). The guard stops such
+// requests before any other: their clients see a pause where the others'
+// see an error. Resumable is called under the scheduler's lock and must
+// return at once.
+type ResumableStopper interface {
+	Stopper
+	Resumable() bool
+}
+
+// resumable says whether the guard may stop t expecting it to be resumed.
+func (t *Ticket) resumable() bool {
+	if t.noResume {
+		return false
+	}
+	rs, ok := t.guard.stopper.(ResumableStopper)
+	return ok && rs.Resumable()
+}
 
 // guardState is a ticket's part of its pool's now.
 type guardState struct {
@@ -143,8 +163,17 @@ func (s *Scheduler) guardCheckLocked(p *pool) {
 		nowOf[t.tenant] += t.guard.now - stoppingPart(t)
 	}
 	weigh := func(t *Ticket) float64 { return float64(nowOf[t.tenant]) / max(t.tenant.share, 1e-9) }
+	resumable := make(map[*Ticket]bool, len(victims))
+	for _, t := range victims {
+		resumable[t] = t.resumable()
+	}
 	slices.SortFunc(victims, func(a, b *Ticket) int {
 		switch {
+		case resumable[a] != resumable[b]: // what can be resumed first: a pause, not an error
+			if resumable[a] {
+				return -1
+			}
+			return 1
 		case a.guessed() != b.guessed(): // predicted first: their growth was a guess
 			if a.guessed() {
 				return -1

@@ -277,3 +277,88 @@ func TestLingerHoldsUntilTheBackendLetsGo(t *testing.T) {
 	tk.Release() // already given back: nothing
 	f.state(0, 0)
 }
+
+// resumableStopper is a stopper whose request can be resumed.
+type resumableStopper struct{ stopper }
+
+func (resumableStopper) Resumable() bool { return true }
+
+var _ admission.ResumableStopper = resumableStopper{}
+
+// The guard stops what can be resumed before anything that cannot, whatever
+// its age, class or tenant: a resumed stream's client sees a pause, any
+// other's an error. A request that says it cannot be resumed is not taken
+// for one whatever its Stopper says.
+func TestGuardStopsResumableFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		resumable []bool // in admission order; the last is the newest
+		noResume  []bool
+		want      string
+	}{
+		{"the oldest resumable before the newest", []bool{true, false, false, false}, nil, "r0"},
+		{"a sheddable one's class counts only among the resumable", []bool{false, true, false, true}, nil, "r3"},
+		{"NoResume outranks a resumable stopper", []bool{false, false, true, true}, []bool{false, false, false, true}, "r2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := guarded(t, 160*16, nil)
+			log := &stops{}
+			var tks []*admission.Ticket
+			for i, res := range tc.resumable {
+				rq := chat(16, 1024)
+				name := "r" + string(rune('0'+i))
+				rq.Stopper = stopper{name, log}
+				if res {
+					rq.Stopper = resumableStopper{stopper{name, log}}
+				}
+				rq.NoResume = i < len(tc.noResume) && tc.noResume[i]
+				tks = append(tks, f.acquire(rq))
+			}
+			for gen := 16; len(log.names()) == 0 && gen <= 1024; gen += 16 {
+				for _, tk := range tks {
+					tk.Progress(0, gen)
+				}
+			}
+			if got := log.names(); len(got) == 0 || got[0] != tc.want {
+				t.Fatalf("stopped %v, want %s first", got, tc.want)
+			}
+			for _, tk := range tks {
+				tk.Release()
+			}
+			f.state(0, 0)
+		})
+	}
+}
+
+// A request that cannot be resumed, admitted while its queue warms up, is
+// held at its worst case after the warm-up ends, where one that can be is
+// forecast from then on: a short forecast would have the guard fail it.
+func TestNoResumeKeepsItsWorstCaseAfterTheWarmUp(t *testing.T) {
+	const warmup = 20
+	for _, tc := range []struct {
+		name     string
+		noResume bool
+		want     func(charge int64) bool
+	}{
+		{"resumable: forecast", false, func(c int64) bool { return c < 65*16 }},
+		{"no resume: worst case", true, func(c int64) bool { return c == 65*16 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, predicted(1<<30, warmup))
+			rq := chat(16, 1024)
+			rq.NoResume = tc.noResume
+			tk := f.acquire(rq)
+			tk.Progress(0, 16)
+			if c := f.b.Stats().GPUs[0].Charge; c != 65*16 {
+				t.Fatalf("during the warm-up it counts %d, want its worst case %d", c, 65*16)
+			}
+			f.teach(warmup, 50)
+			tk.Progress(0, 32) // the next report moves it onto the forecast, or not
+			if c := f.b.Stats().GPUs[0].Charge; !tc.want(c) {
+				t.Fatalf("after the warm-up it counts %d (worst case %d)", c, 65*16)
+			}
+			tk.Release()
+			f.state(0, 0)
+		})
+	}
+}

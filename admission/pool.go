@@ -195,7 +195,7 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 		t.s = s // never rewritten when a moved ticket binds again: see Ticket
 	}
 	t.binding = binding{pool: p, line: w.line, tenant: w.tenant, weight: w.weight, charge: w.charge,
-		opaque: w.opaque, pinned: w.pinned, lens: w.lens, waited: waited, seq: w.seq, affinity: w.affinity,
+		opaque: w.opaque, pinned: w.pinned, noResume: w.noResume, lens: w.lens, waited: waited, seq: w.seq, affinity: w.affinity,
 		class: w.line.name, queue: w.line.q.name, poolName: p.name, guard: guardState{stopper: w.stop}}
 	if len(w.shape) > 0 {
 		if len(w.shape) == 1 {

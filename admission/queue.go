@@ -147,9 +147,11 @@ type waiter struct {
 	shape  []Group
 	opaque bool
 	pinned bool
-	stop   Stopper
-	lens   *predict.Lengths // the predictor of its forecast; nil = worst case
-	seq    uint64           // arrival order; a moved ticket keeps its own
+	// noResume: the request cannot be resumed (Request.NoResume).
+	noResume bool
+	stop     Stopper
+	lens     *predict.Lengths // the predictor of its forecast; nil = worst case
+	seq      uint64           // arrival order; a moved ticket keeps its own
 	// exclude is the pool a moved ticket must leave; nil otherwise.
 	exclude  *pool
 	affinity uint64
@@ -177,7 +179,7 @@ func (s *Scheduler) initWaiterLocked(w *waiter, q *queue, l *line, r Request, in
 	t := s.tenantLocked(r.Tenant)
 	// w.t stays nil unless the caller gave a ticket: one admitted at once
 	// takes a ticket from the slab, one that queues its own.
-	*w = waiter{t: into, line: l, tenant: t, shape: r.Shape, opaque: r.Opaque, pinned: r.Pinned, stop: r.Stopper,
+	*w = waiter{t: into, line: l, tenant: t, shape: r.Shape, opaque: r.Opaque, pinned: r.Pinned, noResume: r.NoResume, stop: r.Stopper,
 		affinity: r.Affinity, deadline: r.Deadline}
 	s.seq++
 	w.seq = s.seq

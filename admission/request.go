@@ -44,6 +44,13 @@ type Request struct {
 	// wrong (see guard.go). Only requests that report their progress are
 	// ever stopped.
 	Stopper Stopper
+	// NoResume says the request cannot be resumed once stopped (its
+	// caller would have to fail it): the guard stops it only after every
+	// stream that can be (a Stopper that is a ResumableStopper saying so),
+	// and while its queue's forecast is in doubt when it is admitted
+	// (warm-up, a cool-down) it is held at its worst case for its whole
+	// run rather than forecast once the doubt ends.
+	NoResume bool
 	// Resumes, when set, is the ticket of a request the guard stopped that
 	// this one continues (the caller re-sends it with what it had
 	// generated): it waits at that request's place in its queue, by arrival

@@ -45,6 +45,7 @@ type binding struct {
 	groups         []tgroup // nil for a weight-only request
 	opaque         bool
 	pinned         bool
+	noResume       bool             // Request.NoResume
 	lens           *predict.Lengths // its forecast's predictor; nil = worst case
 	guard          guardState       // what it holds now, and whether it was stopped (guard.go)
 	fc             curve            // its share of the pool's forecast (Predicted only)
@@ -203,9 +204,11 @@ func (s *Scheduler) updateLocked(t *Ticket, change func()) {
 	p := t.pool
 	s.forecastSubLocked(p, t)
 	change()
-	if t.lens == nil && len(t.groups) > 0 && !t.opaque && !t.pinned {
+	if t.lens == nil && len(t.groups) > 0 && !t.opaque && !t.pinned && !t.noResume {
 		// Admitted while its queue was warming up: forecast it like the
-		// rest as soon as the queue has learned enough. It takes no part
+		// rest as soon as the queue has learned enough (unless it cannot
+		// be resumed: a forecast that turns out short would have the
+		// guard fail it, so it stays at the worst case it came in at). It takes no part
 		// in the change detector: it is a survivor, picked for having run
 		// this long, so it crosses its mark far more often than the mark
 		// says, however right the forecast is (the warm-up's long requests
@@ -265,7 +268,7 @@ func (t *Ticket) Move(ctx context.Context) error {
 		return ErrNotHeld
 	}
 	old := t.pool
-	w := &waiter{t: t, line: t.line, tenant: t.tenant, opaque: t.opaque, pinned: t.pinned, stop: t.guard.stopper,
+	w := &waiter{t: t, line: t.line, tenant: t.tenant, opaque: t.opaque, pinned: t.pinned, noResume: t.noResume, stop: t.guard.stopper,
 		lens: t.lens, seq: t.seq, exclude: old, affinity: t.affinity}
 	for _, g := range t.groups {
 		w.shape = append(w.shape, g.Group)
