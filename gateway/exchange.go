@@ -239,6 +239,10 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		if req.resumable && x.rt.resumes() {
 			x.resume = newResumeState()
 		}
+		// A tool call ends what a continuation can carry, found only
+		// while the answer streams: such a request is taken as one that
+		// cannot be resumed where admission decides up front.
+		areq.NoResume = x.resume == nil || req.tools
 	}
 	if !x.admit(ctx, areq) {
 		return
@@ -269,4 +273,9 @@ func (x *exchange) StopForMemory() {
 	x.rctx.cancel(errStoppedForMemory)
 }
 
-var _ admission.Stopper = (*exchange)(nil)
+// Resumable says whether the guard's stop would resume the stream rather
+// than end it (admission.ResumableStopper): it is one kept to be resumed,
+// and nothing it generated has taken that away yet.
+func (x *exchange) Resumable() bool { return x.resume != nil && !x.resume.lost.Load() }
+
+var _ admission.ResumableStopper = (*exchange)(nil)

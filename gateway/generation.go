@@ -77,6 +77,7 @@ func (s *Server) serveGeneration(ctx *fasthttp.RequestCtx, kind endpoint) {
 	areq := admission.Request{Opaque: !req.stream, Pinned: req.pinned}
 	if req.stream {
 		areq.Stopper = x // stopped, never resumed: x.resume stays nil
+		areq.NoResume = true
 	}
 	if !x.admit(ctx, areq) {
 		return

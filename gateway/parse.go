@@ -62,6 +62,9 @@ type request struct {
 	// resumable: a stream the guard stops can be continued from the text
 	// it generated (resume.go).
 	resumable bool
+	// tools: the request offers tools (and does not rule them out), so
+	// its answer may turn into a tool call, which cannot be resumed.
+	tools bool
 
 	// The prompt, as the estimate tokenizer sees it. A batch completion
 	// request has one shape per prompt.
@@ -196,6 +199,9 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	}
 	r.readAffinity(v)
 	r.resumable = r.stream && r.seqs == 1 && len(r.shapes) == 1 && continuable(v, kind)
+	if t := v.Get("tools"); t != nil && len(t.GetArray()) > 0 {
+		r.tools = string(v.GetStringBytes("tool_choice")) != "none"
+	}
 	return r, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fastjson"
@@ -33,8 +34,8 @@ import (
 // (admission.Request.Resumes) and is held at its worst case, with no
 // Stopper: it cannot be stopped again, so a stream is resumed at most once
 // and never starves. What cannot be continued exactly from its text is cut
-// as before: several choices or sequences, a prompt of token ids, echo,
-// structured output, a client's own continue_final_message, and — found
+// as before: several choices or sequences, a prompt of token ids, echo
+// (chat's too), structured output, a client's own continue_final_message, and — found
 // only while it streams — tool calls or a reasoning model's reasoning. A
 // request that sets its own length goes on with it: ignore_eos as it was,
 // min_tokens less what was generated.
@@ -49,6 +50,9 @@ type resumeState struct {
 	text    *bytebufferpool.ByteBuffer
 	broken  bool // something was generated that the text cannot carry
 	resumed bool // sent again already: never twice
+	// lost is broken or resumed as the guard reads it (Resumable), from
+	// another goroutine.
+	lost atomic.Bool
 	// carried is the tokens the earlier exchange generated, which the
 	// continuation's backend counts as prompt: the usage the client is
 	// told moves them back to the completion.
@@ -113,10 +117,16 @@ func (rs *resumeState) capturing() bool { return rs != nil && !rs.resumed && !rs
 // string (escapes kept); reasoning pieces cannot be continued as text.
 func (rs *resumeState) capture(escaped []byte, reasoning bool) {
 	if reasoning {
-		rs.broken = true
+		rs.breaks()
 		return
 	}
 	rs.text.B = append(rs.text.B, escaped...)
+}
+
+// breaks notes that the text can no longer carry what was generated.
+func (rs *resumeState) breaks() {
+	rs.broken = true
+	rs.lost.Store(true)
 }
 
 // captureParsed keeps the text of choice 0 of a parsed event, which the
@@ -124,7 +134,7 @@ func (rs *resumeState) capture(escaped []byte, reasoning bool) {
 func (rs *resumeState) captureParsed(c *fastjson.Value) {
 	d := c.Get("delta")
 	if d != nil && (len(d.GetArray("tool_calls")) > 0 || len(d.GetStringBytes("reasoning")) > 0 || len(d.GetStringBytes("reasoning_content")) > 0) {
-		rs.broken = true
+		rs.breaks()
 		return
 	}
 	text := c.GetStringBytes("text")
@@ -149,7 +159,10 @@ func continuable(v *fastjson.Value, kind endpoint) bool {
 		return false
 	}
 	if kind == chatCompletions {
-		return !isTrue(v.Get("continue_final_message")) && !isFalse(v.Get("add_generation_prompt"))
+		// vLLM's chat echo repeats the last message before the answer: a
+		// continuation, whose last message is the text generated, would
+		// repeat that text.
+		return !isTrue(v.Get("continue_final_message")) && !isFalse(v.Get("add_generation_prompt")) && !isTrue(v.Get("echo"))
 	}
 	p := v.Get("prompt")
 	return p != nil && p.Type() == fastjson.TypeString && !isTrue(v.Get("echo")) && v.Get("suffix") == nil
@@ -253,6 +266,7 @@ func (x *exchange) resumeStream() (resp *backends.Response, er *eventReader, fir
 		return stopped()
 	}
 	rs.resumed, rs.carried, rs.opening = true, generated, true
+	rs.lost.Store(true)
 	// The stopped ticket is its linger's now: nothing of this exchange
 	// may release it before the backend has let its blocks go, even if
 	// the continuation is never admitted.
