@@ -110,8 +110,17 @@ func FuzzScanChoice0(f *testing.F) {
 			t.Fatalf("read %s, which is not one choice of index 0", data)
 		}
 		ch := choices[0]
-		if text := generated(ch); text != c.text {
+		n := generatedBytes(ch)
+		if text := n > 0; text != c.text {
 			t.Fatalf("read %s as text %v; the parse says %v", data, c.text, text)
+		}
+		// The bytes the relay counts of the scanned text are the text's
+		// own (a delta may hold a reasoning beside its content: the scan
+		// counts one of them).
+		if c.text {
+			if b := textBytes(data[c.start+1 : c.end-1]); b < 1 || b > n {
+				t.Fatalf("read %s: %d bytes of text, the parse says %d", data, b, n)
+			}
 		}
 		fr := ch.Get("finish_reason")
 		if parsed := fr != nil && fr.Type() == fastjson.TypeString; parsed != (c.finish != nil) ||

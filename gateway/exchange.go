@@ -79,6 +79,12 @@ type exchange struct {
 	lastTok  time.Time // the first choice's last token, for the inter-token latency
 	usage    struct{ prompt, completion int }
 	hasUsage bool
+	// merges is the flag of the stream's backend that says its events
+	// carry several tokens (tokencount.go); nil until first read.
+	merges *atomic.Bool
+	// cutBuf and eventBuf hold a chunk with its usage cut, and the event
+	// relayed in its place.
+	cutBuf, eventBuf []byte
 
 	// source is how the prompts were counted (sourceBackend, ...); "" for
 	// token ids only. A single prompt counted from the model's tokenize

@@ -16,7 +16,9 @@ import (
 // yet, so a retry is safe, and the reservation moves rather than doubles.
 func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error) {
 	body := ctx.PostBody()
-	if usage := x.req.stream && !x.req.includeUsage; usage || x.injectMax > 0 || x.req.dropMaxCompletion || x.alias != "" {
+	// A streamed chat or completion asks for the usage at its end and on
+	// every chunk (the relay strips what the client did not ask for).
+	if usage := x.req.stream && !x.req.kind.typedEvents() && !x.req.continuousUsage; usage || x.injectMax > 0 || x.req.dropMaxCompletion || x.alias != "" {
 		model := ""
 		if x.alias != "" {
 			model = x.req.model

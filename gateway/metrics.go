@@ -56,6 +56,7 @@ type metrics struct {
 	inflight         prometheus.Gauge
 	overflows        *prometheus.CounterVec
 	resumed          *prometheus.CounterVec
+	mergedEvents     *prometheus.CounterVec
 
 	// series caches each configured model's children of the request
 	// path's vectors (model name → *modelSeries). WithLabelValues hashes
@@ -206,6 +207,7 @@ var (
 	defLastReloadOK     = def{"kvgate_config_last_reload_successful", "1 if the last configuration reload (or the start) succeeded, 0 while the running config is older than a file that failed to load.", nil}
 	defLastReloadTime   = def{"kvgate_config_last_reload_success_timestamp_seconds", "Unix time of the last successful configuration load (the start counts).", nil}
 	defInflight         = def{"kvgate_requests_in_flight", "Requests between arrival and last byte.", nil}
+	defMergedEvents     = def{"kvgate_stream_events_merged_total", "Times a backend's streams of a model were found to carry several tokens an event (a final usage above the events counted): its streams are counted by bytes of text from then on.", []string{"model", "backend"}}
 	defResumed          = def{"kvgate_streams_resumed_total", "Streams the admission guard stopped that were sent again from where they were (admission.resume_stopped): their clients saw a pause, not an error.", []string{"model"}}
 	defOverflows        = def{"kvgate_backend_overflows_total", "Out-of-memory errors a GPU's backends answered with (each puts the GPU on worst-case admission for admission.cool_down).", []string{"gpu"}}
 )
@@ -242,6 +244,7 @@ func newMetrics(current func() *runtime, now func() time.Time) *metrics {
 		inflight:         defInflight.gauge(),
 		overflows:        defOverflows.counterVec(),
 		resumed:          defResumed.counterVec(),
+		mergedEvents:     defMergedEvents.counterVec(),
 	}
 	m.lastReloadOK.Set(1)
 	m.lastReloadTime.Set(float64(now().UnixNano()) / 1e9)

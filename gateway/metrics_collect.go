@@ -23,7 +23,7 @@ func (c *seededCollector) vecs() []prometheus.Collector {
 	m := c.m
 	return []prometheus.Collector{m.requests, m.admissions, m.admissionRejects, m.queueWait, m.backfilled,
 		m.outPredicted, m.outGenerated, m.tokensPredicted, m.tokensActual, m.promptRatio, m.ttft, m.itl, m.duration,
-		m.upstreamErrors, m.tokenizeFalls, m.reloads, m.overflows, m.resumed}
+		m.upstreamErrors, m.tokenizeFalls, m.reloads, m.overflows, m.resumed, m.mergedEvents}
 }
 
 func (c *seededCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -90,6 +90,11 @@ func (m *metrics) seed(rt *runtime) {
 				if be.Serves(name) {
 					m.backfilled.WithLabelValues(name, gpu)
 					break
+				}
+			}
+			for _, be := range g.backends {
+				if be.Serves(name) {
+					m.mergedEvents.WithLabelValues(name, be.Name())
 				}
 			}
 		}

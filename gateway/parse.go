@@ -43,7 +43,10 @@ type request struct {
 	model        string
 	stream       bool
 	includeUsage bool // the client itself asked for the usage chunk
-	maxTokens    int  // 0: absent
+	// continuousUsage: the client itself asked for usage on every chunk
+	// (vLLM's stream_options.continuous_usage_stats, with include_usage).
+	continuousUsage bool
+	maxTokens       int // 0: absent
 	// maxTokensParam is the field maxTokens came from, for errors.
 	maxTokensParam string
 	// dropMaxCompletion: a /v1/completions body carries
@@ -138,6 +141,13 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 				r.includeUsage = b
 			}
 		}
+		if cu := so.Get("continuous_usage_stats"); cu != nil && cu.Type() != fastjson.TypeNull {
+			b, err := cu.Bool()
+			if err != nil {
+				return nil, badParam("stream_options.continuous_usage_stats", "continuous_usage_stats must be a boolean")
+			}
+			r.continuousUsage = b && r.includeUsage
+		}
 	}
 	// Chat generates max_completion_tokens, else max_tokens (vLLM:
 	// `max_completion_tokens or max_tokens`). /v1/completions has only
@@ -199,7 +209,7 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	}
 	r.readAffinity(v)
 	r.resumable = r.stream && r.seqs == 1 && len(r.shapes) == 1 && continuable(v, kind)
-	if t := v.Get("tools"); t != nil && len(t.GetArray()) > 0 {
+	if t := v.Get("tools"); r.stream && t != nil && len(t.GetArray()) > 0 {
 		r.tools = string(v.GetStringBytes("tool_choice")) != "none"
 	}
 	return r, nil
@@ -309,7 +319,7 @@ func (r *request) outOfRange(maxLen int) *apiError {
 // let the gateway and the backend read different requests.
 var (
 	topLevelKeys     = []string{"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "n", "best_of", "stream", "stream_options", "tools", "min_tokens", "ignore_eos", "cache_salt"}
-	streamOptionKeys = []string{"include_usage"}
+	streamOptionKeys = []string{"include_usage", "continuous_usage_stats"}
 	messageKeys      = []string{"role", "content", "tool_calls"}
 	partKeys         = []string{"type", "text"}
 )

@@ -67,7 +67,7 @@ func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventRead
 		if er == nil {
 			return
 		}
-		shape, err = tokenShape{}, nil
+		shape, err, x.merges = tokenShape{}, nil, nil // the continuation's backend may be another
 	}
 	if done {
 		return // reading on was only to reuse the connection
@@ -133,7 +133,8 @@ func (x *exchange) relayEvent(w *bufio.Writer, er *eventReader, p *fastjson.Pars
 // errors. keep is false for the usage-only chunk the client did not ask for
 // (and a continuation's opening role chunk: resume.go); last says the event
 // is the stream's terminator, [DONE]; repl, when not nil, is the event to
-// relay instead (a resumed stream's usage, told as one exchange's). shape
+// relay instead (a resumed stream's usage, told as one exchange's; a chunk
+// without the usage the gateway asked for on the client's behalf). shape
 // is the stream's, to tell its token events by.
 func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (keep, failed, last bool, repl []byte) {
 	data := sseData(ev)
@@ -149,22 +150,33 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 	}
 	rs := x.resume
 	if len(x.res.gen) == 1 {
-		// About the only choice and nothing else: read without a parse.
-		if c, ok := shape.choice0(data); ok {
+		// About the only choice and nothing else: read without a parse,
+		// the chunk's usage (the backend's count so far: tokencount.go)
+		// cut off first.
+		d, reported := data, -1
+		if cut, n, ok := cutUsage(data, x.cutBuf); ok {
+			x.cutBuf, d, reported = cut, cut, n
+		}
+		if c, ok := shape.choice0(d); ok {
 			if c.text {
 				if rs.capturing() {
-					rs.capture(data[c.start+1:c.end-1], c.reasoning)
+					rs.capture(d[c.start+1:c.end-1], c.reasoning)
 				}
-				x.token(0)
+				x.token(0, textBytes(d[c.start+1:c.end-1]), reported)
+			} else if reported >= 0 {
+				x.token(0, 0, reported)
 			}
 			if c.finish != nil {
 				x.finished(0, string(c.finish) == "length")
 			}
+			if reported >= 0 && !x.req.continuousUsage {
+				repl = x.sseEvent(d)
+			}
 			if rs != nil && rs.opening {
 				rs.opening = false
-				return c.text || c.finish != nil, false, false, nil
+				return c.text || c.finish != nil, false, false, repl
 			}
-			return true, false, false, nil
+			return true, false, false, repl
 		}
 	}
 	v, err := p.ParseBytes(data)
@@ -180,20 +192,34 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 		}
 		return true, true, false, nil
 	}
+	choices := v.GetArray("choices")
+	reported := -1
 	if u := v.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
-		x.readUsage(u)
-		if rs != nil && rs.carried > 0 && x.req.includeUsage {
-			repl = resumedUsage(v, u, x.usage.prompt, x.usage.completion)
+		if len(choices) > 0 {
+			// A chunk's own usage: its choice's tokens so far.
+			if n := u.Get("completion_tokens"); n != nil && len(choices) == 1 {
+				reported = max(n.GetInt(), 0)
+			}
+			if !x.req.continuousUsage {
+				v.Del("usage")
+				repl = x.sseEvent(v.MarshalTo(x.cutBuf[:0]))
+			}
+		} else {
+			x.readUsage(u)
+			if rs != nil && rs.carried > 0 && x.req.includeUsage {
+				repl = resumedUsage(v, u, x.usage.prompt, x.usage.completion)
+			}
 		}
 	}
-	choices := v.GetArray("choices")
 	for _, c := range choices {
 		idx := c.GetInt("index")
-		if generated(c) {
+		if n := generatedBytes(c); n > 0 {
 			if idx == 0 && rs.capturing() {
 				rs.captureParsed(c)
 			}
-			x.token(idx)
+			x.token(idx, n, reported)
+		} else if reported >= 0 {
+			x.token(idx, 0, reported)
 		}
 		if fr := c.Get("finish_reason"); fr != nil && fr.Type() == fastjson.TypeString {
 			x.finished(idx, string(fr.GetStringBytes()) == "length")
@@ -203,6 +229,14 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 		return false, false, false, nil
 	}
 	return true, false, false, repl
+}
+
+// sseEvent is data as an event of its own, built in the exchange's
+// buffer (valid until the next): a chunk relayed with what the client did
+// not ask for cut out.
+func (x *exchange) sseEvent(data []byte) []byte {
+	x.eventBuf = append(append(append(x.eventBuf[:0], "data: "...), data...), "\n\n"...)
+	return x.eventBuf
 }
 
 // writeStreamError ends a stream that has already begun with an error event,

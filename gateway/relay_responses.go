@@ -66,8 +66,8 @@ func (x *exchange) responsesEvent(v *fastjson.Value, typ string) bool {
 	}
 	// Text, reasoning, a refusal, a tool call's arguments: each delta is
 	// output the backend generated.
-	if strings.HasSuffix(typ, ".delta") && len(v.GetStringBytes("delta")) > 0 {
-		x.token(0)
+	if n := len(v.GetStringBytes("delta")); n > 0 && strings.HasSuffix(typ, ".delta") {
+		x.token(0, n, -1)
 	}
 	return false
 }
@@ -79,8 +79,8 @@ func (x *exchange) anthropicEvent(v *fastjson.Value, typ string) bool {
 	case "content_block_delta":
 		d := v.Get("delta")
 		for _, k := range [...]string{"text", "thinking", "partial_json"} {
-			if len(d.GetStringBytes(k)) > 0 {
-				x.token(0)
+			if n := len(d.GetStringBytes(k)); n > 0 {
+				x.token(0, n, -1)
 				break
 			}
 		}
@@ -96,6 +96,7 @@ func (x *exchange) anthropicEvent(v *fastjson.Value, typ string) bool {
 			if n := u.GetInt("input_tokens"); n > 0 {
 				x.usage.prompt = n
 			}
+			x.checkEvents(x.usage.completion)
 		}
 		if sr := v.Get("delta", "stop_reason"); sr != nil && sr.Type() == fastjson.TypeString {
 			x.finished(0, string(sr.GetStringBytes()) == "max_tokens")

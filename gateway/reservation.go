@@ -22,7 +22,8 @@ type reservation struct {
 	outs     []int
 	n        int   // choices returned per prompt
 	seqs     int   // sequences run per prompt
-	gen      []int // tokens seen per choice
+	gen      []int // tokens generated per choice, as counted (see choiceCount)
+	counts   []choiceCount
 	finished []bool
 	maxGen   []int // tokens seen of the furthest choice of each prompt
 	one      *oneChoice
@@ -36,6 +37,7 @@ type reservation struct {
 // nothing.
 type oneChoice struct {
 	outs, gen, maxGen [1]int
+	counts            [1]choiceCount
 	finished          [1]bool
 	shape             [1]admission.Group
 }
@@ -46,10 +48,11 @@ func newReservation(l kvbudget.KVLayout, prompts, outs []int, n, seqs int, one *
 	r := reservation{layout: l, prompts: prompts, outs: outs, n: n, seqs: seqs}
 	if one != nil && len(prompts) == 1 && n == 1 {
 		r.one = one
-		r.gen, r.finished, r.maxGen = one.gen[:], one.finished[:], one.maxGen[:]
+		r.gen, r.counts, r.finished, r.maxGen = one.gen[:], one.counts[:], one.finished[:], one.maxGen[:]
 		return r
 	}
-	r.gen, r.finished, r.maxGen = make([]int, len(prompts)*n), make([]bool, len(prompts)*n), make([]int, len(prompts))
+	r.gen, r.counts = make([]int, len(prompts)*n), make([]choiceCount, len(prompts)*n)
+	r.finished, r.maxGen = make([]bool, len(prompts)*n), make([]int, len(prompts))
 	return r
 }
 
@@ -82,13 +85,20 @@ func (r *reservation) weight() int64 {
 	return total
 }
 
-// token notes one generated token of choice idx. It returns the choice's
-// prompt and, when that prompt's furthest choice moved, its new length.
-func (r *reservation) token(idx int) (prompt, furthest int, moved bool) {
+// token notes what an event told of choice idx: text bytes generated
+// (0: none), and the backend's own count of its tokens so far (reported <
+// 0: none); byBytes says events may carry several tokens each (see
+// choiceCount). It returns the choice's prompt and, when that prompt's
+// furthest choice moved, its new length.
+func (r *reservation) token(idx, textBytes, reported int, byBytes bool) (prompt, furthest int, moved bool) {
 	if idx < 0 || idx >= len(r.gen) || r.finished[idx] {
 		return 0, 0, false
 	}
-	r.gen[idx]++
+	n := r.counts[idx].note(textBytes, reported, byBytes)
+	if n <= r.gen[idx] {
+		return 0, 0, false
+	}
+	r.gen[idx] = n
 	prompt = idx / r.n
 	if r.gen[idx] <= r.maxGen[prompt] {
 		return prompt, 0, false

@@ -10,8 +10,9 @@ import (
 )
 
 // rewriteBody returns body with what the gateway must add or remove: with
-// usage, stream_options.include_usage (so it learns the real token counts
-// of a stream); with maxTokens > 0, max_tokens (the model's
+// usage, stream_options.include_usage and continuous_usage_stats (so it
+// learns the real token counts of a stream: at its end, and on every
+// chunk as it goes, where vLLM and servers like it report them); with maxTokens > 0, max_tokens (the model's
 // default_max_tokens, which the reservation assumed); with dropMaxCompletion,
 // no max_completion_tokens (a /v1/completions body, whose reservation
 // followed max_tokens). Members are added after the opening brace and
@@ -43,12 +44,11 @@ func rewriteBody(body []byte, usage bool, maxTokens int, dropMaxCompletion bool,
 	var addBuf [128]byte // the members added, before they are copied into out
 	add := addBuf[:0]
 	if usage {
-		add = append(add, `"stream_options":{"include_usage":true`...)
+		add = append(add, `"stream_options":{"include_usage":true,"continuous_usage_stats":true`...)
 		if len(so) > 0 && so[0] == '{' {
-			// Keep the client's other stream options (continuous usage
-			// stats, ...).
+			// Keep the client's other stream options.
 			if err := jsonscan.Members(so, func(name []byte, start, _, end int) bool {
-				if !keyIs(name, "include_usage") {
+				if !keyIs(name, "include_usage") && !keyIs(name, "continuous_usage_stats") {
 					add = append(append(add, ','), so[start:end]...)
 				}
 				return true

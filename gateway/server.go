@@ -68,6 +68,9 @@ type Server struct {
 	tls *listenerTLS
 
 	rt atomic.Pointer[runtime]
+	// counting remembers the backends that stream several tokens an
+	// event (tokencount.go).
+	counting eventCounting
 	// sched is the admission scheduler every runtime shares; set once by New.
 	sched *admission.Scheduler
 	// fleet shares the budgets with other replicas (shared_budget); nil

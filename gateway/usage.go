@@ -15,6 +15,7 @@ func (x *exchange) readUsage(u *fastjson.Value) {
 	if x.usage.prompt == 0 && x.req.kind.pooling() {
 		x.usage.prompt = u.GetInt("total_tokens") // a rerank's usage has only its total
 	}
+	x.checkEvents(x.usage.completion)
 	if rs := x.resume; rs != nil && rs.carried > 0 {
 		// A resumed stream's backend counted what the stopped exchange had
 		// generated as prompt: it is the answer's.
@@ -87,13 +88,17 @@ func (x *exchange) recordUsage() {
 	}
 }
 
-// token counts one token of choice idx.
-func (x *exchange) token(idx int) {
-	x.firstToken()
-	if idx == 0 {
-		x.interToken()
+// token counts what an event told of choice idx: textBytes of generated
+// text (0: none) and the backend's count of its tokens so far (reported
+// < 0: none). See tokencount.go.
+func (x *exchange) token(idx, textBytes, reported int) {
+	if textBytes > 0 {
+		x.firstToken()
+		if idx == 0 {
+			x.interToken()
+		}
 	}
-	if prompt, furthest, moved := x.res.token(idx); moved {
+	if prompt, furthest, moved := x.res.token(idx, textBytes, reported, x.countedByBytes()); moved {
 		x.ticket.Progress(prompt, furthest)
 	}
 }
@@ -106,27 +111,32 @@ func (x *exchange) finished(idx int, capped bool) {
 	}
 }
 
-// generated says whether a streamed choice carries what its sequence
-// generated, which the relay counts as a token: a completion's text, or in
-// a chat's delta the content, the reasoning of a reasoning model (vLLM's
-// "reasoning", formerly "reasoning_content") or a piece of a tool call.
-// Each is output the backend holds KV blocks for; a stream that counted
-// only content would report no progress while a model reasons or calls a
-// tool, and its reservation would fall behind what it holds.
-func generated(c *fastjson.Value) bool {
-	if len(c.GetStringBytes("text")) > 0 {
-		return true
-	}
+// generatedBytes is the bytes of what a streamed choice carries that its
+// sequence generated (0: nothing), which the relay counts as tokens
+// (tokencount.go): a completion's text, or in a chat's delta the content,
+// the reasoning of a reasoning model (vLLM's "reasoning", formerly
+// "reasoning_content") or a piece of a tool call (its name and arguments;
+// one byte at least). Each is output the backend holds KV blocks for; a
+// stream that counted only content would report no progress while a model
+// reasons or calls a tool, and its reservation would fall behind what it
+// holds.
+func generatedBytes(c *fastjson.Value) int {
+	n := len(c.GetStringBytes("text"))
 	d := c.Get("delta")
 	if d == nil {
-		return false
+		return n
 	}
 	for _, k := range generatedKeys {
-		if len(d.GetStringBytes(k)) > 0 {
-			return true
-		}
+		n += len(d.GetStringBytes(k))
 	}
-	return len(d.GetArray("tool_calls")) > 0
+	if calls := d.GetArray("tool_calls"); len(calls) > 0 {
+		t := 0
+		for _, tc := range calls {
+			t += len(tc.GetStringBytes("function", "name")) + len(tc.GetStringBytes("function", "arguments"))
+		}
+		n += max(t, 1)
+	}
+	return n
 }
 
 var generatedKeys = [...]string{"content", "reasoning", "reasoning_content"}
