@@ -88,10 +88,11 @@ func (s *Server) streamAPI(w *bufio.Writer, r *request, enc *apiEncoder) {
 	for {
 		st := r.status.Load() // tokens are published before the status
 		pub := int(sq.pub.Load())
-		for t := sent; t < pub; t++ {
-			b = enc.delta(b, piece(sq.key, t))
+		ended := pub >= sq.target || st != statusActive
+		for end := s.set.nextEvent(sq.key, sent, pub, ended); end > 0; end = s.set.nextEvent(sq.key, sent, pub, ended) {
+			b = enc.delta(b, sq.key, sent, end)
+			sent = end
 		}
-		sent = pub
 		switch st {
 		case statusFinished:
 			b = enc.end(b, sq.key, sent, r.prompt)
@@ -461,17 +462,18 @@ func (e *apiEncoder) itemRef(dst []byte) []byte {
 	return append(dst, `","output_index":0,"content_index":0,`...)
 }
 
-// delta appends the event of one token's text (JSON-safe already).
-func (e *apiEncoder) delta(dst []byte, text string) []byte {
+// delta appends the event of the text of tokens [from, to) of the
+// sequence with key k.
+func (e *apiEncoder) delta(dst []byte, k uint64, from, to int) []byte {
 	if e.api == apiMessages {
 		return e.event(dst, "content_block_delta", func(b []byte) []byte {
 			b = append(b, `"index":0,"delta":{"type":"text_delta","text":"`...)
-			return append(append(b, text...), `"},`...)
+			return append(appendText(b, k, from, to), `"},`...)
 		})
 	}
 	return e.event(dst, "response.output_text.delta", func(b []byte) []byte {
 		b = append(e.itemRef(b), `"logprobs":[],"delta":"`...)
-		return append(append(b, text...), `",`...)
+		return append(appendText(b, k, from, to), `",`...)
 	})
 }
 

@@ -92,6 +92,22 @@ type Config struct {
 	// full KV blocks by the hash of their prefix: a request whose leading
 	// blocks are cached reuses them and does not prefill them again.
 	DisablePrefixCaching bool
+	// StreamInterval is how many tokens each SSE event of a stream
+	// carries (vLLM's --stream-interval): an event goes out once that
+	// many are generated, or the sequence ends. 0 means 1; negative is an
+	// error.
+	StreamInterval int
+	// StreamMerge, when > 0, has each event carry a random number of
+	// tokens from 1 to StreamMerge instead, as a vLLM whose API server
+	// lags its engine merges the deltas it has not sent yet (drawn from
+	// the sequence and the token, so reproducible). It cannot be set with
+	// StreamInterval above 1; negative is an error.
+	StreamMerge int
+	// NoContinuousUsage has the server ignore stream_options'
+	// continuous_usage_stats, as OpenAI-compatible servers other than
+	// vLLM do: only the final usage chunk is sent. false, the default,
+	// puts the cumulative usage on every chunk when asked, as vLLM does.
+	NoContinuousUsage bool
 	// Seed makes generated text and lengths reproducible: the same seed and
 	// the same request give the same output, whatever else is running.
 	Seed int64
@@ -134,16 +150,19 @@ type settings struct {
 	maxNumSeqs    int
 	oom           bool
 	prefixCaching bool
-	oomRestart    time.Duration
-	stepBase      time.Duration
-	stepPerSeq    time.Duration
-	prefillPer    time.Duration
-	timeScale     float64
-	outputLen     lengthDist
-	outputWhen    []lengthRule
-	seed          uint64
-	logger        *slog.Logger
-	maxPositions  int
+	// streamInterval and streamMerge: tokens per event (Config's).
+	streamInterval, streamMerge int
+	continuousUsage             bool
+	oomRestart                  time.Duration
+	stepBase                    time.Duration
+	stepPerSeq                  time.Duration
+	prefillPer                  time.Duration
+	timeScale                   float64
+	outputLen                   lengthDist
+	outputWhen                  []lengthRule
+	seed                        uint64
+	logger                      *slog.Logger
+	maxPositions                int
 }
 
 func orDuration(d, def time.Duration) time.Duration {
@@ -250,6 +269,16 @@ func (c Config) resolve() (*settings, error) {
 		return nil, fieldErr("TimeScale", "must be in [0, 1e6], got %g", c.TimeScale)
 	}
 	s.timeScale = c.TimeScale
+	switch {
+	case c.StreamInterval < 0:
+		return nil, fieldErr("StreamInterval", "must be >= 1 token an event (0: 1), got %d", c.StreamInterval)
+	case c.StreamMerge < 0:
+		return nil, fieldErr("StreamMerge", "must be >= 0 (0: off), got %d", c.StreamMerge)
+	case c.StreamMerge > 0 && c.StreamInterval > 1:
+		return nil, fieldErr("StreamMerge", "cannot be set with StreamInterval %d: one or the other", c.StreamInterval)
+	}
+	s.streamInterval, s.streamMerge = max(c.StreamInterval, 1), c.StreamMerge
+	s.continuousUsage = !c.NoContinuousUsage
 	if s.outputLen, err = parseLengthDist(c.OutputLen); err != nil {
 		return nil, &ConfigError{Field: "OutputLen", Err: err}
 	}

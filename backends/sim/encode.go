@@ -41,28 +41,36 @@ func finishReason(gen, maxTokens int) string {
 	return "stop"
 }
 
-// role is the first chunk of choice i of a chat stream.
-func (e *encoder) role(dst []byte, i int) []byte {
+// role is the first chunk of choice i of a chat stream; with continuous
+// usage (usage), vLLM puts the prompt's on it.
+func (e *encoder) role(dst []byte, i int, prompt int, usage bool) []byte {
 	dst = append(dst, "data: "...)
 	dst = append(dst, e.head...)
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
-	return append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+	dst = append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`...)
+	if usage {
+		dst = appendUsage(append(dst, ','), prompt, 0)
+	}
+	return append(dst, "}\n\n"...)
 }
 
-// token is the chunk of one token of choice i; finish is "" until the last.
-func (e *encoder) token(dst []byte, i int, text, finish string) []byte {
+// token is the chunk of tokens [from, to) of choice i, sequence key k;
+// finish is "" until the last. usage, when >= 0, is the choice's tokens
+// so far, put on the chunk as vLLM's continuous_usage_stats does (prompt
+// prompt tokens).
+func (e *encoder) token(dst []byte, i int, k uint64, from, to int, finish string, prompt, usage int) []byte {
 	dst = append(dst, "data: "...)
 	dst = append(dst, e.head...)
 	dst = append(dst, `{"index":`...)
 	dst = strconv.AppendInt(dst, int64(i), 10)
 	if e.chat {
 		dst = append(dst, `,"delta":{"content":"`...)
-		dst = append(dst, text...)
+		dst = appendText(dst, k, from, to)
 		dst = append(dst, `"},"logprobs":null,"finish_reason":`...)
 	} else {
 		dst = append(dst, `,"text":"`...)
-		dst = append(dst, text...)
+		dst = appendText(dst, k, from, to)
 		dst = append(dst, `","logprobs":null,"finish_reason":`...)
 	}
 	if finish == "" {
@@ -72,7 +80,11 @@ func (e *encoder) token(dst []byte, i int, text, finish string) []byte {
 		dst = append(dst, finish...)
 		dst = append(dst, '"')
 	}
-	return append(dst, `,"stop_reason":null}]}`+"\n\n"...)
+	dst = append(dst, `,"stop_reason":null}]`...)
+	if usage >= 0 {
+		dst = appendUsage(append(dst, ','), prompt, usage)
+	}
+	return append(dst, "}\n\n"...)
 }
 
 func appendUsage(dst []byte, promptTokens, completionTokens int) []byte {

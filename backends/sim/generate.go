@@ -12,8 +12,8 @@ import (
 // client that hangs up meanwhile has its request aborted (connwatch). A
 // streamed one waits for its first token (or its failure) before it commits
 // to a 200, so that a request failed before any output gets a plain HTTP
-// error; from then on every token is one SSE event, written as soon as the
-// engine has produced it; a hang-up (connwatch) or a failed write aborts
+// error; from then on every token is one SSE event (or several are:
+// streamevents.go), written as soon as the engine has produced it; a hang-up (connwatch) or a failed write aborts
 // the request and frees its blocks.
 func (s *Server) generate(ctx *fasthttp.RequestCtx, chat bool) {
 	p := s.parsers.Get()
@@ -115,17 +115,22 @@ func (s *Server) stream(w *bufio.Writer, r *request, g genParams, enc *encoder) 
 		for i := range r.seqs {
 			sq := &r.seqs[i]
 			if first && enc.chat {
-				b = enc.role(b, i)
+				b = enc.role(b, i, r.prompt, g.continuousUsage)
 			}
 			pub := int(sq.pub.Load())
-			for t := sent[i]; t < pub; t++ {
+			ended := pub >= sq.target || st != statusActive
+			for end := s.set.nextEvent(sq.key, sent[i], pub, ended); end > 0; end = s.set.nextEvent(sq.key, sent[i], pub, ended) {
 				finish := ""
-				if t+1 == sq.target {
+				if end == sq.target {
 					finish = finishReason(sq.target, g.maxTokens)
 				}
-				b = enc.token(b, i, piece(sq.key, t), finish)
+				usage := -1
+				if g.continuousUsage {
+					usage = end
+				}
+				b = enc.token(b, i, sq.key, sent[i], end, finish, r.prompt, usage)
+				sent[i] = end
 			}
-			sent[i] = pub
 		}
 		first = false
 		switch st {

@@ -17,9 +17,12 @@ type genParams struct {
 	n            int
 	stream       bool
 	includeUsage bool
-	ignoreEOS    bool
-	key          uint64      // seed and content: what the output is drawn from
-	lengths      *lengthDist // what its lengths are drawn from (Config.OutputLenWhen); nil: OutputLen
+	// continuousUsage: usage on every chunk (continuous_usage_stats, with
+	// include_usage, on a server that honours it).
+	continuousUsage bool
+	ignoreEOS       bool
+	key             uint64      // seed and content: what the output is drawn from
+	lengths         *lengthDist // what its lengths are drawn from (Config.OutputLenWhen); nil: OutputLen
 	// The prompt's full-block hashes for the prefix cache; off when it is
 	// off. cache_salt changes them all, never the output.
 	blocks blockHasher
@@ -74,6 +77,10 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 		if g.includeUsage, aerr = getBool(so, "include_usage", true); aerr != nil {
 			return g, aerr
 		}
+		if g.continuousUsage, aerr = getBool(so, "continuous_usage_stats", false); aerr != nil {
+			return g, aerr
+		}
+		g.continuousUsage = g.continuousUsage && g.includeUsage && s.continuousUsage
 		if !g.stream {
 			return g, badRequest("stream_options", "Stream options can only be defined when `stream=True`.")
 		}

@@ -27,6 +27,7 @@ var simFlagOf = map[string]string{
 	"OnOverflow": "--on-overflow", "OOMRestart": "--oom-restart", "StepBase": "--step-base",
 	"StepPerSeq": "--step-per-seq", "PrefillPerToken": "--prefill-per-token", "TimeScale": "--time-scale",
 	"OutputLen": "--output-len", "OutputLenWhen": "--output-len-when", "DisablePrefixCaching": "--enable-prefix-caching",
+	"StreamInterval": "--stream-interval", "StreamMerge": "--stream-merge", "NoContinuousUsage": "--continuous-usage",
 }
 
 // simFlags are the flags of kvgate sim, parsed into a sim.Config.
@@ -36,6 +37,8 @@ type simFlags struct {
 	gpuMemory, weights, reserve                       sizeFlag
 	utilization, timeScale                            float64
 	blockSize, maxModelLen, maxNumSeqs                int
+	streamInterval, streamMerge                       int
+	continuousUsage                                   bool
 	oomRestart, stepBase, stepPerSeq, prefillPer      time.Duration
 	seed                                              int64
 	prefixCaching                                     bool
@@ -62,6 +65,9 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.outputLen, "output-len", "", "output length distribution capped by max_tokens: fixed:N, uniform:A-B, normal:MEAN,STDDEV, lognormal:MEDIAN,SIGMA (default: always max_tokens)")
 	fs.Var(&f.outputLenWhen, "output-len-when", "`TEXT=DIST`: requests whose body contains TEXT draw their output lengths from DIST instead (repeatable; the first that matches wins)")
 	fs.Int64Var(&f.seed, "seed", 0, "seed of the generated text and output lengths")
+	fs.IntVar(&f.streamInterval, "stream-interval", 1, "tokens each SSE event of a stream carries (vLLM's --stream-interval)")
+	fs.IntVar(&f.streamMerge, "stream-merge", 0, "when > 0, each SSE event carries a random 1 to N tokens, as a vLLM whose API server lags its engine (not with --stream-interval)")
+	fs.BoolVar(&f.continuousUsage, "continuous-usage", true, "honour stream_options.continuous_usage_stats, usage on every chunk, as vLLM does (=false: as servers without it)")
 	fs.BoolVar(&f.prefixCaching, "enable-prefix-caching", true, "reuse the KV blocks of prompt prefixes already computed, as vLLM V1 does (=false: every prompt is prefilled whole)")
 }
 
@@ -72,6 +78,7 @@ func (f *simFlags) config(logger *slog.Logger) (sim.Config, error) {
 		Model: f.model, GPUMemoryUtilization: f.utilization, BlockSize: f.blockSize, MaxModelLen: f.maxModelLen,
 		MaxNumSeqs: f.maxNumSeqs, OnOverflow: f.onOverflow, TimeScale: f.timeScale, OutputLen: f.outputLen, OutputLenWhen: f.outputLenWhen,
 		Seed: f.seed, DisablePrefixCaching: !f.prefixCaching, Logger: logger,
+		StreamInterval: f.streamInterval, StreamMerge: f.streamMerge, NoContinuousUsage: !f.continuousUsage,
 	}
 	if _, _, err := net.SplitHostPort(f.listen); err != nil {
 		return c, fmt.Errorf("--listen %q: %w", f.listen, err)
@@ -84,7 +91,7 @@ func (f *simFlags) config(logger *slog.Logger) (sim.Config, error) {
 	for _, n := range []struct {
 		name string
 		v    int
-	}{{"--block-size", f.blockSize}, {"--max-num-seqs", f.maxNumSeqs}} {
+	}{{"--block-size", f.blockSize}, {"--max-num-seqs", f.maxNumSeqs}, {"--stream-interval", f.streamInterval}} {
 		if n.v < 1 {
 			return c, fmt.Errorf("%s must be >= 1, got %d", n.name, n.v)
 		}
