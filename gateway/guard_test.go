@@ -25,11 +25,15 @@ import (
 // not faster: the guard rests on the gateway seeing each stream's tokens
 // within a block's worth of the backend's steps, and a loaded test machine
 // running the race detector lagged a block at a faster pace.
-func smallOOMSim(t *testing.T) (*sim.Server, string) {
+// mut, when given, changes the simulator further.
+func smallOOMSim(t *testing.T, mut ...func(*sim.Config)) (*sim.Server, string) {
 	return startSim(t, func(c *sim.Config) {
 		c.OnOverflow, c.TimeScale = sim.OverflowOOM, 0.5
 		c.Reserve, c.MaxModelLen = 6<<30, 2048
 		c.OutputLen, c.OutputLenWhen = "fixed:8", []string{"LONG=fixed:400"}
+		for _, m := range mut {
+			m(c)
+		}
 	})
 }
 
@@ -146,9 +150,9 @@ func TestGuardResumesStoppedStreams(t *testing.T) {
 // time, frees a cut stream's blocks at its next step, which on a loaded
 // machine comes well after 50ms, and what is admitted before then would
 // land in blocks it still holds.
-func taughtShortAnswers(t *testing.T, extra string) (backend *sim.Server, pool int64, gw *Server, gwURL string) {
+func taughtShortAnswers(t *testing.T, extra string, mut ...func(*sim.Config)) (backend *sim.Server, pool int64, gw *Server, gwURL string) {
 	t.Helper()
-	backend, url := smallOOMSim(t)
+	backend, url := smallOOMSim(t, mut...)
 	pool = backend.Stats().NumGPUBlocks
 	gw, gwURL = startGateway(t, baseConfig(url, `admission:
   reservation: predicted

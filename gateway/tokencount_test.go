@@ -5,9 +5,12 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvgate/kvgate/backends/sim"
 )
 
 func TestTextBytes(t *testing.T) {
@@ -260,4 +263,50 @@ func mergedEvents(s *Server) float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// The shift of TestGuardResumesStoppedStreams on a backend whose events
+// carry several tokens: counted by the usage on each chunk where the
+// backend gives it, or by bytes once a final usage has shown the events
+// short, the guard still stops streams before the backend runs out, and
+// every answer is whole.
+func TestGuardHoldsWhenEventsCarrySeveralTokens(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mut  func(*sim.Config)
+	}{
+		{"4 an event, usage on every chunk", func(c *sim.Config) { c.StreamInterval = 4 }},
+		{"up to 16 an event, no usage on chunks", func(c *sim.Config) { c.StreamMerge, c.NoContinuousUsage = 16, true }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			backend, pool, gw, gwURL := taughtShortAnswers(t, "", tc.mut)
+			body := chatBody("LONG"+words(50), 500, true)
+			const n = 30
+			var wg sync.WaitGroup
+			res := make([]result, n)
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res[i] = postJSON(gwURL, "/v1/chat/completions", body)
+				}()
+			}
+			wg.Wait()
+			for i, r := range res {
+				if r.err != nil || r.status != 200 || strings.Contains(r.body, `"error"`) || !strings.HasSuffix(r.body, "data: [DONE]\n\n") {
+					t.Fatalf("request %d: %v %d ...%s", i, r.err, r.status, r.body[max(0, len(r.body)-300):])
+				}
+				if roles := strings.Count(r.body, `"role":"assistant"`); roles != 1 || strings.Count(r.body, `"finish_reason":"`) != 1 {
+					t.Errorf("request %d: %d role chunks, want 1, and one finish", i, roles)
+				}
+			}
+			st := backend.Stats()
+			as := gw.rt.Load().sched.Stats()
+			t.Logf("the guard stopped %d streams; the backend's peak %d of %d blocks; merges found %g", as.GuardStops, st.PeakUsedBlocks, pool, mergedEvents(gw))
+			if st.OOMEvents != 0 {
+				t.Fatalf("the backend overflowed %d times", st.OOMEvents)
+			}
+			eventually(t, "every reservation back", func() bool { return held(gw) == 0 })
+		})
+	}
 }
