@@ -141,11 +141,21 @@
 // three letters, or one punctuation mark, and none joins the token before
 // or after it.
 //
+// # Stream events
+//
+// Each SSE event of a stream carries one token, as a vLLM that keeps up
+// sends it, unless Config.StreamInterval (vLLM's --stream-interval) or
+// Config.StreamMerge (random merges, as a vLLM whose API server lags its
+// engine) say otherwise (streamevents.go); the Responses and Messages
+// streams merge their deltas alike.
+//
 // # HTTP
 //
 // POST /v1/chat/completions and /v1/completions (streamed or not; n;
 // max_tokens, max_completion_tokens, min_tokens, ignore_eos, cache_salt;
-// stream_options.include_usage), GET /v1/models (with max_model_len),
+// stream_options.include_usage and continuous_usage_stats, the latter the
+// choice's cumulative usage on every chunk as vLLM puts it, unless
+// Config.NoContinuousUsage), GET /v1/models (with max_model_len),
 // POST /tokenize, GET /health and GET /metrics (vLLM's metric names and
 // labels, plus kvsim_ ones). The pooling routes, POST /v1/embeddings,
 // /pooling, /classify, /score and /v1/score, /rerank, /v1/rerank and

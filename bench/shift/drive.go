@@ -131,12 +131,20 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 	stream := sc.noStream == nil || !sc.noStream(c, rnd)
 	body := map[string]any{"model": model, "max_tokens": maxTokens, "stream": stream,
 		"messages": []map[string]string{{"role": "user", "content": prompt(c, seq, rec.long)}}}
+	path := "/v1/chat/completions"
+	switch {
+	case sc.responses:
+		body = map[string]any{"model": model, "max_output_tokens": maxTokens, "stream": stream, "input": prompt(c, seq, rec.long)}
+		path = "/v1/responses"
+	case sc.jsonObject:
+		body["response_format"] = map[string]string{"type": "json_object"}
+	}
 	if sc.minTokens != nil {
 		if m := sc.minTokens(c, rnd); m > 0 {
 			body["min_tokens"], rec.long = m, true
 		}
 	}
-	if stream {
+	if stream && !sc.responses {
 		body["stream_options"] = map[string]bool{"include_usage": true}
 	}
 	b, _ := json.Marshal(body)
@@ -155,7 +163,7 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 			}()
 		}
 	}
-	req, _ := http.NewRequestWithContext(rctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(b))
+	req, _ := http.NewRequestWithContext(rctx, http.MethodPost, url+path, bytes.NewReader(b))
 	req.Header.Set("Content-Type", "application/json")
 	if rec.tenant != "" {
 		req.Header.Set("Authorization", "Bearer key-"+rec.tenant)
@@ -200,9 +208,29 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 			done = true
 			break
 		}
-		if bytes.Contains(data, []byte(`"error"`)) {
+		// A Responses event's response carries "error":null: its errors
+		// are told by their type.
+		failed := bytes.Contains(data, []byte(`"error"`))
+		if sc.responses {
+			failed = bytes.Contains(data, []byte(`"type":"error"`)) || bytes.Contains(data, []byte(`"type":"response.failed"`))
+		}
+		if failed {
 			rec.outcome, rec.detail = classifyError(200, data)
 			return rec
+		}
+		if sc.responses && (bytes.Contains(data, []byte(`"type":"response.completed"`)) || bytes.Contains(data, []byte(`"type":"response.incomplete"`))) {
+			var v struct {
+				Response struct {
+					Usage struct {
+						Output int `json:"output_tokens"`
+					} `json:"usage"`
+				} `json:"response"`
+			}
+			if json.Unmarshal(data, &v) == nil {
+				rec.tokens = v.Response.Usage.Output
+			}
+			done = true
+			break
 		}
 		if bytes.Contains(data, []byte(`"usage"`)) && !bytes.Contains(data, []byte(`"usage":null`)) {
 			var v struct {

@@ -27,6 +27,12 @@ type scenario struct {
 	// fromStart: the traffic departs from its history from the start (a
 	// ramp, a field, a heavy tail), so requests count from there.
 	fromStart bool
+	// simArgs are the simulator's further flags (merged stream events).
+	simArgs []string
+	// responses sends the requests to /v1/responses; jsonObject asks chat
+	// for response_format json_object: traffic a stopped stream of which
+	// cannot be resumed.
+	responses, jsonObject bool
 }
 
 func scenarios(o options) map[string]*scenario {
@@ -40,7 +46,7 @@ func scenarios(o options) map[string]*scenario {
 	tenants := func(share string) string {
 		return fmt.Sprintf("tenants:\n  - {name: a, api_keys: [key-a]%s}\n  - {name: b, api_keys: [key-b]%s}\n", share, share)
 	}
-	return map[string]*scenario{
+	m := map[string]*scenario{
 		"shift": {name: "shift", title: "every request long from the change on",
 			long: func(_ int, t time.Duration, _ *rand.Rand) bool { return after(t) }},
 		"ramp": {name: "ramp", title: "the long share grows from 0 to 100 % over the run", fromStart: true,
@@ -64,7 +70,23 @@ func scenarios(o options) map[string]*scenario {
 			outputLen: "lognormal:50,1.2", fromStart: true, noStream: func(c int, _ *rand.Rand) bool { return c%2 == 0 }},
 		"hangup": {name: "hangup", title: "64 clients hang up on their running requests at once, then send again",
 			hangupAt: o.shiftAt, hangups: 64},
+		"json": {name: "json", title: "the shift on chat with response_format json_object (not resumable)", jsonObject: true,
+			long: func(_ int, t time.Duration, _ *rand.Rand) bool { return after(t) }},
+		"responses": {name: "responses", title: "the shift on streamed /v1/responses (not resumable)", responses: true,
+			long: func(_ int, t time.Duration, _ *rand.Rand) bool { return after(t) }},
 	}
+	for _, n := range []int{2, 4, 16} {
+		name := fmt.Sprintf("merged-%d", n)
+		m[name] = &scenario{name: name, title: fmt.Sprintf("the shift, %d tokens an event (--stream-interval), usage on every chunk", n),
+			simArgs: []string{"--stream-interval", strconv.Itoa(n)},
+			long:    func(_ int, t time.Duration, _ *rand.Rand) bool { return after(t) }}
+		m[name+"-steady"] = &scenario{name: name + "-steady", title: fmt.Sprintf("short answers only, %d tokens an event", n), fromStart: true,
+			simArgs: []string{"--stream-interval", strconv.Itoa(n)}}
+	}
+	m["merged-random"] = &scenario{name: "merged-random", title: "the shift, 1-16 tokens an event at random, no usage on chunks",
+		simArgs: []string{"--stream-merge", "16", "--continuous-usage=false"},
+		long:    func(_ int, t time.Duration, _ *rand.Rand) bool { return after(t) }}
+	return m
 }
 
 func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*result, error) {
@@ -72,9 +94,10 @@ func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*res
 	if outLen == "" {
 		outLen = "lognormal:50,0.8"
 	}
-	sim, err := kit.StartSim(ctx, "shift-"+sc.name+"-sim", "--on-overflow", "oom", "--gpu-memory-utilization", utilization,
+	args := append([]string{"--on-overflow", "oom", "--gpu-memory-utilization", utilization,
 		"--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64), "--seed", strconv.FormatUint(o.Seed, 10), "--model", model,
-		"--output-len", outLen, "--output-len-when", longMarker+"=uniform:1000-2000")
+		"--output-len", outLen, "--output-len-when", longMarker + "=uniform:1000-2000"}, sc.simArgs...)
+	sim, err := kit.StartSim(ctx, "shift-"+sc.name+"-sim", args...)
 	if err != nil {
 		return nil, err
 	}
