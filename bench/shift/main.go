@@ -12,7 +12,14 @@
 //     tenant B (32 clients) stays short; without and with `share: 0.5` each;
 //   - min-tokens: 10 % of requests carry min_tokens 1500 from the start;
 //   - heavy-tail: lognormal outputs with σ 1.2, half of them not streamed;
-//   - hangup: 64 clients hang up on their running requests at once.
+//   - hangup: 64 clients hang up on their running requests at once;
+//   - json / responses: the shift on chat with response_format
+//     json_object, and on streamed /v1/responses (streams that cannot be
+//     resumed);
+//   - merged-2, merged-4, merged-16 (and -steady, short answers only):
+//     the simulator sends that many tokens an event (--stream-interval),
+//     usage on every chunk; merged-random: 1 to 16 at random, no usage on
+//     chunks (the gateway counts by bytes once it sees events short).
 //
 // Long answers are made by the simulator's --output-len-when: a request
 // whose prompt carries a marker is drawn from the long distribution, so no
