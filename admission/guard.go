@@ -342,11 +342,26 @@ func (s *Scheduler) Overflowed(pool string) {
 	s.settleUnlock(opFeedback)
 }
 
+// fixed says whether t holds what the guard cannot take back without
+// failing it: it cannot be resumed (NoResume), or cannot be stopped at all
+// (no Stopper: a request that reports no progress).
+func (t *Ticket) fixed() bool { return t.noResume || t.guard.stopper == nil }
+
 // exposureFitsLocked says whether w's worst case fits beside the worst
-// cases p and its tenant hold within MaxOvercommit (Predicted only).
+// cases p and its tenant hold within MaxOvercommit (Predicted only), and,
+// for a request that cannot be resumed, beside the worst cases of every
+// such request and every one that cannot be stopped within the pool's
+// line: whatever the traffic does then, stopping the streams that can be
+// resumed (the guard's first victims) is enough, and none that cannot is
+// ever stopped. It costs such traffic what worst_case would; a forecast
+// cannot buy it more, since a shift it does not foresee would have the
+// guard fail it.
 func (s *Scheduler) exposureFitsLocked(p *pool, w *waiter) bool {
 	line := float64(p.exposureLine()) * s.set.policy.overcommit
 	if float64(satAdd64(p.held, w.weight)) > line {
+		return false
+	}
+	if w.noResume && satAdd64(p.fixedHeld, w.weight) > p.guardLine() {
 		return false
 	}
 	t := w.tenant

@@ -362,3 +362,49 @@ func TestNoResumeKeepsItsWorstCaseAfterTheWarmUp(t *testing.T) {
 		})
 	}
 }
+
+// The worst cases of the requests that cannot be resumed, with those of
+// the requests that cannot be stopped, never sum past the pool: whatever
+// they grow to, stopping the resumable streams makes room, so the guard
+// never has to fail one. Resumable ones are admitted on their forecast
+// beside them as before.
+func TestNoResumeWorstCasesFitThePool(t *testing.T) {
+	f := guarded(t, 160*16, nil) // each request's worst case is 65 blocks: two fit
+	log := &stops{}
+	fixed := func(name string) admission.Request {
+		r := chat(16, 1024)
+		r.Stopper, r.NoResume = stopper{name, log}, true
+		return r
+	}
+	a, b := f.acquire(fixed("a")), f.acquire(fixed("b"))
+	third := f.enqueue(context.Background(), fixed("c"))
+	// Resumable streams still come in on their forecast (20 tokens).
+	var res []*admission.Ticket
+	for i := range 4 {
+		r := chat(16, 1024)
+		r.Stopper = resumableStopper{stopper{"r" + string(rune('0'+i)), log}}
+		res = append(res, f.acquire(r))
+	}
+	f.stillQueued(third)
+	// Everything runs long: only resumable streams are stopped.
+	for gen := 16; gen <= 1024; gen += 16 {
+		for _, tk := range append([]*admission.Ticket{a, b}, res...) {
+			tk.Progress(0, gen)
+		}
+	}
+	for _, name := range log.names() {
+		if name == "a" || name == "b" {
+			t.Fatalf("stopped %v: a request that cannot be resumed among them", log.names())
+		}
+	}
+	if len(log.names()) == 0 {
+		t.Fatal("nothing stopped: the test proves nothing")
+	}
+	for _, tk := range append([]*admission.Ticket{a}, res...) {
+		tk.Release()
+	}
+	c := f.admitted(third)
+	b.Release()
+	c.Release()
+	f.state(0, 0)
+}

@@ -13,6 +13,9 @@ type pool struct {
 	nominal   int64 // configured capacity, or as resized
 	effective int64 // nominal after AIMD; what admissions are measured against
 	held      int64 // Σ worst-case weight of its tickets
+	// fixedHeld is the part of held whose tickets the guard cannot stop
+	// expecting a resume: NoResume ones, and those with no Stopper.
+	fixedHeld int64
 	charge    int64 // Σ charge of its tickets (== held under WorstCase)
 	tickets   int
 	first     *Ticket // its tickets, newest first (for forecasts and shadows)
@@ -221,6 +224,9 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 		s.shareLocked(p, t)
 	}
 	p.held = satAdd64(p.held, t.weight)
+	if t.fixed() {
+		p.fixedHeld = satAdd64(p.fixedHeld, t.weight)
+	}
 	p.charge = satAdd64(p.charge, t.charge)
 	p.tickets++
 	t.next = p.first
@@ -247,6 +253,9 @@ func (s *Scheduler) unholdLocked(t *Ticket, drained bool) {
 	s.recycleCurveLocked(t)
 	s.unshareLocked(p, t)
 	p.held -= t.weight
+	if t.fixed() {
+		p.fixedHeld -= t.weight
+	}
 	p.charge -= t.charge
 	p.tickets--
 	if t.prev == nil {

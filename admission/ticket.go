@@ -235,6 +235,9 @@ func (s *Scheduler) updateLocked(t *Ticket, change func()) {
 	charge := s.ticketChargeLocked(t, weight)
 	dw, dc := weight-t.weight, charge-t.charge
 	p.held += dw
+	if t.fixed() {
+		p.fixedHeld += dw
+	}
 	p.charge += dc
 	t.line.held += dw
 	t.tenant.unholdLocked(p, t.charge, t.weight)
