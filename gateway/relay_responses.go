@@ -14,8 +14,11 @@ import (
 // The streams of the Responses and Messages APIs are typed events: each
 // an "event:" line and a JSON object whose "type" names it. The relay
 // reads them as it reads chat's chunks: each piece of generated text (a
-// Responses ".delta" event, a Messages content_block_delta) is one token
-// of the only sequence; the event that carries the usage finishes it; the
+// Responses ".delta" event, a Messages content_block_delta) is at least
+// one token of the only sequence, counted as tokencount.go says (these
+// APIs put no usage on their deltas: events, or bytes of text once the
+// backend's final usage has shown its events short); the event that
+// carries the usage finishes it; the
 // API's last event (response.completed, .incomplete or .failed;
 // message_stop; an error) ends the stream as [DONE] ends chat's.
 
