@@ -247,8 +247,10 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		}
 		// A tool call ends what a continuation can carry, found only
 		// while the answer streams: such a request is taken as one that
-		// cannot be resumed where admission decides up front.
-		areq.NoResume = x.resume == nil || req.tools
+		// cannot be resumed where admission decides up front. With
+		// resume_stopped off every stop is a cut, which the operator
+		// chose over holding streams at their worst case.
+		areq.NoResume = x.rt.resumes() && (x.resume == nil || req.tools)
 	}
 	if !x.admit(ctx, areq) {
 		return
