@@ -86,6 +86,7 @@ func TestParseRequest(t *testing.T) {
 		{name: "n too big", kind: completions, body: `{"model":"m","n":1000,"prompt":"x"}`, param: "n"},
 		{name: "stream_options string", kind: completions, body: `{"model":"m","stream_options":"x","prompt":"x"}`, param: "stream_options"},
 		{name: "include_usage string", kind: completions, body: `{"model":"m","stream_options":{"include_usage":"yes"},"prompt":"x"}`, param: "stream_options.include_usage"},
+		{name: "continuous_usage_stats string", kind: completions, body: `{"model":"m","stream_options":{"continuous_usage_stats":"yes"},"prompt":"x"}`, param: "stream_options.continuous_usage_stats"},
 		{name: "prompt empty array", kind: completions, body: `{"model":"m","prompt":[]}`, param: "prompt"},
 		{name: "prompt mixed batch", kind: completions, body: `{"model":"m","prompt":["a",1]}`, param: "prompt[1]"},
 		{name: "prompt object", kind: completions, body: `{"model":"m","prompt":{}}`, param: "prompt"},
