@@ -92,6 +92,10 @@ type Config struct {
 	// full KV blocks by the hash of their prefix: a request whose leading
 	// blocks are cached reuses them and does not prefill them again.
 	DisablePrefixCaching bool
+	// NoTokenize answers /tokenize 404, as an OpenAI-compatible server
+	// without vLLM's extras does (or an nginx in front that routes only
+	// /v1): a gateway in front must count prompts without it.
+	NoTokenize bool
 	// Seed makes generated text and lengths reproducible: the same seed and
 	// the same request give the same output, whatever else is running.
 	Seed int64
@@ -134,6 +138,7 @@ type settings struct {
 	maxNumSeqs    int
 	oom           bool
 	prefixCaching bool
+	noTokenize    bool
 	oomRestart    time.Duration
 	stepBase      time.Duration
 	stepPerSeq    time.Duration
@@ -266,6 +271,7 @@ func (c Config) resolve() (*settings, error) {
 	}
 	s.seed = uint64(c.Seed)
 	s.prefixCaching = !c.DisablePrefixCaching
+	s.noTokenize = c.NoTokenize
 
 	g := kvbudget.GPUBudget{Memory: s.gpuMemory, Ceiling: s.utilization, Weights: s.weights, Reserve: s.reserve}
 	kv, err := g.KVBytes()
