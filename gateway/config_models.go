@@ -95,18 +95,18 @@ type EstimateConfig struct {
 // base's instead). max_model_len's default needs the model's config.json
 // and is applied where it is read (model.go).
 const (
-	defaultTP                    = 1
-	defaultTokenizer             = "backend"
-	defaultTokenizeCache         = 16384
-	defaultEstimateMargin        = 0.05
-	defaultTemplateTokens        = 32
-	defaultPerMessageTokens      = 16
-	defaultPerToolTokens         = 32
-	defaultImageTokens           = 16384
-	defaultCalibrationWindow     = 256
-	defaultCalibrationMin        = 32
-	defaultMaxModelLen           = 8192
-	maxTokenizeCache             = 1 << 24
+	defaultTP                = 1
+	defaultTokenizer         = "backend"
+	defaultTokenizeCache     = 16384
+	defaultEstimateMargin    = 0.05
+	defaultTemplateTokens    = 32
+	defaultPerMessageTokens  = 16
+	defaultPerToolTokens     = 32
+	defaultImageTokens       = 16384
+	defaultCalibrationWindow = 256
+	defaultCalibrationMin    = 32
+	defaultMaxModelLen       = 8192
+	maxTokenizeCache         = 1 << 24
 )
 
 // defaults fills the settings of a model that is not an adapter; its block

@@ -149,14 +149,14 @@ type backendView struct {
 }
 
 type modelView struct {
-	Name          string  `json:"name"`
-	MaxModelLen   int     `json:"max_model_len"`
-	Tokenizer     string  `json:"tokenizer"`
-	TP            int     `json:"tp"`
-	BlockSize     int     `json:"block_size"`
-	BytesPerToken int64   `json:"bytes_per_token"`
-	BytesPerBlock int64   `json:"bytes_per_block"`
-	WeightBytes   int64   `json:"weight_bytes"`
+	Name          string `json:"name"`
+	MaxModelLen   int    `json:"max_model_len"`
+	Tokenizer     string `json:"tokenizer"`
+	TP            int    `json:"tp"`
+	BlockSize     int    `json:"block_size"`
+	BytesPerToken int64  `json:"bytes_per_token"`
+	BytesPerBlock int64  `json:"bytes_per_block"`
+	WeightBytes   int64  `json:"weight_bytes"`
 	// Estimate is how prompts /tokenize does not count are counted: the
 	// byte bound, or calibrated (estimate.go).
 	Estimate estimateState `json:"estimate"`
