@@ -27,6 +27,15 @@ type scenario struct {
 	// fromStart: the traffic departs from its history from the start (a
 	// ramp, a field, a heavy tail), so requests count from there.
 	fromStart bool
+	simArgs   []string // more simulator flags (--no-tokenize)
+	models    string   // the gateway's models section; "" = benchkit.ModelsYAML
+	// dense says which clients send prompts dense in tokens (code, JSON,
+	// digits, CJK, emoji) rather than English; routes sends each client's
+	// requests to chat, completions, Responses and Messages in turn, with
+	// function tools on all but completions. Clients are tenant "dense"
+	// or "en", so that each kind's prompt counts can be read apart.
+	dense  func(client int) bool
+	routes bool
 }
 
 func scenarios(o options) map[string]*scenario {
@@ -64,7 +73,30 @@ func scenarios(o options) map[string]*scenario {
 			outputLen: "lognormal:50,1.2", fromStart: true, noStream: func(c int, _ *rand.Rand) bool { return c%2 == 0 }},
 		"hangup": {name: "hangup", title: "64 clients hang up on their running requests at once, then send again",
 			hangupAt: o.shiftAt, hangups: 64},
+		"dense-mix": denseScenario("dense-mix", "a quarter of the clients send token-dense prompts beside English, on every route, to a backend without /tokenize",
+			func(c int) bool { return c%4 == 0 }, noTokenize, ""),
+		"dense-alone": denseScenario("dense-alone", "every client sends token-dense prompts, on every route, to a backend without /tokenize",
+			func(int) bool { return true }, noTokenize, ""),
+		"dense-estimate": denseScenario("dense-estimate", "a quarter token-dense beside English, on every route, tokenizer: estimate",
+			func(c int) bool { return c%4 == 0 }, nil, benchkit.ModelsYAML+"    tokenizer: estimate\n"),
 	}
+}
+
+var noTokenize = []string{"--no-tokenize"}
+
+// denseScenario is traffic whose prompts the gateway must count without
+// /tokenize, from a cold start: by its estimate's bound at first, by its
+// calibration once answers have taught it.
+func denseScenario(name, title string, dense func(int) bool, simArgs []string, models string) *scenario {
+	return &scenario{name: name, title: title, fromStart: true, dense: dense, routes: true, simArgs: simArgs, models: models,
+		outputLen: "lognormal:200,0.8",
+		tenants:   "tenants:\n  - {name: en, api_keys: [key-en]}\n  - {name: dense, api_keys: [key-dense]}\n",
+		tenantOf: func(c int) string {
+			if dense(c) {
+				return "dense"
+			}
+			return "en"
+		}}
 }
 
 func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*result, error) {
@@ -72,9 +104,9 @@ func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*res
 	if outLen == "" {
 		outLen = "lognormal:50,0.8"
 	}
-	sim, err := kit.StartSim(ctx, "shift-"+sc.name+"-sim", "--on-overflow", "oom", "--gpu-memory-utilization", utilization,
+	sim, err := kit.StartSim(ctx, "shift-"+sc.name+"-sim", append([]string{"--on-overflow", "oom", "--gpu-memory-utilization", utilization,
 		"--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64), "--seed", strconv.FormatUint(o.Seed, 10), "--model", model,
-		"--output-len", outLen, "--output-len-when", longMarker+"=uniform:1000-2000")
+		"--output-len", outLen, "--output-len-when", longMarker + "=uniform:1000-2000"}, sc.simArgs...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +115,12 @@ func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*res
 	if reservation == "" {
 		reservation = o.reservation
 	}
-	gw, err := kit.StartGateway(ctx, "shift-"+sc.name, sim.URL, utilization, "  reservation: "+reservation+"\n", sc.tenants)
+	models := sc.models
+	if models == "" {
+		models = benchkit.ModelsYAML
+	}
+	gw, err := kit.StartGatewayModels(ctx, "shift-"+sc.name, utilization, "  reservation: "+reservation+"\n", sc.tenants, models,
+		fmt.Sprintf("  - name: sim0\n    url: %s\n    models: [%s]\n    gpu_memory: 24GiB\n", sim.URL, model))
 	if err != nil {
 		return nil, err
 	}
