@@ -4,7 +4,11 @@ import (
 	"fmt"
 
 	"encoding/json"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/valyala/fastjson"
+
+	"github.com/kvgate/kvgate/backends/sim"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -284,5 +288,64 @@ func TestEstimateWidensAfterAnUnderCount(t *testing.T) {
 	}
 	if got := e.predict(dense); got < under {
 		t.Fatalf("calibrated again, the prompt missed is estimated %d, below its %d", got, under)
+	}
+}
+
+// ratioHistogram is kvgate_prompt_tokens_actual_over_predicted of source.
+func ratioHistogram(t *testing.T, gw *Server, source string) *dto.Histogram {
+	t.Helper()
+	var m dto.Metric
+	if err := gw.m.promptRatio.WithLabelValues("llama-3-8b", source).(prometheus.Metric).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram()
+}
+
+// routeBodies are a prompt on every route, with a function tool on all
+// but completions.
+func routeBodies(text string) map[string]string {
+	q, _ := json.Marshal(text)
+	params := `{"type":"object","properties":{"city":{"type":"string","description":"the city"}}}`
+	return map[string]string{
+		"/v1/chat/completions": `{"model":"llama-3-8b","max_tokens":3,"messages":[{"role":"user","content":` + string(q) + `}],"tools":[{"type":"function","function":{"name":"w","description":"weather","parameters":` + params + `}}]}`,
+		"/v1/completions":      `{"model":"llama-3-8b","max_tokens":3,"prompt":` + string(q) + `}`,
+		"/v1/responses":        `{"model":"llama-3-8b","max_output_tokens":3,"input":` + string(q) + `,"tools":[{"type":"function","name":"w","description":"weather","parameters":` + params + `}]}`,
+		"/v1/messages":         `{"model":"llama-3-8b","max_tokens":3,"messages":[{"role":"user","content":` + string(q) + `}],"tools":[{"name":"w","description":"weather","input_schema":` + params + `}]}`,
+	}
+}
+
+// Behind a backend without /tokenize, prompts of every density on every
+// route are answered, each fallback is counted, and none is estimated
+// below the backend's count. With /tokenize, the same prompts, tools and
+// all, are counted exactly on every route (Responses and Messages as the
+// chat request they convert to).
+func TestPromptsCountedOnEveryRoute(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	for _, noTokenize := range []bool{true, false} {
+		_, url := startSim(t, func(c *sim.Config) { c.NoTokenize = noTokenize })
+		gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+		for i := range 12 {
+			for path, body := range routeBodies(randomText(r, 200+r.IntN(2000)) + fmt.Sprint(i)) {
+				if res := postJSON(gwURL, path, body); res.status != 200 {
+					t.Fatalf("%s: %d %.300s", path, res.status, res.body)
+				}
+			}
+		}
+		if noTokenize {
+			if n := counter(gw.m.tokenizeFalls, "llama-3-8b", "error"); n != 48 {
+				t.Errorf("without /tokenize, %v fallbacks counted, want 48", n)
+			}
+			h := ratioHistogram(t, gw, sourceEstimate)
+			for _, b := range h.GetBucket() {
+				if b.GetUpperBound() == 1 && b.GetCumulativeCount() != h.GetSampleCount() {
+					t.Errorf("%d of %d prompts estimated below the backend's count", h.GetSampleCount()-b.GetCumulativeCount(), h.GetSampleCount())
+				}
+			}
+			continue
+		}
+		h := ratioHistogram(t, gw, sourceBackend)
+		if h.GetSampleCount() != 48 || h.GetSampleSum() != 48 {
+			t.Errorf("with /tokenize: %d prompts counted by the backend, actual/predicted summing to %v; want 48 exact", h.GetSampleCount(), h.GetSampleSum())
+		}
 	}
 }
