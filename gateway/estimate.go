@@ -117,10 +117,11 @@ func (s *promptShape) addJSON(b []byte) {
 // textPieces is a tokenizer-free count of the pieces b would be cut into:
 // a run of ASCII letters a piece every four bytes, digits in threes, a
 // newline run, a run of spaces that no word takes, each other ASCII byte
-// and each non-ASCII character (two for a four-byte one: emoji) a piece.
+// and each character of two bytes a piece; characters of three bytes
+// (CJK) one and a half, of four (emoji) two and a half.
 // It is no bound; calibration scales it.
 func textPieces(b []byte) int {
-	n := 0
+	n, wide := 0, 0
 	for i := 0; i < len(b); {
 		c := b[i]
 		switch {
@@ -156,8 +157,20 @@ func textPieces(b []byte) int {
 			n++
 			i++
 		default:
+			// A CJK character is one token or two in real vocabularies
+			// (the frequent ones have their own), an emoji two or three:
+			// one and a half and two and a half pieces on average.
 			_, size := utf8.DecodeRune(b[i:])
-			n += 1 + size/4
+			switch size {
+			case 3:
+				wide++
+				n += 1 + wide%2
+			case 4:
+				wide++
+				n += 2 + wide%2
+			default:
+				n++
+			}
 			i += size
 		}
 	}

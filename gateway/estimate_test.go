@@ -349,3 +349,31 @@ func TestPromptsCountedOnEveryRoute(t *testing.T) {
 		}
 	}
 }
+
+func TestTextPieces(t *testing.T) {
+	for _, tc := range []struct {
+		text string
+		want int
+	}{
+		{"", 0},
+		{"hello world", 2 + 2},  // letters by fours, a space before a word goes with it
+		{"1234567", 3},          // digits by threes
+		{"a, b", 1 + 1 + 1},     // punctuation a piece
+		{"x  y", 1 + 1 + 1},     // a run of spaces no word takes
+		{"a\n\n\nb", 1 + 1 + 1}, // a newline run
+		{"naïve", 1 + 1 + 1},    // "na", "ï", "ve"
+		{"日本語", 2 + 1 + 2},      // one and a half a CJK character
+		{"😀😀", 3 + 2},           // two and a half an emoji
+		{"{\"a\":[1,2]}", 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1},
+	} {
+		if got := textPieces([]byte(tc.text)); got != tc.want {
+			t.Errorf("textPieces(%q) = %d, want %d", tc.text, got, tc.want)
+		}
+	}
+	var s promptShape
+	s.addJSON([]byte(`{"a":[1,"x,{"],"b":{}}`))
+	// { (depth 1) [ (2) , (2) ] (1) , (1) { (2) } (1) } (0); the string's , and { are text
+	if s.layout != 2+3+3+2+2+3+2+1 || s.textBytes != 22 {
+		t.Errorf("addJSON: layout %d, bytes %d", s.layout, s.textBytes)
+	}
+}
