@@ -377,3 +377,32 @@ func TestTextPieces(t *testing.T) {
 		t.Errorf("addJSON: layout %d, bytes %d", s.layout, s.textBytes)
 	}
 }
+
+// Whatever the text and whatever the backend answers, an estimate is never
+// above the bound nor negative, pieces never outnumber bytes, and the JSON
+// layout scan never panics on malformed input.
+func FuzzEstimate(f *testing.F) {
+	f.Add([]byte("hello 日本 😀 {\"a\":[1,2]}"), uint16(7), true)
+	f.Add([]byte(`{"x":"\"{[,"}`), uint16(0), false)
+	mc := ModelConfig{Estimate: EstimateConfig{CalibrationMin: 1, CalibrationWindow: 4}}
+	mc.defaults()
+	f.Fuzz(func(t *testing.T, text []byte, actual uint16, asJSON bool) {
+		e := newEstimator(mc.Estimate, defaultImageTokens)
+		var s promptShape
+		if asJSON {
+			s.addJSON(text)
+		} else {
+			s.addText(text)
+		}
+		s.messages = 1
+		if s.pieces > len(text) || s.layout < 0 {
+			t.Fatalf("%q: %d pieces, layout %d", text, s.pieces, s.layout)
+		}
+		for range 3 {
+			e.observe(s, int(actual))
+			if p, b := e.predict(s), e.bound(s); p > b || p < 0 {
+				t.Fatalf("%q after %d: estimate %d, bound %d", text, actual, p, b)
+			}
+		}
+	})
+}
