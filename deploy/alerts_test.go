@@ -78,6 +78,11 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 			`kvgate_admission_guard_stops_total{instance="a"} 0+60x10`,
 			`kvgate_admission_guard_stops_total{instance="a"} 5x10`,
 			`{} 1`},
+		{"KvgateTokenizeFallback",
+			`kvgate_tokenize_fallbacks_total{model="m",reason="error",instance="a"} 0+60x10
+			 kvgate_tokenize_fallbacks_total{model="m",reason="timeout",instance="a"} 0x10`,
+			`kvgate_tokenize_fallbacks_total{model="m",reason="error",instance="a"} 4x10`,
+			`{model="m"} 1`},
 		{"KvgateSharedBudgetFallback",
 			`kvgate_shared_budget_fallback{gpu="g0",instance="a"} 0 0 1x8
 			 kvgate_shared_budget_fallback{gpu="g0",instance="b"} 0x10`,
@@ -99,7 +104,7 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 		found := false
 		for _, a := range []string{"KvgateKVAboveCeiling", "KvgateBackendPreempting", "KvgateShedRateHigh", "KvgateBackendDown",
 			"KvgateNoBackendUp", "KvgateConfigReloadFailed", "KvgateBackendMetricsStale", "KvgateSharedBudgetFallback",
-			"KvgateBackendOutOfMemory", "KvgateGuardStopping"} {
+			"KvgateBackendOutOfMemory", "KvgateGuardStopping", "KvgateTokenizeFallback"} {
 			found = found || a == name
 		}
 		if !found {

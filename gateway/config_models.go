@@ -41,7 +41,8 @@ type ModelConfig struct {
 	// reserved for. Default: max_model_len − prompt.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
 	// Tokenizer is how prompt tokens are counted: backend (the backend's
-	// /tokenize, exact) or estimate (bytes × a calibrated ratio). Default
+	// /tokenize, exact; the estimate where it cannot answer) or estimate
+	// (the byte bound, tightened by calibration: estimate.go). Default
 	// backend.
 	Tokenizer string `yaml:"tokenizer"`
 	// TokenizeCache is how many /tokenize answers (tokenizer: backend) are
@@ -62,31 +63,50 @@ type GeometryConfig struct {
 	MLA bool `yaml:"mla"`
 }
 
-// EstimateConfig tunes the estimate tokenizer.
+// EstimateConfig tunes the estimate (estimate.go): the bound's template
+// overhead, and how calibration earns a tighter count.
 type EstimateConfig struct {
-	// BytesPerToken is the starting ratio, before any calibration. Default 4.
-	BytesPerToken float64 `yaml:"bytes_per_token"`
-	// Margin is added on top of the estimate as a fraction. Default 0.1.
-	Margin float64 `yaml:"margin"`
-	// PerMessageTokens is the chat template's overhead per message. Default 4.
+	// TemplateTokens is the chat template's overhead per prompt (BOS, the
+	// generation prompt, a default system preamble). Default 32.
+	TemplateTokens int `yaml:"template_tokens"`
+	// PerMessageTokens is the chat template's overhead per message (its
+	// header, role and end). Default 16.
 	PerMessageTokens int `yaml:"per_message_tokens"`
-	// ImageTokens is charged for each non-text content part. Default 1024.
+	// PerToolTokens is the chat template's overhead per tool definition.
+	// Default 32.
+	PerToolTokens int `yaml:"per_tool_tokens"`
+	// ImageTokens is charged for each non-text content part where it is
+	// more than the largest image the model's config.json gives. Default:
+	// the config's, else 16384 (a dynamic-resolution model's largest).
 	ImageTokens int `yaml:"image_tokens"`
+	// Margin is added on top of a calibrated estimate, as a fraction
+	// (never past the bound). Default 0.05.
+	Margin float64 `yaml:"margin"`
+	// CalibrationWindow is how many recent answers calibration takes the
+	// largest ratio of. Default 256.
+	CalibrationWindow int `yaml:"calibration_window"`
+	// CalibrationMin is how many answers calibration needs (since start,
+	// or since an answer passed its estimate) before it tightens the
+	// bound. Default 32.
+	CalibrationMin int `yaml:"calibration_min"`
 }
 
 // Defaults of a model, filled by ModelConfig.defaults (an adapter takes its
 // base's instead). max_model_len's default needs the model's config.json
 // and is applied where it is read (model.go).
 const (
-	defaultTP                    = 1
-	defaultTokenizer             = "backend"
-	defaultTokenizeCache         = 16384
-	defaultEstimateBytesPerToken = 4
-	defaultEstimateMargin        = 0.1
-	defaultPerMessageTokens      = 4
-	defaultImageTokens           = 1024
-	defaultMaxModelLen           = 8192
-	maxTokenizeCache             = 1 << 24
+	defaultTP                = 1
+	defaultTokenizer         = "backend"
+	defaultTokenizeCache     = 16384
+	defaultEstimateMargin    = 0.05
+	defaultTemplateTokens    = 32
+	defaultPerMessageTokens  = 16
+	defaultPerToolTokens     = 32
+	defaultImageTokens       = 16384
+	defaultCalibrationWindow = 256
+	defaultCalibrationMin    = 32
+	defaultMaxModelLen       = 8192
+	maxTokenizeCache         = 1 << 24
 )
 
 // defaults fills the settings of a model that is not an adapter; its block
@@ -105,17 +125,23 @@ func (m *ModelConfig) defaults() {
 		m.TokenizeCache = defaultTokenizeCache
 	}
 	e := &m.Estimate
-	if e.BytesPerToken == 0 {
-		e.BytesPerToken = defaultEstimateBytesPerToken
-	}
 	if e.Margin == 0 {
 		e.Margin = defaultEstimateMargin
+	}
+	if e.TemplateTokens == 0 {
+		e.TemplateTokens = defaultTemplateTokens
 	}
 	if e.PerMessageTokens == 0 {
 		e.PerMessageTokens = defaultPerMessageTokens
 	}
-	if e.ImageTokens == 0 {
-		e.ImageTokens = defaultImageTokens
+	if e.PerToolTokens == 0 {
+		e.PerToolTokens = defaultPerToolTokens
+	}
+	if e.CalibrationWindow == 0 {
+		e.CalibrationWindow = defaultCalibrationWindow
+	}
+	if e.CalibrationMin == 0 {
+		e.CalibrationMin = defaultCalibrationMin
 	}
 }
 
@@ -196,14 +222,22 @@ func (m *ModelConfig) check(p *problems, f string) {
 		p.bad(f+".tokenize_cache", "%d entries is more than %d", m.TokenizeCache, maxTokenizeCache)
 	}
 	e := m.Estimate
-	if e.BytesPerToken < 0 {
-		p.bad(f+".estimate.bytes_per_token", "must be > 0")
-	}
 	if e.Margin < 0 || e.Margin > 10 {
 		p.bad(f+".estimate.margin", "%v is not in [0, 10]", e.Margin)
 	}
-	if e.PerMessageTokens < 0 || e.ImageTokens < 0 {
-		p.bad(f+".estimate", "per_message_tokens and image_tokens must be >= 0")
+	for _, k := range []struct {
+		name string
+		v    int
+	}{{"template_tokens", e.TemplateTokens}, {"per_message_tokens", e.PerMessageTokens}, {"per_tool_tokens", e.PerToolTokens}, {"image_tokens", e.ImageTokens}} {
+		if k.v < 0 {
+			p.bad(f+".estimate."+k.name, "%d is negative", k.v)
+		}
+	}
+	if e.CalibrationWindow < 0 || e.CalibrationWindow > 1<<16 {
+		p.bad(f+".estimate.calibration_window", "%d is not in [1, 65536]", e.CalibrationWindow)
+	}
+	if e.CalibrationMin < 0 || e.CalibrationMin > e.CalibrationWindow {
+		p.bad(f+".estimate.calibration_min", "%d is not in [1, calibration_window]", e.CalibrationMin)
 	}
 }
 

@@ -33,7 +33,7 @@ func TestConfigDefaults(t *testing.T) {
 		t.Errorf("admission defaults: %+v", a)
 	}
 	m := c.Models[0]
-	if m.TP != 1 || m.BlockSize != 16 || m.Tokenizer != "backend" || m.Estimate.BytesPerToken != 4 || m.Estimate.Margin != 0.1 {
+	if m.TP != 1 || m.BlockSize != 16 || m.Tokenizer != "backend" || m.Estimate.TemplateTokens != 32 || m.Estimate.Margin != 0.05 {
 		t.Errorf("model defaults: %+v", m)
 	}
 	if c.Backends[0].GPU != "b" || c.Server.MaxBodyBytes.Bytes != 8<<20 || c.Server.requestTimeout() != 10*time.Minute || c.Server.writeTimeout() != 11*time.Minute {
@@ -228,7 +228,7 @@ func TestConfigSectionDefaults(t *testing.T) {
 		}},
 		{"model", "", func(c *Config) bool {
 			m := c.Models[0]
-			return m.TokenizeCache == 16384 && m.Estimate.PerMessageTokens == 4 && m.Estimate.ImageTokens == 1024
+			return m.TokenizeCache == 16384 && m.Estimate.PerMessageTokens == 16 && m.Estimate.ImageTokens == 0 && m.Estimate.CalibrationWindow == 256
 		}},
 	}
 	for _, tt := range tests {

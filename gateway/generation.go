@@ -50,7 +50,11 @@ func (s *Server) serveGeneration(ctx *fasthttp.RequestCtx, kind endpoint) {
 		return
 	}
 	req := x.req
-	prompts, exact, ok := x.count(ctx, tn, generationTexts)
+	texts := generationTexts
+	if x.m.converted.Load() {
+		texts = nil
+	}
+	prompts, exact, ok := x.count(ctx, tn, texts)
 	if !ok {
 		return
 	}

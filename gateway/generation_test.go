@@ -89,7 +89,7 @@ func TestParseGeneration(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", tc.body, err)
 			}
-			if r.model != "m" || len(r.shapes) != 1 || r.shapes[0] != tc.shape || r.maxTokens != tc.max || r.n != 1 || r.seqs != 1 || r.resumable || !r.includeUsage {
+			if r.model != "m" || len(r.shapes) != 1 || withoutPieces(r.shapes)[0] != tc.shape || r.maxTokens != tc.max || r.n != 1 || r.seqs != 1 || r.resumable || !r.includeUsage {
 				t.Fatalf("%s: %+v; want shape %+v, max %d", tc.body, r, tc.shape, tc.max)
 			}
 		})

@@ -163,6 +163,11 @@ var (
 	descSaved      = def{"kvgate_kv_shared_saved_bytes", "What counting a GPU's shared prompt blocks once per request would have added to kvgate_kv_held_bytes.", []string{"gpu"}}.desc()
 	descPromptBlk  = def{"kvgate_prompt_blocks_total", "Prompt blocks that could be shared, of the requests admitted to a GPU while it shares (prefix caching).", []string{"gpu"}}.desc()
 	descSharedBlk  = def{"kvgate_prompt_blocks_shared_total", "Of kvgate_prompt_blocks_total, those found held already by a running request at admission, so counted once.", []string{"gpu"}}.desc()
+	descEstCal     = def{"kvgate_prompt_estimate_calibrated", "1 while a model's prompt estimate is calibrated (tighter than the byte bound), 0 while it is the bound.", []string{"model"}}.desc()
+	descEstRatio   = def{"kvgate_prompt_estimate_ratio", "The calibrated prompt estimate's tokens per piece of text: the slope of the line that lies above every recent answer's real count (0 before any).", []string{"model"}}.desc()
+	descEstOver    = def{"kvgate_prompt_estimate_overhead_tokens", "The calibrated prompt estimate's tokens a prompt beside its text: the intercept of that line (the chat template's overhead, learnt).", []string{"model"}}.desc()
+	descEstSamples = def{"kvgate_prompt_estimate_samples", "Answers the prompt estimate's calibration window holds.", []string{"model"}}.desc()
+	descEstWidened = def{"kvgate_prompt_estimate_widened_total", "Answers whose usage.prompt_tokens passed what the prompt estimate would have said for them: each sends the estimate back to the byte bound until calibration is earned again.", []string{"model"}}.desc()
 	descDistrust   = def{"kvgate_admission_distrusted", "1 while a model's forecast is distrusted (cool-down: its requests are held at their worst case).", []string{"model"}}.desc()
 )
 
@@ -174,7 +179,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 		descDrain, descQueued, descDepth, descClassHeld, descPredicting, descSamples, descEpsilon, descTenantHeld, descTenantQ,
 		descUp, descState, descScraped, descUsage, descRunning, descWaiting, descPreempt,
 		descTokLookups, descTokStale, descTokEntries, descRunningKV, descStops, descTrips, descDistrust,
-		descShared, descSaved, descPromptBlk, descSharedBlk} {
+		descShared, descSaved, descPromptBlk, descSharedBlk, descEstCal, descEstRatio, descEstOver, descEstSamples, descEstWidened} {
 		ch <- d
 	}
 }
@@ -252,6 +257,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPreempt, prometheus.CounterValue, kv.Preemptions, b.Name())
 	}
 	for _, name := range rt.modelOrder {
+		es := rt.models[name].est.state()
+		gauge(descEstCal, boolFloat(es.Calibrated), name)
+		gauge(descEstRatio, es.Ratio, name)
+		gauge(descEstOver, es.Overhead, name)
+		gauge(descEstSamples, float64(es.Samples), name)
+		ch <- prometheus.MustNewConstMetric(descEstWidened, prometheus.CounterValue, float64(es.Widened), name)
 		if tc := rt.models[name].tokens; tc != nil {
 			ch <- prometheus.MustNewConstMetric(descTokLookups, prometheus.CounterValue, float64(tc.hits.Load()), name, "hit")
 			ch <- prometheus.MustNewConstMetric(descTokLookups, prometheus.CounterValue, float64(tc.misses.Load()), name, "miss")

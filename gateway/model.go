@@ -2,11 +2,10 @@ package gateway
 
 import (
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
+	"sync/atomic"
 
 	"github.com/kvgate/kvgate/kvbudget"
 )
@@ -23,6 +22,11 @@ type model struct {
 	tokenizer  string // "backend" or "estimate"
 	est        *estimator
 	tokens     *tokenCache // /tokenize answers; nil unless tokenizer is backend with a cache
+	// converted is set once the backend's usage showed a Responses or
+	// Messages prompt, counted by /tokenize as the chat request it converts
+	// to, longer than that count: the backend converts otherwise than the
+	// gateway does, and such prompts are estimated from then on.
+	converted *atomic.Bool
 }
 
 func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
@@ -75,10 +79,21 @@ func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
 		m.maxLen = defaultMaxModelLen
 	}
 	e := mc.Estimate
-	if prev != nil && prev.est != nil && prev.est.sameConfig(e) {
+	// An image is the largest the model's config allows, or the configured
+	// image_tokens where that is more; neither said: the largest image of a
+	// dynamic-resolution model (Qwen2-VL's default max_pixels).
+	images := max(km.ImageTokens, e.ImageTokens)
+	if images == 0 {
+		images = defaultImageTokens
+	}
+	if prev != nil && prev.est != nil && prev.est.sameConfig(e, images) {
 		m.est = prev.est // keep what calibration has learnt across reloads
 	} else {
-		m.est = newEstimator(e)
+		m.est = newEstimator(e, images)
+	}
+	m.converted = new(atomic.Bool)
+	if prev != nil && prev.converted != nil {
+		m.converted = prev.converted
 	}
 	if m.tokenizer == "backend" && mc.TokenizeCache > 0 {
 		if prev != nil && prev.tokens != nil && prev.tokens.capacity == mc.TokenizeCache {
@@ -92,66 +107,3 @@ func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
 
 // weightsPerGPU is what one GPU of the model's TP group holds.
 func (m *model) weightsPerGPU() int64 { return m.weights / int64(m.layout.TP) }
-
-// estimator predicts prompt tokens from text bytes. It starts from a
-// configured bytes-per-token ratio and calibrates continuously against the
-// prompt token counts backends report in usage, so that it converges on the
-// backend's real tokenizer; the margin keeps predictions on the safe side of
-// the noise.
-type estimator struct {
-	cfg EstimateConfig
-
-	mu            sync.Mutex // guards the fields below
-	tokensPerByte float64
-	samples       int
-}
-
-func newEstimator(c EstimateConfig) *estimator {
-	return &estimator{cfg: c, tokensPerByte: 1 / c.BytesPerToken}
-}
-
-func (e *estimator) sameConfig(c EstimateConfig) bool { return e.cfg == c }
-
-// promptShape is what an estimate needs to know of a prompt.
-type promptShape struct {
-	textBytes int // bytes of text content
-	messages  int // chat messages (template overhead each)
-	images    int // non-text content parts
-	tokenIDs  int // tokens given as ids: exact
-	ids       bool
-}
-
-func (e *estimator) overhead(s promptShape) int {
-	return s.messages*e.cfg.PerMessageTokens + s.images*e.cfg.ImageTokens + s.tokenIDs
-}
-
-// predict returns the estimated prompt tokens for s.
-func (e *estimator) predict(s promptShape) int {
-	e.mu.Lock()
-	r := e.tokensPerByte
-	e.mu.Unlock()
-	return int(math.Ceil(float64(s.textBytes)*r*(1+e.cfg.Margin))) + e.overhead(s)
-}
-
-// observe feeds back the backend's count for a prompt of shape s.
-// The weight of a sample starts high (the first answers move the ratio
-// most) and settles at 1/20, an exponential average over recent traffic.
-func (e *estimator) observe(s promptShape, actual int) {
-	text := actual - e.overhead(s)
-	if s.textBytes < 16 || text <= 0 {
-		return // too small to say anything about the ratio
-	}
-	ratio := float64(text) / float64(s.textBytes)
-	e.mu.Lock()
-	e.samples++
-	alpha := max(1/float64(e.samples), 0.05)
-	e.tokensPerByte += alpha * (ratio - e.tokensPerByte)
-	e.mu.Unlock()
-}
-
-// bytesPerToken is the current calibrated ratio, for the status view.
-func (e *estimator) bytesPerToken() float64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return 1 / e.tokensPerByte
-}

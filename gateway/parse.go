@@ -383,7 +383,7 @@ func (r *request) readMessages(v *fastjson.Value) error {
 		case c == nil || c.Type() == fastjson.TypeNull:
 			// an assistant message with tool calls only
 		case c.Type() == fastjson.TypeString:
-			s.textBytes += len(c.GetStringBytes())
+			s.addText(c.GetStringBytes())
 		case c.Type() == fastjson.TypeArray:
 			parts, _ := c.Array()
 			for j, part := range parts {
@@ -391,7 +391,7 @@ func (r *request) readMessages(v *fastjson.Value) error {
 					return duplicateKey(fmt.Sprintf("messages[%d].content[%d].%s", i, j, dup))
 				}
 				if t := part.GetStringBytes("text"); t != nil {
-					s.textBytes += len(t)
+					s.addText(t)
 				} else {
 					s.images++
 				}
@@ -401,11 +401,12 @@ func (r *request) readMessages(v *fastjson.Value) error {
 		}
 		// Tool calls and names are prompt text too.
 		if tc := m.Get("tool_calls"); tc != nil {
-			s.textBytes += len(tc.MarshalTo(nil))
+			s.addJSON(tc.MarshalTo(nil))
 		}
 	}
 	if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
-		s.textBytes += len(tools.MarshalTo(nil))
+		s.addJSON(tools.MarshalTo(nil))
+		s.tools = len(tools.GetArray())
 	}
 	r.oneShape[0] = s
 	r.shapes = r.oneShape[:]
@@ -420,7 +421,7 @@ func (r *request) readPrompt(v *fastjson.Value) error {
 	r.shapes = r.oneShape[:0] // grown past one prompt by append
 	switch p.Type() {
 	case fastjson.TypeString:
-		r.shapes = append(r.shapes, promptShape{textBytes: len(p.GetStringBytes())})
+		r.shapes = append(r.shapes, textShape(p.GetStringBytes()))
 	case fastjson.TypeArray:
 		items, _ := p.Array()
 		if len(items) == 0 {
@@ -434,7 +435,7 @@ func (r *request) readPrompt(v *fastjson.Value) error {
 				if it.Type() != fastjson.TypeString {
 					return badParam(fmt.Sprintf("prompt[%d]", i), "a batch of prompts must all be strings")
 				}
-				r.shapes = append(r.shapes, promptShape{textBytes: len(it.GetStringBytes())})
+				r.shapes = append(r.shapes, textShape(it.GetStringBytes()))
 			}
 		case fastjson.TypeArray: // a batch of token-id prompts
 			for i, it := range items {

@@ -145,8 +145,8 @@ func parseGeneration(p *fastjson.Parser, body []byte, kind endpoint) (*request, 
 		return nil, err
 	}
 	if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
-		s.textBytes += len(tools.MarshalTo(nil))
-		r.gen.plain = false // each API writes its tools its own way, which /tokenize does not take
+		s.addJSON(tools.MarshalTo(nil))
+		s.tools = len(tools.GetArray())
 	}
 	r.oneShape[0] = s
 	r.shapes = r.oneShape[:]
@@ -192,7 +192,7 @@ func (r *request) readResponsesInput(v *fastjson.Value, s *promptShape) (first [
 			return nil, badParam("instructions", "instructions must be a string")
 		}
 		first = in.GetStringBytes()
-		s.textBytes += len(first)
+		s.addText(first)
 		s.messages++
 	}
 	in := v.Get("input")
@@ -200,7 +200,7 @@ func (r *request) readResponsesInput(v *fastjson.Value, s *promptShape) (first [
 	case in == nil || in.Type() == fastjson.TypeNull:
 		return nil, badParam("input", "you must provide an input")
 	case in.Type() == fastjson.TypeString:
-		s.textBytes += len(in.GetStringBytes())
+		s.addText(in.GetStringBytes())
 		s.messages++
 		if first == nil {
 			first = in.GetStringBytes()
@@ -232,7 +232,7 @@ func (r *request) readResponsesInput(v *fastjson.Value, s *promptShape) (first [
 		if role == nil {
 			// A function call, its output, a reasoning item: the backend
 			// renders it into the prompt.
-			s.textBytes += len(it.MarshalTo(nil))
+			s.addJSON(it.MarshalTo(nil))
 			r.gen.plain = false
 			continue
 		}
@@ -301,7 +301,7 @@ func (r *request) readContent(c *fastjson.Value, param string, s *promptShape) (
 	case c == nil || c.Type() == fastjson.TypeNull:
 		return nil, nil
 	case c.Type() == fastjson.TypeString:
-		s.textBytes += len(c.GetStringBytes())
+		s.addText(c.GetStringBytes())
 		return c.GetStringBytes(), nil
 	case c.Type() != fastjson.TypeArray:
 		return nil, badParam(param, "content must be a string or an array of parts")
@@ -324,7 +324,7 @@ func (r *request) readContent(c *fastjson.Value, param string, s *promptShape) (
 			if t == nil || t.Type() != fastjson.TypeString {
 				return nil, badParam(pp+".text", "a text part needs a text (a string)")
 			}
-			s.textBytes += len(t.GetStringBytes())
+			s.addText(t.GetStringBytes())
 			if text == nil {
 				text = t.GetStringBytes()
 			}
@@ -332,7 +332,7 @@ func (r *request) readContent(c *fastjson.Value, param string, s *promptShape) (
 			s.images++
 			r.gen.plain = false
 		default:
-			s.textBytes += len(part.MarshalTo(nil))
+			s.addJSON(part.MarshalTo(nil))
 			r.gen.plain = false
 		}
 	}
@@ -340,11 +340,12 @@ func (r *request) readContent(c *fastjson.Value, param string, s *promptShape) (
 }
 
 // generationTexts finds, for the backend tokenizer, the prompt of a
-// request whose prompt is text messages only, as the chat messages vLLM
-// renders it from: the instructions or system prompt as a system
-// message, then each message, its text parts as chat's. A prompt with
-// anything else (images, tool calls, tools, a stored conversation) is
-// left to the estimate: /tokenize would not count it as the API runs it.
+// request whose prompt is text messages and function tools, as the chat
+// request vLLM renders it from: the instructions or system prompt as a
+// system message, then each message, its text parts as chat's; each tool
+// as a chat tool (chatTool). A prompt with anything else (images, tool
+// calls and results, a built-in tool, a stored conversation) is left to
+// the estimate: /tokenize would not count it as the API runs it.
 func generationTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
 	if !r.gen.plain || r.gen.prior {
 		return nil
@@ -399,7 +400,51 @@ func generationTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
 			add(m.GetStringBytes("role"), m.Get("content"))
 		}
 	}
-	r.onePrompt[0] = promptText{text: append(out, ']')}
+	var tools []byte
+	if tv := v.Get("tools"); tv != nil && tv.Type() == fastjson.TypeArray {
+		tools = []byte{'['}
+		for i, t := range tv.GetArray() {
+			if i > 0 {
+				tools = append(tools, ',')
+			}
+			var ok bool
+			if tools, ok = chatTool(tools, t, r.kind); !ok {
+				return nil
+			}
+		}
+		tools = append(tools, ']')
+	}
+	r.onePrompt[0] = promptText{text: append(out, ']'), tools: tools}
 	r.prompts = r.onePrompt[:]
 	return nil
+}
+
+// chatTool appends a Responses or Messages tool as the chat tool vLLM
+// renders it as: {"type":"function","function":{"name", "description",
+// "parameters"}}, the parameters a Messages tool's input_schema. ok is
+// false for a tool that is no function (a built-in or server tool), which
+// no chat tool stands for.
+func chatTool(dst []byte, t *fastjson.Value, kind endpoint) (_ []byte, ok bool) {
+	params := "parameters"
+	if kind == messagesAPI {
+		params = "input_schema"
+		if ty := t.Get("type"); ty != nil && ty.Type() != fastjson.TypeNull && string(ty.GetStringBytes()) != "custom" {
+			return dst, false // bash_20250124, web_search_...: Anthropic's own
+		}
+	} else if string(t.GetStringBytes("type")) != "function" {
+		return dst, false
+	}
+	name := t.Get("name")
+	if name == nil || name.Type() != fastjson.TypeString {
+		return dst, false
+	}
+	dst = append(dst, `{"type":"function","function":{"name":`...)
+	dst = name.MarshalTo(dst)
+	if d := t.Get("description"); d != nil && d.Type() != fastjson.TypeNull {
+		dst = d.MarshalTo(append(dst, `,"description":`...))
+	}
+	if p := t.Get(params); p != nil && p.Type() != fastjson.TypeNull {
+		dst = p.MarshalTo(append(dst, `,"parameters":`...))
+	}
+	return append(dst, "}}"...), true
 }

@@ -142,7 +142,7 @@ func (r *request) readInput(v *fastjson.Value) error {
 	}
 	r.shapes = r.oneShape[:0]
 	if in.Type() == fastjson.TypeString {
-		r.shapes = append(r.shapes, promptShape{textBytes: len(in.GetStringBytes())})
+		r.shapes = append(r.shapes, textShape(in.GetStringBytes()))
 		return nil
 	}
 	items, err := in.Array()
@@ -160,7 +160,7 @@ func (r *request) readInput(v *fastjson.Value) error {
 		param := fmt.Sprintf("input[%d]", i)
 		switch it.Type() {
 		case fastjson.TypeString:
-			r.shapes = append(r.shapes, promptShape{textBytes: len(it.GetStringBytes())})
+			r.shapes = append(r.shapes, textShape(it.GetStringBytes()))
 		case fastjson.TypeArray:
 			ids, _ := it.Array()
 			if len(ids) == 0 {
@@ -210,31 +210,32 @@ func (r *request) readPairs(v *fastjson.Value, a, b string) error {
 		if len(first) > 1 {
 			q = first[i]
 		}
-		r.shapes = append(r.shapes, promptShape{textBytes: q + d})
+		// A pair is one prompt: both texts and a separator between them.
+		r.shapes = append(r.shapes, promptShape{textBytes: q.textBytes + d.textBytes + 1, pieces: q.pieces + d.pieces + 1})
 	}
 	return nil
 }
 
-// textList is the byte lengths of a field that is a string or a
-// non-empty array of strings.
-func textList(v *fastjson.Value, name string) ([]int, error) {
+// textList is the shapes of a field that is a string or a non-empty
+// array of strings.
+func textList(v *fastjson.Value, name string) ([]promptShape, error) {
 	f := v.Get(name)
 	if f == nil || f.Type() == fastjson.TypeNull {
 		return nil, badParam(name, "you must provide %s", name)
 	}
 	if f.Type() == fastjson.TypeString {
-		return []int{len(f.GetStringBytes())}, nil
+		return []promptShape{textShape(f.GetStringBytes())}, nil
 	}
 	items, err := f.Array()
 	if err != nil || len(items) == 0 {
 		return nil, badParam(name, "%s must be a string or a non-empty array of strings", name)
 	}
-	out := make([]int, len(items))
+	out := make([]promptShape, len(items))
 	for i, it := range items {
 		if it.Type() != fastjson.TypeString {
 			return nil, badParam(fmt.Sprintf("%s[%d]", name, i), "%s must be a string or an array of strings", name)
 		}
-		out[i] = len(it.GetStringBytes())
+		out[i] = textShape(it.GetStringBytes())
 	}
 	return out, nil
 }

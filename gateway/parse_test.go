@@ -72,7 +72,7 @@ func TestParseRequest(t *testing.T) {
 			want: request{kind: completions, model: "m", n: 1, shapes: []promptShape{{tokenIDs: 2, ids: true}, {tokenIDs: 1, ids: true}}}},
 		{name: "unknown fields ignored", kind: chatCompletions,
 			body: `{"model":"m","temperature":2,"tools":[{"type":"function"}],"messages":[{"role":"user","content":"x"}]}`,
-			want: request{model: "m", n: 1, shapes: []promptShape{{textBytes: 1 + len(`[{"type":"function"}]`), messages: 1}}}},
+			want: request{model: "m", n: 1, shapes: []promptShape{{textBytes: 1 + len(`[{"type":"function"}]`), messages: 1, tools: 1}}}},
 
 		{name: "not json", kind: chatCompletions, body: `{`, param: "-"},
 		{name: "array", kind: chatCompletions, body: `[]`, param: "-"},
@@ -137,7 +137,7 @@ func TestParseRequest(t *testing.T) {
 			got.kind, got.prompts = tt.want.kind, nil
 			got.prefix = 0 // affinity keys have their own test
 			// Compared by value, out of the arrays the request keeps them in.
-			got.shapes = append([]promptShape(nil), got.shapes...)
+			got.shapes = withoutPieces(got.shapes)
 			got.oneShape, got.onePrompt = [1]promptShape{}, [1]promptText{}
 			got.numText = [32]byte{} // scratch
 			got.resumable = false    // TestResumable
@@ -353,4 +353,14 @@ func TestParseRefusesWhatJSONForbidsInNumbers(t *testing.T) {
 			t.Errorf("%s: %v; want a 400 naming %q", tt.body, err, tt.bad)
 		}
 	}
+}
+
+// withoutPieces is a copy of shapes with the counts that textPieces and
+// addJSON's layout give set to zero: TestTextPieces checks those.
+func withoutPieces(shapes []promptShape) []promptShape {
+	out := append([]promptShape(nil), shapes...)
+	for i := range out {
+		out[i].pieces, out[i].layout = 0, 0
+	}
+	return out
 }

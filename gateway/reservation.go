@@ -171,7 +171,10 @@ func (x *exchange) countPrompts() (counts []int, exact []bool, err error) {
 			}
 			x.s.m.upstreamErrors.WithLabelValues(be.Name(), "tokenize").Inc()
 			x.s.m.tokenizeFalls.WithLabelValues(x.label, reason).Inc()
-			x.s.log.Warn("backend tokenize failed; estimating", "backend", be.Name(), "err", err)
+			if ok, held := x.s.tokenizeWarn.allow(x.s.now()); ok {
+				x.s.log.Warn("backend tokenize failed; estimating the prompt by its bound (kvgate_tokenize_fallbacks_total counts each)",
+					"backend", be.Name(), "model", x.m.name, "err", err, "held_back", held)
+			}
 		}
 		counts[i] = x.m.est.predict(sh)
 		x.noteSource(sourceEstimate)

@@ -71,6 +71,9 @@ type Server struct {
 	// counting remembers the backends that stream several tokens an
 	// event (tokencount.go).
 	counting eventCounting
+	// tokenizeWarn limits the warning of a /tokenize that failed (the
+	// prompt estimated) to one a minute.
+	tokenizeWarn warnLimit
 	// sched is the admission scheduler every runtime shares; set once by New.
 	sched *admission.Scheduler
 	// fleet shares the budgets with other replicas (shared_budget); nil
@@ -125,7 +128,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	if opt.Clock == nil {
 		opt.Clock = admission.SystemClock()
 	}
-	s := &Server{opt: opt, log: opt.Logger, now: opt.Clock.Now, backendLog: newBackendLog(opt.Logger), prefixSeed: maphash.MakeSeed()}
+	s := &Server{opt: opt, log: opt.Logger, now: opt.Clock.Now, backendLog: newBackendLog(opt.Logger), prefixSeed: maphash.MakeSeed(), tokenizeWarn: warnLimit{every: time.Minute}}
 	s.m = newMetrics(s.rt.Load, s.now)
 	s.opt.metrics = s.m
 	if sb := cfg.SharedBudget; sb != nil {

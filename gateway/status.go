@@ -149,15 +149,17 @@ type backendView struct {
 }
 
 type modelView struct {
-	Name          string  `json:"name"`
-	MaxModelLen   int     `json:"max_model_len"`
-	Tokenizer     string  `json:"tokenizer"`
-	TP            int     `json:"tp"`
-	BlockSize     int     `json:"block_size"`
-	BytesPerToken int64   `json:"bytes_per_token"`
-	BytesPerBlock int64   `json:"bytes_per_block"`
-	WeightBytes   int64   `json:"weight_bytes"`
-	EstimateRatio float64 `json:"estimate_bytes_per_token"`
+	Name          string `json:"name"`
+	MaxModelLen   int    `json:"max_model_len"`
+	Tokenizer     string `json:"tokenizer"`
+	TP            int    `json:"tp"`
+	BlockSize     int    `json:"block_size"`
+	BytesPerToken int64  `json:"bytes_per_token"`
+	BytesPerBlock int64  `json:"bytes_per_block"`
+	WeightBytes   int64  `json:"weight_bytes"`
+	// Estimate is how prompts /tokenize does not count are counted: the
+	// byte bound, or calibrated (estimate.go).
+	Estimate estimateState `json:"estimate"`
 	// TokenizeCache is the cache of /tokenize answers; absent without one.
 	TokenizeCache *tokenCacheView `json:"tokenize_cache,omitempty"`
 }
@@ -263,7 +265,7 @@ func (s *Server) status() statusView {
 		mv := modelView{
 			Name: name, MaxModelLen: m.maxLen, Tokenizer: m.tokenizer, TP: m.layout.TP, BlockSize: m.layout.BlockSize,
 			BytesPerToken: m.layout.BytesPerToken, BytesPerBlock: m.layout.BytesPerBlock, WeightBytes: m.weights,
-			EstimateRatio: m.est.bytesPerToken(),
+			Estimate: m.est.state(),
 		}
 		if c := m.tokens; c != nil {
 			tv := &tokenCacheView{Entries: c.len(), Capacity: c.capacity, Hits: c.hits.Load(), Misses: c.misses.Load(), Stale: c.stale.Load()}

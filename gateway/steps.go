@@ -83,7 +83,7 @@ func (x *exchange) count(ctx *fasthttp.RequestCtx, tn *tenant, texts func(*fastj
 		x.fail(ctx, e, outcomeRejected, "invalid_request")
 		return nil, nil, false
 	}
-	if x.m.tokenizer == "backend" {
+	if x.m.tokenizer == "backend" && texts != nil {
 		if err := texts(&x.s.parsers, ctx.PostBody(), req); err != nil {
 			x.s.log.Error("find the prompts of a parsed request", "err", err)
 			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")

@@ -83,8 +83,14 @@ func (x *exchange) recordUsage() {
 		ms.ratio[source].Observe(float64(x.usage.prompt) / float64(x.predicted))
 	}
 	x.checkCached()
-	if len(x.req.shapes) == 1 && !x.req.shapes[0].ids && x.usage.prompt > 0 {
-		x.m.est.observe(x.req.shapes[0], x.usage.prompt)
+	if (x.req.kind == responsesAPI || x.req.kind == messagesAPI) && x.source != sourceEstimate && x.source != "" &&
+		x.usage.prompt > x.predicted && !x.m.converted.Swap(true) {
+		x.s.log.Warn("the backend counts Responses or Messages prompts above the chat request they convert to; estimating them from now on",
+			"model", x.m.name, "counted", x.predicted, "prompt_tokens", x.usage.prompt)
+	}
+	if len(x.req.shapes) == 1 && !x.req.shapes[0].ids && x.usage.prompt > 0 && x.m.est.observe(x.req.shapes[0], x.usage.prompt) {
+		x.s.log.Info("a prompt passed its estimate; estimating by the byte bound until calibration is earned again",
+			"model", x.m.name, "prompt_tokens", x.usage.prompt)
 	}
 }
 

@@ -59,6 +59,10 @@ type Model struct {
 	// 8 for FP8 checkpoints); 0 when the weights are in DType.
 	QuantBits int
 
+	// ImageTokens is what the model's largest image takes in the KV cache
+	// (readImageTokens); 0 when the config does not say.
+	ImageTokens int
+
 	// WeightKeysMissing lists the config keys the parameter (and so weight)
 	// estimate needs but the config lacks. The KV geometry does not need
 	// them: a config with the attention shapes alone still gives bytes per
@@ -96,6 +100,10 @@ func ParseModelConfig(data []byte) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
+	images, err := readImageTokens(c)
+	if err != nil {
+		return nil, err
+	}
 	// Multimodal wrappers (Llama-3.2-Vision, Gemma-3, LLaVA, ...) keep the
 	// language model's keys under text_config, as vLLM's hf_text_config does.
 	if tc := c.sub("text_config"); tc != nil && (tc.has("num_hidden_layers") || tc.has("hidden_size")) {
@@ -106,7 +114,7 @@ func ParseModelConfig(data []byte) (*Model, error) {
 		}
 		c = tc
 	}
-	m := &Model{ModelType: c.str("model_type")}
+	m := &Model{ModelType: c.str("model_type"), ImageTokens: images}
 	m.Family = familyOf(m.ModelType)
 	if err := m.readDType(c); err != nil {
 		return nil, err

@@ -192,7 +192,53 @@ func chatBody(p *fastjson.Parser, body []byte, a api) ([]byte, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	return append(out, "]}"...), nil
+	out = append(out, ']')
+	if out, aerr = appendChatTools(out, v.Get("tools"), a); aerr != nil {
+		return nil, aerr
+	}
+	return append(out, '}'), nil
+}
+
+// appendChatTools appends the API's tools as the chat tools vLLM renders
+// them as: {"type":"function","function":{"name","description",
+// "parameters"}}, a Messages tool's input_schema as its parameters. Only
+// function tools are simulated.
+func appendChatTools(dst []byte, tv *fastjson.Value, a api) ([]byte, *apiError) {
+	if tv == nil || tv.Type() == fastjson.TypeNull {
+		return dst, nil
+	}
+	tools, err := tv.Array()
+	if err != nil {
+		return nil, badRequest("tools", "tools: Input should be a valid list")
+	}
+	params := "parameters"
+	if a == apiMessages {
+		params = "input_schema"
+	}
+	dst = append(dst, `,"tools":[`...)
+	for i, t := range tools {
+		field := "tools[" + strconv.Itoa(i) + "]"
+		ty := string(t.GetStringBytes("type"))
+		if a == apiMessages && ty != "" && ty != "custom" || a != apiMessages && ty != "function" {
+			return nil, badRequest(field, "%s: only function tools are supported by the simulator, got type %q", field, ty)
+		}
+		name := t.Get("name")
+		if name == nil || name.Type() != fastjson.TypeString {
+			return nil, badRequest(field+".name", "%s.name: Field required (a string)", field)
+		}
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = name.MarshalTo(append(dst, `{"type":"function","function":{"name":`...))
+		if d := t.Get("description"); d != nil && d.Type() != fastjson.TypeNull {
+			dst = d.MarshalTo(append(dst, `,"description":`...))
+		}
+		if p := t.Get(params); p != nil && p.Type() != fastjson.TypeNull {
+			dst = p.MarshalTo(append(dst, `,"parameters":`...))
+		}
+		dst = append(dst, "}}"...)
+	}
+	return append(dst, ']'), nil
 }
 
 // appendMessage appends one chat message of text (a JSON string).

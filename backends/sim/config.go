@@ -108,6 +108,10 @@ type Config struct {
 	// vLLM do: only the final usage chunk is sent. false, the default,
 	// puts the cumulative usage on every chunk when asked, as vLLM does.
 	NoContinuousUsage bool
+	// NoTokenize answers /tokenize 404, as an OpenAI-compatible server
+	// without vLLM's extras does (or an nginx in front that routes only
+	// /v1): a gateway in front must count prompts without it.
+	NoTokenize bool
 	// Seed makes generated text and lengths reproducible: the same seed and
 	// the same request give the same output, whatever else is running.
 	Seed int64
@@ -153,6 +157,7 @@ type settings struct {
 	// streamInterval and streamMerge: tokens per event (Config's).
 	streamInterval, streamMerge int
 	continuousUsage             bool
+	noTokenize                  bool
 	oomRestart                  time.Duration
 	stepBase                    time.Duration
 	stepPerSeq                  time.Duration
@@ -295,6 +300,7 @@ func (c Config) resolve() (*settings, error) {
 	}
 	s.seed = uint64(c.Seed)
 	s.prefixCaching = !c.DisablePrefixCaching
+	s.noTokenize = c.NoTokenize
 
 	g := kvbudget.GPUBudget{Memory: s.gpuMemory, Ceiling: s.utilization, Weights: s.weights, Reserve: s.reserve}
 	kv, err := g.KVBytes()

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"bytes"
+	"encoding/json"
 	"math"
 
 	"github.com/valyala/fastjson"
@@ -258,6 +260,9 @@ func chatPrompt(v *fastjson.Value, pr *prompt, generation, continueFinal bool) *
 		return badRequest("messages", "messages: List should have at least 1 item")
 	}
 	pr.chatBegin()
+	if aerr := chatTools(v, pr); aerr != nil {
+		return aerr
+	}
 	for i, m := range msgs {
 		if m.Type() != fastjson.TypeObject {
 			return badRequest("messages", "messages[%d]: Input should be a valid dictionary", i)
@@ -306,6 +311,43 @@ func chatPrompt(v *fastjson.Value, pr *prompt, generation, continueFinal bool) *
 }
 
 var newline = []byte("\n")
+
+var toolsRole, toolBreak = []byte("tools"), []byte("\n\n")
+
+// chatTools renders the request's tools, as templates with tool support
+// do, in a message of their own before the others: each tool's JSON laid
+// out with an indent of four (Jinja's tojson(indent=4)), two line breaks
+// between tools.
+func chatTools(v *fastjson.Value, pr *prompt) *apiError {
+	tv := v.Get("tools")
+	if tv == nil || tv.Type() == fastjson.TypeNull {
+		return nil
+	}
+	tools, err := tv.Array()
+	if err != nil {
+		return badRequest("tools", "tools: Input should be a valid list")
+	}
+	if len(tools) == 0 {
+		return nil
+	}
+	pr.chatHeader(toolsRole)
+	var buf bytes.Buffer
+	for i, t := range tools {
+		if t.Type() != fastjson.TypeObject {
+			return badRequest("tools", "tools[%d]: Input should be a valid dictionary", i)
+		}
+		if i > 0 {
+			pr.text(toolBreak)
+		}
+		buf.Reset()
+		if err := json.Indent(&buf, t.MarshalTo(nil), "", "    "); err != nil {
+			return badRequest("tools", "tools[%d]: %v", i, err)
+		}
+		pr.text(buf.Bytes())
+	}
+	pr.chatEnd()
+	return nil
+}
 
 // completionPrompt reads prompt: a string, a list of one string, a list of
 // token ids, or a list of one list of token ids. A string gets the BOS token

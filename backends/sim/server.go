@@ -160,6 +160,10 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 	case "/v1/messages":
 		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.generateAPI(ctx, apiMessages) })
 	case "/tokenize":
+		if s.set.noTokenize {
+			s.notFound(ctx)
+			return
+		}
 		s.post(ctx, s.tokenize)
 	case "/v1/embeddings":
 		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.pool(ctx, poolEmbed) })
@@ -178,10 +182,14 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 	case "/metrics":
 		s.get(ctx, s.scrape)
 	default:
-		ctx.SetStatusCode(fasthttp.StatusNotFound)
-		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"detail":"Not Found"}`)
+		s.notFound(ctx)
 	}
+}
+
+func (s *Server) notFound(ctx *fasthttp.RequestCtx) {
+	ctx.SetStatusCode(fasthttp.StatusNotFound)
+	ctx.SetContentType("application/json")
+	ctx.SetBodyString(`{"detail":"Not Found"}`)
 }
 
 func (s *Server) post(ctx *fasthttp.RequestCtx, h fasthttp.RequestHandler) {

@@ -4,12 +4,19 @@ import "unicode/utf8"
 
 // The simulator's tokenizer is its own, on purpose: the gateway estimates
 // prompt lengths with its own strategy and must not be able to share this
-// code and predict the backend exactly. It behaves like a byte-level BPE on
-// English text (about four bytes a token): a word, with the space before it,
-// is cut into pieces of at most four bytes (never inside a UTF-8 rune), digits
-// go in threes, runs of spaces and of newlines are pieces of their own, and
-// any other byte is one token. A piece's id is a hash of its bytes; the
-// special tokens of the Llama-3 chat template have their real ids.
+// code and predict the backend exactly. It behaves like a byte-level BPE:
+// about four bytes a token on English text, and denser where real
+// vocabularies are. A word (letters and two-byte runes: accented Latin,
+// Cyrillic), with the space before it, is cut into pieces of at most four
+// bytes (never inside a rune); digits go in threes; runs of spaces are
+// pieces of their own, as is a line break with the indent after it (up to
+// sixteen spaces); any other ASCII byte (code, JSON) is one token. A rune
+// of three bytes (CJK) is one token or two, and one of four (emoji) two or
+// three, by a hash of the rune, as a frequent character has a token of its
+// own and a rare one falls back to byte pieces: about two bytes a token.
+// Every token is at least one byte of text. A piece's id is a hash of its
+// bytes; the special tokens of the Llama-3 chat template have their real
+// ids.
 const (
 	vocabSize   = 128256 // ids are in [0, vocabSize), as Llama-3's
 	plainVocab  = 128000 // ordinary pieces hash into [0, plainVocab)
@@ -20,8 +27,29 @@ const (
 	tokHdrSep   = 271    // "\n\n" after a header, as Llama-3's
 )
 
+// isWordByte: ASCII letters, '_', and the bytes of runes of two bytes
+// (lead bytes below 0xE0 and continuation bytes).
 func isWordByte(c byte) bool {
-	return c >= 0x80 || (c|0x20 >= 'a' && c|0x20 <= 'z') || c == '_'
+	return (c >= 0x80 && c < 0xE0) || (c|0x20 >= 'a' && c|0x20 <= 'z') || c == '_'
+}
+
+// widePiece is the first piece of a rune of three or four bytes at the
+// start of b; what it leaves of the rune is one token a byte.
+func widePiece(b []byte) int {
+	r, size := utf8.DecodeRune(b)
+	if size < 3 {
+		return 1 // not a valid rune: a byte
+	}
+	common := (uint32(r)*2654435761)>>15&1 == 0
+	switch {
+	case size == 3 && common:
+		return 3 // one token
+	case size == 3:
+		return 2 // two
+	case common:
+		return 3 // two
+	}
+	return 2 // three
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
@@ -30,9 +58,13 @@ func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 func nextPiece(b []byte) int {
 	c := b[0]
 	switch {
-	case c == ' ' && len(b) > 1 && isWordByte(b[1]):
+	case c >= 0xE0:
+		return widePiece(b)
+	case c >= 0x80 && c < 0xC0:
+		return 1 // the rest of a rune widePiece split
+	case c == ' ' && len(b) > 1 && isWordByte(b[1]) && (b[1] < 0x80 || b[1] >= 0xC0):
 		n := 1 + wordPiece(b[1:], 3)
-		if n == 1 { // the first rune is 4 bytes: keep it with its space
+		if n == 1 { // a rune wordPiece will not take (invalid UTF-8): keep it with its space
 			_, size := utf8.DecodeRune(b[1:])
 			n += size
 		}
@@ -59,10 +91,16 @@ func nextPiece(b []byte) int {
 		}
 		return n
 	case c == '\n' || c == '\r':
+		n := 1
 		if len(b) > 1 && (b[1] == '\n' || b[1] == '\r') {
-			return 2
+			n = 2
 		}
-		return 1
+		for m := n; n < len(b) && n < m+16 && b[n] == ' '; n++ {
+			if n+1 < len(b) && isWordByte(b[n+1]) {
+				break // this space belongs to the next word
+			}
+		}
+		return n
 	}
 	return 1
 }
@@ -75,6 +113,9 @@ func wordPiece(b []byte, limit int) int {
 		size := 1
 		if b[n] >= 0x80 {
 			_, size = utf8.DecodeRune(b[n:])
+			if size > 2 {
+				break
+			}
 		}
 		if n+size > limit {
 			break

@@ -70,6 +70,11 @@ func drive(ctx context.Context, o options, sc *scenario, url, simURL string, res
 			s.trips = st.Admission.Trips
 		}
 		res.samples = append(res.samples, s)
+		if sc.dense != nil && res.calibratedAt == 0 && s.at >= o.shiftAt {
+			if m, err := benchkit.Scrape(ctx, http.DefaultClient, url+"/metrics"); err == nil {
+				res.calibratedAt, res.promptsAt = s.at, promptCounts(m)
+			}
+		}
 	}
 	wg.Wait()
 	end, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -79,6 +84,11 @@ func drive(ctx context.Context, o options, sc *scenario, url, simURL string, res
 	}
 	if m, err := benchkit.Scrape(end, http.DefaultClient, url+"/metrics"); err == nil {
 		res.resumed = m.Sum("kvgate_streams_resumed_total")
+		res.promptsEnd = promptCounts(m)
+		const ratio = "kvgate_prompt_tokens_actual_over_predicted"
+		res.prompts = m.Sum(ratio+"_count", `tokenizer="estimate"`)
+		res.underCounted = res.prompts - m.Sum(ratio+"_bucket", `tokenizer="estimate"`, `le="1"`)
+		res.widened = m.Sum("kvgate_prompt_estimate_widened_total")
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -122,6 +132,52 @@ func prompt(c, seq int, long bool) string {
 	return b.String()
 }
 
+// promptCounts reads the prompt tokens the gateway predicted and the
+// backends reported, by tenant: [0] predicted, [1] actual.
+func promptCounts(m benchkit.Metrics) map[string][2]float64 {
+	out := map[string][2]float64{}
+	for _, t := range []string{"en", "dense"} {
+		out[t] = [2]float64{m.Sum("kvgate_tokens_predicted_total", `kind="prompt"`, `tenant="`+t+`"`), m.Sum("kvgate_tokens_actual_total", `kind="prompt"`, `tenant="`+t+`"`)}
+	}
+	return out
+}
+
+// densePrompt is about 2400 bytes dense in tokens (1000–1600 of the
+// simulator's), unique per request: code, JSON with digits, CJK text and
+// emoji in turn.
+func densePrompt(c, seq int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "client %d request %d.\n", c, seq)
+	parts := []string{
+		"func (s *Server) route(ctx *fasthttp.RequestCtx) { if x[i] != nil && y <= 0x1f { return s.h(ctx, i+1) } }\n",
+		`{"id":1234567,"price":[19.99,4.5e-3],"ok":true,"tags":["a1","b2"],"at":"2025-06-20T01:38:43Z"},` + "\n",
+		"日本語のテキストは英語より多くのトークンを使います。请用中文回答这个问题，谢谢。\n",
+		"🎉🚀😀👍🔥🤖📈🧪 ✅❌⚡️💡\n",
+	}
+	for i := seq; b.Len() < 2400; i++ {
+		b.WriteString(parts[i%len(parts)])
+	}
+	return b.String()
+}
+
+// The request of each route, the path and the body, and how its answer
+// says how many tokens it generated.
+var routes = [...]string{"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
+
+// weatherTool is a function tool in the form of route i.
+func weatherTool(i int) map[string]any {
+	params := map[string]any{"type": "object", "properties": map[string]any{
+		"city": map[string]any{"type": "string", "description": "the city, e.g. Paris"},
+		"unit": map[string]any{"type": "string", "enum": []string{"celsius", "fahrenheit"}}}, "required": []string{"city"}}
+	switch i {
+	case 2:
+		return map[string]any{"type": "function", "name": "get_weather", "description": "Current weather of a city", "parameters": params}
+	case 3:
+		return map[string]any{"name": "get_weather", "description": "Current weather of a city", "input_schema": params}
+	}
+	return map[string]any{"type": "function", "function": map[string]any{"name": "get_weather", "description": "Current weather of a city", "parameters": params}}
+}
+
 func send(ctx context.Context, client *http.Client, url string, sc *scenario, c, seq int, at time.Duration, rnd *rand.Rand, hangup <-chan struct{}) record {
 	rec := record{start: at}
 	if sc.tenantOf != nil {
@@ -129,12 +185,37 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 	}
 	rec.long = sc.long != nil && sc.long(c, at, rnd)
 	stream := sc.noStream == nil || !sc.noStream(c, rnd)
+	text := prompt(c, seq, rec.long)
+	if sc.dense != nil && sc.dense(c) {
+		text = densePrompt(c, seq)
+	}
+	path, route := "/v1/chat/completions", 0
+	if sc.routes {
+		route = (c + seq) % len(routes)
+		path = routes[route]
+	}
 	body := map[string]any{"model": model, "max_tokens": maxTokens, "stream": stream,
-		"messages": []map[string]string{{"role": "user", "content": prompt(c, seq, rec.long)}}}
-	path := "/v1/chat/completions"
+		"messages": []map[string]string{{"role": "user", "content": text}}}
+	switch route {
+	case 1:
+		delete(body, "messages")
+		body["prompt"] = text
+	case 2, 3:
+		// Their streams end without [DONE]: these are read whole.
+		stream = false
+		body["stream"] = false
+		if route == 2 {
+			delete(body, "messages")
+			delete(body, "max_tokens")
+			body["input"], body["max_output_tokens"] = text, maxTokens
+		}
+	}
+	if sc.routes && route != 1 {
+		body["tools"] = []any{weatherTool(route)}
+	}
 	switch {
 	case sc.responses:
-		body = map[string]any{"model": model, "max_output_tokens": maxTokens, "stream": stream, "input": prompt(c, seq, rec.long)}
+		body = map[string]any{"model": model, "max_output_tokens": maxTokens, "stream": stream, "input": text}
 		path = "/v1/responses"
 	case sc.jsonObject:
 		body["response_format"] = map[string]string{"type": "json_object"}
@@ -182,6 +263,7 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 		var v struct {
 			Usage struct {
 				Completion int `json:"completion_tokens"`
+				Output     int `json:"output_tokens"` // Responses, Messages
 			} `json:"usage"`
 		}
 		data, err := io.ReadAll(resp.Body)
@@ -192,7 +274,7 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 			rec.outcome, rec.detail = other, "bad JSON"
 			return rec
 		}
-		rec.outcome, rec.tokens = ok, v.Usage.Completion
+		rec.outcome, rec.tokens = ok, v.Usage.Completion+v.Usage.Output
 		return rec
 	}
 	sc2 := bufio.NewScanner(resp.Body)

@@ -20,6 +20,12 @@
 //     the simulator sends that many tokens an event (--stream-interval),
 //     usage on every chunk; merged-random: 1 to 16 at random, no usage on
 //     chunks (the gateway counts by bytes once it sees events short).
+//   - dense-mix / dense-alone / dense-estimate: prompts dense in tokens
+//     (code, JSON and digits, CJK, emoji; ~2400 bytes, 1000–1600 tokens)
+//     from a quarter of the clients beside English or from all, sent in
+//     turn to chat, completions, Responses and Messages (function tools on
+//     all but completions), from a cold start, to a simulator without
+//     /tokenize (404) or through tokenizer: estimate.
 //
 // Long answers are made by the simulator's --output-len-when: a request
 // whose prompt carries a marker is drawn from the long distribution, so no
@@ -118,7 +124,13 @@ func checks(w io.Writer, o options, results []*result, base *result) {
 		stoppedAfter := r.count(func(x record) bool { return x.start >= r.changeAt && x.outcome == stopped })
 		benchkit.Check(w, r.overflow == 0, "%s: zero overflow events (%.0f)", r.sc.name, r.overflow)
 		benchkit.Check(w, after > 0 && float64(stoppedAfter) <= 0.02*float64(after), "%s: stopped by the gateway %d of %d admitted after the change (≤ 2%%)", r.sc.name, stoppedAfter, after)
-		if r.sc.tenantOf != nil {
+		if r.sc.dense != nil {
+			failed := r.count(func(x record) bool { return x.outcome != ok && x.outcome != canceled })
+			benchkit.Check(w, failed == 0, "%s: every answer a 200 (%d not)", r.sc.name, failed)
+			if over := overReserved(r.promptsAt, r.promptsEnd, "en"); r.sc.name != "dense-alone" {
+				benchkit.Check(w, over >= 0 && over <= 0.15, "%s: English prompts over-reserved by %.1f%% after calibration (0–15 %%)", r.sc.name, 100*over)
+			}
+		} else if r.sc.tenantOf != nil {
 			lostB := r.count(func(x record) bool { return x.tenant == "b" && (x.outcome == oom || x.outcome == stopped) })
 			benchkit.Check(w, lostB == 0 && r.count(func(x record) bool { return x.tenant == "b" && x.outcome == ok }) > 0, "%s: tenant B loses no request (%d)", r.sc.name, lostB)
 		}

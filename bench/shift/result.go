@@ -56,6 +56,28 @@ type result struct {
 	// ones the gateway sent again rather than cut.
 	guardStops int64
 	resumed    float64
+	// The prompt tokens predicted and reported by tenant (promptCounts),
+	// at calibratedAt (the change) and at the end: what the estimate
+	// over-reserved once calibrated is their difference.
+	calibratedAt          time.Duration
+	promptsAt, promptsEnd map[string][2]float64
+	// prompts were estimated, underCounted of them below the backend's
+	// count; widened is the times that sent the estimate back to its bound.
+	prompts, underCounted, widened float64
+}
+
+// overReserved is how far the gateway's prompt counts of tenant t were
+// above the backend's, from from (nil: the start) to to.
+func overReserved(from, to map[string][2]float64, t string) float64 {
+	d := to[t]
+	if from != nil {
+		d[0] -= from[t][0]
+		d[1] -= from[t][1]
+	}
+	if d[1] <= 0 {
+		return math.NaN()
+	}
+	return d[0]/d[1] - 1
 }
 
 // window sums what answered requests generated between from and to
@@ -144,7 +166,13 @@ func (r *result) print(w io.Writer) {
 	stoppedAfter := r.count(func(x record) bool { return x.start >= r.changeAt && x.outcome == stopped })
 	fmt.Fprintf(w, "  overflow events %.0f; stopped by the gateway %d of %d admitted after the change (%.2f%%); the guard stopped %d streams, resumed %.0f\n",
 		r.overflow, stoppedAfter, after, 100*float64(stoppedAfter)/math.Max(1, float64(after)), r.guardStops, r.resumed)
-	if r.sc.tenantOf != nil {
+	if r.sc.dense != nil {
+		fmt.Fprintf(w, "  prompt tokens over-reserved (gateway's count ÷ backend's − 1): English %+.1f%% from the start, %+.1f%% after %s; dense %+.1f%%, %+.1f%%\n",
+			100*overReserved(nil, r.promptsEnd, "en"), 100*overReserved(r.promptsAt, r.promptsEnd, "en"), r.calibratedAt.Round(time.Second),
+			100*overReserved(nil, r.promptsEnd, "dense"), 100*overReserved(r.promptsAt, r.promptsEnd, "dense"))
+		fmt.Fprintf(w, "  prompts estimated %.0f, below the backend's count %.0f; the estimate widened back to its bound %.0f times\n",
+			r.prompts, r.underCounted, r.widened)
+	} else if r.sc.tenantOf != nil {
 		lostB := r.count(func(x record) bool { return x.tenant == "b" && (x.outcome == oom || x.outcome == stopped) })
 		okB := r.count(func(x record) bool { return x.tenant == "b" && x.outcome == ok })
 		fmt.Fprintf(w, "  tenant B: %d answered, %d lost (out of memory or stopped)\n", okB, lostB)

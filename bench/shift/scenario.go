@@ -27,12 +27,22 @@ type scenario struct {
 	// fromStart: the traffic departs from its history from the start (a
 	// ramp, a field, a heavy tail), so requests count from there.
 	fromStart bool
-	// simArgs are the simulator's further flags (merged stream events).
+	// simArgs are the simulator's further flags (merged stream events,
+	// --no-tokenize).
 	simArgs []string
 	// responses sends the requests to /v1/responses; jsonObject asks chat
 	// for response_format json_object: traffic a stopped stream of which
 	// cannot be resumed.
 	responses, jsonObject bool
+	// models is the gateway's models section; "" = benchkit.ModelsYAML.
+	models string
+	// dense says which clients send prompts dense in tokens (code, JSON,
+	// digits, CJK, emoji) rather than English; routes sends each client's
+	// requests to chat, completions, Responses and Messages in turn, with
+	// function tools on all but completions. Clients are tenant "dense"
+	// or "en", so that each kind's prompt counts can be read apart.
+	dense  func(client int) bool
+	routes bool
 }
 
 func scenarios(o options) map[string]*scenario {
@@ -74,6 +84,12 @@ func scenarios(o options) map[string]*scenario {
 			long: func(_ int, t time.Duration, _ *rand.Rand) bool { return after(t) }},
 		"responses": {name: "responses", title: "the shift on streamed /v1/responses (not resumable)", responses: true,
 			long: func(_ int, t time.Duration, _ *rand.Rand) bool { return after(t) }},
+		"dense-mix": denseScenario("dense-mix", "a quarter of the clients send token-dense prompts beside English, on every route, to a backend without /tokenize",
+			func(c int) bool { return c%4 == 0 }, noTokenize, ""),
+		"dense-alone": denseScenario("dense-alone", "every client sends token-dense prompts, on every route, to a backend without /tokenize",
+			func(int) bool { return true }, noTokenize, ""),
+		"dense-estimate": denseScenario("dense-estimate", "a quarter token-dense beside English, on every route, tokenizer: estimate",
+			func(c int) bool { return c%4 == 0 }, nil, benchkit.ModelsYAML+"    tokenizer: estimate\n"),
 	}
 	for _, n := range []int{2, 4, 16} {
 		name := fmt.Sprintf("merged-%d", n)
@@ -87,6 +103,23 @@ func scenarios(o options) map[string]*scenario {
 		simArgs: []string{"--stream-merge", "16", "--continuous-usage=false"},
 		long:    func(_ int, t time.Duration, _ *rand.Rand) bool { return after(t) }}
 	return m
+}
+
+var noTokenize = []string{"--no-tokenize"}
+
+// denseScenario is traffic whose prompts the gateway must count without
+// /tokenize, from a cold start: by its estimate's bound at first, by its
+// calibration once answers have taught it.
+func denseScenario(name, title string, dense func(int) bool, simArgs []string, models string) *scenario {
+	return &scenario{name: name, title: title, fromStart: true, dense: dense, routes: true, simArgs: simArgs, models: models,
+		outputLen: "lognormal:200,0.8",
+		tenants:   "tenants:\n  - {name: en, api_keys: [key-en]}\n  - {name: dense, api_keys: [key-dense]}\n",
+		tenantOf: func(c int) string {
+			if dense(c) {
+				return "dense"
+			}
+			return "en"
+		}}
 }
 
 func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*result, error) {
@@ -106,7 +139,12 @@ func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*res
 	if reservation == "" {
 		reservation = o.reservation
 	}
-	gw, err := kit.StartGateway(ctx, "shift-"+sc.name, sim.URL, utilization, "  reservation: "+reservation+"\n", sc.tenants)
+	models := sc.models
+	if models == "" {
+		models = benchkit.ModelsYAML
+	}
+	gw, err := kit.StartGatewayModels(ctx, "shift-"+sc.name, utilization, "  reservation: "+reservation+"\n", sc.tenants, models,
+		fmt.Sprintf("  - name: sim0\n    url: %s\n    models: [%s]\n    gpu_memory: 24GiB\n", sim.URL, model))
 	if err != nil {
 		return nil, err
 	}

@@ -28,6 +28,7 @@ var simFlagOf = map[string]string{
 	"StepPerSeq": "--step-per-seq", "PrefillPerToken": "--prefill-per-token", "TimeScale": "--time-scale",
 	"OutputLen": "--output-len", "OutputLenWhen": "--output-len-when", "DisablePrefixCaching": "--enable-prefix-caching",
 	"StreamInterval": "--stream-interval", "StreamMerge": "--stream-merge", "NoContinuousUsage": "--continuous-usage",
+	"NoTokenize": "--no-tokenize",
 }
 
 // simFlags are the flags of kvgate sim, parsed into a sim.Config.
@@ -41,7 +42,7 @@ type simFlags struct {
 	continuousUsage                                   bool
 	oomRestart, stepBase, stepPerSeq, prefillPer      time.Duration
 	seed                                              int64
-	prefixCaching                                     bool
+	prefixCaching, noTokenize                         bool
 }
 
 func (f *simFlags) register(fs *flag.FlagSet) {
@@ -68,6 +69,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.streamInterval, "stream-interval", 1, "tokens each SSE event of a stream carries (vLLM's --stream-interval)")
 	fs.IntVar(&f.streamMerge, "stream-merge", 0, "when > 0, each SSE event carries a random 1 to N tokens, as a vLLM whose API server lags its engine (not with --stream-interval)")
 	fs.BoolVar(&f.continuousUsage, "continuous-usage", true, "honour stream_options.continuous_usage_stats, usage on every chunk, as vLLM does (=false: as servers without it)")
+	fs.BoolVar(&f.noTokenize, "no-tokenize", false, "answer /tokenize 404, as a server without it (or a proxy that routes only /v1) does")
 	fs.BoolVar(&f.prefixCaching, "enable-prefix-caching", true, "reuse the KV blocks of prompt prefixes already computed, as vLLM V1 does (=false: every prompt is prefilled whole)")
 }
 
@@ -77,7 +79,7 @@ func (f *simFlags) config(logger *slog.Logger) (sim.Config, error) {
 	c := sim.Config{
 		Model: f.model, GPUMemoryUtilization: f.utilization, BlockSize: f.blockSize, MaxModelLen: f.maxModelLen,
 		MaxNumSeqs: f.maxNumSeqs, OnOverflow: f.onOverflow, TimeScale: f.timeScale, OutputLen: f.outputLen, OutputLenWhen: f.outputLenWhen,
-		Seed: f.seed, DisablePrefixCaching: !f.prefixCaching, Logger: logger,
+		Seed: f.seed, DisablePrefixCaching: !f.prefixCaching, NoTokenize: f.noTokenize, Logger: logger,
 		StreamInterval: f.streamInterval, StreamMerge: f.streamMerge, NoContinuousUsage: !f.continuousUsage,
 	}
 	if _, _, err := net.SplitHostPort(f.listen); err != nil {

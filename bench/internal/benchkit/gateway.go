@@ -59,6 +59,12 @@ func (k *Kit) StartGateway(ctx context.Context, name, simURL, ceiling, admission
 // StartGatewayOver is StartGateway in front of backends: the items of its
 // config's backends: list, each line indented by two spaces.
 func (k *Kit) StartGatewayOver(ctx context.Context, name, ceiling, admission, top, backends string) (*Process, error) {
+	return k.StartGatewayModels(ctx, name, ceiling, admission, top, ModelsYAML, backends)
+}
+
+// StartGatewayModels is StartGatewayOver with its own models section
+// (ModelsYAML with more keys of the model, say).
+func (k *Kit) StartGatewayModels(ctx context.Context, name, ceiling, admission, top, models, backends string) (*Process, error) {
 	addr, err := FreeAddr()
 	if err != nil {
 		return nil, err
@@ -69,7 +75,7 @@ admission:
   ceiling: %s
   queue: {timeout: 20m}
 %s%s%sbackends:
-%s`, addr, ceiling, admission, top, ModelsYAML, backends))
+%s`, addr, ceiling, admission, top, models, backends))
 	if err != nil {
 		return nil, err
 	}
