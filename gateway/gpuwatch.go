@@ -225,7 +225,9 @@ func (s *Server) pollGPUs(ctx context.Context) {
 		} else {
 			logs = append(logs, s.observeGPULocked(rt, g, st, dev, wc, now)...)
 		}
-		if st.cut != oldCut {
+		// A cut in force is applied again too: a reload rebuilds the
+		// budget from its configured inputs.
+		if st.cut != oldCut || st.cut != 0 {
 			changed = append(changed, g)
 		}
 	}

@@ -310,6 +310,10 @@ func (s *Server) Reload(cfg *Config) error {
 		s.log.Warn("shared_budget changes need a restart; keeping the running shared_budget section")
 	}
 	cfg.SharedBudget = old.cfg.SharedBudget // the running replica's name too
+	if cfg.GPUWatch.Source != old.cfg.GPUWatch.Source {
+		s.log.Warn("gpu_watch.source changes need a restart; keeping the running source", "old", old.cfg.GPUWatch.Source, "new", cfg.GPUWatch.Source)
+		cfg.GPUWatch.Source = old.cfg.GPUWatch.Source
+	}
 	rt, commit, err := buildRuntime(cfg, old, &s.opt, s.sched)
 	if err == nil {
 		_, err = commit()
