@@ -87,7 +87,7 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 			`kvgate_gpu_memory_events_total{gpu="g0",event="contention",instance="a"} 0 0 0 0 0 0 0 0 1 1 1
 			 kvgate_gpu_memory_events_total{gpu="g0",event="oom",instance="a"} 0x10`,
 			`kvgate_gpu_memory_events_total{gpu="g0",event="contention",instance="a"} 2x10`,
-			`{gpu="g0",event="contention"} 1.25`},
+			`{gpu="g0",event="contention"} 1`},
 		{"KvgateSharedBudgetFallback",
 			`kvgate_shared_budget_fallback{gpu="g0",instance="a"} 0 0 1x8
 			 kvgate_shared_budget_fallback{gpu="g0",instance="b"} 0x10`,

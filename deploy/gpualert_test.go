@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/rulefmt"
-	"github.com/prometheus/prometheus/promql"
+	engine "github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/promql/promqltest"
 	"github.com/prometheus/prometheus/template"
 )
@@ -29,10 +29,10 @@ func TestGPUMemoryAlertsCarryTheSnapshot(t *testing.T) {
 		kvgate_gpu_process_memory_bytes{gpu="g1",pid="99",process="elsewhere",owner="other",instance="a"} 1x10
 		kvgate_gpu_memory_unattributed_bytes{gpu="g0",instance="a"} 536870912x10
 		kvgate_gpu_memory_free_bytes{gpu="g0",instance="a"} 1073741824x10`)
-	engine := promqltest.NewTestEngine(t, false, 0, promqltest.DefaultMaxSamplesPerQuery)
+	ng := promqltest.NewTestEngine(t, false, 0, promqltest.DefaultMaxSamplesPerQuery)
 	at := time.Unix(0, 0).Add(9 * time.Minute)
-	query := func(ctx context.Context, q string, ts time.Time) (promql.Vector, error) {
-		qr, err := engine.NewInstantQuery(ctx, st, nil, q, ts)
+	query := func(ctx context.Context, q string, ts time.Time) (engine.Vector, error) {
+		qr, err := ng.NewInstantQuery(ctx, st, nil, q, ts)
 		if err != nil {
 			return nil, err
 		}
@@ -63,7 +63,7 @@ func TestGPUMemoryAlertsCarryTheSnapshot(t *testing.T) {
 		if desc == "" {
 			t.Fatalf("no alert %s", tc.alert)
 		}
-		data := template.AlertTemplateData(tc.labels, nil, "", promql.Sample{F: 1})
+		data := template.AlertTemplateData(tc.labels, nil, "", engine.Sample{F: 1})
 		exp := template.NewTemplateExpander(context.Background(), "{{$labels := .Labels}}{{$value := .Value}}"+desc, tc.alert,
 			data, model.TimeFromUnixNano(at.UnixNano()), query, nil, nil)
 		got, err := exp.Expand()
