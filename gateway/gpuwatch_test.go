@@ -447,3 +447,34 @@ func TestGPUWatchConfigErrors(t *testing.T) {
 		t.Errorf("defaults %+v", w)
 	}
 }
+
+// A reload keeps the running source (it needs a restart, and says so) and
+// the cut in force: the budget it rebuilds from the config is cut again at
+// the next reading, under the reloaded floor.
+func TestGPUWatchAcrossReload(t *testing.T) {
+	_, simURL := startSim(t, nil)
+	card := newFakeCard(80 * gib)
+	card.set(4242, "python3", 78*gib) // 1.5 GiB free
+	var logs syncBuffer
+	s, _ := startGateway(t, gpuWatchConfig(simURL, "source: nvml, free_floor: 2GiB"),
+		Options{DisableProbes: true, NVML: card.lib(nvml.SUCCESS), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	nominal := s.rt.Load().gpus["gpu0"].nominal
+	s.pollGPUs(context.Background())
+	if got := gpuStats(s, "gpu0").Capacity; got != nominal-gib/2 {
+		t.Fatalf("capacity %d, want nominal − 0.5 GiB", got)
+	}
+	cfg, err := Parse([]byte(gpuWatchConfig(simURL, "source: off, free_floor: 3GiB")), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "gpu_watch.source changes need a restart") {
+		t.Errorf("no warning about the source:\n%s", logs.String())
+	}
+	s.pollGPUs(context.Background())
+	if got := gpuStats(s, "gpu0").Capacity; got != nominal-3*gib/2 {
+		t.Errorf("after the reload: capacity %d, want nominal − 1.5 GiB (the reloaded floor, the running source)", got)
+	}
+}
