@@ -398,6 +398,13 @@ func TestGPUWatchMetricsMatchDocs(t *testing.T) {
 	card.set(os.Getpid(), "vllm", 70*gib)
 	card.set(4242, "python3", 2*gib)
 	s, gwURL := startGateway(t, gpuWatchConfig(simURL, "source: nvml"), Options{DisableProbes: true, NVML: card.lib(nvml.SUCCESS)})
+	// Before the first reading, the event counters are there at zero, so
+	// that increase() sees the first event.
+	for _, e := range gpuEvents {
+		if v, ok := gpuMetric(scrapeGateway(t, gwURL), "kvgate_gpu_memory_events_total", map[string]string{"gpu": "gpu0", "event": e}); !ok || v != 0 {
+			t.Errorf("before the first reading: events_total{event=%s} = %v (present %v), want 0", e, v, ok)
+		}
+	}
 	s.pollGPUs(context.Background())
 	rows, err := metricdoc.ParseFile("../docs/METRICS.md", "gpu_watch")
 	if err != nil {

@@ -24,8 +24,13 @@ var (
 	defGPUReadErrs  = def{"kvgate_gpu_watch_errors_total", "Readings of the GPU memory source that failed.", nil}
 )
 
-// gpuCollector exports the watch's last reading.
-type gpuCollector struct{ w *gpuWatch }
+// gpuCollector exports the watch's last reading; current is the running
+// configuration, whose GPUs have their event counters from the start, so
+// that increase() sees a GPU's first event.
+type gpuCollector struct {
+	w       *gpuWatch
+	current func() *runtime
+}
 
 var gpuDefs = []def{defGPUMemTotal, defGPUMemUsed, defGPUMemFree, defGPUMemFloor, defGPUMemBelow, defGPUMemCut, defGPUMemOther,
 	defGPUMemUnattr, defGPUProcMem, defGPUEvents, defGPUReadErrs}
@@ -44,6 +49,15 @@ func (c gpuCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d.desc(), prometheus.GaugeValue, v, labels...)
 	}
 	ch <- prometheus.MustNewConstMetric(defGPUReadErrs.desc(), prometheus.CounterValue, float64(w.errors))
+	if rt := c.current(); rt != nil {
+		for name := range rt.gpus {
+			if w.gpus[name] == nil {
+				for _, e := range gpuEvents {
+					ch <- prometheus.MustNewConstMetric(defGPUEvents.desc(), prometheus.CounterValue, 0, name, e)
+				}
+			}
+		}
+	}
 	for name, st := range w.gpus {
 		for _, e := range gpuEvents {
 			ch <- prometheus.MustNewConstMetric(defGPUEvents.desc(), prometheus.CounterValue, float64(st.events[e]), name, e)

@@ -133,7 +133,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	s.opt.metrics = s.m
 	s.gpuWatch = newGPUWatch(cfg.GPUWatch, opt.NVML, s.log, s.now)
 	if s.gpuWatch.src != nil {
-		s.m.reg.MustRegister(gpuCollector{w: s.gpuWatch})
+		s.m.reg.MustRegister(gpuCollector{w: s.gpuWatch, current: s.rt.Load})
 	}
 	if sb := cfg.SharedBudget; sb != nil {
 		rtt := newRedisRTT()
