@@ -90,6 +90,10 @@ func (n *NVML) read(processes bool) ([]Device, error) {
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("nvml device count: %s", lib.ErrorString(ret))
 	}
+	var listening Listening
+	if processes {
+		listening = ReadListening() // once for every process of the reading
+	}
 	devs := make([]Device, 0, count)
 	for i := range count {
 		h, ret := lib.DeviceGetHandleByIndex(i)
@@ -104,7 +108,7 @@ func (n *NVML) read(processes bool) ([]Device, error) {
 		d.Name, _ = h.GetName()
 		d.UUID, _ = h.GetUUID()
 		if processes {
-			ps, err := n.processes(h)
+			ps, err := n.processes(h, listening)
 			if err != nil {
 				return nil, fmt.Errorf("nvml device %d: %w", i, err)
 			}
@@ -117,7 +121,7 @@ func (n *NVML) read(processes bool) ([]Device, error) {
 
 // processes lists the compute and graphics processes of a device, a
 // process that has both counted once (with the larger figure).
-func (n *NVML) processes(h nvml.Device) ([]Process, error) {
+func (n *NVML) processes(h nvml.Device, listening Listening) ([]Process, error) {
 	compute, ret := h.GetComputeRunningProcesses()
 	if ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED {
 		return nil, fmt.Errorf("compute processes: %s", n.lib.ErrorString(ret))
@@ -144,7 +148,7 @@ func (n *NVML) processes(h nvml.Device) ([]Process, error) {
 			name = ""
 		}
 		at[pid] = len(out)
-		out = append(out, Process{PID: pid, Name: name, Used: used, Ports: ListenPorts(pid)})
+		out = append(out, Process{PID: pid, Name: name, Used: used, Ports: listening.Ports(pid)})
 	}
 	return out, nil
 }

@@ -105,3 +105,25 @@ func TestListenPorts(t *testing.T) {
 		t.Errorf("a pid that does not exist: %v", ps)
 	}
 }
+
+// What telling one process apart costs a reading: /proc/net/tcp{,6} and the
+// fds of the process and its ancestors.
+func BenchmarkListenPorts(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	pid := os.Getpid()
+	b.Run("sockets read for the process", func(b *testing.B) {
+		for b.Loop() {
+			ListenPorts(pid)
+		}
+	})
+	b.Run("sockets read once a reading", func(b *testing.B) {
+		l := ReadListening()
+		for b.Loop() {
+			l.Ports(pid)
+		}
+	})
+}

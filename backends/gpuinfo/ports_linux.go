@@ -20,8 +20,21 @@ func ListenPorts(pid int) []int {
 	return listenPorts(procRoot, pid)
 }
 
+// Listening is the host's listening sockets, read once for a reading's
+// processes.
+type Listening map[string]int
+
+// ReadListening reads the listening TCP sockets.
+func ReadListening() Listening { return listeningInodes(procRoot) }
+
+// Ports is ListenPorts against sockets read already.
+func (l Listening) Ports(pid int) []int { return portsOf(procRoot, l, pid) }
+
 func listenPorts(root string, pid int) []int {
-	listening := listeningInodes(root)
+	return portsOf(root, listeningInodes(root), pid)
+}
+
+func portsOf(root string, listening map[string]int, pid int) []int {
 	if len(listening) == 0 {
 		return nil
 	}
