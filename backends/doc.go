@@ -22,6 +22,7 @@
 // the gateway owns the budgets. Background probing runs only under Pool.Run,
 // so tests drive probes and circuits by hand with an injected clock.
 //
-// Subpackages: connwatch notices client hang-ups; gpuinfo reads local GPUs
-// through NVML; sim is a vLLM-style simulated backend.
+// Subpackages: connwatch notices client hang-ups; gpuinfo reads GPUs'
+// memory and the processes holding it, through NVML or from a GPU node's
+// exporter; sim is a vLLM-style simulated backend.
 package backends

@@ -83,6 +83,16 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 			 kvgate_tokenize_fallbacks_total{model="m",reason="timeout",instance="a"} 0x10`,
 			`kvgate_tokenize_fallbacks_total{model="m",reason="error",instance="a"} 4x10`,
 			`{model="m"} 1`},
+		{"KvgateGPUMemoryBelowFloor",
+			`kvgate_gpu_memory_below_floor{gpu="g0",instance="a"} 0 0 1x8
+			 kvgate_gpu_memory_below_floor{gpu="g1",instance="a"} 0x10`,
+			`kvgate_gpu_memory_below_floor{gpu="g0",instance="a"} 0x10`,
+			`{gpu="g0"} 1`},
+		{"KvgateGPUMemoryEvent",
+			`kvgate_gpu_memory_events_total{gpu="g0",event="contention",instance="a"} 0 0 0 0 0 0 0 0 1 1 1
+			 kvgate_gpu_memory_events_total{gpu="g0",event="oom",instance="a"} 0x10`,
+			`kvgate_gpu_memory_events_total{gpu="g0",event="contention",instance="a"} 2x10`,
+			`{gpu="g0",event="contention"} 1`},
 		{"KvgateSharedBudgetFallback",
 			`kvgate_shared_budget_fallback{gpu="g0",instance="a"} 0 0 1x8
 			 kvgate_shared_budget_fallback{gpu="g0",instance="b"} 0x10`,
@@ -104,7 +114,7 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 		found := false
 		for _, a := range []string{"KvgateKVAboveCeiling", "KvgateBackendPreempting", "KvgateShedRateHigh", "KvgateBackendDown",
 			"KvgateNoBackendUp", "KvgateConfigReloadFailed", "KvgateBackendMetricsStale", "KvgateSharedBudgetFallback",
-			"KvgateBackendOutOfMemory", "KvgateGuardStopping", "KvgateTokenizeFallback"} {
+			"KvgateBackendOutOfMemory", "KvgateGuardStopping", "KvgateTokenizeFallback", "KvgateGPUMemoryBelowFloor", "KvgateGPUMemoryEvent"} {
 			found = found || a == name
 		}
 		if !found {

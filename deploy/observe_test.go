@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"regexp"
 	"sort"
@@ -23,6 +24,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvgate/kvgate/admission/fleet/fleettest"
+	"github.com/kvgate/kvgate/backends/gpuinfo"
 	"github.com/kvgate/kvgate/backends/sim"
 	"github.com/kvgate/kvgate/gateway"
 	"github.com/kvgate/kvgate/internal/metricdoc"
@@ -63,9 +65,19 @@ func scrapeUnderLoad(redisURL string) (map[string]bool, error) {
 	go s.Serve(sln)
 	defer s.Shutdown(context.Background())
 	simURL := "http://" + sln.Addr().String()
+	// The GPU node's kvgate gpus, as the gateway's gpu_watch reads it: the
+	// backend's process (on the simulator's port) and another one.
+	node := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(gpuinfo.Nodes{Devices: []gpuinfo.Device{{Index: 0, UUID: "GPU-0", Total: 24 << 30, Used: 23 << 30, Free: 1 << 30,
+			Processes: []gpuinfo.Process{{PID: 17, Name: "vllm", Used: 20 << 30, Ports: []int{sln.Addr().(*net.TCPAddr).Port}},
+				{PID: 4242, Name: "python3", Used: 2 << 30}}}}})
+	}))
+	defer node.Close()
 	cfg, err := gateway.Parse([]byte(`admission:
   queue: {max_requests: 4}
 shared_budget: {redis: '`+redisURL+`', replicas: 2}
+gpu_watch: {source: '`+node.URL+`/gpus', interval: 50ms, free_floor: 2GiB}
 tenants:
   - {name: search, api_keys: [sk-search], class: critical}
   - {name: batch, api_keys: [sk-batch], class: sheddable, share: 0.5}

@@ -109,5 +109,6 @@ func (x *exchange) overflowed() {
 		gpu = g.name
 	}
 	x.s.m.overflows.WithLabelValues(gpu).Inc()
+	x.s.gpuOutOfMemory(x.rt, gpu)
 	x.s.log.Warn("a backend ran out of KV memory: the GPU goes to worst-case admission for the cool-down", "gpu", gpu, "backend", x.backend.Name())
 }

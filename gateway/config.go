@@ -58,6 +58,9 @@ type Config struct {
 	// Tracing exports a span per proxied request over OTLP/HTTP
 	// (config_tracing.go). Default: off.
 	Tracing TracingConfig `yaml:"tracing"`
+	// GPUWatch watches each GPU's memory and the processes holding it
+	// (config_gpuwatch.go). Default: NVML where this host has it.
+	GPUWatch GPUWatchConfig `yaml:"gpu_watch"`
 
 	// dir is the directory of the file, against which relative paths resolve.
 	dir string
@@ -202,6 +205,7 @@ func (c *Config) validate() error {
 	c.validatePassthrough(&p)
 	c.Log.validate(&p)
 	c.validateTracing(&p)
+	c.validateGPUWatch(&p)
 	if c.SharedBudget != nil {
 		p.errs = append(p.errs, c.SharedBudget.Validate())
 	}

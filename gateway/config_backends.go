@@ -22,6 +22,10 @@ type BackendConfig struct {
 	// KVBudget gives the budget in bytes directly, overriding the computation
 	// from gpu_memory.
 	KVBudget Size `yaml:"kv_budget"`
+	// GPUDevice is the device the GPU is on, for gpu_watch: an index (0)
+	// or a UUID (GPU-...). Default: the index gpu_memory: nvml:N names,
+	// else the source's only device when it has one.
+	GPUDevice string `yaml:"gpu_device"`
 	// OtherUsed is memory used on the GPU by other processes. Default 0.
 	OtherUsed Size `yaml:"other_used"`
 	// APIKey is sent to the backend as a bearer token. Default none.

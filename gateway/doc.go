@@ -88,6 +88,18 @@
 // backend that answers out of memory puts its GPU on worst-case admission
 // for the cool-down (answer.go).
 //
+// # What else is on the GPU
+//
+// The GPU memory watch (gpuwatch.go, its series metrics_gpu.go, its
+// section config_gpuwatch.go) reads each GPU's memory and the processes
+// holding it, from NVML or the GPU node, on the gateway's clock; the
+// backends' own processes are those behind their URL's port. While a GPU's
+// free memory is under gpu_watch.free_floor its budget is cut by the
+// difference: one named input of budgetOf, beside the reported pool.
+// Contention, the floor, residue, a smaller pool after a restart and an
+// out-of-memory answer each log a warning carrying the snapshot. Without a
+// source nothing changes.
+//
 // # Operating it
 //
 // The server, its routes and its probes are server.go; the configuration

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
@@ -36,7 +37,11 @@ type Options struct {
 	ProbeGPUs func() ([]gpuinfo.Device, error)
 	// DisableProbes turns off the background health checks and scrapes,
 	// for tests that drive backends by hand. Backends then start healthy.
+	// It turns off the GPU memory watch's polling too (pollGPUs).
 	DisableProbes bool
+	// NVML is the library gpu_watch reads (auto, nvml); nil = the real one.
+	// Tests pass go-nvml's mock.
+	NVML nvml.Interface
 
 	metrics  *metrics
 	onDemand func(pool string) // the scheduler's OnDemand: the fleet's wake (shared_budget)
@@ -114,6 +119,7 @@ type Server struct {
 	preemptions sync.Map    // *backends.Backend → its last reported preemption counter
 	backendLog  *backendLog // changes of backends' states and GPUs' budgets, logged once each
 	tracing     tracing     // span export (trace.go)
+	gpuWatch    *gpuWatch   // what else is on each GPU (gpuwatch.go); set once by New
 
 	// testHookServe, when set by a test, runs at the start of every
 	// completion request (to inject a panic, say).
@@ -131,6 +137,10 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	s := &Server{opt: opt, log: opt.Logger, now: opt.Clock.Now, backendLog: newBackendLog(opt.Logger), prefixSeed: maphash.MakeSeed(), tokenizeWarn: warnLimit{every: time.Minute}}
 	s.m = newMetrics(s.rt.Load, s.now)
 	s.opt.metrics = s.m
+	s.gpuWatch = newGPUWatch(cfg.GPUWatch, opt.NVML, s.log, s.now)
+	if s.gpuWatch.src != nil {
+		s.m.reg.MustRegister(gpuCollector{w: s.gpuWatch, current: s.rt.Load})
+	}
 	if sb := cfg.SharedBudget; sb != nil {
 		rtt := newRedisRTT()
 		s.fleet = fleet.New(sb, fleet.Deps{Clock: s.opt.Clock, Logger: s.log, FallbackGrace: cfg.Server.requestTimeout(),
@@ -155,6 +165,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		if s.fleet != nil {
 			s.fleet.Close()
 		}
+		s.gpuWatch.closeOnce()
 		return nil, err
 	}
 	s.watch = w
@@ -252,6 +263,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.probes.Wait()
 	s.reloadMu.Unlock()
+	s.gpuWatch.closeOnce()
 	s.endRequests()
 	// What was still running is cancelled now; give it a moment to answer
 	// its clients (503) and give its reservations back. The moment is wall
@@ -304,6 +316,10 @@ func (s *Server) Reload(cfg *Config) error {
 		s.log.Warn("shared_budget changes need a restart; keeping the running shared_budget section")
 	}
 	cfg.SharedBudget = old.cfg.SharedBudget // the running replica's name too
+	if cfg.GPUWatch.Source != old.cfg.GPUWatch.Source {
+		s.log.Warn("gpu_watch.source changes need a restart; keeping the running source", "old", old.cfg.GPUWatch.Source, "new", cfg.GPUWatch.Source)
+		cfg.GPUWatch.Source = old.cfg.GPUWatch.Source
+	}
 	rt, commit, err := buildRuntime(cfg, old, &s.opt, s.sched)
 	if err == nil {
 		_, err = commit()
@@ -351,6 +367,13 @@ func (s *Server) startProbesLocked(rt *runtime) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.probeStop = cancel
+	if s.gpuWatch.src != nil {
+		s.probes.Add(1)
+		go func() {
+			defer s.probes.Done()
+			s.runGPUWatch(ctx)
+		}()
+	}
 	s.probes.Add(1)
 	go func() {
 		defer s.probes.Done()
@@ -392,17 +415,11 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 				"fix", g.oversizeFix(pool))
 		}
 	}
-	want := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
-	if s.fleet != nil {
-		s.fleet.SetBudget(g.id, want)
+	if kv, ok := b.KV(); ok && kv.HasPool() {
+		s.poolReported(rt, g, b.Name(), kv.NumGPUBlocks*int64(kv.BlockSize)*g.bytesPerToken[b])
 	}
-	resized := true
-	if st, _ := rt.sched.GPU(g.id); st.Capacity != want {
-		resized = rt.sched.Resize(g.id, want) == nil
-	}
-	if resized {
-		s.backendLog.budget(g, pool, want)
-	}
+	whole := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
+	s.setBudget(rt, g, pool, s.budgetOf(g, pool, true))
 	if on := rt.shares(g); g.sharing.Swap(on) != on || on {
 		if err := rt.sched.SetSharing(g.id, on); err != nil {
 			s.log.Error("record whether a GPU shares prompt blocks", "gpu", g.name, "err", err)
@@ -418,9 +435,49 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 		rt.sched.Overflowed(g.id)
 	}
 	if *rt.cfg.Admission.Feedback.Enabled {
-		if err := rt.sched.Feedback(g.id, used > want || preempted); err != nil {
+		// Against the budget before the watch's cut: use over the cut part
+		// is what the cut asks for, not a forecast that was low.
+		if err := rt.sched.Feedback(g.id, used > whole || preempted); err != nil {
 			s.log.Error("feed a backend's KV usage back to its budget", "gpu", g.name, "err", err)
 		}
+	}
+}
+
+// budgetOf is the capacity g admits against, from its named inputs: the
+// configured budget, the KV pool its backends report when that is smaller
+// (known), less the cut of the GPU memory watch while the GPU's free memory
+// is under its floor (gpuwatch.go). Never below 1: Resize takes no 0, and
+// a byte admits nothing.
+func (s *Server) budgetOf(g *gpu, pool int64, known bool) int64 {
+	b := g.nominal
+	if known {
+		b = min(b, pool)
+	}
+	b -= s.gpuWatch.memoryCut(g.name)
+	return max(b, 1)
+}
+
+// applyBudget sets g's budget from its inputs now, as a KV report would:
+// the watch calls it when its cut changes.
+func (s *Server) applyBudget(rt *runtime, g *gpu) {
+	if rt.count || s.rt.Load() != rt {
+		return
+	}
+	pool, _, known := g.reported()
+	s.setBudget(rt, g, pool, s.budgetOf(g, pool, known))
+}
+
+// setBudget gives the scheduler (and the fleet's lessee) g's budget.
+func (s *Server) setBudget(rt *runtime, g *gpu, pool, want int64) {
+	if s.fleet != nil {
+		s.fleet.SetBudget(g.id, want)
+	}
+	resized := true
+	if st, _ := rt.sched.GPU(g.id); st.Capacity != want {
+		resized = rt.sched.Resize(g.id, want) == nil
+	}
+	if resized {
+		s.backendLog.budget(g, pool, want)
 	}
 }
 

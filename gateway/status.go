@@ -26,6 +26,9 @@ type statusView struct {
 	// SharedBudget is this replica's part of a fleet sharing the budgets
 	// (package fleet); absent when the budget is this process's alone.
 	SharedBudget *fleet.Status `json:"shared_budget,omitempty"`
+	// GPUWatch is the GPU memory watch's source, or why there is none
+	// (gpuwatch.go); each GPU's memory is in its gpus entry.
+	GPUWatch *gpuWatchView `json:"gpu_watch"`
 }
 
 type policyView struct {
@@ -77,6 +80,12 @@ type gpuView struct {
 	// keeps: 1/√k when it runs one of k like batches on the GPU (predicted
 	// reservations under a shared budget); absent when it is 1.
 	MarginScale float64 `json:"margin_scale,omitempty"`
+
+	// Memory is the GPU's memory and the processes holding it, as the GPU
+	// memory watch last read them; absent without a watch (gpuwatch.go).
+	Memory *gpuMemoryView `json:"gpu_memory,omitempty"`
+	// Cuts are the reductions of Capacity, each with its cause and why.
+	Cuts []budgetCutView `json:"budget_cuts,omitempty"`
 }
 
 type modelQueueView struct {
@@ -249,6 +258,7 @@ func (s *Server) status() statusView {
 	if s.fleet != nil {
 		v.SharedBudget = s.fleet.Status()
 	}
+	v.GPUWatch = s.gpuWatch.status(v.GPUs)
 	v.Counters = counterView{Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Backfilled: st.Backfilled,
 		Rejected: st.Rejected, Canceled: st.Canceled, GuardStops: st.GuardStops, ForecastTrips: st.Trips}
 	for _, b := range rt.upstreams.Backends() {

@@ -32,6 +32,7 @@ func commands() []command {
 		{"sim", "a simulated vLLM server with a fixed KV-block pool that overflows as a GPU does", runSim},
 		{"serve", "run the gateway (with no --config: an embedded demo with a simulated backend)", runServe},
 		{"loadtest", "find the safe concurrency or rate of an OpenAI-compatible server", runLoadtest},
+		{"gpus", "this node's GPUs and the processes holding their memory, printed or served (--listen) for gpu_watch", runGpus},
 		{"health", "exit 0 when a gateway's /readyz answers 200 (the container's HEALTHCHECK)", runHealth},
 	}
 }
