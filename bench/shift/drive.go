@@ -32,6 +32,13 @@ func drive(ctx context.Context, o options, sc *scenario, url, simURL string, res
 		go func() {
 			defer wg.Done()
 			rnd := rand.New(rand.NewPCG(o.Seed, uint64(c)))
+			if sc.joinsLate != nil && sc.joinsLate(c) {
+				select {
+				case <-time.After(o.shiftAt):
+				case <-ctx.Done():
+					return
+				}
+			}
 			for seq := 0; ctx.Err() == nil; seq++ {
 				rec := send(ctx, client, url, sc, c, seq, time.Since(start), rnd, hangup)
 				rec.end = time.Since(start)
@@ -129,7 +136,11 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 	}
 	rec.long = sc.long != nil && sc.long(c, at, rnd)
 	stream := sc.noStream == nil || !sc.noStream(c, rnd)
-	body := map[string]any{"model": model, "max_tokens": maxTokens, "stream": stream,
+	maxTok := maxTokens
+	if sc.maxTokens != nil {
+		maxTok = sc.maxTokens(c)
+	}
+	body := map[string]any{"model": model, "max_tokens": maxTok, "stream": stream,
 		"messages": []map[string]string{{"role": "user", "content": prompt(c, seq, rec.long)}}}
 	if sc.minTokens != nil {
 		if m := sc.minTokens(c, rnd); m > 0 {
@@ -160,11 +171,13 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 	if rec.tenant != "" {
 		req.Header.Set("Authorization", "Bearer key-"+rec.tenant)
 	}
+	sent := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
 		return classifyErr(rec, rctx, ctx, err)
 	}
 	defer resp.Body.Close()
+	rec.status = resp.StatusCode
 	if resp.StatusCode != http.StatusOK {
 		data, _ := io.ReadAll(resp.Body)
 		rec.outcome, rec.detail = classifyError(resp.StatusCode, data)
@@ -199,6 +212,9 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 		if string(data) == "[DONE]" {
 			done = true
 			break
+		}
+		if rec.ttft == 0 && bytes.Contains(data, []byte(`"content"`)) {
+			rec.ttft = time.Since(sent)
 		}
 		if bytes.Contains(data, []byte(`"error"`)) {
 			rec.outcome, rec.detail = classifyError(200, data)

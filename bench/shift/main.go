@@ -12,7 +12,15 @@
 //     tenant B (32 clients) stays short; without and with `share: 0.5` each;
 //   - min-tokens: 10 % of requests carry min_tokens 1500 from the start;
 //   - heavy-tail: lognormal outputs with σ 1.2, half of them not streamed;
-//   - hangup: 64 clients hang up on their running requests at once.
+//   - hangup: 64 clients hang up on their running requests at once;
+//   - two-tenant (not run by default): a batch tenant (class standard,
+//     7/8 of the clients, max_tokens 1024) warms the gateway up alone on a
+//     preempting simulator with outputs lognormal around 200 tokens; at the
+//     change an interactive tenant (class critical, 1/8, max_tokens 256)
+//     joins. A mix, not a shift: no drift trip, every answer a 200.
+//     two-tenant-direct is the same traffic to the simulator alone (vLLM
+//     alone); with both, it compares goodput and the interactive tenant's
+//     p99 time to first token.
 //
 // Long answers are made by the simulator's --output-len-when: a request
 // whose prompt carries a marker is drawn from the long distribution, so no
@@ -101,6 +109,21 @@ func run(ctx context.Context, kit *benchkit.Kit, o options) error {
 	}
 	fmt.Println()
 	checks(os.Stdout, o, results, base)
+	var gw, direct *result
+	for _, r := range results {
+		switch r.sc.name {
+		case "two-tenant":
+			gw = r
+		case "two-tenant-direct":
+			direct = r
+		}
+	}
+	if gw != nil && direct != nil {
+		twoTenantChecks(os.Stdout, gw, direct)
+		trips := gw.lastTrips()
+		benchkit.Check(os.Stdout, trips != nil && trips["drift"] == 0, "two-tenant: no drift trip (%v)", trips)
+		benchkit.Check(os.Stdout, gw.non200() == 0, "two-tenant: every answer a 200 (%d not)", gw.non200())
+	}
 	return nil
 }
 
@@ -111,7 +134,7 @@ func checks(w io.Writer, o options, results []*result, base *result) {
 		stoppedAfter := r.count(func(x record) bool { return x.start >= r.changeAt && x.outcome == stopped })
 		benchkit.Check(w, r.overflow == 0, "%s: zero overflow events (%.0f)", r.sc.name, r.overflow)
 		benchkit.Check(w, after > 0 && float64(stoppedAfter) <= 0.02*float64(after), "%s: stopped by the gateway %d of %d admitted after the change (≤ 2%%)", r.sc.name, stoppedAfter, after)
-		if r.sc.tenantOf != nil {
+		if r.sc.tenantOf != nil && r.sc.maxTokens == nil {
 			lostB := r.count(func(x record) bool { return x.tenant == "b" && (x.outcome == oom || x.outcome == stopped) })
 			benchkit.Check(w, lostB == 0 && r.count(func(x record) bool { return x.tenant == "b" && x.outcome == ok }) > 0, "%s: tenant B loses no request (%d)", r.sc.name, lostB)
 		}

@@ -24,6 +24,14 @@ type scenario struct {
 	noStream    func(client int, r *rand.Rand) bool
 	hangupAt    time.Duration // 0: none
 	hangups     int
+	// The two-tenant scenario: each client's max_tokens (nil: maxTokens),
+	// the client that sends from the change on only (nil: every one from
+	// the start), the simulator's overflow mode ("" = oom) and whether the
+	// clients talk to the simulator alone, without the gateway.
+	maxTokens  func(client int) int
+	joinsLate  func(client int) bool
+	onOverflow string
+	direct     bool
 	// fromStart: the traffic departs from its history from the start (a
 	// ramp, a field, a heavy tail), so requests count from there.
 	fromStart bool
@@ -64,7 +72,39 @@ func scenarios(o options) map[string]*scenario {
 			outputLen: "lognormal:50,1.2", fromStart: true, noStream: func(c int, _ *rand.Rand) bool { return c%2 == 0 }},
 		"hangup": {name: "hangup", title: "64 clients hang up on their running requests at once, then send again",
 			hangupAt: o.shiftAt, hangups: 64},
+		"two-tenant":        twoTenant(o, false),
+		"two-tenant-direct": twoTenant(o, true),
 	}
+}
+
+// twoTenant is an interactive tenant (class critical, an eighth of the
+// clients, max_tokens 256) joining, at the change, a batch tenant (class
+// standard, the rest, max_tokens 1024) that has warmed the gateway up
+// alone, on a preempting simulator whose outputs are lognormal around 200
+// tokens: a mix of tenants, not a shift, that the change detector must not
+// trip on. direct sends the same traffic to the simulator alone (vLLM
+// alone, its own preemption the only guard).
+func twoTenant(o options, direct bool) *scenario {
+	interactive := func(c int) bool { return c < o.clients/8 }
+	name, title := "two-tenant", "an interactive tenant joins a batch tenant, preempting simulator"
+	if direct {
+		name, title = "two-tenant-direct", "the same traffic to the simulator alone"
+	}
+	return &scenario{name: name, title: title, outputLen: "lognormal:200,0.8", onOverflow: "preempt", direct: direct,
+		tenants: "tenants:\n  - {name: interactive, api_keys: [key-interactive], class: critical}\n  - {name: batch, api_keys: [key-batch], class: standard}\n",
+		tenantOf: func(c int) string {
+			if interactive(c) {
+				return "interactive"
+			}
+			return "batch"
+		},
+		maxTokens: func(c int) int {
+			if interactive(c) {
+				return 256
+			}
+			return 1024
+		},
+		joinsLate: interactive}
 }
 
 func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*result, error) {
@@ -72,7 +112,11 @@ func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*res
 	if outLen == "" {
 		outLen = "lognormal:50,0.8"
 	}
-	sim, err := kit.StartSim(ctx, "shift-"+sc.name+"-sim", "--on-overflow", "oom", "--gpu-memory-utilization", utilization,
+	onOverflow := sc.onOverflow
+	if onOverflow == "" {
+		onOverflow = "oom"
+	}
+	sim, err := kit.StartSim(ctx, "shift-"+sc.name+"-sim", "--on-overflow", onOverflow, "--gpu-memory-utilization", utilization,
 		"--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64), "--seed", strconv.FormatUint(o.Seed, 10), "--model", model,
 		"--output-len", outLen, "--output-len-when", longMarker+"=uniform:1000-2000")
 	if err != nil {
@@ -83,16 +127,22 @@ func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*res
 	if reservation == "" {
 		reservation = o.reservation
 	}
-	gw, err := kit.StartGateway(ctx, "shift-"+sc.name, sim.URL, utilization, "  reservation: "+reservation+"\n", sc.tenants)
-	if err != nil {
-		return nil, err
+	url := sim.URL
+	if !sc.direct {
+		gw, err := kit.StartGateway(ctx, "shift-"+sc.name, sim.URL, utilization, "  reservation: "+reservation+"\n", sc.tenants)
+		if err != nil {
+			return nil, err
+		}
+		defer gw.Stop()
+		url = gw.URL
+	} else {
+		reservation = "none (the simulator alone)"
 	}
-	defer gw.Stop()
 	res := &result{sc: sc, total: o.shiftAt + o.after, shiftAt: o.shiftAt, changeAt: o.shiftAt, reservation: reservation}
 	if sc.fromStart {
 		res.changeAt = 0
 	}
-	if err := drive(ctx, o, sc, gw.URL, sim.URL, res); err != nil {
+	if err := drive(ctx, o, sc, url, sim.URL, res); err != nil {
 		return nil, err
 	}
 	// An overflow count that cannot be read is a failed run, never a zero.
