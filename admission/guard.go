@@ -26,12 +26,13 @@ import (
 //   - Exposure is bounded before anything is learned: the worst cases a
 //     pool holds never sum past MaxOvercommit × its capacity, nor a
 //     tenant's past that times its share.
-//   - A queue's forecast is distrusted, for CoolDown, when it is shown
-//     wrong: a sequential test (CUSUM) on its running sequences crossing
-//     their predictor's 0.9 quantile, a stop by the guard, or an overflow a
-//     backend reports (Overflowed). Its requests are then held at their
-//     worst case — those running too — and its learned lengths start over,
-//     so that warm-up follows on the new traffic.
+//   - A forecast is distrusted, for CoolDown, when it is shown wrong: a
+//     tenant's or a class's by the change detector (drift.go), when its
+//     sequences outgrew it by more than the guard's room allows; a queue's
+//     by a stop by the guard or an overflow a backend reports
+//     (Overflowed). Their requests are then held at their worst case —
+//     those running too — and their learned lengths start over, so that
+//     warm-up follows on the new traffic.
 //   - Every request teaches: one released before its sequences finished
 //     (an abort, a failure, a stop) is a censored sample at the length it
 //     reached.
