@@ -248,5 +248,14 @@ func TestDriftTripsOnAShiftToLongOutputs(t *testing.T) {
 			t.Fatalf("tenant batch committed %d, want its worst case %d", c, 36*16)
 		}
 		probe.Release()
+		// After the cool-down the tenant learns its new lengths over, and
+		// is forecast from them once it has warmup_samples of them.
+		f.clock.Advance(admission.DefaultCoolDown)
+		f.teachAs("batch", 100, 350)
+		probe = f.acquire(r)
+		if c := f.b.Scheduler.Stats().GPUs[0].Committed; c >= 36*16 || c < (4+350/16)*16 {
+			t.Fatalf("tenant batch committed %d after its cool-down and 100 answers of 350 tokens", c)
+		}
+		probe.Release()
 	})
 }
