@@ -40,6 +40,13 @@ import (
 //     (a stop) and an overflow still distrust the whole queue: they are
 //     the evidence that scoping was not enough.
 //
+// Why the floor is a quarter of the capacity: a pool the forecast packs
+// leaves the guard a few percent of room by design, with the tail the
+// forecast expects already priced in; weighed against that alone (floors
+// of 1/32 and 1/8 were tried), three long answers of a steady lognormal
+// mix overlapping tripped it. A shift to long answers still trips within a
+// few blocks of every sequence passing its mark.
+//
 // A sequence still running when its predictor warmed up, or forecast only
 // from the middle of its life, is no part of it (it was picked by its
 // survival); neither is one the guard stopped.
