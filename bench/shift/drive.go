@@ -74,7 +74,7 @@ func drive(ctx context.Context, o options, sc *scenario, url, simURL string, res
 		if st, err := status(ctx, url); err == nil && len(st.Queues) > 0 && len(st.GPUs) > 0 {
 			s.p90, s.distrusted = st.Queues[0].P90, st.Queues[0].Distrusted
 			s.overcommit = float64(st.GPUs[0].Held) / math.Max(1, float64(st.GPUs[0].Capacity))
-			s.trips = st.Admission.Trips
+			s.trips, s.driftTrips = st.Admission.Trips, st.Admission.DriftTrips
 		}
 		res.samples = append(res.samples, s)
 	}
@@ -97,6 +97,7 @@ type statusView struct {
 	Admission struct {
 		GuardStops int64            `json:"guard_stops"`
 		Trips      map[string]int64 `json:"forecast_trips"`
+		DriftTrips map[string]int64 `json:"drift_trips"`
 	} `json:"admission"`
 	GPUs []struct {
 		Held      int64 `json:"held_bytes"`

@@ -41,6 +41,7 @@ type sample struct {
 	distrusted bool
 	overcommit float64 // worst cases held / capacity
 	trips      map[string]int64
+	driftTrips map[string]int64 // the drift trips by what was distrusted (model, tenant, class)
 }
 
 type result struct {
@@ -159,8 +160,11 @@ func (r *result) print(w io.Writer) {
 		r.p90At(s-time.Second), r.p90At(s+10*time.Second), r.p90At(s+30*time.Second), r.longP90())
 	var distrusted, before int
 	var overcommit float64
-	var trips map[string]int64
+	var trips, drift map[string]int64
 	for _, x := range r.samples {
+		if x.driftTrips != nil {
+			drift = x.driftTrips
+		}
 		if x.at < s {
 			before++
 			overcommit += x.overcommit
@@ -172,8 +176,8 @@ func (r *result) print(w io.Writer) {
 			trips = x.trips
 		}
 	}
-	fmt.Fprintf(w, "  before the change: distrusted %d of %d samples, worst cases held %.1f× the budget on average; forecast trips by the end %v\n",
-		distrusted, before, overcommit/math.Max(1, float64(before)), trips)
+	fmt.Fprintf(w, "  before the change: distrusted %d of %d samples, worst cases held %.1f× the budget on average; forecast trips by the end %v, drift by scope %v\n",
+		distrusted, before, overcommit/math.Max(1, float64(before)), trips, drift)
 	shown := 0
 	for _, x := range r.records {
 		if x.outcome == other && shown < 3 {
