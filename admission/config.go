@@ -139,10 +139,11 @@ type PolicyConfig struct {
 	// the memory another tenant's running requests grow into. >= 1.
 	// 0 = DefaultMaxOvercommit (4).
 	MaxOvercommit float64
-	// CoolDown is how long a queue's requests are held at their worst case
-	// after its forecast was found wrong (the change detector tripped, the
-	// guard had to stop a request, or a backend overflowed); its learned
-	// lengths start over, so warm-up follows. 0 = DefaultCoolDown (30s);
+	// CoolDown is how long requests are held at their worst case after
+	// their forecast was found wrong: a tenant's or a class's when the
+	// change detector tripped on it, a queue's when the guard had to stop a
+	// request or a backend overflowed; the learned lengths of what was
+	// distrusted start over, so warm-up follows. 0 = DefaultCoolDown (30s);
 	// negative = no cool-down (warm-up alone).
 	CoolDown time.Duration
 }

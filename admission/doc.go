@@ -65,14 +65,17 @@
 // first, the lowest class, the tenant holding the most for its share, the
 // newest) until what is not stopped fits; a stopped ticket counts until it
 // is released. The worst cases a GPU holds sum to at most MaxOvercommit ×
-// its capacity (a tenant's to that times its share). A CUSUM on sequences
-// crossing their predictor's 0.9 quantile, a stop, or Overflowed distrusts
-// a queue for CoolDown: its requests, running ones too, go to their worst
-// case and its predictors start over. A ticket released before its
+// its capacity (a tenant's to that times its share). A change detector
+// (drift.go) judges each sequence against the forecast it was admitted on
+// and weighs its growth past it by the room the guard has left; its trip
+// distrusts the tenant or class whose forecast was wrong (the queue, for
+// its anonymous traffic of one class) for CoolDown: their requests, running
+// ones too, go to their worst case and their own predictors start over. A
+// stop or Overflowed does that for the whole queue. A ticket released before its
 // sequences finished teaches each as censored at the length it reached, and
 // so does every sequence still running when a warm-up ends (the first to
 // finish are the shortest); a ticket forecast only from then on takes no
-// part in the CUSUM, having been picked by its survival.
+// part in the change detector, having been picked by its survival.
 // Opaque and Pinned requests are never forecast from learned lengths. Linger keeps a given-up
 // ticket held until the backend can have let its blocks go.
 //

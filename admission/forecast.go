@@ -383,23 +383,34 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve, needRoom bool) (room
 	return room, adds, room >= 0
 }
 
-// lengthsForLocked is the predictor a new request of tenant t in q is
-// forecast with: the tenant's own once it has enough samples, else the
-// queue's once it has, else none (held at its worst case).
-func (s *Scheduler) lengthsForLocked(q *queue, t *tenantState) *predict.Lengths {
-	if !s.set.policy.predicted || !s.trustedLocked(q) {
+// lengthsForLocked is the predictor a new request of tenant t and class
+// class in q is forecast with: the tenant's own once it has enough
+// samples, else the class's own once it has (and the queue has seen
+// another class), else the queue's once it has,
+// else none (held at its worst case). A request of a queue, tenant or class
+// whose forecast is distrusted gets none.
+func (s *Scheduler) lengthsForLocked(q *queue, t *tenantState, class string) *predict.Lengths {
+	if !s.set.policy.predicted || !s.trustedLocked(q) ||
+		!s.scopeTrustedLocked(q, scopeKey{scopeTenant, t.name}) || !s.scopeTrustedLocked(q, scopeKey{scopeClass, class}) {
 		return nil
 	}
+	warmup := s.set.policy.warmup
 	if !q.warm {
-		if q.lengths.Samples() < s.set.policy.warmup {
+		if q.lengths.Samples() < warmup {
 			return nil
 		}
 		s.warmLocked(q)
 	}
-	if l := q.byTenant[t.name]; l != nil && l.Samples() >= s.set.policy.warmup {
+	if l := q.byTenant[t.name]; l != nil && l.Samples() >= warmup {
+		s.warmScopeLocked(q, scopeKey{scopeTenant, t.name}, l)
 		return l
 	}
-	if q.lengths.Samples() >= s.set.policy.warmup {
+	// A queue of one class has the class's lengths as its own.
+	if l := q.byClass[class]; l != nil && len(q.byClass) > 1 && l.Samples() >= warmup {
+		s.warmScopeLocked(q, scopeKey{scopeClass, class}, l)
+		return l
+	}
+	if q.lengths.Samples() >= warmup {
 		return q.lengths
 	}
 	return nil
@@ -416,33 +427,86 @@ func (s *Scheduler) lengthsForLocked(q *queue, t *tenantState) *predict.Lengths 
 // the predictor does wherever it must err.
 func (s *Scheduler) warmLocked(q *queue) {
 	q.warm = true
+	s.censorRunningLocked(q, func(t *Ticket) bool { return true }, func(t *Ticket, n int) {
+		s.observeLocked(q, t.tenant.name, t.line.name, n, true)
+	})
+	// A tenant's or class's own lengths that are used from now on had
+	// their survivors counted here: counting them again would double them.
+	if q.warmScopes == nil {
+		q.warmScopes = map[scopeKey]bool{}
+	}
+	for name, l := range q.byTenant {
+		if l.Samples() >= s.set.policy.warmup {
+			q.warmScopes[scopeKey{scopeTenant, name}] = true
+		}
+	}
+	for name, l := range q.byClass {
+		if l.Samples() >= s.set.policy.warmup {
+			q.warmScopes[scopeKey{scopeClass, name}] = true
+		}
+	}
+}
+
+// warmScopeLocked is warmLocked for a tenant's or a class's own lengths l,
+// the first time they are used since they started: a tenant that joins
+// after the queue warmed up learns its first samples from its shortest
+// answers too. Only l learns from it (the queue's lengths had theirs).
+func (s *Scheduler) warmScopeLocked(q *queue, k scopeKey, l *predict.Lengths) {
+	if q.warmScopes[k] {
+		return
+	}
+	if q.warmScopes == nil {
+		q.warmScopes = map[scopeKey]bool{}
+	}
+	q.warmScopes[k] = true
+	s.scratchSeq, s.ownSeq = 0, 0
+	s.censorRunningLocked(q, func(t *Ticket) bool {
+		if k.kind == scopeTenant {
+			return t.tenant.name == k.name
+		}
+		return t.line.name == k.name
+	}, func(_ *Ticket, n int) { l.Observe(n, true) })
+}
+
+// censorRunningLocked calls observe with the length each live sequence of
+// q's tickets that match has reached (pinned and opaque ones teach
+// nothing).
+func (s *Scheduler) censorRunningLocked(q *queue, match func(*Ticket) bool, observe func(*Ticket, int)) {
 	for _, r := range q.routes {
 		for t := r.p.first; t != nil; t = t.next {
-			if t.line.q != q || t.pinned || t.opaque || t.weight == 0 {
+			if t.line.q != q || t.pinned || t.opaque || t.weight == 0 || !match(t) {
 				continue
 			}
 			for i := range t.groups {
 				g := &t.groups[i]
 				for range g.live {
-					s.observeLocked(q, t.tenant.name, g.gen, true)
+					observe(t, g.gen)
 				}
 			}
 		}
 	}
 }
 
-// observeLocked teaches q's predictors one finished sequence.
-func (s *Scheduler) observeLocked(q *queue, tenant string, n int, capped bool) {
+// observeLocked teaches q's predictors one finished sequence of tenant and
+// class.
+func (s *Scheduler) observeLocked(q *queue, tenant, class string, n int, capped bool) {
 	s.scratchSeq, s.ownSeq = 0, 0 // the predictor moves: no curve computed before stands
 	q.lengths.Observe(n, capped)
-	q.tallyLocked(tenant, n, capped)
-	if tenant == "" {
-		return // the anonymous tenant is the queue at large
+	q.tallyLocked(tenant, class, n, capped)
+	if class != "" {
+		observeIn(q.byClass, class, q.spec.maxLen, n, capped)
 	}
-	l := q.byTenant[tenant]
-	if l == nil && len(q.byTenant) < maxTenantLengths {
-		l, _ = predict.NewLengths(predict.LengthsConfig{MaxLen: q.spec.maxLen})
-		q.byTenant[tenant] = l
+	if tenant != "" { // the anonymous tenant is the queue at large
+		observeIn(q.byTenant, tenant, q.spec.maxLen, n, capped)
+	}
+}
+
+// observeIn teaches the lengths of key in m, made for it if m has room.
+func observeIn(m map[string]*predict.Lengths, key string, maxLen, n int, capped bool) {
+	l := m[key]
+	if l == nil && len(m) < maxTenantLengths {
+		l, _ = predict.NewLengths(predict.LengthsConfig{MaxLen: maxLen})
+		m[key] = l
 	}
 	if l != nil {
 		l.Observe(n, capped)

@@ -1,11 +1,8 @@
 package admission
 
 import (
-	"math"
 	"slices"
 	"time"
-
-	"github.com/kvgate/kvgate/admission/predict"
 )
 
 // The guard: what keeps a pool inside its capacity when the forecast is
@@ -29,12 +26,13 @@ import (
 //   - Exposure is bounded before anything is learned: the worst cases a
 //     pool holds never sum past MaxOvercommit × its capacity, nor a
 //     tenant's past that times its share.
-//   - A queue's forecast is distrusted, for CoolDown, when it is shown
-//     wrong: a sequential test (CUSUM) on its running sequences crossing
-//     their predictor's 0.9 quantile, a stop by the guard, or an overflow a
-//     backend reports (Overflowed). Its requests are then held at their
-//     worst case — those running too — and its learned lengths start over,
-//     so that warm-up follows on the new traffic.
+//   - A forecast is distrusted, for CoolDown, when it is shown wrong: a
+//     tenant's or a class's by the change detector (drift.go), when its
+//     sequences outgrew it by more than the guard's room allows; a queue's
+//     by a stop by the guard or an overflow a backend reports
+//     (Overflowed). Their requests are then held at their worst case —
+//     those running too — and their learned lengths start over, so that
+//     warm-up follows on the new traffic.
 //   - Every request teaches: one released before its sequences finished
 //     (an abort, a failure, a stop) is a censored sample at the length it
 //     reached.
@@ -174,8 +172,8 @@ func (s *Scheduler) guardCheckLocked(p *pool) {
 				return -1
 			}
 			return 1
-		case a.guessed() != b.guessed(): // predicted first: their growth was a guess
-			if a.guessed() {
+		case a.admittedOnGuess() != b.admittedOnGuess(): // predicted first: their growth was a guess
+			if a.admittedOnGuess() {
 				return -1
 			}
 			return 1
@@ -221,108 +219,6 @@ const (
 	TripGuard    = "guard"    // the guard had to stop a request
 	TripOverflow = "overflow" // a backend ran out of KV blocks (an out-of-memory error, preemptions)
 )
-
-// The change detector is a CUSUM test of "a sequence crosses its
-// predictor's 0.9 quantile" at probability p0 = 0.1 (the forecast is
-// right) against p1 = 0.8 (traffic turned long): each crossing adds
-// ln(p1/p0), each sequence that finishes below its mark adds
-// ln((1−p1)/(1−p0)), the sum never drops below 0, and it trips at h = 16.
-// About eight crossings with no finish between them trip it. The threshold
-// is high on purpose: a predictor that has just warmed up has seen the
-// short answers of its first requests before their long ones (they finish
-// first), so its 0.9 quantile runs low for a while and more than a tenth of
-// sequences cross it; a lower threshold tripped on such steady traffic
-// every few seconds. A shift to long answers still trips it within a few
-// seconds of the first ones crossing, and the guard covers what runs
-// meanwhile.
-var (
-	cusumUp   = math.Log(0.8 / 0.1)
-	cusumDown = math.Log(0.2 / 0.9)
-)
-
-const cusumTrip = 16.0
-
-// trustState is a queue's change detector and cool-down.
-type trustState struct {
-	cusum float64
-	until time.Time // end of the cool-down; zero while the forecast is trusted
-}
-
-// markFor is the length past which a sequence predicted by lens counts as
-// crossing its forecast: the 0.9 quantile, or never when it is unknown.
-func markFor(lens *predict.Lengths, capTokens int) int {
-	if lens == nil {
-		return math.MaxInt
-	}
-	if n, ok := lens.Quantile(0.9); ok && n < capTokens {
-		return n
-	}
-	return math.MaxInt
-}
-
-// noteSequenceLocked feeds the change detector one sequence of a
-// predicted ticket: it crossed its mark, or it finished below it.
-func (s *Scheduler) noteSequenceLocked(q *queue, crossed bool) {
-	tr := &q.trust
-	if crossed {
-		tr.cusum += cusumUp
-	} else {
-		tr.cusum = max(tr.cusum+cusumDown, 0)
-	}
-	if tr.cusum >= cusumTrip {
-		s.distrustLocked(q, TripDrift)
-	}
-}
-
-// distrustLocked holds q's requests at their worst case for the
-// cool-down, those running too, and starts its learning over; during a
-// cool-down it starts the cool-down again.
-func (s *Scheduler) distrustLocked(q *queue, reason string) {
-	if !s.set.policy.predicted {
-		return
-	}
-	q.trust.cusum = 0
-	until := s.clock.Now().Add(max(s.set.policy.coolDown, 0))
-	if !s.trustedLocked(q) {
-		// Still cooling down: the evidence since the last trip (the
-		// censored lengths of what was stopped) is the new traffic's,
-		// and is kept; only the cool-down starts again.
-		q.trust.until = until
-		return
-	}
-	s.trips[reason]++
-	q.trust.until = until
-	if l, err := predict.NewLengths(predict.LengthsConfig{MaxLen: q.spec.maxLen}); err == nil {
-		q.lengths, q.byTenant, q.warm = l, map[string]*predict.Lengths{}, false
-		if q.tally != nil {
-			// The fleet's deltas stay in the new layout's terms (the same
-			// one): nothing to start over there.
-			q.tally = q.lengths.NewTally()
-			q.tallyTenants = map[string]*predict.Tally{}
-		}
-	}
-	s.scratchSeq = 0
-	for _, r := range q.routes {
-		for t := r.p.first; t != nil; t = t.next {
-			if t.line.q == q && t.guessed() {
-				s.updateLocked(t, func() { t.lens = nil })
-			}
-		}
-	}
-}
-
-// trustedLocked says whether q's forecast may be used now, ending its
-// cool-down when it has run out.
-func (s *Scheduler) trustedLocked(q *queue) bool {
-	if q.trust.until.IsZero() {
-		return true
-	}
-	if s.clock.Now().Before(q.trust.until) {
-		return false
-	}
-	q.trust.until = time.Time{}
-	return true
-}
 
 // Overflowed tells the scheduler that a backend of pool ran out of KV
 // memory (it answered with an out-of-memory error, or its preemptions
@@ -403,7 +299,7 @@ func (s *Scheduler) censorLocked(t *Ticket) {
 		g := &t.groups[i]
 		for range g.live {
 			if g.gen > 0 {
-				s.observeLocked(t.line.q, t.tenant.name, g.gen, true)
+				s.observeLocked(t.line.q, t.tenant.name, t.line.name, g.gen, true)
 			}
 		}
 	}

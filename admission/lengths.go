@@ -24,6 +24,8 @@ type LengthsDelta struct {
 	// Tenants counts those of each named tenant (at most
 	// maxTenantLengths of them; the anonymous tenant is in All only).
 	Tenants map[string]predict.Snapshot `json:"tenants,omitempty"`
+	// Classes counts those of each class (at most maxTenantLengths).
+	Classes map[string]predict.Snapshot `json:"classes,omitempty"`
 }
 
 // LengthsDelta takes what queue learned from its own finished sequences
@@ -40,39 +42,55 @@ func (s *Scheduler) LengthsDelta(queue string) (d LengthsDelta, ok bool, err err
 		return LengthsDelta{}, false, fmt.Errorf("admission: lengths delta: unknown queue %q", queue)
 	}
 	if q.tally == nil || q.tally.Layout() != q.lengths.Layout() {
-		q.tally, q.tallyTenants = q.lengths.NewTally(), map[string]*predict.Tally{}
+		q.tally, q.tallyTenants, q.tallyClasses = q.lengths.NewTally(), map[string]*predict.Tally{}, map[string]*predict.Tally{}
 		return LengthsDelta{}, false, nil
 	}
 	if q.tally.Samples() == 0 {
 		return LengthsDelta{}, false, nil
 	}
 	d.All = q.tally.Take()
-	for name, t := range q.tallyTenants {
-		if t.Samples() == 0 {
-			delete(q.tallyTenants, name) // an idle tenant's tally goes; it comes back with its next sample
-			continue
-		}
-		if d.Tenants == nil {
-			d.Tenants = map[string]predict.Snapshot{}
-		}
-		d.Tenants[name] = t.Take()
-	}
+	d.Tenants = takeTallies(q.tallyTenants)
+	d.Classes = takeTallies(q.tallyClasses)
 	return d, true, nil
 }
 
-// tallyLocked counts one finished sequence of tenant for LengthsDelta.
-func (q *queue) tallyLocked(tenant string, n int, capped bool) {
+// takeTallies takes each tally of m that counted something; an idle one
+// goes, and comes back with its next sample.
+func takeTallies(m map[string]*predict.Tally) map[string]predict.Snapshot {
+	var out map[string]predict.Snapshot
+	for name, t := range m {
+		if t.Samples() == 0 {
+			delete(m, name)
+			continue
+		}
+		if out == nil {
+			out = map[string]predict.Snapshot{}
+		}
+		out[name] = t.Take()
+	}
+	return out
+}
+
+// tallyLocked counts one finished sequence of tenant and class for
+// LengthsDelta.
+func (q *queue) tallyLocked(tenant, class string, n int, capped bool) {
 	if q.tally == nil {
 		return
 	}
 	q.tally.Observe(n, capped)
-	if tenant == "" {
-		return
+	if tenant != "" {
+		q.tallyIn(q.tallyTenants, tenant, n, capped)
 	}
-	t := q.tallyTenants[tenant]
-	if t == nil && len(q.tallyTenants) < maxTenantLengths {
+	if class != "" {
+		q.tallyIn(q.tallyClasses, class, n, capped)
+	}
+}
+
+func (q *queue) tallyIn(m map[string]*predict.Tally, key string, n int, capped bool) {
+	t := m[key]
+	if t == nil && len(m) < maxTenantLengths {
 		t = q.lengths.NewTally()
-		q.tallyTenants[tenant] = t
+		m[key] = t
 	}
 	if t != nil {
 		t.Observe(n, capped)
@@ -80,8 +98,8 @@ func (q *queue) tallyLocked(tenant string, n int, capped bool) {
 }
 
 // MergeLengths adds another replica's delta to queue's predictors: All to
-// the queue's, each tenant's to that tenant's (created for it if the queue
-// has room for another). A delta of another layout (the other replica
+// the queue's, each tenant's to that tenant's and each class's to that
+// class's (created for it if the queue has room for another). A delta of another layout (the other replica
 // configures another MaxLen for the model) is refused, changing nothing.
 // Waiters are dispatched again: what the predictors now say may let them
 // in.
@@ -97,20 +115,8 @@ func (s *Scheduler) MergeLengths(queue string, d LengthsDelta) error {
 		return fmt.Errorf("admission: merge lengths into queue %q: %w", queue, err)
 	}
 	s.scratchSeq = 0 // the predictor moved: no waiter's curve computed before stands (as in observeLocked)
-	var errs []error
-	for name, snap := range d.Tenants {
-		l := q.byTenant[name]
-		if l == nil && len(q.byTenant) < maxTenantLengths && name != "" {
-			l, _ = predict.NewLengths(predict.LengthsConfig{MaxLen: q.spec.maxLen})
-			q.byTenant[name] = l
-		}
-		if l == nil {
-			continue
-		}
-		if err := l.Merge(snap); err != nil {
-			errs = append(errs, fmt.Errorf("tenant %q: %w", name, err))
-		}
-	}
+	errs := mergeInto(q.byTenant, d.Tenants, q.spec.maxLen, "tenant")
+	errs = append(errs, mergeInto(q.byClass, d.Classes, q.spec.maxLen, "class")...)
 	if s.queued > 0 {
 		s.dispatchLocked()
 	}
@@ -119,4 +125,24 @@ func (s *Scheduler) MergeLengths(queue string, d LengthsDelta) error {
 		return fmt.Errorf("admission: merge lengths into queue %q: %w", queue, errors.Join(errs...))
 	}
 	return nil
+}
+
+// mergeInto adds each snapshot of d to the lengths of its name in m, made
+// for it if m has room.
+func mergeInto(m map[string]*predict.Lengths, d map[string]predict.Snapshot, maxLen int, what string) []error {
+	var errs []error
+	for name, snap := range d {
+		l := m[name]
+		if l == nil && len(m) < maxTenantLengths && name != "" {
+			l, _ = predict.NewLengths(predict.LengthsConfig{MaxLen: maxLen})
+			m[name] = l
+		}
+		if l == nil {
+			continue
+		}
+		if err := l.Merge(snap); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: %w", what, name, err))
+		}
+	}
+	return errs
 }

@@ -197,3 +197,28 @@ func TestMergeLengthsRefusesOtherLayoutsAndUnknownQueues(t *testing.T) {
 		t.Fatal("delta of an unknown queue: no error")
 	}
 }
+
+// A delta carries what each class learned too, so that a replica judges a
+// class against the whole fleet's lengths of it.
+func TestLengthsDeltaCarriesClasses(t *testing.T) {
+	a := newFixture(t, predicted(1<<20, 20))
+	a.delta("")
+	for class, n := range map[string]int{"critical": 3, "standard": 2} {
+		for range n {
+			r := chat(0, 101)
+			r.Class = class
+			a.acquire(r).Done(0, 100, false)
+		}
+	}
+	d, ok := a.delta("")
+	if !ok || total(d.Classes["critical"].Ended) != 3 || total(d.Classes["standard"].Ended) != 2 || len(d.Classes) != 2 {
+		t.Fatalf("delta classes %v (ok %v), want critical 3 and standard 2", d.Classes, ok)
+	}
+	b := newFixture(t, predicted(1<<20, 20))
+	if err := b.b.MergeLengths("", d); err != nil {
+		t.Fatal(err)
+	}
+	if s := samples(b); s != 5 {
+		t.Fatalf("b has %v samples after the merge, want 5", s)
+	}
+}

@@ -40,10 +40,14 @@ type Stats struct {
 	Rejected          map[string]int64 // by reason label (all of Reasons(), zeros included)
 	Canceled          int64            // contexts done before admission
 	// GuardStops counts running requests the guard stopped to keep a pool
-	// within its capacity; Trips the times a queue's forecast was
-	// distrusted, by reason (TripDrift, TripGuard, TripOverflow).
+	// within its capacity; Trips the times a forecast was distrusted, by
+	// reason (TripDrift, TripGuard, TripOverflow): a queue's, or for drift
+	// a tenant's or class's of a queue. DriftTrips splits the drift trips
+	// by what was distrusted (DriftQueue, DriftTenant, DriftClass, zeros
+	// included).
 	GuardStops int64
 	Trips      map[string]int64
+	DriftTrips map[string]int64
 
 	GPUs    []GPUStats    // in configuration order
 	Queues  []QueueStats  // in configuration order
@@ -158,6 +162,7 @@ func (s *Scheduler) Stats() Stats {
 	st := Stats{Queued: s.queued, Admitted: s.atOnce, Backfilled: s.backfilled, GuardStops: s.guardStops,
 		Trips: map[string]int64{TripDrift: 0, TripGuard: 0, TripOverflow: 0}}
 	maps.Copy(st.Trips, s.trips)
+	st.DriftTrips = s.driftTripsLocked()
 	for _, p := range s.pools {
 		ps := GPUStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Margin: p.marginOrOne(), Held: p.held,
 			Committed: s.committedLocked(p), Charge: p.charge, Tickets: p.tickets,

@@ -66,8 +66,9 @@ func TestStats(t *testing.T) {
 	got := f.b.Scheduler.Stats()
 	want := admission.Stats{
 		Queued: 2, Admitted: 2,
-		Rejected: map[string]int64{"too_large": 0, "queue_full": 0, "queue_timeout": 0, "overloaded": 0, "tenant_quota": 0, "no_route": 0},
-		Trips:    map[string]int64{admission.TripDrift: 0, admission.TripGuard: 0, admission.TripOverflow: 0},
+		Rejected:   map[string]int64{"too_large": 0, "queue_full": 0, "queue_timeout": 0, "overloaded": 0, "tenant_quota": 0, "no_route": 0},
+		Trips:      map[string]int64{admission.TripDrift: 0, admission.TripGuard: 0, admission.TripOverflow: 0},
+		DriftTrips: map[string]int64{admission.DriftQueue: 0, admission.DriftTenant: 0, admission.DriftClass: 0},
 		GPUs: []admission.GPUStats{{Name: gpu, Capacity: 100, Effective: 100, Limit: -1, Margin: 1, Held: 80, Committed: 80, Charge: 80,
 			Tickets: 2, Now: 59, DrainRate: 10, Releases: 1}}, // now: a whole (no shape), b at its progress plus lead
 		Queues: []admission.QueueStats{{Name: "", Queued: 2, QueuedBytes: 45,

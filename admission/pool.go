@@ -211,8 +211,11 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 			median, known = w.lens.Quantile(0.5)
 		}
 		for i, g := range w.shape {
-			t.groups[i] = tgroup{Group: g, live: g.Seqs, mark: markFor(w.lens, g.Cap)}
+			t.groups[i] = tgroup{Group: g, live: g.Seqs}
 			t.groups[i].blk = t.groups[i].blocksAt(0)
+			if !w.pinned && !w.opaque { // an opaque one reports no growth to judge
+				judgeGroup(&t.groups[i], w.lens)
+			}
 			out := g.Cap
 			if known {
 				out = min(out, median)

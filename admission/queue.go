@@ -16,25 +16,31 @@ type queue struct {
 	removed bool    // by Reconfigure: no new requests; its waiters were refused
 
 	// lengths learns the output lengths of the queue's finished sequences;
-	// byTenant the same per tenant (bounded: see lengthsForLocked).
+	// byTenant the same per tenant, byClass per class (bounded: see
+	// observeLocked).
 	lengths  *predict.Lengths
 	byTenant map[string]*predict.Lengths
+	byClass  map[string]*predict.Lengths
 	// warm says lengths has been trusted since learning (re)started, and
 	// the sequences running then taught it as censored samples
-	// (warmLocked).
-	warm bool
+	// (warmLocked); warmScopes the same of a tenant's or a class's own.
+	warm       bool
+	warmScopes map[scopeKey]bool
 	// tally and tallyTenants count what this scheduler learned since
 	// LengthsDelta last took it; nil until the first call (lengths.go).
 	tally        *predict.Tally
 	tallyTenants map[string]*predict.Tally
+	tallyClasses map[string]*predict.Tally
 
 	// promised are the refusals told to come back at a time still to come,
 	// so that the next refusal's Retry-After counts them as ahead of it.
 	promised []promise
 
-	// trust is what the change detector and the overflow signals know of
-	// whether the queue's forecast can be believed (guard.go).
-	trust trustState
+	// trust is what the guard and the overflow signals know of whether the
+	// queue's forecast can be believed (guard.go); scopes the change
+	// detectors of its tenants and classes (drift.go).
+	trust  trustState
+	scopes map[scopeKey]*trustState
 
 	// stopPass is the dispatch pass in which a waiter of this queue held
 	// back everyone behind it (strict order); resPass the pass in which its
@@ -105,8 +111,13 @@ func (q *queue) ensureLengths() error {
 	if err != nil {
 		return err
 	}
-	q.lengths, q.byTenant, q.warm = l, map[string]*predict.Lengths{}, false
+	q.resetLengths(l)
 	return nil
+}
+
+// resetLengths starts q's learning over with l.
+func (q *queue) resetLengths(l *predict.Lengths) {
+	q.lengths, q.byTenant, q.byClass, q.warm, q.warmScopes = l, map[string]*predict.Lengths{}, map[string]*predict.Lengths{}, false, nil
 }
 
 // anyAheadLocked reports whether a new request w must queue behind someone:
@@ -196,7 +207,7 @@ func (s *Scheduler) initWaiterLocked(w *waiter, q *queue, l *line, r Request, in
 	w.shared = sharedOf(w.shape)
 	switch {
 	case w.predictable():
-		w.lens = s.lengthsForLocked(q, t)
+		w.lens = s.lengthsForLocked(q, t, l.name)
 	case w.certainGrowth():
 		w.lens = s.certain
 	}

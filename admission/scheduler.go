@@ -73,6 +73,7 @@ type Scheduler struct {
 	// The guard's account (guard.go): trips by reason, requests stopped,
 	// Stoppers to call once mu is released, and a flag against re-entry.
 	trips        map[string]int64
+	scopeTrips   [scopeQueueIndex + 1]int64 // drift trips by scope (drift.go)
 	guardStops   int64
 	pendingStops []Stopper
 	inGuard      bool

@@ -64,11 +64,17 @@ type tgroup struct {
 	live int   // sequences not finished
 	gen  int   // tokens each live sequence has generated, as last accounted
 	blk  int64 // blocks a sequence holds at gen (with leadTokens): Progress's lock-free check
-	// mark is the length past which a sequence tells the change detector
-	// that the forecast it was admitted on runs short (its predictor's
-	// 0.9 quantile); crossed says it has.
+	// The change detector's view of it (drift.go): judged says its
+	// sequences are judged against the forecast they were admitted on;
+	// mark is that forecast's 0.9 quantile (MaxInt when unknown), markBlk
+	// the blocks a sequence holds there, over how many blocks past it each
+	// has been counted for, and allow the bytes of growth past the mark
+	// the forecast expects of a sequence, times driftAllowance.
+	judged  bool
 	mark    int
-	crossed bool
+	markBlk int64
+	over    int64
+	allow   float64
 	// held is how many of its leading prompt blocks its GPU's table counts
 	// for it (share.go): its own size leaves them out.
 	held int64
@@ -164,10 +170,7 @@ func (t *Ticket) Progress(gi, generated int) {
 		return
 	}
 	s.updateLocked(t, func() { g.gen, g.blk = generated, b })
-	if !g.crossed && t.guessed() && generated >= g.mark {
-		g.crossed = true
-		s.noteSequenceLocked(t.line.q, true)
-	}
+	s.noteGrowthLocked(t, g)
 	s.guardCheckLocked(t.pool)
 	s.settleUnlock(opProgress)
 }
@@ -183,16 +186,14 @@ func (t *Ticket) Done(gi, generated int, capped bool) {
 	s := t.s
 	s.mu.Lock()
 	if !t.pinned {
-		s.observeLocked(t.line.q, t.tenant.name, generated, capped)
+		s.observeLocked(t.line.q, t.tenant.name, t.line.name, generated, capped)
 	}
 	g := &t.groups[gi]
 	if t.weight == 0 || g.live == 0 {
 		s.mu.Unlock()
 		return
 	}
-	if t.guessed() && !g.crossed && !t.guard.stopped {
-		s.noteSequenceLocked(t.line.q, false)
-	}
+	s.noteFinishLocked(t, g)
 	s.updateLocked(t, func() { g.live-- })
 	s.settleUnlock(opShrink)
 }
@@ -208,16 +209,13 @@ func (s *Scheduler) updateLocked(t *Ticket, change func()) {
 		// Admitted while its queue was warming up: forecast it like the
 		// rest as soon as the queue has learned enough (unless it cannot
 		// be resumed: a forecast that turns out short would have the
-		// guard fail it, so it stays at the worst case it came in at). It takes no part
-		// in the change detector: it is a survivor, picked for having run
-		// this long, so it crosses its mark far more often than the mark
-		// says, however right the forecast is (the warm-up's long requests
-		// all counted as crossings at once and tripped the detector).
-		if t.lens = s.lengthsForLocked(t.line.q, t.tenant); t.lens != nil {
-			for i := range t.groups {
-				t.groups[i].mark, t.groups[i].crossed = markFor(t.lens, t.groups[i].Cap), true
-			}
-		}
+		// guard fail it, so it stays at the worst case it came in at). It
+		// takes no part in the change detector (its groups stay unjudged):
+		// it is a survivor, picked for having run this long, so it grows
+		// past its mark far more often than the mark says, however right
+		// the forecast is (the warm-up's long requests all counted as
+		// crossings at once and tripped the detector).
+		t.lens = s.lengthsForLocked(t.line.q, t.tenant, t.line.name)
 	}
 	weight := int64(0)
 	for i := range t.groups {

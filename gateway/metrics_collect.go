@@ -158,7 +158,8 @@ var (
 	descTokEntries = def{"kvgate_tokenize_cache_entries", "Prompt counts a model's tokenize cache holds.", []string{"model"}}.desc()
 	descRunningKV  = def{"kvgate_kv_running_bytes", "What the requests bound to a GPU may hold on it now: prompt and tokens generated plus a block of lead for streams, the worst case for the rest (the guard's account, kept within the budget).", []string{"gpu"}}.desc()
 	descStops      = def{"kvgate_admission_guard_stops_total", "Running streams the admission guard stopped to keep a GPU within its KV budget when they outgrew their forecast.", nil}.desc()
-	descTrips      = def{"kvgate_admission_forecast_trips_total", "Times a model's forecast was distrusted (its GPU back on worst-case admission for admission.cool_down, its learning started over), by reason: drift (sequences outlived their forecast), guard (a stream had to be stopped), overflow (a backend ran out of KV memory or preempted).", []string{"reason"}}.desc()
+	descTrips      = def{"kvgate_admission_forecast_trips_total", "Times a forecast was distrusted (its requests back on worst-case admission for admission.cool_down, its learning started over), by reason: drift (sequences outgrew their forecast by more than the guard's room allows: a model's, a tenant's or a class's), guard (a stream had to be stopped), overflow (a backend ran out of KV memory or preempted).", []string{"reason"}}.desc()
+	descDrift      = def{"kvgate_admission_drift_trips_total", "The change detector's trips by what was distrusted: queue (a model's anonymous traffic of one class: the whole model), tenant (one tenant of a model), class (one class of a model).", []string{"scope"}}.desc()
 	descShared     = def{"kvgate_kv_shared_bytes", "Prompt blocks a GPU counts once for the requests that share them (its backends hold them once, with prefix caching); part of kvgate_kv_held_bytes.", []string{"gpu"}}.desc()
 	descSaved      = def{"kvgate_kv_shared_saved_bytes", "What counting a GPU's shared prompt blocks once per request would have added to kvgate_kv_held_bytes.", []string{"gpu"}}.desc()
 	descPromptBlk  = def{"kvgate_prompt_blocks_total", "Prompt blocks that could be shared, of the requests admitted to a GPU while it shares (prefix caching).", []string{"gpu"}}.desc()
@@ -178,7 +179,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descCapacity, descEffective, descHeld, descCommitted, descUsed, descBound, descGated,
 		descDrain, descQueued, descDepth, descClassHeld, descPredicting, descSamples, descEpsilon, descTenantHeld, descTenantQ,
 		descUp, descState, descScraped, descUsage, descRunning, descWaiting, descPreempt,
-		descTokLookups, descTokStale, descTokEntries, descRunningKV, descStops, descTrips, descDistrust,
+		descTokLookups, descTokStale, descTokEntries, descRunningKV, descStops, descTrips, descDrift, descDistrust,
 		descShared, descSaved, descPromptBlk, descSharedBlk, descEstCal, descEstRatio, descEstOver, descEstSamples, descEstWidened} {
 		ch <- d
 	}
@@ -219,6 +220,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descStops, prometheus.CounterValue, float64(st.GuardStops))
 	for reason, n := range st.Trips {
 		ch <- prometheus.MustNewConstMetric(descTrips, prometheus.CounterValue, float64(n), reason)
+	}
+	for scope, n := range st.DriftTrips {
+		ch <- prometheus.MustNewConstMetric(descDrift, prometheus.CounterValue, float64(n), scope)
 	}
 	for _, q := range st.Queues {
 		gauge(descQueued, float64(q.QueuedBytes), q.Name)

@@ -130,10 +130,13 @@ type counterView struct {
 	Backfilled        int64            `json:"backfilled"`
 	Rejected          map[string]int64 `json:"rejected"`
 	Canceled          int64            `json:"canceled"`
-	// GuardStops and ForecastTrips: see kvgate_admission_guard_stops_total
-	// and kvgate_admission_forecast_trips_total.
+	// GuardStops, ForecastTrips and DriftTrips: see
+	// kvgate_admission_guard_stops_total,
+	// kvgate_admission_forecast_trips_total and
+	// kvgate_admission_drift_trips_total.
 	GuardStops    int64            `json:"guard_stops"`
 	ForecastTrips map[string]int64 `json:"forecast_trips"`
+	DriftTrips    map[string]int64 `json:"drift_trips"`
 }
 
 type kvView struct {
@@ -260,7 +263,7 @@ func (s *Server) status() statusView {
 	}
 	v.GPUWatch = s.gpuWatch.status(v.GPUs)
 	v.Counters = counterView{Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Backfilled: st.Backfilled,
-		Rejected: st.Rejected, Canceled: st.Canceled, GuardStops: st.GuardStops, ForecastTrips: st.Trips}
+		Rejected: st.Rejected, Canceled: st.Canceled, GuardStops: st.GuardStops, ForecastTrips: st.Trips, DriftTrips: st.DriftTrips}
 	for _, b := range rt.upstreams.Backends() {
 		sp := b.Spec()
 		bv := backendView{Name: b.Name(), URL: sp.URL, GPU: rt.gpuOf[b].name, Models: sp.Models, State: string(b.State()), LastError: b.LastError()}

@@ -180,14 +180,21 @@ func addDelta(a, b admission.LengthsDelta) admission.LengthsDelta {
 		return b
 	}
 	a.All = addSnapshot(a.All, b.All)
-	for name, s := range b.Tenants {
-		if a.Tenants == nil {
-			a.Tenants = map[string]predict.Snapshot{}
+	a.Tenants = addSnapshots(a.Tenants, b.Tenants)
+	a.Classes = addSnapshots(a.Classes, b.Classes)
+	return a
+}
+
+// addSnapshots adds b's snapshots to a's of the same name.
+func addSnapshots(a, b map[string]predict.Snapshot) map[string]predict.Snapshot {
+	for name, s := range b {
+		if a == nil {
+			a = map[string]predict.Snapshot{}
 		}
-		if old, ok := a.Tenants[name]; ok {
-			a.Tenants[name] = addSnapshot(old, s)
+		if old, ok := a[name]; ok {
+			a[name] = addSnapshot(old, s)
 		} else {
-			a.Tenants[name] = s
+			a[name] = s
 		}
 	}
 	return a

@@ -240,3 +240,27 @@ func (l *Lengths) recompute() {
 		surv[b] = s
 	}
 }
+
+// MeanExcess is E[(min(L, to) − from)⁺]: how many tokens past from a
+// sequence is expected to generate when its cap is to — the sum of
+// Survival(x) over from <= x < to. It reads each bucket once, so its cost
+// is the histogram's size, not to − from.
+func (l *Lengths) MeanExcess(from, to int) float64 {
+	from = max(from, 0)
+	var sum float64
+	for x := from; x < to; {
+		b := bucketOf(min(x, l.maxLen))
+		switch {
+		case l.top < 0 || b > l.top || x >= l.maxLen: // flat from here on
+			return sum + float64(to-x)*l.Survival(x)
+		case x < l.last[b]: // inside a wide bucket: its value is the one it starts with
+			n := min(l.last[b], to) - x
+			sum += float64(n) * l.Survival(x)
+			x += n
+		default: // the bucket's last length
+			sum += l.surv[b]
+			x++
+		}
+	}
+	return sum
+}

@@ -224,3 +224,30 @@ func TestObserveIgnoresNegative(t *testing.T) {
 		t.Fatalf("a negative length was counted: Samples %v, Survival(0) %v", l.Samples(), l.Survival(0))
 	}
 }
+
+// MeanExcess is the sum of Survival over [from, to), read a bucket at a
+// time: checked against the sum itself on fine and wide buckets, past the
+// samples, past MaxLen and with no samples.
+func TestMeanExcess(t *testing.T) {
+	var samples []sample
+	for i := range 300 {
+		samples = append(samples, sample{n: 1 + (i*37)%700, capped: i%11 == 0})
+	}
+	for _, tc := range []struct {
+		name string
+		l    *predict.Lengths
+	}{
+		{"learned", learn(t, predict.LengthsConfig{MaxLen: 900}, samples...)},
+		{"empty", learn(t, predict.LengthsConfig{MaxLen: 900})},
+	} {
+		for _, r := range [][2]int{{0, 10}, {0, 1024}, {17, 18}, {40, 700}, {129, 131}, {500, 2000}, {650, 1200}, {900, 950}, {30, 20}, {-5, 3}} {
+			want := 0.0
+			for x := max(r[0], 0); x < r[1]; x++ {
+				want += tc.l.Survival(x)
+			}
+			if got := tc.l.MeanExcess(r[0], r[1]); math.Abs(got-want) > 1e-9*max(1, want) {
+				t.Errorf("%s: MeanExcess(%d, %d) = %v, want %v", tc.name, r[0], r[1], got, want)
+			}
+		}
+	}
+}

@@ -32,6 +32,13 @@ func drive(ctx context.Context, o options, sc *scenario, url, simURL string, res
 		go func() {
 			defer wg.Done()
 			rnd := rand.New(rand.NewPCG(o.Seed, uint64(c)))
+			if sc.joinsLate != nil && sc.joinsLate(c) {
+				select {
+				case <-time.After(o.shiftAt):
+				case <-ctx.Done():
+					return
+				}
+			}
 			for seq := 0; ctx.Err() == nil; seq++ {
 				rec := send(ctx, client, url, sc, c, seq, time.Since(start), rnd, hangup)
 				rec.end = time.Since(start)
@@ -67,7 +74,7 @@ func drive(ctx context.Context, o options, sc *scenario, url, simURL string, res
 		if st, err := status(ctx, url); err == nil && len(st.Queues) > 0 && len(st.GPUs) > 0 {
 			s.p90, s.distrusted = st.Queues[0].P90, st.Queues[0].Distrusted
 			s.overcommit = float64(st.GPUs[0].Held) / math.Max(1, float64(st.GPUs[0].Capacity))
-			s.trips = st.Admission.Trips
+			s.trips, s.driftTrips = st.Admission.Trips, st.Admission.DriftTrips
 		}
 		res.samples = append(res.samples, s)
 		if sc.dense != nil && res.calibratedAt == 0 && s.at >= o.shiftAt {
@@ -100,6 +107,7 @@ type statusView struct {
 	Admission struct {
 		GuardStops int64            `json:"guard_stops"`
 		Trips      map[string]int64 `json:"forecast_trips"`
+		DriftTrips map[string]int64 `json:"drift_trips"`
 	} `json:"admission"`
 	GPUs []struct {
 		Held      int64 `json:"held_bytes"`
@@ -185,6 +193,10 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 	}
 	rec.long = sc.long != nil && sc.long(c, at, rnd)
 	stream := sc.noStream == nil || !sc.noStream(c, rnd)
+	maxTok := maxTokens
+	if sc.maxTokens != nil {
+		maxTok = sc.maxTokens(c)
+	}
 	text := prompt(c, seq, rec.long)
 	if sc.dense != nil && sc.dense(c) {
 		text = densePrompt(c, seq)
@@ -194,7 +206,7 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 		route = (c + seq) % len(routes)
 		path = routes[route]
 	}
-	body := map[string]any{"model": model, "max_tokens": maxTokens, "stream": stream,
+	body := map[string]any{"model": model, "max_tokens": maxTok, "stream": stream,
 		"messages": []map[string]string{{"role": "user", "content": text}}}
 	switch route {
 	case 1:
@@ -207,7 +219,7 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 		if route == 2 {
 			delete(body, "messages")
 			delete(body, "max_tokens")
-			body["input"], body["max_output_tokens"] = text, maxTokens
+			body["input"], body["max_output_tokens"] = text, maxTok
 		}
 	}
 	if sc.routes && route != 1 {
@@ -215,7 +227,7 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 	}
 	switch {
 	case sc.responses:
-		body = map[string]any{"model": model, "max_output_tokens": maxTokens, "stream": stream, "input": text}
+		body = map[string]any{"model": model, "max_output_tokens": maxTok, "stream": stream, "input": text}
 		path = "/v1/responses"
 	case sc.jsonObject:
 		body["response_format"] = map[string]string{"type": "json_object"}
@@ -249,11 +261,13 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 	if rec.tenant != "" {
 		req.Header.Set("Authorization", "Bearer key-"+rec.tenant)
 	}
+	sent := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
 		return classifyErr(rec, rctx, ctx, err)
 	}
 	defer resp.Body.Close()
+	rec.status = resp.StatusCode
 	if resp.StatusCode != http.StatusOK {
 		data, _ := io.ReadAll(resp.Body)
 		rec.outcome, rec.detail = classifyError(resp.StatusCode, data)
@@ -289,6 +303,9 @@ func send(ctx context.Context, client *http.Client, url string, sc *scenario, c,
 		if string(data) == "[DONE]" {
 			done = true
 			break
+		}
+		if rec.ttft == 0 && bytes.Contains(data, []byte(`"content"`)) {
+			rec.ttft = time.Since(sent)
 		}
 		// A Responses event's response carries "error":null: its errors
 		// are told by their type.

@@ -26,6 +26,14 @@
 //     turn to chat, completions, Responses and Messages (function tools on
 //     all but completions), from a cold start, to a simulator without
 //     /tokenize (404) or through tokenizer: estimate.
+//   - two-tenant (not run by default): a batch tenant (class standard,
+//     7/8 of the clients, max_tokens 1024) warms the gateway up alone on a
+//     preempting simulator with outputs lognormal around 200 tokens; at the
+//     change an interactive tenant (class critical, 1/8, max_tokens 256)
+//     joins. A mix, not a shift: no drift trip, every answer a 200.
+//     two-tenant-direct is the same traffic to the simulator alone (vLLM
+//     alone); with both, it compares goodput and the interactive tenant's
+//     p99 time to first token.
 //
 // Long answers are made by the simulator's --output-len-when: a request
 // whose prompt carries a marker is drawn from the long distribution, so no
@@ -114,6 +122,21 @@ func run(ctx context.Context, kit *benchkit.Kit, o options) error {
 	}
 	fmt.Println()
 	checks(os.Stdout, o, results, base)
+	var gw, direct *result
+	for _, r := range results {
+		switch r.sc.name {
+		case "two-tenant":
+			gw = r
+		case "two-tenant-direct":
+			direct = r
+		}
+	}
+	if gw != nil && direct != nil {
+		twoTenantChecks(os.Stdout, gw, direct)
+		trips := gw.lastTrips()
+		benchkit.Check(os.Stdout, trips != nil && trips["drift"] == 0, "two-tenant: no drift trip (%v)", trips)
+		benchkit.Check(os.Stdout, gw.non200() == 0, "two-tenant: every answer a 200 (%d not)", gw.non200())
+	}
 	return nil
 }
 
@@ -130,7 +153,7 @@ func checks(w io.Writer, o options, results []*result, base *result) {
 			if over := overReserved(r.promptsAt, r.promptsEnd, "en"); r.sc.name != "dense-alone" {
 				benchkit.Check(w, over >= 0 && over <= 0.15, "%s: English prompts over-reserved by %.1f%% after calibration (0–15 %%)", r.sc.name, 100*over)
 			}
-		} else if r.sc.tenantOf != nil {
+		} else if r.sc.tenantOf != nil && r.sc.maxTokens == nil {
 			lostB := r.count(func(x record) bool { return x.tenant == "b" && (x.outcome == oom || x.outcome == stopped) })
 			benchkit.Check(w, lostB == 0 && r.count(func(x record) bool { return x.tenant == "b" && x.outcome == ok }) > 0, "%s: tenant B loses no request (%d)", r.sc.name, lostB)
 		}

@@ -30,6 +30,8 @@ type record struct {
 	outcome    outcome
 	tokens     int
 	detail     string
+	status     int           // the HTTP status (0: no answer)
+	ttft       time.Duration // to the first token of a streamed answer
 }
 
 type sample struct {
@@ -39,6 +41,7 @@ type sample struct {
 	distrusted bool
 	overcommit float64 // worst cases held / capacity
 	trips      map[string]int64
+	driftTrips map[string]int64 // the drift trips by what was distrusted (model, tenant, class)
 }
 
 type result struct {
@@ -172,7 +175,7 @@ func (r *result) print(w io.Writer) {
 			100*overReserved(nil, r.promptsEnd, "dense"), 100*overReserved(r.promptsAt, r.promptsEnd, "dense"))
 		fmt.Fprintf(w, "  prompts estimated %.0f, below the backend's count %.0f; the estimate widened back to its bound %.0f times\n",
 			r.prompts, r.underCounted, r.widened)
-	} else if r.sc.tenantOf != nil {
+	} else if r.sc.tenantOf != nil && r.sc.maxTokens == nil {
 		lostB := r.count(func(x record) bool { return x.tenant == "b" && (x.outcome == oom || x.outcome == stopped) })
 		okB := r.count(func(x record) bool { return x.tenant == "b" && x.outcome == ok })
 		fmt.Fprintf(w, "  tenant B: %d answered, %d lost (out of memory or stopped)\n", okB, lostB)
@@ -185,8 +188,11 @@ func (r *result) print(w io.Writer) {
 		r.p90At(s-time.Second), r.p90At(s+10*time.Second), r.p90At(s+30*time.Second), r.longP90())
 	var distrusted, before int
 	var overcommit float64
-	var trips map[string]int64
+	var trips, drift map[string]int64
 	for _, x := range r.samples {
+		if x.driftTrips != nil {
+			drift = x.driftTrips
+		}
 		if x.at < s {
 			before++
 			overcommit += x.overcommit
@@ -198,8 +204,8 @@ func (r *result) print(w io.Writer) {
 			trips = x.trips
 		}
 	}
-	fmt.Fprintf(w, "  before the change: distrusted %d of %d samples, worst cases held %.1f× the budget on average; forecast trips by the end %v\n",
-		distrusted, before, overcommit/math.Max(1, float64(before)), trips)
+	fmt.Fprintf(w, "  before the change: distrusted %d of %d samples, worst cases held %.1f× the budget on average; forecast trips by the end %v, drift by scope %v\n",
+		distrusted, before, overcommit/math.Max(1, float64(before)), trips, drift)
 	shown := 0
 	for _, x := range r.records {
 		if x.outcome == other && shown < 3 {
@@ -207,4 +213,48 @@ func (r *result) print(w io.Writer) {
 			shown++
 		}
 	}
+}
+
+// lastTrips is the gateway's forecast trips by reason at the end of the run
+// (nil when it was not read: the simulator alone).
+func (r *result) lastTrips() map[string]int64 {
+	var trips map[string]int64
+	for _, x := range r.samples {
+		if x.trips != nil {
+			trips = x.trips
+		}
+	}
+	return trips
+}
+
+// ttftP99 is the 99th percentile of the time to first token of tenant's
+// answered requests sent from from on.
+func (r *result) ttftP99(tenant string, from time.Duration) time.Duration {
+	var d []time.Duration
+	for _, x := range r.records {
+		if x.tenant == tenant && x.outcome == ok && x.start >= from && x.ttft > 0 {
+			d = append(d, x.ttft)
+		}
+	}
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return d[min(len(d)-1, len(d)*99/100)]
+}
+
+// non200 counts the answers that were not a 200, or no answer at all.
+func (r *result) non200() int {
+	return r.count(func(x record) bool { return x.outcome != canceled && x.status != 200 })
+}
+
+// twoTenantChecks compares the two-tenant scenario through the gateway with
+// the same traffic to the simulator alone, over the time both tenants send.
+func twoTenantChecks(w io.Writer, gw, direct *result) {
+	from, to := gw.shiftAt, gw.total
+	g, d := gw.goodput(from, to), direct.goodput(from, to)
+	tg, td := gw.ttftP99("interactive", from), direct.ttftP99("interactive", from)
+	trips := gw.lastTrips()
+	fmt.Fprintf(w, "two-tenant: goodput %.0f tok/s through the gateway, %.0f alone (%.2f×); interactive p99 TTFT %.3fs vs %.3fs (%.2f×); forecast trips %v; non-200 answers %d (gateway), %d (alone)\n",
+		g, d, g/math.Max(d, 1), tg.Seconds(), td.Seconds(), tg.Seconds()/math.Max(td.Seconds(), 1e-9), trips, gw.non200(), direct.non200())
 }

@@ -24,6 +24,14 @@ type scenario struct {
 	noStream    func(client int, r *rand.Rand) bool
 	hangupAt    time.Duration // 0: none
 	hangups     int
+	// The two-tenant scenario: each client's max_tokens (nil: maxTokens),
+	// the client that sends from the change on only (nil: every one from
+	// the start), the simulator's overflow mode ("" = oom) and whether the
+	// clients talk to the simulator alone, without the gateway.
+	maxTokens  func(client int) int
+	joinsLate  func(client int) bool
+	onOverflow string
+	direct     bool
 	// fromStart: the traffic departs from its history from the start (a
 	// ramp, a field, a heavy tail), so requests count from there.
 	fromStart bool
@@ -90,6 +98,8 @@ func scenarios(o options) map[string]*scenario {
 			func(int) bool { return true }, noTokenize, ""),
 		"dense-estimate": denseScenario("dense-estimate", "a quarter token-dense beside English, on every route, tokenizer: estimate",
 			func(c int) bool { return c%4 == 0 }, nil, benchkit.ModelsYAML+"    tokenizer: estimate\n"),
+		"two-tenant":        twoTenant(o, false),
+		"two-tenant-direct": twoTenant(o, true),
 	}
 	for _, n := range []int{2, 4, 16} {
 		name := fmt.Sprintf("merged-%d", n)
@@ -122,12 +132,46 @@ func denseScenario(name, title string, dense func(int) bool, simArgs []string, m
 		}}
 }
 
+// twoTenant is an interactive tenant (class critical, an eighth of the
+// clients, max_tokens 256) joining, at the change, a batch tenant (class
+// standard, the rest, max_tokens 1024) that has warmed the gateway up
+// alone, on a preempting simulator whose outputs are lognormal around 200
+// tokens: a mix of tenants, not a shift, that the change detector must not
+// trip on. direct sends the same traffic to the simulator alone (vLLM
+// alone, its own preemption the only guard).
+func twoTenant(o options, direct bool) *scenario {
+	interactive := func(c int) bool { return c < o.clients/8 }
+	name, title := "two-tenant", "an interactive tenant joins a batch tenant, preempting simulator"
+	if direct {
+		name, title = "two-tenant-direct", "the same traffic to the simulator alone"
+	}
+	return &scenario{name: name, title: title, outputLen: "lognormal:200,0.8", onOverflow: "preempt", direct: direct,
+		tenants: "tenants:\n  - {name: interactive, api_keys: [key-interactive], class: critical}\n  - {name: batch, api_keys: [key-batch], class: standard}\n",
+		tenantOf: func(c int) string {
+			if interactive(c) {
+				return "interactive"
+			}
+			return "batch"
+		},
+		maxTokens: func(c int) int {
+			if interactive(c) {
+				return 256
+			}
+			return 1024
+		},
+		joinsLate: interactive}
+}
+
 func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*result, error) {
 	outLen := sc.outputLen
 	if outLen == "" {
 		outLen = "lognormal:50,0.8"
 	}
-	args := append([]string{"--on-overflow", "oom", "--gpu-memory-utilization", utilization,
+	onOverflow := sc.onOverflow
+	if onOverflow == "" {
+		onOverflow = "oom"
+	}
+	args := append([]string{"--on-overflow", onOverflow, "--gpu-memory-utilization", utilization,
 		"--time-scale", strconv.FormatFloat(o.TimeScale, 'g', -1, 64), "--seed", strconv.FormatUint(o.Seed, 10), "--model", model,
 		"--output-len", outLen, "--output-len-when", longMarker + "=uniform:1000-2000"}, sc.simArgs...)
 	sim, err := kit.StartSim(ctx, "shift-"+sc.name+"-sim", args...)
@@ -143,17 +187,23 @@ func (sc *scenario) run(ctx context.Context, o options, kit *benchkit.Kit) (*res
 	if models == "" {
 		models = benchkit.ModelsYAML
 	}
-	gw, err := kit.StartGatewayModels(ctx, "shift-"+sc.name, utilization, "  reservation: "+reservation+"\n", sc.tenants, models,
-		fmt.Sprintf("  - name: sim0\n    url: %s\n    models: [%s]\n    gpu_memory: 24GiB\n", sim.URL, model))
-	if err != nil {
-		return nil, err
+	url := sim.URL
+	if !sc.direct {
+		gw, err := kit.StartGatewayModels(ctx, "shift-"+sc.name, utilization, "  reservation: "+reservation+"\n", sc.tenants, models,
+			fmt.Sprintf("  - name: sim0\n    url: %s\n    models: [%s]\n    gpu_memory: 24GiB\n", sim.URL, model))
+		if err != nil {
+			return nil, err
+		}
+		defer gw.Stop()
+		url = gw.URL
+	} else {
+		reservation = "none (the simulator alone)"
 	}
-	defer gw.Stop()
 	res := &result{sc: sc, total: o.shiftAt + o.after, shiftAt: o.shiftAt, changeAt: o.shiftAt, reservation: reservation}
 	if sc.fromStart {
 		res.changeAt = 0
 	}
-	if err := drive(ctx, o, sc, gw.URL, sim.URL, res); err != nil {
+	if err := drive(ctx, o, sc, url, sim.URL, res); err != nil {
 		return nil, err
 	}
 	// An overflow count that cannot be read is a failed run, never a zero.
