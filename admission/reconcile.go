@@ -1,0 +1,177 @@
+package admission
+
+import (
+	"fmt"
+	"time"
+)
+
+// Reconciliation: a GPU's backends report what they hold (KV usage × pool,
+// running requests); the requests admitted there account for at most the
+// pool's now (what each ticket may hold at this moment: guard.go), and, in
+// a fleet, for the other replicas' leases. What the backends hold beyond
+// that is memory nobody admitted: a second client of the backend, another
+// gateway, or a count that went wrong. It is as real as the admitted part,
+// so while it lasts it comes off what the GPU may admit (SetUnaccounted).
+//
+// The accounted side is a bound that cannot be below the truth (now is what
+// a ticket may hold, not what it is thought to hold), so the difference is
+// never more than the memory nobody admitted, except for what moves between
+// the backend's report and its reading: blocks freed by requests that ended
+// since the backend counted (scrape lag), the block each running request
+// may have taken in the step the report lags by, and the backend's own
+// reserved block. Tolerance covers those, and Sustain keeps a figure from
+// counting until it has lasted, so that a report that caught a release
+// half-way never shrinks anything.
+
+// ReconcileConfig tunes a Reconciler. Zero values take the defaults.
+type ReconcileConfig struct {
+	// Tolerance is the fraction of the pool that unaccounted memory may
+	// reach without counting (default DefaultReconcileTolerance); the
+	// backend's reserved block and one block per running request come on
+	// top of it.
+	Tolerance float64
+	// Sustain is how long a figure must last to count, and how long a
+	// lower one must last to replace it (default DefaultReconcileSustain).
+	Sustain time.Duration
+}
+
+// Defaults of ReconcileConfig.
+const (
+	DefaultReconcileTolerance = 0.03
+	DefaultReconcileSustain   = 5 * time.Second
+)
+
+// Reading is one report of a GPU's backends, with what admission accounts
+// for there when it is read. Bytes are of one GPU.
+type Reading struct {
+	At   time.Time
+	Pool int64 // the backends' KV pool
+	Used int64 // the part they report in use
+	// Accounted is what the requests admitted to the GPU may hold now (a
+	// bound: the pool's Now, plus in a fleet the other replicas' leases).
+	Accounted int64
+	// Running is how many requests the backends report running;
+	// BlockBytes the size of one of their KV blocks.
+	Running    int
+	BlockBytes int64
+}
+
+// Reconciled is what a Reading makes of a GPU.
+type Reconciled struct {
+	// Observed is this reading's Used − Accounted (0 if negative), before
+	// the tolerance.
+	Observed int64
+	// Tolerance is what Observed may reach without counting.
+	Tolerance int64
+	// Unaccounted is the figure in force: the highest level Observed −
+	// Tolerance has stayed at or above for a whole Sustain within the last
+	// Sustain. It is what comes off the GPU's limit.
+	Unaccounted int64
+}
+
+// Reconciler follows one GPU's unaccounted memory over its readings. It is
+// a value with no clock and no lock: time comes with each Reading, and its
+// caller serialises Observe.
+type Reconciler struct {
+	cfg     ReconcileConfig
+	samples []reconSample // oldest first; the ones Observe still needs
+	last    Reconciled
+}
+
+type reconSample struct {
+	at time.Time
+	u  int64 // Observed − Tolerance, at least 0
+	// low is the least u over the Sustain ending at this sample, or -1
+	// when the samples kept did not reach that far back.
+	low int64
+}
+
+// NewReconciler returns a Reconciler with cfg's defaults filled in.
+func NewReconciler(cfg ReconcileConfig) (*Reconciler, error) {
+	if cfg.Tolerance == 0 {
+		cfg.Tolerance = DefaultReconcileTolerance
+	}
+	if cfg.Sustain == 0 {
+		cfg.Sustain = DefaultReconcileSustain
+	}
+	if cfg.Tolerance < 0 || cfg.Tolerance >= 1 {
+		return nil, fmt.Errorf("admission: reconcile tolerance %v is not in (0, 1)", cfg.Tolerance)
+	}
+	if cfg.Sustain < 0 {
+		return nil, fmt.Errorf("admission: reconcile sustain %v is negative", cfg.Sustain)
+	}
+	return &Reconciler{cfg: cfg}, nil
+}
+
+// Last is what the last Observe returned.
+func (r *Reconciler) Last() Reconciled { return r.last }
+
+// Observe takes a reading and returns the GPU's figures after it. A
+// reading older than the last one is ignored.
+func (r *Reconciler) Observe(in Reading) Reconciled {
+	if n := len(r.samples); n > 0 && in.At.Before(r.samples[n-1].at) {
+		return r.last
+	}
+	tol := int64(r.cfg.Tolerance*float64(in.Pool)) + int64(in.Running+1)*in.BlockBytes
+	obs := max(0, in.Used-in.Accounted)
+	s := reconSample{at: in.At, u: max(0, obs-tol), low: -1}
+	r.samples = append(r.samples, s)
+	start := in.At.Add(-r.cfg.Sustain)
+	// The least u since start, the sample before start standing for the
+	// time up to the first one after it.
+	low, reached := s.u, false
+	for i := len(r.samples) - 1; i >= 0; i-- {
+		low = min(low, r.samples[i].u)
+		if !r.samples[i].at.After(start) {
+			reached = true
+			break
+		}
+	}
+	if reached {
+		r.samples[len(r.samples)-1].low = low
+	}
+	// The level in force: the highest sustained low within the last
+	// Sustain, so that a lower figure replaces it only once it has lasted.
+	var level int64
+	for i := len(r.samples) - 1; i >= 0 && !r.samples[i].at.Before(start); i-- {
+		level = max(level, r.samples[i].low)
+	}
+	// Keep what the next readings need: the samples since start, and the
+	// one before it.
+	keep := 0
+	for i := len(r.samples) - 1; i >= 0; i-- {
+		if r.samples[i].at.Before(start) {
+			keep = i
+			break
+		}
+	}
+	r.samples = append(r.samples[:0], r.samples[keep:]...)
+	r.last = Reconciled{Observed: obs, Tolerance: tol, Unaccounted: level}
+	return r.last
+}
+
+// SetUnaccounted tells the scheduler how much of a pool its backends hold
+// that no admitted request accounts for (a Reconciler's Unaccounted):
+// admissions to it are measured against its effective capacity less that,
+// for as long as it is set. Like every shrink it revokes nothing; a lower
+// figure admits the waiters that now fit.
+func (s *Scheduler) SetUnaccounted(pool string, bytes int64) error {
+	if bytes < 0 {
+		return fmt.Errorf("admission: unaccounted: %d bytes is negative", bytes)
+	}
+	s.mu.Lock()
+	p := s.poolByName[pool]
+	if p == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("admission: unaccounted: unknown pool %q", pool)
+	}
+	old := p.admitCap()
+	p.unaccounted = bytes
+	if p.admitCap() > old {
+		s.dispatchLocked()
+	} else {
+		s.checkLocked(opUnaccounted)
+	}
+	s.unlockNotify()
+	return nil
+}
