@@ -158,6 +158,8 @@ var (
 	descSaved      = def{"kvgate_kv_shared_saved_bytes", "What counting a GPU's shared prompt blocks once per request would have added to kvgate_kv_held_bytes.", []string{"gpu"}}.desc()
 	descPromptBlk  = def{"kvgate_prompt_blocks_total", "Prompt blocks that could be shared, of the requests admitted to a GPU while it shares (prefix caching).", []string{"gpu"}}.desc()
 	descSharedBlk  = def{"kvgate_prompt_blocks_shared_total", "Of kvgate_prompt_blocks_total, those found held already by a running request at admission, so counted once.", []string{"gpu"}}.desc()
+	descUnacc      = def{"kvgate_kv_unaccounted_bytes", "KV memory a GPU's backends hold that no request admitted there accounts for (another client of the backend, or a count gone wrong), sustained beyond admission.reconcile's tolerance; it comes off what the GPU admits while it lasts.", []string{"gpu"}}.desc()
+	descUnaccObs   = def{"kvgate_kv_unaccounted_observed_bytes", "The last report's KV use of a GPU's backends less what the requests admitted there may hold (0 if negative), before the tolerance and the sustain window.", []string{"gpu"}}.desc()
 	descDistrust   = def{"kvgate_admission_distrusted", "1 while a model's forecast is distrusted (cool-down: its requests are held at their worst case).", []string{"model"}}.desc()
 )
 
@@ -169,7 +171,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 		descDrain, descQueued, descDepth, descClassHeld, descPredicting, descSamples, descEpsilon, descTenantHeld, descTenantQ,
 		descUp, descState, descScraped, descUsage, descRunning, descWaiting, descPreempt,
 		descTokLookups, descTokStale, descTokEntries, descRunningKV, descStops, descTrips, descDistrust,
-		descShared, descSaved, descPromptBlk, descSharedBlk} {
+		descShared, descSaved, descPromptBlk, descSharedBlk, descUnacc, descUnaccObs} {
 		ch <- d
 	}
 }
@@ -193,6 +195,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			continue // a pool no GPU of this configuration uses any more
 		}
 		gauge(descCapacity, float64(p.Capacity), gpu)
+		rv, _ := rt.reconciled.view(p.Name) // zero until the backends have reported
+		gauge(descUnacc, float64(rv.Unaccounted), gpu)
+		gauge(descUnaccObs, float64(rv.Observed), gpu)
 		gauge(descEffective, float64(p.Effective), gpu)
 		gauge(descHeld, float64(p.Held), gpu)
 		gauge(descCommitted, float64(p.Committed), gpu)

@@ -42,6 +42,10 @@ type runtime struct {
 	cors      *corsPolicy          // nil: no CORS
 	sched     *admission.Scheduler // shared by every runtime of a server
 	count     bool                 // admission.mode count: requests, not bytes
+	// reconciled follows each GPU's memory nobody admitted (reconcile.go);
+	// shared by every runtime of a server, so that a reload keeps what it
+	// has seen.
+	reconciled *reconcilers
 }
 
 type tenant struct {
@@ -127,6 +131,10 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		classRank: map[string]int{}, gpus: map[string]*gpu{}, gpuOf: map[*backends.Backend]*gpu{},
 		prefixOff: map[*backends.Backend]bool{},
 		gpuByID:   map[string]*gpu{}, count: cfg.Admission.Mode == modeCount, cors: newCORSPolicy(cfg.Server.CORS),
+		reconciled: &reconcilers{},
+	}
+	if prev != nil {
+		rt.reconciled = prev.reconciled
 	}
 	var errs []error
 	for i, mc := range cfg.Models {

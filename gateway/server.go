@@ -387,8 +387,9 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 		}
 	}
 	want := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
+	cut := s.reconcile(rt, g, pool, used, want)
 	if s.fleet != nil {
-		s.fleet.SetBudget(g.id, want)
+		s.fleet.SetBudget(g.id, want-cut)
 	}
 	resized := true
 	if st, _ := rt.sched.GPU(g.id); st.Capacity != want {

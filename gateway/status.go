@@ -77,6 +77,10 @@ type gpuView struct {
 	// keeps: 1/√k when it runs one of k like batches on the GPU (predicted
 	// reservations under a shared budget); absent when it is 1.
 	MarginScale float64 `json:"margin_scale,omitempty"`
+	// Reconcile is what its backends report in use against what the
+	// requests admitted there may hold (absent until they have reported):
+	// its unaccounted_bytes come off what it admits.
+	Reconcile *reconcileView `json:"reconcile,omitempty"`
 }
 
 type modelQueueView struct {
@@ -201,6 +205,9 @@ func (s *Server) status() statusView {
 		}
 		if p.Margin != 1 {
 			gv.MarginScale = p.Margin
+		}
+		if rv, ok := rt.reconciled.view(g.id); ok {
+			gv.Reconcile = &rv
 		}
 		if p.UsedKnown {
 			used := p.Used
