@@ -92,6 +92,11 @@ type Config struct {
 	// full KV blocks by the hash of their prefix: a request whose leading
 	// blocks are cached reuses them and does not prefill them again.
 	DisablePrefixCaching bool
+	// HidePrefixCachingLabel leaves enable_prefix_caching out of
+	// vllm:cache_config_info, as a vLLM-compatible server may that shares
+	// prompt prefixes and says so only through its prefix-cache counters
+	// (vllm:prefix_cache_queries_total and _hits_total, still reported).
+	HidePrefixCachingLabel bool
 	// Seed makes generated text and lengths reproducible: the same seed and
 	// the same request give the same output, whatever else is running.
 	Seed int64
@@ -134,6 +139,7 @@ type settings struct {
 	maxNumSeqs    int
 	oom           bool
 	prefixCaching bool
+	hideLabel     bool // HidePrefixCachingLabel
 	oomRestart    time.Duration
 	stepBase      time.Duration
 	stepPerSeq    time.Duration
@@ -266,6 +272,7 @@ func (c Config) resolve() (*settings, error) {
 	}
 	s.seed = uint64(c.Seed)
 	s.prefixCaching = !c.DisablePrefixCaching
+	s.hideLabel = c.HidePrefixCachingLabel
 
 	g := kvbudget.GPUBudget{Memory: s.gpuMemory, Ceiling: s.utilization, Weights: s.weights, Reserve: s.reserve}
 	kv, err := g.KVBytes()

@@ -27,6 +27,7 @@ var simFlagOf = map[string]string{
 	"OnOverflow": "--on-overflow", "OOMRestart": "--oom-restart", "StepBase": "--step-base",
 	"StepPerSeq": "--step-per-seq", "PrefillPerToken": "--prefill-per-token", "TimeScale": "--time-scale",
 	"OutputLen": "--output-len", "OutputLenWhen": "--output-len-when", "DisablePrefixCaching": "--enable-prefix-caching",
+	"HidePrefixCachingLabel": "--hide-prefix-caching-label",
 }
 
 // simFlags are the flags of kvgate sim, parsed into a sim.Config.
@@ -38,7 +39,7 @@ type simFlags struct {
 	blockSize, maxModelLen, maxNumSeqs                int
 	oomRestart, stepBase, stepPerSeq, prefillPer      time.Duration
 	seed                                              int64
-	prefixCaching                                     bool
+	prefixCaching, hideLabel                          bool
 }
 
 func (f *simFlags) register(fs *flag.FlagSet) {
@@ -63,6 +64,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.outputLenWhen, "output-len-when", "`TEXT=DIST`: requests whose body contains TEXT draw their output lengths from DIST instead (repeatable; the first that matches wins)")
 	fs.Int64Var(&f.seed, "seed", 0, "seed of the generated text and output lengths")
 	fs.BoolVar(&f.prefixCaching, "enable-prefix-caching", true, "reuse the KV blocks of prompt prefixes already computed, as vLLM V1 does (=false: every prompt is prefilled whole)")
+	fs.BoolVar(&f.hideLabel, "hide-prefix-caching-label", false, "leave enable_prefix_caching out of vllm:cache_config_info, as a server that reports sharing only through its prefix-cache hit counters")
 }
 
 // config checks what only the command line can get wrong and builds the
@@ -71,7 +73,7 @@ func (f *simFlags) config(logger *slog.Logger) (sim.Config, error) {
 	c := sim.Config{
 		Model: f.model, GPUMemoryUtilization: f.utilization, BlockSize: f.blockSize, MaxModelLen: f.maxModelLen,
 		MaxNumSeqs: f.maxNumSeqs, OnOverflow: f.onOverflow, TimeScale: f.timeScale, OutputLen: f.outputLen, OutputLenWhen: f.outputLenWhen,
-		Seed: f.seed, DisablePrefixCaching: !f.prefixCaching, Logger: logger,
+		Seed: f.seed, DisablePrefixCaching: !f.prefixCaching, HidePrefixCachingLabel: f.hideLabel, Logger: logger,
 	}
 	if _, _, err := net.SplitHostPort(f.listen); err != nil {
 		return c, fmt.Errorf("--listen %q: %w", f.listen, err)
