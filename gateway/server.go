@@ -403,6 +403,7 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 			s.log.Error("record whether a GPU shares prompt blocks", "gpu", g.name, "err", err)
 		}
 	}
+	s.checkSharing(rt, g)
 	if err := rt.sched.SetUsage(g.id, used, true); err != nil {
 		s.log.Error("record a backend's KV usage", "gpu", g.name, "err", err)
 	}
