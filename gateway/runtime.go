@@ -138,7 +138,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		cfg: cfg, models: map[string]*model{}, tenants: map[string]*tenant{},
 		classRank: map[string]int{}, gpus: map[string]*gpu{}, gpuOf: map[*backends.Backend]*gpu{},
 		prefixOff: map[*backends.Backend]bool{}, prefixOn: map[*backends.Backend]bool{},
-		gpuByID:   map[string]*gpu{}, count: cfg.Admission.Mode == modeCount, cors: newCORSPolicy(cfg.Server.CORS),
+		gpuByID: map[string]*gpu{}, count: cfg.Admission.Mode == modeCount, cors: newCORSPolicy(cfg.Server.CORS),
 		reconciled: &reconcilers{},
 	}
 	if prev != nil {
