@@ -19,9 +19,13 @@ import (
 // the backend's report and its reading: blocks freed by requests that ended
 // since the backend counted (scrape lag), the block each running request
 // may have taken in the step the report lags by, and the backend's own
-// reserved block. Tolerance covers those, and Sustain keeps a figure from
-// counting until it has lasted, so that a report that caught a release
-// half-way never shrinks anything.
+// reserved block. A figure within Tolerance never counts, and Sustain keeps
+// one from counting until it has lasted, so that a report that caught a
+// release half-way never shrinks anything. What counts is the figure less
+// the blocks the backend holds of its own (the reserved one and one per
+// running request), not less the whole tolerance: a lasting figure is
+// memory someone holds, and the closer the count is to it, the less the
+// GPU overflows.
 
 // ReconcileConfig tunes a Reconciler. Zero values take the defaults.
 type ReconcileConfig struct {
@@ -63,9 +67,11 @@ type Reconciled struct {
 	Observed int64
 	// Tolerance is what Observed may reach without counting.
 	Tolerance int64
-	// Unaccounted is the figure in force: the highest level Observed −
-	// Tolerance has stayed at or above for a whole Sustain within the last
-	// Sustain. It is what comes off the GPU's limit.
+	// Unaccounted is the figure in force: the highest level Observed has
+	// stayed at or above for a whole Sustain within the last Sustain, above
+	// the tolerance throughout, less the backend's own blocks (its reserved
+	// one and one per running request). It is what comes off the GPU's
+	// limit.
 	Unaccounted int64
 }
 
@@ -80,7 +86,7 @@ type Reconciler struct {
 
 type reconSample struct {
 	at time.Time
-	u  int64 // Observed − Tolerance, at least 0
+	u  int64 // Observed less the backend's own blocks when above the tolerance, else 0
 	// low is the least u over the Sustain ending at this sample, or -1
 	// when the samples kept did not reach that far back.
 	low int64
@@ -112,9 +118,13 @@ func (r *Reconciler) Observe(in Reading) Reconciled {
 	if n := len(r.samples); n > 0 && in.At.Before(r.samples[n-1].at) {
 		return r.last
 	}
-	tol := int64(r.cfg.Tolerance*float64(in.Pool)) + int64(in.Running+1)*in.BlockBytes
+	own := int64(in.Running+1) * in.BlockBytes
+	tol := int64(r.cfg.Tolerance*float64(in.Pool)) + own
 	obs := max(0, in.Used-in.Accounted)
-	s := reconSample{at: in.At, u: max(0, obs-tol), low: -1}
+	s := reconSample{at: in.At, low: -1}
+	if obs > tol {
+		s.u = obs - own
+	}
 	r.samples = append(r.samples, s)
 	start := in.At.Add(-r.cfg.Sustain)
 	// The least u since start, the sample before start standing for the

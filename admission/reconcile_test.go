@@ -9,7 +9,8 @@ import (
 )
 
 // A Reconciler's figure counts only once it has lasted Sustain, above the
-// tolerance, and a lower figure replaces it only once that has lasted too.
+// tolerance, less the backend's own blocks; a lower figure replaces it only
+// once that has lasted too.
 // Readings come once a second; the pool is 1000 bytes, blocks 10 bytes, so
 // with no request running the tolerance is 3 % of 1000 + 1 block = 40.
 func TestReconcilerSustainedTransientRecovery(t *testing.T) {
@@ -38,21 +39,21 @@ func TestReconcilerSustainedTransientRecovery(t *testing.T) {
 		{name: "sustained counts after Sustain, at its lowest level, then recovers after Sustain", steps: []step{
 			{0, 0, 0, 0},
 			{340, 0, 0, 0}, {350, 0, 0, 0}, {360, 0, 0, 0}, {345, 0, 0, 0}, {355, 0, 0, 0},
-			{340, 0, 0, 300}, // 5 s at ≥ 340: 300 above the tolerance
-			{380, 0, 0, 300}, {500, 100, 0, 300},
-			{0, 0, 0, 300}, {0, 0, 0, 300}, {0, 0, 0, 300}, {0, 0, 0, 300}, {0, 0, 0, 300},
+			{340, 0, 0, 330}, // 5 s at ≥ 340: 330 past the backend's own block
+			{380, 0, 0, 330}, {500, 100, 0, 330},
+			{0, 0, 0, 330}, {0, 0, 0, 330}, {0, 0, 0, 330}, {0, 0, 0, 330}, {0, 0, 0, 330},
 			{0, 0, 0, 0}, // 5 s at 0: recovered
 		}},
 		{name: "a lower level replaces a higher one once it has lasted", steps: []step{
 			{640, 0, 0, 0}, {640, 0, 0, 0}, {640, 0, 0, 0}, {640, 0, 0, 0}, {640, 0, 0, 0},
-			{640, 0, 0, 600},
-			{240, 0, 0, 600}, {240, 0, 0, 600}, {240, 0, 0, 600}, {240, 0, 0, 600}, {240, 0, 0, 600},
-			{240, 0, 0, 200},
+			{640, 0, 0, 630},
+			{240, 0, 0, 630}, {240, 0, 0, 630}, {240, 0, 0, 630}, {240, 0, 0, 630}, {240, 0, 0, 630},
+			{240, 0, 0, 230},
 		}},
 		{name: "admitted memory accounts for it", steps: []step{
 			{900, 600, 0, 0}, {900, 600, 0, 0}, {900, 600, 0, 0}, {900, 600, 0, 0}, {900, 600, 0, 0},
-			{900, 600, 0, 260}, {900, 900, 0, 260}, {900, 900, 0, 260}, {900, 900, 0, 260}, {900, 900, 0, 260},
-			{900, 900, 0, 260}, {900, 900, 0, 0},
+			{900, 600, 0, 290}, {900, 900, 0, 290}, {900, 900, 0, 290}, {900, 900, 0, 290}, {900, 900, 0, 290},
+			{900, 900, 0, 290}, {900, 900, 0, 0},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -108,7 +108,7 @@ func TestReconcileUnaccountedMemory(t *testing.T) {
 		report()
 	}
 	tol := int64(0.03*float64(pool)) + 3*blockBytes
-	want := int64(0.3*float64(pool)) - tol
+	want := int64(0.3*float64(pool)) - 3*blockBytes // less the backend's own blocks: its reserved one, one per running request
 	expect("sustained", want)
 	if free := s.rt.Load().sched.Free(onlyGPU(s).Name); free != pool-want {
 		t.Fatalf("Free = %d, want the pool less the unaccounted memory, %d", free, pool-want)
