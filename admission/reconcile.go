@@ -67,11 +67,11 @@ type Reconciled struct {
 	Observed int64
 	// Tolerance is what Observed may reach without counting.
 	Tolerance int64
-	// Unaccounted is the figure in force: the highest level Observed has
-	// stayed at or above for a whole Sustain within the last Sustain, above
-	// the tolerance throughout, less the backend's own blocks (its reserved
-	// one and one per running request). It is what comes off the GPU's
-	// limit.
+	// Unaccounted is the figure in force, less the backend's own blocks
+	// (its reserved one and one per running request): it rises to a level
+	// Observed has stayed at or above, past the tolerance, for a whole
+	// Sustain, and falls to one it has stayed at or below for as long. It
+	// is what comes off the GPU's limit.
 	Unaccounted int64
 }
 
@@ -87,9 +87,6 @@ type Reconciler struct {
 type reconSample struct {
 	at time.Time
 	u  int64 // Observed less the backend's own blocks when above the tolerance, else 0
-	// low is the least u over the Sustain ending at this sample, or -1
-	// when the samples kept did not reach that far back.
-	low int64
 }
 
 // NewReconciler returns a Reconciler with cfg's defaults filled in.
@@ -121,30 +118,32 @@ func (r *Reconciler) Observe(in Reading) Reconciled {
 	own := int64(in.Running+1) * in.BlockBytes
 	tol := int64(r.cfg.Tolerance*float64(in.Pool)) + own
 	obs := max(0, in.Used-in.Accounted)
-	s := reconSample{at: in.At, low: -1}
+	s := reconSample{at: in.At}
 	if obs > tol {
 		s.u = obs - own
 	}
 	r.samples = append(r.samples, s)
 	start := in.At.Add(-r.cfg.Sustain)
-	// The least u since start, the sample before start standing for the
-	// time up to the first one after it.
-	low, reached := s.u, false
+	// The least and the most u since start, the sample before start
+	// standing for the time up to the first one after it: the level
+	// rises to what has lasted the whole window, and falls to what has
+	// not been passed in it, so that neither a spike nor a dip shorter
+	// than Sustain moves it.
+	low, high, reached := s.u, s.u, false
 	for i := len(r.samples) - 1; i >= 0; i-- {
-		low = min(low, r.samples[i].u)
+		low, high = min(low, r.samples[i].u), max(high, r.samples[i].u)
 		if !r.samples[i].at.After(start) {
 			reached = true
 			break
 		}
 	}
-	if reached {
-		r.samples[len(r.samples)-1].low = low
-	}
-	// The level in force: the highest sustained low within the last
-	// Sustain, so that a lower figure replaces it only once it has lasted.
-	var level int64
-	for i := len(r.samples) - 1; i >= 0 && !r.samples[i].at.Before(start); i-- {
-		level = max(level, r.samples[i].low)
+	level := r.last.Unaccounted
+	switch {
+	case !reached:
+	case low > level:
+		level = low
+	case high < level:
+		level = high
 	}
 	// Keep what the next readings need: the samples since start, and the
 	// one before it.
