@@ -57,12 +57,15 @@ func (s *Scheduler) expireLimitsLocked() {
 }
 
 // admitCap is what admissions to p are measured against: its effective
-// capacity, or its external limit if that is lower.
+// capacity less the memory nobody admitted (SetUnaccounted), or its
+// external limit if that is lower. Each input that takes room off a GPU is
+// its own term here, so that they neither hide nor double one another.
 func (p *pool) admitCap() int64 {
-	if p.limited && p.limit < p.effective {
+	c := max(0, p.effective-p.unaccounted)
+	if p.limited && p.limit < c {
 		return p.limit
 	}
-	return p.effective
+	return c
 }
 
 // limitOrNone is p's limit for Stats: -1 when it has none.
@@ -123,6 +126,9 @@ func (s *Scheduler) SetLimitUntil(pool string, limit int64, until time.Time) err
 
 // opLimit names SetLimit in the invariant checks.
 const opLimit = "limit"
+
+// opUnaccounted names SetUnaccounted in the invariant checks.
+const opUnaccounted = "unaccounted"
 
 // Demand is what the pool is asked for, in the units of its commitments:
 // held is what it has committed now (Stats' Committed), queued the Σ charge

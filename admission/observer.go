@@ -88,6 +88,9 @@ type GPUStats struct {
 	Used      int64
 	UsedKnown bool
 	Gated     bool
+	// Unaccounted is what SetUnaccounted takes off its effective capacity:
+	// memory its backends hold that no admitted request accounts for.
+	Unaccounted int64
 	// Now is what its tickets may hold on the backend at this moment (the
 	// guard's account: progress plus lead, or the worst case of those that
 	// do not report it); Stopping the part of it the guard stopped and that
@@ -166,7 +169,7 @@ func (s *Scheduler) Stats() Stats {
 	for _, p := range s.pools {
 		ps := GPUStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Margin: p.marginOrOne(), Held: p.held,
 			Committed: s.committedLocked(p), Charge: p.charge, Tickets: p.tickets,
-			Used: p.used, UsedKnown: p.usedKnown, Gated: s.gatedLocked(p), Now: p.now, Stopping: p.stopping,
+			Used: p.used, UsedKnown: p.usedKnown, Unaccounted: p.unaccounted, Gated: s.gatedLocked(p), Now: p.now, Stopping: p.stopping,
 			Shared: p.tableBytes, SharedSaved: p.sharedRefs - p.tableBytes, PromptBlocks: p.promptBlocks, SharedBlocks: p.sharedHits}
 		ps.DrainRate, ps.Releases = p.drain.rate(now)
 		if p.res.kind != resNone && p.res.head.state == waiting {

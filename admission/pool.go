@@ -47,6 +47,9 @@ type pool struct {
 
 	used      int64 // KV in use as its backends last reported it
 	usedKnown bool
+	// unaccounted is the part of it that no admitted request accounts for
+	// (SetUnaccounted): admissions are measured against effective less it.
+	unaccounted int64
 
 	// limited says limit caps what it may commit (SetLimit); noted that
 	// OnDemand is due for it once the lock is released (limit.go).

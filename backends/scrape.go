@@ -35,6 +35,13 @@ type KVReport struct {
 	// from the report, it is false: a block is never taken as shared on a
 	// backend that has not said it shares.
 	PrefixCaching bool
+	// PrefixQueries and PrefixHits are the backend's prefix-cache counters
+	// (vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total): the
+	// prompt tokens it looked up and those it found cached, in whole
+	// blocks. HasPrefixCounters says it reports them. A backend that shares
+	// without the label says so here.
+	PrefixQueries, PrefixHits float64
+	HasPrefixCounters         bool
 }
 
 // HasPool says whether the backend reported the size of its KV pool.
@@ -65,6 +72,11 @@ func ParseMetrics(in io.Reader, at time.Time) (KVReport, error) {
 		r.Preemptions = sum(f)
 	} else {
 		r.Preemptions = sum(fams["vllm:num_preemptions"])
+	}
+	q, qok := fams["vllm:prefix_cache_queries_total"]
+	h, hok := fams["vllm:prefix_cache_hits_total"]
+	if qok && hok {
+		r.PrefixQueries, r.PrefixHits, r.HasPrefixCounters = sum(q), sum(h), true
 	}
 	if f, ok := fams["vllm:cache_config_info"]; ok {
 		for _, m := range f.GetMetric() {

@@ -41,6 +41,16 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",gpu_memory_utilization
 			want: KVReport{NumGPUBlocks: 2888, BlockSize: 16},
 		},
 		{
+			name: "prefix-cache counters without the label",
+			text: `# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="llama-3-8b"} 4096
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="llama-3-8b"} 1024
+vllm:cache_config_info{block_size="16",num_gpu_blocks="2888"} 1
+`,
+			want: KVReport{NumGPUBlocks: 2888, BlockSize: 16, PrefixQueries: 4096, PrefixHits: 1024, HasPrefixCounters: true},
+		},
+		{
 			name: "older vLLM names, two models",
 			text: `vllm:gpu_cache_usage_perc{model_name="a"} 0.1
 vllm:gpu_cache_usage_perc{model_name="b"} 0.6

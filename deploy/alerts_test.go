@@ -36,6 +36,11 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 			`kvgate_kv_used_bytes{gpu="g0",instance="a"} 1500x10
 			 kvgate_kv_capacity_bytes{gpu="g0",instance="a"} 2000x10`,
 			`{gpu="g0"} 3000`},
+		{"KvgateKVUnaccounted",
+			`kvgate_kv_unaccounted_bytes{gpu="g0",instance="a"} 0 0 600x8
+			 kvgate_kv_unaccounted_bytes{gpu="g1",instance="a"} 0x10`,
+			`kvgate_kv_unaccounted_bytes{gpu="g0",instance="a"} 0x10`,
+			`{gpu="g0"} 600`},
 		{"KvgateBackendPreempting",
 			`kvgate_backend_preemptions_total{backend="b0",instance="a"} 0+60x10`,
 			`kvgate_backend_preemptions_total{backend="b0",instance="a"} 7x10`,
@@ -114,7 +119,7 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 		found := false
 		for _, a := range []string{"KvgateKVAboveCeiling", "KvgateBackendPreempting", "KvgateShedRateHigh", "KvgateBackendDown",
 			"KvgateNoBackendUp", "KvgateConfigReloadFailed", "KvgateBackendMetricsStale", "KvgateSharedBudgetFallback",
-			"KvgateBackendOutOfMemory", "KvgateGuardStopping", "KvgateTokenizeFallback", "KvgateGPUMemoryBelowFloor", "KvgateGPUMemoryEvent"} {
+			"KvgateBackendOutOfMemory", "KvgateGuardStopping", "KvgateTokenizeFallback", "KvgateGPUMemoryBelowFloor", "KvgateGPUMemoryEvent", "KvgateKVUnaccounted"} {
 			found = found || a == name
 		}
 		if !found {

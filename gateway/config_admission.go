@@ -112,7 +112,28 @@ type AdmissionConfig struct {
 	// Feedback shrinks a budget while its backend reports more KV in use
 	// than the gateway predicted, and grows it back slowly.
 	Feedback FeedbackConfig `yaml:"feedback"`
+	// Reconcile compares each GPU's backends' reported KV use with what the
+	// requests admitted there may hold, and takes the memory nobody
+	// admitted off what the GPU admits while it lasts.
+	Reconcile ReconcileConfig `yaml:"reconcile"`
 }
+
+// ReconcileConfig tunes the reconciliation of each GPU with its backends
+// (admission.Reconciler).
+type ReconcileConfig struct {
+	// Enabled turns it on. Default true.
+	Enabled *bool `yaml:"enabled"`
+	// Tolerance is the fraction of the backends' pool that unaccounted
+	// memory may reach without counting; one block per running request and
+	// the backend's reserved block come on top. In (0, 1). Default 0.03.
+	Tolerance float64 `yaml:"tolerance"`
+	// Sustain is how long a figure must last to count, and a lower one to
+	// replace it. Default 5s.
+	Sustain Duration `yaml:"sustain"`
+}
+
+// on says whether reconciliation runs (its default resolved).
+func (r ReconcileConfig) on() bool { return r.Enabled == nil || *r.Enabled }
 
 // FeedbackConfig is the closed loop on backend-reported KV usage.
 type FeedbackConfig struct {
@@ -214,6 +235,10 @@ func (a *AdmissionConfig) defaults() {
 		on := defaultFeedback
 		a.Feedback.Enabled = &on
 	}
+	if a.Reconcile.Enabled == nil {
+		on := true
+		a.Reconcile.Enabled = &on
+	}
 }
 
 // validate fills and checks the admission section; it returns the names of
@@ -286,6 +311,13 @@ func (a *AdmissionConfig) validate(p *problems) (classes map[string]bool) {
 	}
 	if fb.MinFraction < 0 || fb.MinFraction > 1 {
 		p.bad("admission.feedback.min_fraction", "%v is not in (0, 1]", fb.MinFraction)
+	}
+	if r := a.Reconcile.Tolerance; r < 0 || r >= 1 || math.IsNaN(r) {
+		p.bad("admission.reconcile.tolerance", "%v is not in (0, 1)", r)
+	}
+	p.dur("admission.reconcile.sustain", a.Reconcile.Sustain)
+	if a.Reconcile.Sustain.D < 0 {
+		p.bad("admission.reconcile.sustain", "%v must be >= 0", a.Reconcile.Sustain.D)
 	}
 	return classes
 }

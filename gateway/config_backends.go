@@ -53,13 +53,17 @@ type BackendConfig struct {
 	// PrefixCaching says whether a prompt block that several running
 	// requests share counts once on the backend's GPU: auto (the default)
 	// when the backend reports prefix caching on (vLLM's
-	// vllm:cache_config_info, enable_prefix_caching), off never.
+	// vllm:cache_config_info, enable_prefix_caching) or its prefix-cache
+	// counters show hits in whole blocks of the model's size; on always
+	// (the operator asserts it); off never. Either way, sharing stops when
+	// the backend's hits show it did not share what the gateway counted.
 	PrefixCaching string `yaml:"prefix_caching"`
 }
 
 const (
 	prefixCachingAuto = "auto"
 	prefixCachingOff  = "off"
+	prefixCachingOn   = "on"
 )
 
 // HealthConfig is a backend's active health check and circuit.
@@ -145,8 +149,10 @@ func (c *Config) validateBackends(p *problems, models map[string]bool) {
 		if b.MaxConcurrency < 0 {
 			p.bad(f+".max_concurrency", "must be >= 1")
 		}
-		if b.PrefixCaching != prefixCachingAuto && b.PrefixCaching != prefixCachingOff {
-			p.bad(f+".prefix_caching", "%q is not auto or off", b.PrefixCaching)
+		switch b.PrefixCaching {
+		case prefixCachingAuto, prefixCachingOn, prefixCachingOff:
+		default:
+			p.bad(f+".prefix_caching", "%q is not auto, on or off", b.PrefixCaching)
 		}
 	}
 	for m := range models {

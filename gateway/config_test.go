@@ -65,6 +65,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"duplicate class", "admission: {classes: [{name: a}, {name: a}]}\n" + minimal, "admission.classes[1].name: duplicate"},
 		{"default class", "admission: {default_class: vip}\n" + minimal, "admission.default_class: \"vip\""},
 		{"feedback", "admission: {feedback: {decrease: 1}}\n" + minimal, "admission.feedback.decrease"},
+		{"reconcile tolerance", "admission: {reconcile: {tolerance: 1}}\n" + minimal, "admission.reconcile.tolerance"},
+		{"reconcile sustain", "admission: {reconcile: {sustain: -1s}}\n" + minimal, "admission.reconcile.sustain"},
 		{"tenant class", "tenants: [{name: t, class: gold}]\n" + minimal, "tenants[0].class: \"gold\""},
 		{"tenant share", "tenants: [{name: t, share: 2}]\n" + minimal, "tenants[0].share"},
 		{"duplicate key", "tenants: [{name: t, api_keys: [k]}, {name: u, api_keys: [k]}]\n" + minimal, "tenants[1].api_keys[0]: key already belongs to tenant \"t\""},

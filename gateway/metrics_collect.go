@@ -169,6 +169,8 @@ var (
 	descEstOver    = def{"kvgate_prompt_estimate_overhead_tokens", "The calibrated prompt estimate's tokens a prompt beside its text: the intercept of that line (the chat template's overhead, learnt).", []string{"model"}}.desc()
 	descEstSamples = def{"kvgate_prompt_estimate_samples", "Answers the prompt estimate's calibration window holds.", []string{"model"}}.desc()
 	descEstWidened = def{"kvgate_prompt_estimate_widened_total", "Answers whose usage.prompt_tokens passed what the prompt estimate would have said for them: each sends the estimate back to the byte bound until calibration is earned again.", []string{"model"}}.desc()
+	descUnacc      = def{"kvgate_kv_unaccounted_bytes", "KV memory a GPU's backends hold that no request admitted there accounts for (another client of the backend, or a count gone wrong), sustained beyond admission.reconcile's tolerance; it comes off what the GPU admits while it lasts.", []string{"gpu"}}.desc()
+	descUnaccObs   = def{"kvgate_kv_unaccounted_observed_bytes", "The last report's KV use of a GPU's backends less what the requests admitted there may hold (0 if negative), before the tolerance and the sustain window.", []string{"gpu"}}.desc()
 	descDistrust   = def{"kvgate_admission_distrusted", "1 while a model's forecast is distrusted (cool-down: its requests are held at their worst case).", []string{"model"}}.desc()
 )
 
@@ -180,7 +182,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 		descDrain, descQueued, descDepth, descClassHeld, descPredicting, descSamples, descEpsilon, descTenantHeld, descTenantQ,
 		descUp, descState, descScraped, descUsage, descRunning, descWaiting, descPreempt,
 		descTokLookups, descTokStale, descTokEntries, descRunningKV, descStops, descTrips, descDrift, descDistrust,
-		descShared, descSaved, descPromptBlk, descSharedBlk, descEstCal, descEstRatio, descEstOver, descEstSamples, descEstWidened} {
+		descShared, descSaved, descPromptBlk, descSharedBlk, descEstCal, descEstRatio, descEstOver, descEstSamples, descEstWidened, descUnacc, descUnaccObs} {
 		ch <- d
 	}
 }
@@ -204,6 +206,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			continue // a pool no GPU of this configuration uses any more
 		}
 		gauge(descCapacity, float64(p.Capacity), gpu)
+		rv, _ := rt.reconciled.view(p.Name) // zero until the backends have reported
+		gauge(descUnacc, float64(rv.Unaccounted), gpu)
+		gauge(descUnaccObs, float64(rv.Observed), gpu)
 		gauge(descEffective, float64(p.Effective), gpu)
 		gauge(descHeld, float64(p.Held), gpu)
 		gauge(descCommitted, float64(p.Committed), gpu)

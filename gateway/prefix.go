@@ -3,7 +3,10 @@ package gateway
 import (
 	"encoding/binary"
 	"hash/maphash"
+	"math"
 	"sync"
+
+	"github.com/kvgate/kvgate/backends"
 )
 
 // Shared prompt blocks. A backend with a prefix cache (vLLM's automatic
@@ -106,16 +109,17 @@ func (rt *runtime) sharesAny(model string) bool {
 }
 
 // shares says whether g's backends hold a shared prompt block once, as
-// they last reported: every one with prefix caching on, at its models'
-// block size, and no model on two of them.
+// they last reported: every one with prefix caching on (its label, its
+// hits, or the operator's word), at its models' block size, and no model
+// on two of them; and nothing they reported since refuted it.
 func (rt *runtime) shares(g *gpu) bool {
-	if len(g.backends) == 0 {
+	if len(g.backends) == 0 || g.refuted.Load() {
 		return false
 	}
 	seen := map[string]bool{}
 	for _, b := range g.backends {
 		kv, ok := b.KV()
-		if !ok || !kv.PrefixCaching || rt.prefixOff[b] {
+		if !ok || rt.prefixOff[b] {
 			return false
 		}
 		for _, name := range b.Spec().Models {
@@ -124,7 +128,16 @@ func (rt *runtime) shares(g *gpu) bool {
 				return false
 			}
 			seen[name] = true
+			if !rt.prefixOn[b] && !kv.PrefixCaching && !hitsInBlocks(kv, m.layout.BlockSize) {
+				return false
+			}
 		}
 	}
 	return true
+}
+
+// hitsInBlocks says whether a backend's prefix-cache counters show it
+// shares: hits, in whole blocks of size tokens, as vLLM counts them.
+func hitsInBlocks(kv backends.KVReport, size int) bool {
+	return kv.HasPrefixCounters && kv.PrefixHits > 0 && size > 0 && math.Mod(kv.PrefixHits, float64(size)) == 0
 }

@@ -135,7 +135,7 @@ func TestWithoutPrefixCachingEveryPromptIsCountedWhole(t *testing.T) {
 
 func TestPrefixCachingConfigIsAutoOrOff(t *testing.T) {
 	cfg := strings.Replace(baseConfig("http://127.0.0.1:1", ""), "    metrics: {interval: 50ms}\n", "    metrics: {interval: 50ms}\n    prefix_caching: yes\n", 1)
-	if _, err := Parse([]byte(cfg), "."); err == nil || !strings.Contains(err.Error(), `backends[0].prefix_caching: "yes" is not auto or off`) {
+	if _, err := Parse([]byte(cfg), "."); err == nil || !strings.Contains(err.Error(), `backends[0].prefix_caching: "yes" is not auto, on or off`) {
 		t.Fatalf("err = %v", err)
 	}
 }

@@ -38,10 +38,17 @@ type runtime struct {
 	// prefixOff are the backends whose shared prompt blocks are never
 	// counted once (backends[].prefix_caching: off).
 	prefixOff map[*backends.Backend]bool
+	// prefixOn are the backends the operator says share prompt blocks
+	// (backends[].prefix_caching: on), whatever they report.
+	prefixOn  map[*backends.Backend]bool
 	upstreams *backends.Pool
 	cors      *corsPolicy          // nil: no CORS
 	sched     *admission.Scheduler // shared by every runtime of a server
 	count     bool                 // admission.mode count: requests, not bytes
+	// reconciled follows each GPU's memory nobody admitted (reconcile.go);
+	// shared by every runtime of a server, so that a reload keeps what it
+	// has seen.
+	reconciled *reconcilers
 }
 
 type tenant struct {
@@ -72,6 +79,11 @@ type gpu struct {
 	// sharing says its backends hold a shared prompt block once, as they
 	// last reported (prefix.go).
 	sharing atomic.Bool
+	// refuted says its backends' prefix-cache hits showed fewer shared
+	// blocks than it counted: it shares no more until a reload
+	// (sharecheck.go).
+	refuted atomic.Bool
+	check   shareCheck
 }
 
 // reported is what the backends of g report of their KV pools: their total
@@ -125,8 +137,12 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 	rt := &runtime{
 		cfg: cfg, models: map[string]*model{}, tenants: map[string]*tenant{},
 		classRank: map[string]int{}, gpus: map[string]*gpu{}, gpuOf: map[*backends.Backend]*gpu{},
-		prefixOff: map[*backends.Backend]bool{},
-		gpuByID:   map[string]*gpu{}, count: cfg.Admission.Mode == modeCount, cors: newCORSPolicy(cfg.Server.CORS),
+		prefixOff: map[*backends.Backend]bool{}, prefixOn: map[*backends.Backend]bool{},
+		gpuByID: map[string]*gpu{}, count: cfg.Admission.Mode == modeCount, cors: newCORSPolicy(cfg.Server.CORS),
+		reconciled: &reconcilers{},
+	}
+	if prev != nil {
+		rt.reconciled = prev.reconciled
 	}
 	var errs []error
 	for i, mc := range cfg.Models {
@@ -276,8 +292,11 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		}
 		list = append(list, be)
 		rt.gpuOf[be] = g
-		if bc.PrefixCaching == prefixCachingOff {
+		switch bc.PrefixCaching {
+		case prefixCachingOff:
 			rt.prefixOff[be] = true
+		case prefixCachingOn:
+			rt.prefixOn[be] = true
 		}
 		g.backends = append(g.backends, be)
 		g.bytesPerToken[be] = rt.models[bc.Models[0]].layout.BytesPerToken

@@ -415,16 +415,18 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 				"fix", g.oversizeFix(pool))
 		}
 	}
+	whole := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
+	s.reconcile(rt, g, pool, used, whole)
 	if kv, ok := b.KV(); ok && kv.HasPool() {
 		s.poolReported(rt, g, b.Name(), kv.NumGPUBlocks*int64(kv.BlockSize)*g.bytesPerToken[b])
 	}
-	whole := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
 	s.setBudget(rt, g, pool, s.budgetOf(g, pool, true))
 	if on := rt.shares(g); g.sharing.Swap(on) != on || on {
 		if err := rt.sched.SetSharing(g.id, on); err != nil {
 			s.log.Error("record whether a GPU shares prompt blocks", "gpu", g.name, "err", err)
 		}
 	}
+	s.checkSharing(rt, g)
 	if err := rt.sched.SetUsage(g.id, used, true); err != nil {
 		s.log.Error("record a backend's KV usage", "gpu", g.name, "err", err)
 	}
@@ -467,10 +469,17 @@ func (s *Server) applyBudget(rt *runtime, g *gpu) {
 	s.setBudget(rt, g, pool, s.budgetOf(g, pool, known))
 }
 
-// setBudget gives the scheduler (and the fleet's lessee) g's budget.
+// setBudget gives the scheduler (and the fleet's lessee) g's budget. A
+// gateway alone takes unaccounted memory off through the scheduler's own
+// input (reconcile); a fleet announces the budget less it, since that
+// memory is the whole GPU's and every replica's lease must make room.
 func (s *Server) setBudget(rt *runtime, g *gpu, pool, want int64) {
 	if s.fleet != nil {
-		s.fleet.SetBudget(g.id, want)
+		cut := int64(0)
+		if v, ok := rt.reconciled.view(g.id); ok && rt.cfg.Admission.Reconcile.on() {
+			cut = min(v.Unaccounted, want-1)
+		}
+		s.fleet.SetBudget(g.id, want-cut)
 	}
 	resized := true
 	if st, _ := rt.sched.GPU(g.id); st.Capacity != want {

@@ -86,6 +86,10 @@ type gpuView struct {
 	Memory *gpuMemoryView `json:"gpu_memory,omitempty"`
 	// Cuts are the reductions of Capacity, each with its cause and why.
 	Cuts []budgetCutView `json:"budget_cuts,omitempty"`
+	// Reconcile is what its backends report in use against what the
+	// requests admitted there may hold (absent until they have reported):
+	// its unaccounted_bytes come off what it admits.
+	Reconcile *reconcileView `json:"reconcile,omitempty"`
 }
 
 type modelQueueView struct {
@@ -215,6 +219,9 @@ func (s *Server) status() statusView {
 		}
 		if p.Margin != 1 {
 			gv.MarginScale = p.Margin
+		}
+		if rv, ok := rt.reconciled.view(g.id); ok {
+			gv.Reconcile = &rv
 		}
 		if p.UsedKnown {
 			used := p.Used

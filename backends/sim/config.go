@@ -112,6 +112,11 @@ type Config struct {
 	// without vLLM's extras does (or an nginx in front that routes only
 	// /v1): a gateway in front must count prompts without it.
 	NoTokenize bool
+	// HidePrefixCachingLabel leaves enable_prefix_caching out of
+	// vllm:cache_config_info, as a vLLM-compatible server may that shares
+	// prompt prefixes and says so only through its prefix-cache counters
+	// (vllm:prefix_cache_queries_total and _hits_total, still reported).
+	HidePrefixCachingLabel bool
 	// Seed makes generated text and lengths reproducible: the same seed and
 	// the same request give the same output, whatever else is running.
 	Seed int64
@@ -168,6 +173,7 @@ type settings struct {
 	seed                        uint64
 	logger                      *slog.Logger
 	maxPositions                int
+	hideLabel                   bool // HidePrefixCachingLabel
 }
 
 func orDuration(d, def time.Duration) time.Duration {
@@ -301,6 +307,7 @@ func (c Config) resolve() (*settings, error) {
 	s.seed = uint64(c.Seed)
 	s.prefixCaching = !c.DisablePrefixCaching
 	s.noTokenize = c.NoTokenize
+	s.hideLabel = c.HidePrefixCachingLabel
 
 	g := kvbudget.GPUBudget{Memory: s.gpuMemory, Ceiling: s.utilization, Weights: s.weights, Reserve: s.reserve}
 	kv, err := g.KVBytes()

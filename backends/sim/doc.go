@@ -56,6 +56,9 @@
 // requests and the part of them found, once per request (vLLM counts each
 // look-up, including those of a request that then waits, and counts the
 // recomputation of a preempted request apart).
+// Config.HidePrefixCachingLabel (--hide-prefix-caching-label) leaves
+// enable_prefix_caching out of vllm:cache_config_info while the counters go
+// on: a server that shares prefixes and says so only through its hits.
 //
 // Generated blocks are hashed by the token ids the simulator's tokenizer
 // gives their text, and that text is pieces of one token each that do not

@@ -120,6 +120,9 @@ func newEngineCollector(s *settings, labels prometheus.Labels, stats func() Stat
 		"num_cpu_blocks":         "None",
 		"enable_prefix_caching":  map[bool]string{false: "False", true: "True"}[s.prefixCaching],
 	}
+	if s.hideLabel {
+		delete(info, "enable_prefix_caching")
+	}
 	for k, v := range labels {
 		info[k] = v
 	}

@@ -143,3 +143,36 @@ func TestPrefixCacheSaltOverHTTP(t *testing.T) {
 		hits = h
 	}
 }
+
+// HidePrefixCachingLabel leaves enable_prefix_caching out of
+// vllm:cache_config_info and nothing else: the blocks are still shared,
+// and the hit counters still count them, in tokens of whole blocks.
+func TestHidePrefixCachingLabel(t *testing.T) {
+	c := poolConfig(64)
+	c.HidePrefixCachingLabel = true
+	s, base := startServer(t, c)
+	prompt := strings.Repeat("The same long prompt for every request. ", 8)
+	for range 2 {
+		if code, b := post(t, base+"/v1/completions", `{"model":"llama-3-8b","prompt":"`+prompt+`","max_tokens":4}`); code != 200 {
+			t.Fatalf("status %d: %s", code, b)
+		}
+	}
+	m := scrape(t, base)
+	lbl := `{engine="0",model_name="llama-3-8b"}`
+	st := s.Stats()
+	if st.PrefixCacheHits == 0 || st.PrefixCacheHits%16 != 0 {
+		t.Fatalf("hits %d: want whole blocks of the shared prompt", st.PrefixCacheHits)
+	}
+	if m["vllm:prefix_cache_hits_total"+lbl] != float64(st.PrefixCacheHits) || m["vllm:prefix_cache_queries_total"+lbl] != float64(st.PrefixCacheQueries) {
+		t.Errorf("/metrics: hits %g, queries %g; want %d, %d", m["vllm:prefix_cache_hits_total"+lbl], m["vllm:prefix_cache_queries_total"+lbl], st.PrefixCacheHits, st.PrefixCacheQueries)
+	}
+	info := `vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",gpu_memory_utilization="1",model_name="llama-3-8b",num_cpu_blocks="None",num_gpu_blocks="64"}`
+	if m[info] != 1 {
+		for k := range m {
+			if strings.HasPrefix(k, "vllm:cache_config_info") {
+				t.Logf("served: %s", k)
+			}
+		}
+		t.Fatalf("no %s", info)
+	}
+}

@@ -28,7 +28,8 @@ var simFlagOf = map[string]string{
 	"StepPerSeq": "--step-per-seq", "PrefillPerToken": "--prefill-per-token", "TimeScale": "--time-scale",
 	"OutputLen": "--output-len", "OutputLenWhen": "--output-len-when", "DisablePrefixCaching": "--enable-prefix-caching",
 	"StreamInterval": "--stream-interval", "StreamMerge": "--stream-merge", "NoContinuousUsage": "--continuous-usage",
-	"NoTokenize": "--no-tokenize",
+	"NoTokenize":             "--no-tokenize",
+	"HidePrefixCachingLabel": "--hide-prefix-caching-label",
 }
 
 // simFlags are the flags of kvgate sim, parsed into a sim.Config.
@@ -42,7 +43,7 @@ type simFlags struct {
 	continuousUsage                                   bool
 	oomRestart, stepBase, stepPerSeq, prefillPer      time.Duration
 	seed                                              int64
-	prefixCaching, noTokenize                         bool
+	prefixCaching, noTokenize, hideLabel              bool
 }
 
 func (f *simFlags) register(fs *flag.FlagSet) {
@@ -71,6 +72,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.continuousUsage, "continuous-usage", true, "honour stream_options.continuous_usage_stats, usage on every chunk, as vLLM does (=false: as servers without it)")
 	fs.BoolVar(&f.noTokenize, "no-tokenize", false, "answer /tokenize 404, as a server without it (or a proxy that routes only /v1) does")
 	fs.BoolVar(&f.prefixCaching, "enable-prefix-caching", true, "reuse the KV blocks of prompt prefixes already computed, as vLLM V1 does (=false: every prompt is prefilled whole)")
+	fs.BoolVar(&f.hideLabel, "hide-prefix-caching-label", false, "leave enable_prefix_caching out of vllm:cache_config_info, as a server that reports sharing only through its prefix-cache hit counters")
 }
 
 // config checks what only the command line can get wrong and builds the
@@ -79,7 +81,7 @@ func (f *simFlags) config(logger *slog.Logger) (sim.Config, error) {
 	c := sim.Config{
 		Model: f.model, GPUMemoryUtilization: f.utilization, BlockSize: f.blockSize, MaxModelLen: f.maxModelLen,
 		MaxNumSeqs: f.maxNumSeqs, OnOverflow: f.onOverflow, TimeScale: f.timeScale, OutputLen: f.outputLen, OutputLenWhen: f.outputLenWhen,
-		Seed: f.seed, DisablePrefixCaching: !f.prefixCaching, NoTokenize: f.noTokenize, Logger: logger,
+		Seed: f.seed, DisablePrefixCaching: !f.prefixCaching, NoTokenize: f.noTokenize, HidePrefixCachingLabel: f.hideLabel, Logger: logger,
 		StreamInterval: f.streamInterval, StreamMerge: f.streamMerge, NoContinuousUsage: !f.continuousUsage,
 	}
 	if _, _, err := net.SplitHostPort(f.listen); err != nil {
