@@ -220,7 +220,12 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 			s.restarts.Add(1)
 			s.log.Info("kv events: publisher started over", "endpoint", s.cfg.Endpoint, "seq", seq, "last", s.last)
 		}
-		s.index.Reset(seq == 0)
+		// A new process: its cache started empty with its sequence, so
+		// what it published before this message is all there is to know.
+		s.last = -1
+		if seq == 0 || !s.replay(ctx, seq) {
+			s.index.Reset(seq == 0)
+		}
 	default:
 		// A gap, or a first message past 0: ask for what came before.
 		if !s.replay(ctx, seq) && !s.lost {

@@ -92,6 +92,9 @@ type Config struct {
 	// full KV blocks by the hash of their prefix: a request whose leading
 	// blocks are cached reuses them and does not prefill them again.
 	DisablePrefixCaching bool
+	// KVEvents, if set, publishes the prefix cache's changes as vLLM's
+	// --kv-events-config does; it needs prefix caching on.
+	KVEvents *KVEventsConfig
 	// Seed makes generated text and lengths reproducible: the same seed and
 	// the same request give the same output, whatever else is running.
 	Seed int64
@@ -134,6 +137,7 @@ type settings struct {
 	maxNumSeqs    int
 	oom           bool
 	prefixCaching bool
+	kvEvents      *KVEventsConfig
 	oomRestart    time.Duration
 	stepBase      time.Duration
 	stepPerSeq    time.Duration
@@ -266,6 +270,16 @@ func (c Config) resolve() (*settings, error) {
 	}
 	s.seed = uint64(c.Seed)
 	s.prefixCaching = !c.DisablePrefixCaching
+	if c.KVEvents != nil {
+		if c.KVEvents.Endpoint == "" {
+			return nil, fieldErr("KVEvents", "an endpoint is needed to publish KV events on")
+		}
+		if !s.prefixCaching {
+			return nil, fieldErr("KVEvents", "KV events need prefix caching on")
+		}
+		kv := *c.KVEvents
+		s.kvEvents = &kv
+	}
 
 	g := kvbudget.GPUBudget{Memory: s.gpuMemory, Ceiling: s.utilization, Weights: s.weights, Reserve: s.reserve}
 	kv, err := g.KVBytes()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -27,11 +28,13 @@ var simFlagOf = map[string]string{
 	"OnOverflow": "--on-overflow", "OOMRestart": "--oom-restart", "StepBase": "--step-base",
 	"StepPerSeq": "--step-per-seq", "PrefillPerToken": "--prefill-per-token", "TimeScale": "--time-scale",
 	"OutputLen": "--output-len", "OutputLenWhen": "--output-len-when", "DisablePrefixCaching": "--enable-prefix-caching",
+	"KVEvents": "--kv-events-config",
 }
 
 // simFlags are the flags of kvgate sim, parsed into a sim.Config.
 type simFlags struct {
 	listen, model, modelConfig, onOverflow, outputLen string
+	kvEvents                                          string
 	outputLenWhen                                     stringList
 	gpuMemory, weights, reserve                       sizeFlag
 	utilization, timeScale                            float64
@@ -62,6 +65,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.outputLen, "output-len", "", "output length distribution capped by max_tokens: fixed:N, uniform:A-B, normal:MEAN,STDDEV, lognormal:MEDIAN,SIGMA (default: always max_tokens)")
 	fs.Var(&f.outputLenWhen, "output-len-when", "`TEXT=DIST`: requests whose body contains TEXT draw their output lengths from DIST instead (repeatable; the first that matches wins)")
 	fs.Int64Var(&f.seed, "seed", 0, "seed of the generated text and output lengths")
+	fs.StringVar(&f.kvEvents, "kv-events-config", "", `publish the prefix cache's changes as vLLM does, given vLLM's `+"`JSON`"+`: {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv", "buffer_steps": 10000}; "encoding": "map" writes maps instead of vLLM's arrays`)
 	fs.BoolVar(&f.prefixCaching, "enable-prefix-caching", true, "reuse the KV blocks of prompt prefixes already computed, as vLLM V1 does (=false: every prompt is prefilled whole)")
 }
 
@@ -130,6 +134,13 @@ func (f *simFlags) config(logger *slog.Logger) (sim.Config, error) {
 			c.Reserve = -1 // none
 		}
 	}
+	if f.kvEvents != "" {
+		kv, err := parseKVEventsConfig(f.kvEvents)
+		if err != nil {
+			return c, fmt.Errorf("--kv-events-config: %w", err)
+		}
+		c.KVEvents = kv
+	}
 	if f.modelConfig != "" {
 		m, err := loadModel(f.modelConfig)
 		if err != nil {
@@ -197,4 +208,37 @@ func (l *stringList) String() string { return strings.Join(*l, ",") }
 func (l *stringList) Set(v string) error {
 	*l = append(*l, v)
 	return nil
+}
+
+// parseKVEventsConfig reads vLLM's --kv-events-config JSON (its
+// KVEventsConfig): nil when events are not enabled.
+func parseKVEventsConfig(s string) (*sim.KVEventsConfig, error) {
+	var v struct {
+		Enable      bool   `json:"enable_kv_cache_events"`
+		Publisher   string `json:"publisher"`
+		Endpoint    string `json:"endpoint"`
+		Replay      string `json:"replay_endpoint"`
+		Topic       string `json:"topic"`
+		BufferSteps int    `json:"buffer_steps"`
+		Encoding    string `json:"encoding"`
+	}
+	v.Endpoint = "tcp://*:5557" // vLLM's default
+	dec := json.NewDecoder(strings.NewReader(s))
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("not vLLM's KV events JSON: %w", err)
+	}
+	if !v.Enable {
+		return nil, nil
+	}
+	if v.Publisher != "" && v.Publisher != "zmq" {
+		return nil, fmt.Errorf("publisher %q: only zmq is simulated", v.Publisher)
+	}
+	if v.Encoding != "" && v.Encoding != "map" && v.Encoding != "positional" {
+		return nil, fmt.Errorf("encoding %q is not map or positional", v.Encoding)
+	}
+	if v.BufferSteps < 0 {
+		return nil, fmt.Errorf("buffer_steps must be >= 0, got %d", v.BufferSteps)
+	}
+	return &sim.KVEventsConfig{Endpoint: v.Endpoint, ReplayEndpoint: v.Replay, Topic: v.Topic,
+		BufferSteps: v.BufferSteps, MapEncoding: v.Encoding == "map"}, nil
 }
