@@ -51,6 +51,10 @@ type BackendConfig struct {
 	// when the backend reports prefix caching on (vLLM's
 	// vllm:cache_config_info, enable_prefix_caching), off never.
 	PrefixCaching string `yaml:"prefix_caching"`
+	// KVEvents subscribes to the backend's KV events (vLLM's
+	// --kv-events-config), to bind requests where their prompt is cached
+	// (kvevents.go). Default none.
+	KVEvents *KVEventsConfig `yaml:"kv_events"`
 }
 
 const (
@@ -143,6 +147,16 @@ func (c *Config) validateBackends(p *problems, models map[string]bool) {
 		}
 		if b.PrefixCaching != prefixCachingAuto && b.PrefixCaching != prefixCachingOff {
 			p.bad(f+".prefix_caching", "%q is not auto or off", b.PrefixCaching)
+		}
+		if kv := b.KVEvents; kv != nil {
+			for _, e := range []struct{ field, v string }{{f + ".kv_events.endpoint", kv.Endpoint}, {f + ".kv_events.replay_endpoint", kv.Replay}} {
+				if e.v == "" && e.field == f+".kv_events.endpoint" {
+					p.bad(e.field, "required: the publisher's address, e.g. tcp://10.0.0.5:5557")
+				} else if e.v != "" && !strings.HasPrefix(e.v, "tcp://") && !strings.HasPrefix(e.v, "ipc://") {
+					p.bad(e.field, "%q is not a tcp:// or ipc:// address", e.v)
+				}
+			}
+			p.dur(f+".kv_events.retry", kv.Retry)
 		}
 	}
 	for m := range models {

@@ -87,6 +87,9 @@ type Subscriber struct {
 	// Only Run's goroutine touches them.
 	last int64
 	lost bool
+	// dupUpTo is the last sequence number a replay at connection applied:
+	// the SUB socket may deliver those again.
+	dupUpTo int64
 
 	connected atomic.Bool
 	batches   atomic.Uint64
@@ -115,7 +118,7 @@ func NewSubscriber(cfg Config, x *Index, clock admission.Clock, log *slog.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Subscriber{cfg: cfg, index: x, clock: clock, log: log, last: -1, changed: make(chan struct{})}
+	s := &Subscriber{cfg: cfg, index: x, clock: clock, log: log, last: -1, dupUpTo: -1, changed: make(chan struct{})}
 	s.lastSeq.Store(-1)
 	return s
 }
@@ -181,7 +184,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 func (s *Subscriber) session(ctx context.Context) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sub := zmq4.NewSub(sctx, zmq4.WithDialerRetry(s.cfg.Retry/4+time.Millisecond), zmq4.WithDialerMaxRetries(3))
+	sub := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(0)) // Run retries, on the clock: zmq4 sleeps through a cancel
 	defer sub.Close()
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
 		return fmt.Errorf("kvevents: subscribe %q: %w", s.cfg.Topic, err)
@@ -192,6 +195,10 @@ func (s *Subscriber) session(ctx context.Context) error {
 	s.connected.Store(true)
 	s.notify()
 	s.log.Info("kv events: subscribed", "endpoint", s.cfg.Endpoint, "topic", s.cfg.Topic)
+	s.dupUpTo = -1
+	if s.cfg.Replay != "" {
+		s.catchUp(ctx)
+	}
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
@@ -213,6 +220,10 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 		s.lost = true
 		return
 	}
+	if seq <= s.dupUpTo {
+		return // already applied from the replay socket
+	}
+	s.dupUpTo = -1
 	switch {
 	case s.last >= 0 && seq == s.last+1:
 	case s.last >= 0 && seq <= s.last, s.last < 0 && seq == 0:
@@ -293,7 +304,7 @@ func (s *Subscriber) replay(ctx context.Context, upto int64) bool {
 	// it bounds a wait on the network, not a decision.
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
 	defer cancel()
-	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(1))
+	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0))
 	defer d.Close()
 	if err := d.Dial(s.cfg.Replay); err != nil {
 		s.log.Warn("kv events: replay socket", "endpoint", s.cfg.Replay, "err", err)
@@ -346,6 +357,60 @@ func (s *Subscriber) replay(ctx context.Context, upto int64) bool {
 		return false
 	}
 	return true
+}
+
+// catchUp asks a newly connected publisher's replay socket for all it
+// still has. An empty buffer means it has published nothing since it
+// started, so its cache is empty; a buffer from sequence 0 is its whole
+// history. Either way the index is whole; otherwise it stays as it was.
+func (s *Subscriber) catchUp(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
+	defer cancel()
+	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0))
+	defer d.Close()
+	if err := d.Dial(s.cfg.Replay); err != nil {
+		s.log.Warn("kv events: replay socket", "endpoint", s.cfg.Replay, "err", err)
+		return
+	}
+	if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, make([]byte, 8))); err != nil {
+		return
+	}
+	var batches []Batch
+	var seqs []int64
+	for {
+		msg, err := d.Recv()
+		if err != nil {
+			return // no end marker: nothing is known
+		}
+		f := msg.Frames
+		if len(f) > 0 && len(f[0]) == 0 {
+			f = f[1:]
+		}
+		if len(f) != 2 || len(f[0]) != 8 {
+			return
+		}
+		seq := int64(binary.BigEndian.Uint64(f[0]))
+		if seq == endSeq || len(f[1]) == 0 {
+			break
+		}
+		if int64(len(seqs)) != seq {
+			return // not its whole history
+		}
+		b, err := Decode(f[1])
+		if err != nil {
+			s.fault(FaultGarbage, err)
+			return
+		}
+		batches, seqs = append(batches, b), append(seqs, seq)
+	}
+	s.index.Reset(true)
+	s.last, s.lost = -1, false
+	for i, b := range batches {
+		s.apply(seqs[i], b)
+		s.replayed.Add(1)
+	}
+	s.dupUpTo = s.last
+	s.notify()
 }
 
 // wait waits d on the clock, or until ctx ends.

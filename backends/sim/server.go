@@ -163,6 +163,15 @@ func (s *Server) KVEventsAddr() string {
 	return s.events.Addr()
 }
 
+// KVEventsReplayAddr is the host:port of the KV events' replay socket, ""
+// when there is none.
+func (s *Server) KVEventsReplayAddr() string {
+	if s.events == nil {
+		return ""
+	}
+	return s.events.ReplayAddr()
+}
+
 // Stats is a snapshot of the engine; the same numbers are on /metrics.
 func (s *Server) Stats() Stats { return s.eng.stats() }
 
