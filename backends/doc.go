@@ -23,5 +23,6 @@
 // so tests drive probes and circuits by hand with an injected clock.
 //
 // Subpackages: connwatch notices client hang-ups; gpuinfo reads local GPUs
-// through NVML; sim is a vLLM-style simulated backend.
+// through NVML; kvevents follows vLLM's KV events into an index of what a
+// GPU holds cached; sim is a vLLM-style simulated backend.
 package backends
