@@ -229,7 +229,8 @@ func (s *Scheduler) pickLocked(w *waiter) (best *pool, spare bool) {
 			prefFits, prefSpare = true, sp
 		}
 		if costs != nil {
-			if c := costs[p.index]; best == nil || c < bestCost || c == bestCost && room > bestRoom {
+			c := costs[p.index]
+			if best == nil || c < bestCost || c == bestCost && (p.held < best.held || p.held == best.held && room > bestRoom) {
 				best, bestCost, bestRoom, spare = p, c, room, sp
 			}
 			continue
