@@ -13,7 +13,7 @@
 // first token, the simulators' prefix-cache hit rate, overflows and
 // failures, then the acceptance checks.
 //
-//	go run ./bench/kvcache [--requests 400] [--clients 64] [--time-scale 0.5]
+//	go run ./bench/kvcache [--requests 400] [--clients 24] [--time-scale 0.5]
 package main
 
 import (
@@ -37,7 +37,7 @@ type options struct {
 func main() {
 	o := options{Flags: benchkit.Register(benchkit.Defaults{TimeScale: 0.5, Seed: 7, Draws: "the user messages' lengths", Out: true})}
 	flag.IntVar(&o.requests, "requests", 400, "requests a run")
-	flag.IntVar(&o.clients, "clients", 64, "concurrent sessions")
+	flag.IntVar(&o.clients, "clients", 24, "concurrent sessions: more than one GPU caches, fewer than all four do")
 	flag.IntVar(&o.turns, "turns", 4, "turns a session, each re-sending the history")
 	flag.IntVar(&o.lo, "message-min", 1000, "shortest user message (a document), tokens")
 	flag.IntVar(&o.hi, "message-max", 1600, "longest user message, tokens")
