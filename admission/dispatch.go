@@ -208,6 +208,10 @@ func (s *Scheduler) pickLocked(w *waiter) (best *pool, spare bool) {
 	// comes first; then its affinity's; then the most room.
 	var bestAdds int64
 	prefFits, prefSpare := false, false
+	// With a view of every candidate's cache, the cost in blocks decides
+	// (cacheview.go); adds and affinity step aside.
+	costs := s.cacheCostsLocked(w)
+	var bestCost int64
 	for _, r := range w.line.q.routes {
 		p := r.p
 		if !eligible(w, r) || !w.tenant.fitsOn(p, w.charge) {
@@ -224,11 +228,18 @@ func (s *Scheduler) pickLocked(w *waiter) (best *pool, spare bool) {
 		if p == pref {
 			prefFits, prefSpare = true, sp
 		}
+		if costs != nil {
+			c := costs[p.index]
+			if best == nil || c < bestCost || c == bestCost && (p.held < best.held || p.held == best.held && room > bestRoom) {
+				best, bestCost, bestRoom, spare = p, c, room, sp
+			}
+			continue
+		}
 		if best == nil || adds < bestAdds || adds == bestAdds && room > bestRoom {
 			best, bestAdds, bestRoom, spare = p, adds, room, sp
 		}
 	}
-	if prefFits && (w.shared == 0 || bestAdds == w.weight) {
+	if costs == nil && prefFits && (w.shared == 0 || bestAdds == w.weight) {
 		return pref, prefSpare
 	}
 	return best, spare

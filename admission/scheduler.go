@@ -30,7 +30,9 @@ type Scheduler struct {
 
 	mu         sync.Mutex
 	set        settings
-	pools      []*pool // configured, in configuration order
+	cacheView  CacheView // nil: binding ignores what GPUs hold cached (cacheview.go)
+	costs      []int64   // scratch of cacheCostsLocked, by pool index
+	pools      []*pool   // configured, in configuration order
 	poolByName map[string]*pool
 	// retired are pools a Reconfigure removed while tickets still held
 	// weight in them, by name: a pool configured again under its name is

@@ -24,5 +24,6 @@
 //
 // Subpackages: connwatch notices client hang-ups; gpuinfo reads GPUs'
 // memory and the processes holding it, through NVML or from a GPU node's
-// exporter; sim is a vLLM-style simulated backend.
+// exporter; kvevents follows vLLM's KV events into an index of what a GPU
+// holds cached; sim is a vLLM-style simulated backend.
 package backends

@@ -58,6 +58,10 @@ type BackendConfig struct {
 	// (the operator asserts it); off never. Either way, sharing stops when
 	// the backend's hits show it did not share what the gateway counted.
 	PrefixCaching string `yaml:"prefix_caching"`
+	// KVEvents subscribes to the backend's KV events (vLLM's
+	// --kv-events-config), to bind requests where their prompt is cached
+	// (kvevents.go). Default none.
+	KVEvents *KVEventsConfig `yaml:"kv_events"`
 }
 
 const (
@@ -153,6 +157,16 @@ func (c *Config) validateBackends(p *problems, models map[string]bool) {
 		case prefixCachingAuto, prefixCachingOn, prefixCachingOff:
 		default:
 			p.bad(f+".prefix_caching", "%q is not auto, on or off", b.PrefixCaching)
+		}
+		if kv := b.KVEvents; kv != nil {
+			for _, e := range []struct{ field, v string }{{f + ".kv_events.endpoint", kv.Endpoint}, {f + ".kv_events.replay_endpoint", kv.Replay}} {
+				if e.v == "" && e.field == f+".kv_events.endpoint" {
+					p.bad(e.field, "required: the publisher's address, e.g. tcp://10.0.0.5:5557")
+				} else if e.v != "" && !strings.HasPrefix(e.v, "tcp://") && !strings.HasPrefix(e.v, "ipc://") {
+					p.bad(e.field, "%q is not a tcp:// or ipc:// address", e.v)
+				}
+			}
+			p.dur(f+".kv_events.retry", kv.Retry)
 		}
 	}
 	for m := range models {

@@ -39,6 +39,7 @@ func metricsConfig(simURL, deadURL string) string {
     gpu_memory: 24GiB
     health: {interval: 50ms, failures: 1, cooldown: 1h}
     metrics: {interval: 50ms}
+    kv_events: {endpoint: "tcp://`+strings.TrimPrefix(deadURL, "http://")+`", retry: 1h}
 `+metricsExtra)
 }
 

@@ -36,23 +36,34 @@ func promptChain(dst []uint64, seed maphash.Seed, model string, ids []uint32, bl
 	if blockSize < 1 {
 		return dst[:0]
 	}
-	var h maphash.Hash
-	h.SetSeed(seed)
-	writeLenPrefixed(&h, []byte(model))
-	prev := h.Sum64()
+	prev := chainRoot(seed, model)
 	dst = dst[:0]
-	// One block at a time, its parent's name and its ids in one buffer: a
-	// hash call per block, not per token.
 	buf := make([]byte, 0, 8+4*blockSize)
 	for j := 0; (j+1)*blockSize <= len(ids); j++ {
-		buf = binary.LittleEndian.AppendUint64(buf[:0], prev)
-		for _, id := range ids[j*blockSize : (j+1)*blockSize] {
-			buf = binary.LittleEndian.AppendUint32(buf, id)
-		}
-		prev = maphash.Bytes(seed, buf)
+		prev = chainStep(seed, buf, prev, ids[j*blockSize:(j+1)*blockSize])
 		dst = append(dst, prev)
 	}
 	return dst
+}
+
+// chainRoot is the parent name of a model's first prompt block.
+func chainRoot(seed maphash.Seed, model string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(seed)
+	writeLenPrefixed(&h, []byte(model))
+	return h.Sum64()
+}
+
+// chainStep names the block of ids whose parent is named parent: its
+// parent's name and its ids in one buffer (buf, reused), so one hash call
+// per block, not per token. The KV-event index (kvChain) names the blocks
+// a backend reports with it too, so that the two names meet.
+func chainStep(seed maphash.Seed, buf []byte, parent uint64, ids []uint32) uint64 {
+	buf = binary.LittleEndian.AppendUint64(buf[:0], parent)
+	for _, id := range ids {
+		buf = binary.LittleEndian.AppendUint32(buf, id)
+	}
+	return maphash.Bytes(seed, buf)
 }
 
 // idBufs are the buffers a /tokenize answer's token ids are read into:
@@ -93,6 +104,9 @@ func (x *exchange) setChain(i int, chain []uint64) {
 // sharesAny says whether a GPU that may serve model holds shared prompt
 // blocks once now: only then is a prompt's chain worth its token ids.
 func (rt *runtime) sharesAny(model string) bool {
+	if rt.hasKVEvents(model) {
+		return true // the index names a GPU's cached blocks alike
+	}
 	for _, g := range rt.gpus {
 		if !g.sharing.Load() {
 			continue

@@ -87,8 +87,10 @@ type Server struct {
 
 	reloadMu  sync.Mutex // serialises Reload and Shutdown; guards probeStop and closed
 	probeStop context.CancelFunc
-	closed    bool
-	probes    sync.WaitGroup
+	// kv runs the backends' KV-event subscribers (kvevents.go).
+	kv     kvWatch
+	closed bool
+	probes sync.WaitGroup
 
 	// flights are the requests in flight, swept while there are any
 	// (inflight.go): their deadlines, their clients' watches, shutdown.
@@ -136,6 +138,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	}
 	s := &Server{opt: opt, log: opt.Logger, now: opt.Clock.Now, backendLog: newBackendLog(opt.Logger), prefixSeed: maphash.MakeSeed(), tokenizeWarn: warnLimit{every: time.Minute}}
 	s.m = newMetrics(s.rt.Load, s.now)
+	s.m.reg.MustRegister(&kvEventsCollector{w: &s.kv})
 	s.opt.metrics = s.m
 	s.gpuWatch = newGPUWatch(cfg.GPUWatch, opt.NVML, s.log, s.now)
 	if s.gpuWatch.src != nil {
@@ -262,6 +265,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.probeStop()
 	}
 	s.probes.Wait()
+	s.stopKVEvents()
 	s.reloadMu.Unlock()
 	s.gpuWatch.closeOnce()
 	s.endRequests()
@@ -355,6 +359,7 @@ func (s *Server) startProbes(rt *runtime) {
 }
 
 func (s *Server) startProbesLocked(rt *runtime) {
+	s.syncKVEvents(rt)
 	if s.probeStop != nil {
 		// The old generation must be gone before the new one starts: a
 		// scrape finishing late would apply the old runtime's numbers to
@@ -397,6 +402,7 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 	if !ok || rt.count {
 		return
 	}
+	s.noteKVCapacity(b, r)
 	g := rt.gpuOf[b]
 	pool, used, known := g.reported()
 	if !known {

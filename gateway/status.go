@@ -162,6 +162,8 @@ type backendView struct {
 	State     string   `json:"state"`
 	LastError string   `json:"last_error,omitempty"`
 	KV        *kvView  `json:"kv,omitempty"`
+	// KVEvents is its KV-event subscriber's state; absent without one.
+	KVEvents *kvEventsView `json:"kv_events,omitempty"`
 }
 
 type modelView struct {
@@ -273,7 +275,8 @@ func (s *Server) status() statusView {
 		Rejected: st.Rejected, Canceled: st.Canceled, GuardStops: st.GuardStops, ForecastTrips: st.Trips, DriftTrips: st.DriftTrips}
 	for _, b := range rt.upstreams.Backends() {
 		sp := b.Spec()
-		bv := backendView{Name: b.Name(), URL: sp.URL, GPU: rt.gpuOf[b].name, Models: sp.Models, State: string(b.State()), LastError: b.LastError()}
+		bv := backendView{Name: b.Name(), URL: sp.URL, GPU: rt.gpuOf[b].name, Models: sp.Models, State: string(b.State()), LastError: b.LastError(),
+			KVEvents: s.kvEventsStatus(b.Name())}
 		if kv, ok := b.KV(); ok {
 			bv.KV = &kvView{At: kv.At.UTC().Format(time.RFC3339Nano), Usage: kv.Usage, Running: kv.Running, Waiting: kv.Waiting,
 				Preemptions: kv.Preemptions, NumGPUBlocks: kv.NumGPUBlocks, BlockSize: kv.BlockSize, GPUMemoryUtilization: kv.GPUMemoryUtilization}

@@ -117,6 +117,9 @@ type Config struct {
 	// prompt prefixes and says so only through its prefix-cache counters
 	// (vllm:prefix_cache_queries_total and _hits_total, still reported).
 	HidePrefixCachingLabel bool
+	// KVEvents, if set, publishes the prefix cache's changes as vLLM's
+	// --kv-events-config does; it needs prefix caching on.
+	KVEvents *KVEventsConfig
 	// Seed makes generated text and lengths reproducible: the same seed and
 	// the same request give the same output, whatever else is running.
 	Seed int64
@@ -174,6 +177,7 @@ type settings struct {
 	logger                      *slog.Logger
 	maxPositions                int
 	hideLabel                   bool // HidePrefixCachingLabel
+	kvEvents                    *KVEventsConfig
 }
 
 func orDuration(d, def time.Duration) time.Duration {
@@ -308,6 +312,16 @@ func (c Config) resolve() (*settings, error) {
 	s.prefixCaching = !c.DisablePrefixCaching
 	s.noTokenize = c.NoTokenize
 	s.hideLabel = c.HidePrefixCachingLabel
+	if c.KVEvents != nil {
+		if c.KVEvents.Endpoint == "" {
+			return nil, fieldErr("KVEvents", "an endpoint is needed to publish KV events on")
+		}
+		if !s.prefixCaching {
+			return nil, fieldErr("KVEvents", "KV events need prefix caching on")
+		}
+		kv := *c.KVEvents
+		s.kvEvents = &kv
+	}
 
 	g := kvbudget.GPUBudget{Memory: s.gpuMemory, Ceiling: s.utilization, Weights: s.weights, Reserve: s.reserve}
 	kv, err := g.KVBytes()

@@ -75,6 +75,7 @@ type request struct {
 	cacheable bool
 	hashes    []uint64
 	tailState uint64
+	promptIDs []uint32 // the prompt's token ids, kept only for KV events
 
 	// Guarded by engine.mu.
 	state      reqState
@@ -154,10 +155,11 @@ type engine struct {
 	oomEvents      int64
 	promptTokens   int64
 	genTokens      int64
-	cacheQueries   int64   // prompt tokens looked up in the prefix cache
-	cacheHits      int64   // of those, tokens found
-	hitBuf         []int32 // scratch of the admission being planned: entries hit
-	seqHits        []int   // scratch: entries hit past the prompt, per sequence
+	cacheQueries   int64     // prompt tokens looked up in the prefix cache
+	cacheHits      int64     // of those, tokens found
+	hitBuf         []int32   // scratch of the admission being planned: entries hit
+	seqHits        []int     // scratch: entries hit past the prompt, per sequence
+	events         *eventLog // what the cache's changes are published as; nil: off
 	unhealthyUntil time.Time
 	planned        bool // a step is planned and not yet committed
 	closed         bool // shut down: nothing is admitted any more
@@ -173,6 +175,10 @@ func newEngine(s *settings, now func() time.Time, hooks engineHooks) *engine {
 	e := &engine{s: s, now: now, hooks: hooks, kick: make(chan struct{}, 1)}
 	if s.prefixCaching {
 		e.cache = newPrefixCache()
+		if s.kvEvents != nil {
+			e.events = newEventLog(s.kvEvents.BufferSteps)
+			e.cache.onEvict = e.removedLocked
+		}
 	}
 	return e
 }
@@ -311,6 +317,7 @@ func (e *engine) failAllLocked(err error) {
 func (e *engine) plan() (d time.Duration, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	defer e.cutEventsLocked()
 	return e.planLocked(e.now())
 }
 
@@ -383,6 +390,7 @@ func (e *engine) planLocked(now time.Time) (time.Duration, bool) {
 func (e *engine) commit() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	defer e.cutEventsLocked()
 	e.commitLocked(e.now())
 }
 
@@ -442,6 +450,7 @@ func (e *engine) commitLocked(now time.Time) {
 func (e *engine) step() (time.Duration, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	defer e.cutEventsLocked()
 	now := e.now()
 	d, ok := e.planLocked(now)
 	if ok {

@@ -11,7 +11,7 @@ package sim
 // long sequences would take much for what most will not fill), so that the
 // step path seldom allocates.
 func (r *request) cacheAs(b *blockHasher, maxTokens int) {
-	r.cacheable, r.hashes, r.tailState = true, b.hashes, b.state
+	r.cacheable, r.hashes, r.tailState, r.promptIDs = true, b.hashes, b.state, b.ids
 	r.cached = make([]int32, 0, len(b.hashes))
 	own := min((r.prompt+maxTokens)/b.size-len(b.hashes), 64)
 	for i := range r.seqs {
@@ -211,9 +211,12 @@ func (e *engine) admitLocked(r *request, hits int) {
 	r.cached = append(r.cached, e.hitBuf[:hits]...)
 	e.allocLocked(int64(shared - hits))
 	if caching {
-		for _, h := range r.hashes[hits:] {
+		for k, h := range r.hashes[hits:] {
 			if j, ok := e.cache.insert(h); ok {
 				r.cached = append(r.cached, j)
+				if e.events != nil {
+					e.storedLocked(r, nil, hits+k, h)
+				}
 			}
 		}
 	}
@@ -230,9 +233,12 @@ func (e *engine) admitLocked(r *request, hits int) {
 		want := e.blocks(r.span(sq.gen)) - int64(shared)
 		e.allocLocked(want - int64(k))
 		if caching {
-			for _, h := range sq.hashes[k:] {
+			for k2, h := range sq.hashes[k:] {
 				if j, ok := e.cache.insert(h); ok {
 					sq.cached = append(sq.cached, j)
+					if e.events != nil {
+						e.storedLocked(r, sq, shared+k+k2, h)
+					}
 				}
 			}
 		}
@@ -253,5 +259,8 @@ func (e *engine) fillLocked(r *request, sq *sequence) {
 	sq.hstate = chainStart(h)
 	if j, ok := e.cache.insert(h); ok {
 		sq.cached = append(sq.cached, j)
+		if e.events != nil {
+			e.storedLocked(r, sq, r.prompt/e.s.blockSize+len(sq.hashes)-1, h)
+		}
 	}
 }

@@ -51,6 +51,10 @@ type blockHasher struct {
 	n      int // tokens absorbed since the last full block
 	state  uint64
 	hashes []uint64
+	// ids is every token id added, when keep is set: what the KV events
+	// of the blocks carry.
+	keep bool
+	ids  []uint32
 }
 
 // newBlockHasher hashes into blocks of size tokens; blocksHint is a guess of
@@ -62,6 +66,9 @@ func newBlockHasher(size int, salt []byte, blocksHint int) blockHasher {
 func (b *blockHasher) on() bool { return b.size > 0 }
 
 func (b *blockHasher) add(id int) {
+	if b.keep {
+		b.ids = append(b.ids, uint32(id))
+	}
 	b.state = absorb(b.state, id)
 	if b.n++; b.n == b.size {
 		b.hashes = append(b.hashes, b.state)
@@ -94,6 +101,8 @@ type prefixCache struct {
 	byHash     map[uint64]int32
 	head, tail int32 // LRU: head is the least recently freed, evicted first
 	idle       int64
+	// onEvict, if set, hears of each block forgotten (KV events).
+	onEvict func(h uint64)
 }
 
 func newPrefixCache() *prefixCache {
@@ -183,6 +192,9 @@ func (c *prefixCache) evict(n int64) {
 		h := c.blocks[i].hash
 		c.unlink(i)
 		delete(c.byHash, h)
+		if c.onEvict != nil {
+			c.onEvict(h)
+		}
 		c.blocks[i] = cachedBlock{}
 		c.spare = append(c.spare, i)
 	}

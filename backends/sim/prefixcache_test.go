@@ -25,6 +25,7 @@ func hreq(s *settings, prompt []int, salt string, out, n int) *request {
 		sb = []byte(salt)
 	}
 	b := newBlockHasher(s.blockSize, sb, 0)
+	b.keep = s.kvEvents != nil
 	for _, id := range prompt {
 		b.add(id)
 	}

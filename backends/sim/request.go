@@ -92,6 +92,7 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 		// About four bytes a token, and the body is more than the prompt:
 		// enough room for the hashes, seldom much more.
 		pr.blocks = newBlockHasher(s.blockSize, salt, len(body)/(4*s.blockSize)+1)
+		pr.blocks.keep = s.kvEvents != nil
 	}
 	if chat {
 		aerr = chatTemplate(v, &pr)

@@ -31,6 +31,7 @@ type Server struct {
 	bufs    sync.Pool // *[]byte response buffers
 	now     func() time.Time
 	watch   *connwatch.Watcher // nil: hang-ups of waiting clients go unnoticed
+	events  *eventPublisher    // nil: no KV events
 
 	modelJSON []byte
 	created   int64         // Unix time of New, for /v1/models
@@ -77,6 +78,11 @@ func New(cfg Config) (*Server, error) {
 		NoDefaultServerHeader: true,
 		CloseOnShutdown:       true,
 		Logger:                fasthttpLogger{set.logger},
+	}
+	if set.kvEvents != nil {
+		if s.events, err = startPublisher(*set.kvEvents, s.eng.events, set.logger); err != nil {
+			return nil, err
+		}
 	}
 	go func() {
 		defer close(s.loopDone)
@@ -137,12 +143,33 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	close(s.stop)
 	<-s.loopDone
 	s.eng.shutdown()
+	if s.events != nil {
+		s.events.close()
+	}
 	if s.watch != nil {
 		if cerr := s.watch.Close(); cerr != nil {
 			s.set.logger.Warn("closing the connection watcher", "err", cerr)
 		}
 	}
 	return err
+}
+
+// KVEventsAddr is the host:port the KV events' PUB socket listens on, ""
+// when the server publishes none.
+func (s *Server) KVEventsAddr() string {
+	if s.events == nil {
+		return ""
+	}
+	return s.events.Addr()
+}
+
+// KVEventsReplayAddr is the host:port of the KV events' replay socket, ""
+// when there is none.
+func (s *Server) KVEventsReplayAddr() string {
+	if s.events == nil {
+		return ""
+	}
+	return s.events.ReplayAddr()
 }
 
 // Stats is a snapshot of the engine; the same numbers are on /metrics.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -30,11 +31,13 @@ var simFlagOf = map[string]string{
 	"StreamInterval": "--stream-interval", "StreamMerge": "--stream-merge", "NoContinuousUsage": "--continuous-usage",
 	"NoTokenize":             "--no-tokenize",
 	"HidePrefixCachingLabel": "--hide-prefix-caching-label",
+	"KVEvents":               "--kv-events-config",
 }
 
 // simFlags are the flags of kvgate sim, parsed into a sim.Config.
 type simFlags struct {
 	listen, model, modelConfig, onOverflow, outputLen string
+	kvEvents                                          string
 	outputLenWhen                                     stringList
 	gpuMemory, weights, reserve                       sizeFlag
 	utilization, timeScale                            float64
@@ -71,6 +74,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.streamMerge, "stream-merge", 0, "when > 0, each SSE event carries a random 1 to N tokens, as a vLLM whose API server lags its engine (not with --stream-interval)")
 	fs.BoolVar(&f.continuousUsage, "continuous-usage", true, "honour stream_options.continuous_usage_stats, usage on every chunk, as vLLM does (=false: as servers without it)")
 	fs.BoolVar(&f.noTokenize, "no-tokenize", false, "answer /tokenize 404, as a server without it (or a proxy that routes only /v1) does")
+	fs.StringVar(&f.kvEvents, "kv-events-config", "", `publish the prefix cache's changes as vLLM does, given vLLM's `+"`JSON`"+`: {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv", "buffer_steps": 10000}; "encoding": "map" writes maps instead of vLLM's arrays`)
 	fs.BoolVar(&f.prefixCaching, "enable-prefix-caching", true, "reuse the KV blocks of prompt prefixes already computed, as vLLM V1 does (=false: every prompt is prefilled whole)")
 	fs.BoolVar(&f.hideLabel, "hide-prefix-caching-label", false, "leave enable_prefix_caching out of vllm:cache_config_info, as a server that reports sharing only through its prefix-cache hit counters")
 }
@@ -141,6 +145,13 @@ func (f *simFlags) config(logger *slog.Logger) (sim.Config, error) {
 			c.Reserve = -1 // none
 		}
 	}
+	if f.kvEvents != "" {
+		kv, err := parseKVEventsConfig(f.kvEvents)
+		if err != nil {
+			return c, fmt.Errorf("--kv-events-config: %w", err)
+		}
+		c.KVEvents = kv
+	}
 	if f.modelConfig != "" {
 		m, err := loadModel(f.modelConfig)
 		if err != nil {
@@ -208,4 +219,37 @@ func (l *stringList) String() string { return strings.Join(*l, ",") }
 func (l *stringList) Set(v string) error {
 	*l = append(*l, v)
 	return nil
+}
+
+// parseKVEventsConfig reads vLLM's --kv-events-config JSON (its
+// KVEventsConfig): nil when events are not enabled.
+func parseKVEventsConfig(s string) (*sim.KVEventsConfig, error) {
+	var v struct {
+		Enable      bool   `json:"enable_kv_cache_events"`
+		Publisher   string `json:"publisher"`
+		Endpoint    string `json:"endpoint"`
+		Replay      string `json:"replay_endpoint"`
+		Topic       string `json:"topic"`
+		BufferSteps int    `json:"buffer_steps"`
+		Encoding    string `json:"encoding"`
+	}
+	v.Endpoint = "tcp://*:5557" // vLLM's default
+	dec := json.NewDecoder(strings.NewReader(s))
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("not vLLM's KV events JSON: %w", err)
+	}
+	if !v.Enable {
+		return nil, nil
+	}
+	if v.Publisher != "" && v.Publisher != "zmq" {
+		return nil, fmt.Errorf("publisher %q: only zmq is simulated", v.Publisher)
+	}
+	if v.Encoding != "" && v.Encoding != "map" && v.Encoding != "positional" {
+		return nil, fmt.Errorf("encoding %q is not map or positional", v.Encoding)
+	}
+	if v.BufferSteps < 0 {
+		return nil, fmt.Errorf("buffer_steps must be >= 0, got %d", v.BufferSteps)
+	}
+	return &sim.KVEventsConfig{Endpoint: v.Endpoint, ReplayEndpoint: v.Replay, Topic: v.Topic,
+		BufferSteps: v.BufferSteps, MapEncoding: v.Encoding == "map"}, nil
 }

@@ -36,6 +36,10 @@ func TestSimFlagErrors(t *testing.T) {
 		{[]string{"--model", ""}, "--model must not be empty"},
 		{[]string{"--model-config", "/nonexistent/config.json"}, "--model-config /nonexistent/config.json"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"--kv-events-config", "{nope"}, "--kv-events-config: not vLLM's KV events JSON"},
+		{[]string{"--kv-events-config", `{"enable_kv_cache_events": true, "publisher": "nats"}`}, `publisher "nats": only zmq`},
+		{[]string{"--kv-events-config", `{"enable_kv_cache_events": true, "encoding": "xml"}`}, `encoding "xml" is not map or positional`},
+		{[]string{"--kv-events-config", `{"enable_kv_cache_events": true}`, "--enable-prefix-caching=false"}, "--kv-events-config: KV events need prefix caching on"},
 	}
 	for _, tc := range tests {
 		code, _, errOut := runCLI(t, append([]string{"sim"}, tc.args...)...)

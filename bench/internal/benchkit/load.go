@@ -84,6 +84,7 @@ type Step struct {
 	Server5xx    int // of Failed: 5xx answers and error events
 	Overflowed   int // of Failed: answers that carried an out-of-memory error
 	Window       float64
+	TTFTP90      float64 // ms, of answered streams
 }
 
 // ReadReport turns the load tester's JSON into steps.
@@ -103,6 +104,7 @@ func ReadReport(path string) ([]Step, error) {
 		q := s.Requests
 		st := Step{Level: s.Concurrency, Goodput: s.OutputTokensPerS, OK: q.OK, Shed: q.Shed, Window: s.WindowS,
 			Failed: q.Failed() + q.WarmupOverflow + q.WarmupFailed, Server5xx: q.Server5xx, Overflowed: q.Overflow + q.WarmupOverflow}
+		st.TTFTP90 = s.TTFT.P90
 		if kv := s.KV; kv != nil {
 			st.KVPeak, st.Overflow, st.Preemptions = kv.PeakUsage, kv.OOMEvents, kv.Preemptions
 			st.KVMean = saturatedMean(kv.Curve)
