@@ -139,3 +139,4 @@ func showLine(l string) string {
 	}
 	return strings.ReplaceAll(l, "\t", "→")
 }
+

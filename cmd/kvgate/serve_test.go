@@ -80,14 +80,15 @@ func TestServeReloadAndGracefulShutdown(t *testing.T) {
 
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "kvgate.yaml")
+	userinfo := ""
 	write := func(ceiling string) {
 		y := fmt.Sprintf(`admission: {ceiling: %s}
 server: {drain_delay: 50ms}
 models:
   - {name: llama-3-8b, config: %s, max_model_len: 8192}
 backends:
-  - {name: gpu0, url: 'http://%s', models: [llama-3-8b], gpu_memory: 24GiB}
-`, ceiling, filepath.Join(mustAbs(t, "../../examples"), "llama-3-8b.json"), sln.Addr())
+  - {name: gpu0, url: 'http://%s%s', models: [llama-3-8b], gpu_memory: 24GiB}
+`, ceiling, filepath.Join(mustAbs(t, "../../examples"), "llama-3-8b.json"), userinfo, sln.Addr())
 		if err := os.WriteFile(cfgPath, []byte(y), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -118,6 +119,26 @@ backends:
 	}
 	if !strings.Contains(stderr.String(), "admission.ceiling") {
 		t.Errorf("the refusal does not name the field:\n%s", stderr.String())
+	}
+
+	// A url with credentials is refused on reload, as at start, and its
+	// password reaches neither the log nor /status.
+	const password = "backendPW987"
+	userinfo = "backenduser:" + password + "@"
+	write("0.8")
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	waitFor(t, "the second refusal", func() bool { return strings.Count(stderr.String(), "reload refused") == 2 })
+	if !strings.Contains(stderr.String(), "backends[0].url: holds credentials") || strings.Contains(stderr.String(), password) {
+		t.Errorf("the refusal of a url with credentials:\n%s", stderr.String())
+	}
+	if st := get(t, url+"/status"); strings.Contains(st, password) || !strings.Contains(st, sln.Addr().String()) {
+		t.Errorf("/status after the refusal: %s", st)
+	}
+	for _, args := range [][]string{{"serve", "--check-config", "--config", cfgPath}, {"serve", "--check-config", "--json", "--config", cfgPath}, {"serve", "--config", cfgPath}} {
+		code, out, errOut := runCLI(t, args...)
+		if code != exitUsage || !strings.Contains(errOut, "backends[0].url: holds credentials") || !strings.Contains(errOut, "api_key") || strings.Contains(out+errOut, password) {
+			t.Errorf("%v: exit %d: %s%s", args, code, out, errOut)
+		}
 	}
 
 	// A stream in flight when SIGTERM arrives is finished, not cut.
@@ -167,4 +188,19 @@ func mustAbs(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// get is the body of a GET of url.
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
