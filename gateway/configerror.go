@@ -139,4 +139,3 @@ func showLine(l string) string {
 	}
 	return strings.ReplaceAll(l, "\t", "→")
 }
-
