@@ -165,6 +165,10 @@ func HideUserinfo(u string) string { return userinfo.ReplaceAllString(u, "${1}**
 // Name is the configured name.
 func (b *Backend) Name() string { return b.spec.Name }
 
+// Addr is the host:port requests are sent to, as the url gave it: the
+// operator's (the access log's upstream_addr), never a client's to see.
+func (b *Backend) Addr() string { return b.host }
+
 // Spec is the configuration the backend was made from, defaults filled.
 func (b *Backend) Spec() Spec { return b.spec }
 

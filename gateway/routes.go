@@ -28,6 +28,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			(&apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}).write(ctx)
 		}
 	}()
+	stampRequestID(ctx)
 	if s.conns.past(ctx.Conn()) && !isProbe(ctx.Path()) {
 		s.conns.refuse(ctx)
 		return

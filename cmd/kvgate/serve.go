@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -148,11 +149,12 @@ send load to %[3]s directly to see it, or through the gateway to see it not happ
 				logger.Info("config reloaded", "file", *cfgPath)
 			}
 		case <-ctx.Done():
-			logger.Info("shutting down: /readyz turns 503, then in-flight requests finish", "drain_timeout", cfg.Server.DrainTimeout())
-			err := <-srv.Drain()
+			began := time.Now()
+			err := <-srv.Drain() // which says "shutting down"
 			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				return fail(stderr, "serve", exitNo, "shutdown: %v", err)
 			}
+			logger.Info("stopped", "took", time.Since(began).Round(time.Millisecond).String(), "requests_cut", errors.Is(err, context.DeadlineExceeded))
 			return exitOK
 		}
 	}

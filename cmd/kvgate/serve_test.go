@@ -163,7 +163,7 @@ backends:
 	}
 	// The log states the drain timeout that applies (the default here),
 	// not the unset field's zero.
-	if !strings.Contains(stderr.String(), "drain_timeout=30s") {
+	if !strings.Contains(stderr.String(), "shutdown_timeout=30s") || strings.Count(stderr.String(), "shutting down") != 1 || !strings.Contains(stderr.String(), "msg=stopped") {
 		t.Errorf("the shutdown log does not state the real drain timeout:\n%s", stderr.String())
 	}
 }
