@@ -38,6 +38,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	if c := s.rt.Load().cors; c != nil && c.apply(ctx) {
 		return // a preflight, answered
+	} else if c == nil && isPreflight(ctx) {
+		refuseUnconfiguredPreflight(ctx)
+		return
 	}
 	// The completion paths first, compared without making strings of them.
 	// A trailing slash names the same route, as vLLM (Starlette) takes it.

@@ -204,3 +204,42 @@ func get(t *testing.T, url string) string {
 	}
 	return string(b)
 }
+
+// The demo's --cors-origin lets a browser page call it: a preflight from
+// that origin is granted. With a config the flag is refused, naming the
+// field to set instead.
+func TestDemoCORSOrigin(t *testing.T) {
+	ctx, stop := context.WithCancel(context.Background())
+	var stdout, stderr syncBuffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--demo-sim-listen", "127.0.0.1:0",
+			"--cors-origin", "http://localhost:5173, https://app.example.com"}, &stdout, &stderr)
+	}()
+	addrRe := regexp.MustCompile(`kvgate listening" addr=(\S+)`)
+	waitFor(t, "the demo to listen", func() bool { return addrRe.MatchString(stderr.String()) })
+	url := "http://" + addrRe.FindStringSubmatch(stderr.String())[1]
+	req, _ := http.NewRequest(http.MethodOptions, url+"/v1/chat/completions", nil)
+	req.Header.Set("Origin", "https://app.example.com")
+	req.Header.Set("Access-Control-Request-Method", "POST")
+	req.Header.Set("Access-Control-Request-Headers", "content-type")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 204 || resp.Header.Get("Access-Control-Allow-Origin") != "https://app.example.com" {
+		t.Errorf("preflight: %d %v", resp.StatusCode, resp.Header)
+	}
+	stop()
+	<-exited
+
+	if code, _, errOut := runCLI(t, "serve", "--config", "../../examples/kvgate.yaml", "--cors-origin", "https://a.example"); code != exitUsage ||
+		!strings.Contains(errOut, "server.cors.allowed_origins") {
+		t.Errorf("with --config: exit %d: %s", code, errOut)
+	}
+	if code, _, errOut := runCLI(t, "serve", "--demo-sim-listen", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--cors-origin", "app.example"); code != exitUsage ||
+		!strings.Contains(errOut, "--cors-origin") || !strings.Contains(errOut, "is not an origin") {
+		t.Errorf("a bad origin: exit %d: %s", code, errOut)
+	}
+}
