@@ -290,8 +290,10 @@ func TestResponsesDefaultMaxOutputIsSent(t *testing.T) {
 }
 
 // The routes about what a backend keeps are passed through: a stored
-// response, its cancellation, a token count. (The simulator keeps
-// nothing: its own 404 comes back, not the gateway's.)
+// response, its cancellation, a token count. (The simulator keeps no
+// response: its own 404 comes back, not the gateway's. It counts tokens
+// as vLLM does: the prompt a /v1/messages request of the same messages
+// reports as its input_tokens.)
 func TestGenerationSubRoutesPassThrough(t *testing.T) {
 	_, url := startSim(t, nil)
 	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
@@ -305,11 +307,30 @@ func TestGenerationSubRoutesPassThrough(t *testing.T) {
 	if resp.StatusCode != 404 || b.String() != `{"detail":"Not Found"}` {
 		t.Errorf("GET /v1/responses/{id}: %d %s; want the backend's answer", resp.StatusCode, b.String())
 	}
-	for _, path := range []string{"/v1/responses/resp_123/cancel", "/v1/messages/count_tokens"} {
-		r := postJSON(gwURL, path, `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}]}`)
-		if r.status != 404 || r.body != `{"detail":"Not Found"}` {
-			t.Errorf("%s: %d %s; want the backend's answer", path, r.status, r.body)
-		}
+	if r := postJSON(gwURL, "/v1/responses/resp_123/cancel", `{}`); r.status != 404 || r.body != `{"detail":"Not Found"}` {
+		t.Errorf("cancel: %d %s; want the backend's answer", r.status, r.body)
+	}
+	const msgs = `"messages":[{"role":"user","content":"How many tokens is this?"}]`
+	count := postJSON(gwURL, "/v1/messages/count_tokens", `{"model":"llama-3-8b","system":"Be brief.",`+msgs+`}`)
+	var counted struct {
+		InputTokens int `json:"input_tokens"`
+	}
+	if count.status != 200 || json.Unmarshal([]byte(count.body), &counted) != nil || counted.InputTokens <= 0 {
+		t.Fatalf("count_tokens: %d %s", count.status, count.body)
+	}
+	gen := postJSON(gwURL, "/v1/messages", `{"model":"llama-3-8b","max_tokens":1,"system":"Be brief.",`+msgs+`}`)
+	var used struct {
+		Usage struct {
+			InputTokens int `json:"input_tokens"`
+		} `json:"usage"`
+	}
+	if gen.status != 200 || json.Unmarshal([]byte(gen.body), &used) != nil || used.Usage.InputTokens != counted.InputTokens {
+		t.Errorf("count_tokens said %d; the messages request used %d (%d %s)", counted.InputTokens, used.Usage.InputTokens, gen.status, gen.body)
+	}
+	// A bad body gets Anthropic's error shape from the simulator too.
+	if r := postJSON(gwURL, "/v1/messages/count_tokens", `{"model":"llama-3-8b","messages":"hi"}`); r.status != 400 ||
+		!strings.HasPrefix(r.body, `{"type":"error","error":{"type":"invalid_request_error"`) {
+		t.Errorf("count_tokens with bad messages: %d %s", r.status, r.body)
 	}
 	if r := postJSON(gwURL, "/v1/messages/count_tokens", `{"model":"nope"}`); r.status != 404 || !strings.HasPrefix(r.body, `{"type":"error","error":{"type":"not_found_error"`) {
 		t.Errorf("count_tokens for an unknown model: %d %s; want Anthropic's 404", r.status, r.body)

@@ -146,7 +146,9 @@
 // POST /v1/chat/completions and /v1/completions (streamed or not; n;
 // max_tokens, max_completion_tokens, min_tokens, ignore_eos, cache_salt;
 // stream_options.include_usage), GET /v1/models (with max_model_len),
-// POST /tokenize, GET /health and GET /metrics (vLLM's metric names and
+// POST /tokenize, POST /v1/messages/count_tokens (Anthropic's, answered
+// {"input_tokens": n} as vLLM does, the messages read as /v1/messages reads
+// them), GET /health and GET /metrics (vLLM's metric names and
 // labels, plus kvsim_ ones). The pooling routes, POST /v1/embeddings,
 // /pooling, /classify, /score and /v1/score, /rerank, /v1/rerank and
 // /v2/rerank, answer in vLLM's shapes with usage (pooling.go): each input,
