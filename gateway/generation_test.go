@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -598,4 +600,50 @@ func tokens(t *testing.T, gw *Server, kind, which string) float64 {
 	t.Helper()
 	v, _ := metricValue(t, gw, "kvgate_tokens_"+which+"_total", map[string]string{"model": "llama-3-8b", "kind": kind})
 	return v
+}
+
+// Every error on an Anthropic route reaches the client in Anthropic's
+// shape, a backend's in FastAPI's shape or in plain text included.
+func TestAnthropicRouteErrorsInAnthropicShape(t *testing.T) {
+	f := startFake(t, func(w http.ResponseWriter, r *http.Request, _ <-chan struct{}) {
+		if tokenize3(w, r) {
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		switch {
+		case strings.Contains(string(b), "route"):
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(404)
+			io.WriteString(w, `{"detail":"Not Found"}`)
+		case strings.Contains(string(b), "validation"):
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(422)
+			io.WriteString(w, `{"detail":[{"type":"missing","loc":["body","messages",0,"role"],"msg":"Field required"}]}`)
+		default:
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(500)
+			io.WriteString(w, "Internal Server Error")
+		}
+	})
+	_, gwURL := startGateway(t, baseConfig(f.URL, ""), Options{DisableProbes: true})
+	for _, tc := range []struct{ what, typ, msg string }{
+		{"route", "not_found_error", "Not Found"},
+		{"validation", "invalid_request_error", "body.messages.0.role: Field required"},
+		{"text", "api_error", "Internal Server Error"},
+	} {
+		r := postJSON(gwURL, "/v1/messages/count_tokens", `{"model":"llama-3-8b","messages":[{"role":"user","content":"`+tc.what+`"}]}`)
+		var e struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type    string `json:"type"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(r.body), &e); err != nil || e.Type != "error" || e.Error.Type != tc.typ || e.Error.Message != tc.msg {
+			t.Errorf("%s: %d %s; want %s %q", tc.what, r.status, r.body, tc.typ, tc.msg)
+		}
+		if r.header.Get("X-Request-Id") == "" {
+			t.Errorf("%s: no X-Request-Id", tc.what)
+		}
+	}
 }
