@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -112,7 +113,12 @@ func NewBackend(spec Spec, budget Budget, clock admission.Clock) (*Backend, erro
 	}
 	u, err := url.Parse(spec.URL)
 	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return nil, fmt.Errorf("backend %s: url %q: want http://host:port or https://host[:port]", spec.Name, spec.URL)
+		return nil, fmt.Errorf("backend %s: url %q: want http://host:port or https://host[:port]", spec.Name, HideUserinfo(spec.URL))
+	}
+	if u.User != nil {
+		// Never sent upstream, and the url is shown: a credential goes in
+		// APIKey.
+		return nil, fmt.Errorf("backend %s: url holds credentials (user:password@): give the backend's key as its api_key", spec.Name)
 	}
 	if u.Path != "" && u.Path != "/" {
 		return nil, fmt.Errorf("backend %s: url %q: give the server root, without a path (the gateway forwards /v1/...)", spec.Name, spec.URL)
@@ -137,7 +143,7 @@ func NewBackend(spec Spec, budget Budget, clock admission.Clock) (*Backend, erro
 		}
 		addr = fasthttp.AddMissingPort(addr, true)
 	case spec.TLS != nil:
-		return nil, fmt.Errorf("backend %s: tls: given for url %q, which is not https://", spec.Name, spec.URL)
+		return nil, fmt.Errorf("backend %s: tls: given for url %q, which is not https://", spec.Name, spec.URL) // no userinfo: refused above
 	}
 	b := &Backend{spec: spec, host: u.Host, up: NewUpstream(addr, up),
 		probe:  NewUpstream(addr, UpstreamOptions{MaxConns: 2, DialTimeout: up.DialTimeout, TLS: up.TLS, DialForTesting: up.DialForTesting}),
@@ -149,8 +155,19 @@ func NewBackend(spec Spec, budget Budget, clock admission.Clock) (*Backend, erro
 	return b, nil
 }
 
+// userinfo is a URL's user:password@.
+var userinfo = regexp.MustCompile(`(://)[^/?#\s]*@`)
+
+// HideUserinfo hides a url's user:password@ in an error about it, even
+// where url.Parse refuses the url.
+func HideUserinfo(u string) string { return userinfo.ReplaceAllString(u, "${1}***@") }
+
 // Name is the configured name.
 func (b *Backend) Name() string { return b.spec.Name }
+
+// Addr is the host:port requests are sent to, as the url gave it: the
+// operator's (the access log's upstream_addr), never a client's to see.
+func (b *Backend) Addr() string { return b.host }
 
 // Spec is the configuration the backend was made from, defaults filled.
 func (b *Backend) Spec() Spec { return b.spec }

@@ -186,10 +186,15 @@ func TestNewBackendValidation(t *testing.T) {
 		{Spec{Name: "a", URL: "https://a:1", Models: []string{"m"}, TLS: &TLSSpec{CertPEM: PEM("x"), KeyPEM: PEM("y")}}, "tls: cert_file, key_file"},
 		{Spec{Name: "a", URL: "http://a:1/v1", Models: []string{"m"}}, "without a path"},
 		{Spec{Name: "a", URL: "http://a:1"}, "at least one model"},
+		{Spec{Name: "a", URL: "http://u:pw123@a:1", Models: []string{"m"}}, "url holds credentials (user:password@): give the backend's key as its api_key"},
+		{Spec{Name: "a", URL: "htp://u:pw123@a:1", Models: []string{"m"}}, `url "htp://***@a:1": want http://`},
 	}
 	for _, tt := range tests {
-		if _, err := NewBackend(tt.spec, budgetOf(1), nil); err == nil || !strings.Contains(err.Error(), tt.want) {
+		_, err := NewBackend(tt.spec, budgetOf(1), nil)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%+v: %v, want %q", tt.spec, err, tt.want)
+		} else if strings.Contains(err.Error(), "pw123") {
+			t.Errorf("%+v: the error shows the password: %v", tt.spec, err)
 		}
 	}
 }

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -21,34 +20,73 @@ import (
 // key, a prompt or an answer: only what the gateway decided and measured,
 // and the client's X-Request-Id, for correlation with the client's logs.
 
-// maxRequestID bounds the X-Request-Id a client sends as it is logged.
-const maxRequestID = 128
-
 // noteAccess keeps what the access line needs of the request itself, which
 // is gone (or not the handler's to read) when a stream finishes. Nothing
-// is kept with the access log off.
+// is kept with the access log off; with it on, a few strings, no map.
 func (x *exchange) noteAccess(ctx *fasthttp.RequestCtx, route string) {
 	if !x.rt.cfg.Log.access() {
 		return
 	}
-	x.access.on, x.access.rc, x.access.route = true, ctx, route
-	if id := ctx.Request.Header.Peek("X-Request-Id"); len(id) > 0 {
-		x.access.id = string(id[:min(len(id), maxRequestID)])
-	} else {
-		x.access.id = strconv.FormatUint(ctx.ID(), 10)
-	}
+	a := &x.access
+	a.on, a.rc, a.route = true, ctx, route
+	h := &ctx.Request.Header
+	a.id = string(h.Peek(headerRequestID)) // made sane by stampRequestID
+	a.method = methodName(ctx.Method())
+	a.client = ctx.RemoteAddr().String()
+	a.forwardedFor = clipped(h.Peek("X-Forwarded-For"))
+	a.userAgent = clipped(h.UserAgent())
+	a.bytesIn = len(ctx.Request.Body())
+	a.traceID = traceparentID(h.Peek("Traceparent"))
 }
 
 // accessRecord is an exchange's part of its access line.
 type accessRecord struct {
-	on    bool
-	id    string
-	route string
+	on                   bool
+	id, method, route    string
+	client, forwardedFor string
+	userAgent            string
+	traceID              string // the client's trace, until the gateway's span has one
+	bytesIn              int
 	// rc is read for the status of an answer the handler wrote: finish
 	// runs on the handler's goroutine then. A stream's status is its 200.
 	rc     *fasthttp.RequestCtx
 	ttft   time.Duration // 0 until the first token
 	waited time.Duration // in the queue, for a request refused after waiting
+	// sent counts a stream's bytes as the relay flushes them; nil for an
+	// answer the handler wrote.
+	sent *countWriter
+}
+
+// maxLoggedHeader bounds a header the access line copies from the client.
+const maxLoggedHeader = 256
+
+func clipped(v []byte) string { return string(v[:min(len(v), maxLoggedHeader)]) }
+
+// methodName is the request's method without a copy for the usual ones.
+func methodName(m []byte) string {
+	switch string(m) {
+	case fasthttp.MethodPost:
+		return fasthttp.MethodPost
+	case fasthttp.MethodGet:
+		return fasthttp.MethodGet
+	case fasthttp.MethodDelete:
+		return fasthttp.MethodDelete
+	}
+	return clipped(m)
+}
+
+// traceparentID is the trace id of a W3C traceparent
+// (00-<32 hex trace id>-<16 hex span id>-<flags>); "" if it is not one.
+func traceparentID(tp []byte) string {
+	if len(tp) < 55 || tp[2] != '-' || tp[35] != '-' {
+		return ""
+	}
+	for _, c := range tp[3:35] {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return ""
+		}
+	}
+	return string(tp[3:35])
 }
 
 // logAccess writes the request's access line; finish calls it once.
@@ -59,23 +97,54 @@ func (x *exchange) logAccess(outcome, reason string, total time.Duration) {
 	}
 	waited := x.queueWait()
 	prompt, output := x.tokens()
+	upstreamAddr, upstream := "", time.Duration(0)
+	if x.backend != nil {
+		upstreamAddr = x.backend.Addr()
+		upstream = x.s.now().Sub(x.sentAt)
+	}
+	traceID := a.traceID
+	if x.trace != nil {
+		traceID = x.trace.span.SpanContext().TraceID().String()
+	}
 	x.s.log.LogAttrs(context.Background(), slog.LevelInfo, "request",
 		slog.String("id", a.id),
-		slog.String("tenant", x.tenant),
+		slog.String("method", a.method),
 		slog.String("route", a.route),
+		slog.String("client", a.client),
+		slog.String("x_forwarded_for", a.forwardedFor),
+		slog.String("user_agent", a.userAgent),
+		slog.String("tenant", x.tenant),
 		slog.String("model", x.label),
 		slog.String("gpu", x.gpuName()),
 		slog.String("backend", x.backendName()),
+		slog.String("upstream_addr", upstreamAddr),
+		slog.Int("retries", max(x.attempts-1, 0)),
 		slog.Int("status", x.answerStatus(a.rc, outcome)),
 		slog.String("outcome", outcome),
 		slog.String("reason", reason),
 		slog.Float64("queue_wait_ms", ms(waited)),
 		slog.Float64("ttft_ms", ms(a.ttft)),
+		slog.Float64("upstream_ms", ms(upstream)),
 		slog.Float64("duration_ms", ms(total)),
+		slog.Int("bytes_in", a.bytesIn),
+		slog.Int64("bytes_out", x.bytesOut(a.rc)),
 		slog.Int("prompt_tokens", prompt),
 		slog.Int("output_tokens", output),
 		slog.Int64("kv_reserved_bytes", x.res.weight()),
+		slog.String("trace_id", traceID),
 	)
+}
+
+// bytesOut is the answer's body bytes written so far: a stream's as the
+// relay flushed them, else the body the handler wrote.
+func (x *exchange) bytesOut(rc *fasthttp.RequestCtx) int64 {
+	switch {
+	case x.access.sent != nil:
+		return x.access.sent.n
+	case x.body.x != nil || rc == nil:
+		return 0 // a stream not written (yet), or never begun
+	}
+	return int64(len(rc.Response.Body()))
 }
 
 // answerStatus is the status the client got; rc is read only for an answer

@@ -2,7 +2,10 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 )
@@ -86,8 +89,9 @@ func TestAccessLog(t *testing.T) {
 					t.Errorf("%s = %v, want > 0 (line %v)", k, got[k], got)
 				}
 			}
-			for _, k := range []string{"id", "tenant", "route", "model", "gpu", "backend", "status", "outcome", "reason",
-				"queue_wait_ms", "ttft_ms", "duration_ms", "prompt_tokens", "output_tokens", "kv_reserved_bytes"} {
+			for _, k := range []string{"id", "method", "route", "client", "x_forwarded_for", "user_agent", "tenant", "model", "gpu", "backend",
+				"upstream_addr", "retries", "status", "outcome", "reason", "queue_wait_ms", "ttft_ms", "upstream_ms", "duration_ms",
+				"bytes_in", "bytes_out", "prompt_tokens", "output_tokens", "kv_reserved_bytes", "trace_id"} {
 				if _, ok := got[k]; !ok {
 					t.Errorf("no %s in %v", k, got)
 				}
@@ -98,3 +102,103 @@ func TestAccessLog(t *testing.T) {
 		})
 	}
 }
+
+// The access line's HTTP fields, as nginx and Envoy log them, one family a
+// case: who asked (method, client, X-Forwarded-For, user agent), how much
+// went each way, where it went (upstream address and time, retries), and
+// the trace it belongs to.
+func TestAccessLogHTTPFields(t *testing.T) {
+	_, simURL := startSim(t, nil)
+	simAddr := strings.TrimPrefix(simURL, "http://")
+	// A backend that refuses connections, on a GPU of its own: a request
+	// bound there moves to the simulator's GPU, once.
+	dead := "http://127.0.0.1:1"
+	var logs syncBuffer
+	_, gwURL := startGateway(t, fleetConfig("", dead, simURL), Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil)), DisableProbes: true})
+	lineOf := func(id string) map[string]any {
+		t.Helper()
+		var line map[string]any
+		eventually(t, "the access line of "+id, func() bool {
+			for _, l := range accessLines(t, logs.String()) {
+				if l["id"] == id {
+					line = l
+					return true
+				}
+			}
+			return false
+		})
+		return line
+	}
+	send := func(id, body string, header ...string) (string, result) {
+		r := postJSON(gwURL, "/v1/chat/completions", body, append([]string{"X-Request-Id", id}, header...)...)
+		if r.status != 200 {
+			t.Fatalf("%s: %d %s", id, r.status, r.body)
+		}
+		return id, r
+	}
+
+	t.Run("client", func(t *testing.T) {
+		l := lineOf(must(send("who", chatBody("hi", 3, false), "X-Forwarded-For", "203.0.113.7, 10.0.0.1", "User-Agent", "OpenAI/Python 1.99.0")))
+		if l["method"] != "POST" || l["x_forwarded_for"] != "203.0.113.7, 10.0.0.1" || l["user_agent"] != "OpenAI/Python 1.99.0" ||
+			!strings.HasPrefix(l["client"].(string), "127.0.0.1:") {
+			t.Errorf("line %v", l)
+		}
+	})
+	t.Run("bytes", func(t *testing.T) {
+		for _, stream := range []bool{false, true} {
+			body := chatBody("hello there", 4, stream)
+			id, r := send(fmt.Sprint("bytes-", stream), body)
+			l := lineOf(id)
+			if l["bytes_in"] != float64(len(body)) || l["bytes_out"] != float64(len(r.body)) {
+				t.Errorf("stream %v: bytes_in %v bytes_out %v, want %d and %d", stream, l["bytes_in"], l["bytes_out"], len(body), len(r.body))
+			}
+		}
+	})
+	t.Run("upstream", func(t *testing.T) {
+		retried := false
+		for i := range 8 {
+			l := lineOf(must(send(fmt.Sprint("up-", i), chatBody("hi", 3, false))))
+			if l["upstream_addr"] != simAddr || l["backend"] != "gpu1" {
+				t.Fatalf("line %v, want upstream_addr %s", l, simAddr)
+			}
+			if up, d := l["upstream_ms"].(float64), l["duration_ms"].(float64); up <= 0 || up > d {
+				t.Errorf("upstream_ms %v of duration_ms %v", up, d)
+			}
+		}
+		// The first request bound to the dead GPU opened its circuit,
+		// whichever subtest sent it.
+		for _, l := range accessLines(t, logs.String()) {
+			switch l["retries"] {
+			case 1.0:
+				retried = true
+			case 0.0:
+			default:
+				t.Errorf("retries %v", l["retries"])
+			}
+		}
+		if !retried {
+			t.Error("no request was retried from the dead backend")
+		}
+	})
+	t.Run("trace", func(t *testing.T) {
+		const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+		if l := lineOf(must(send("traced", chatBody("hi", 3, false), "Traceparent", tp))); l["trace_id"] != "4bf92f3577b34da6a3ce929d0e0e4736" {
+			t.Errorf("trace_id %v", l["trace_id"])
+		}
+		if l := lineOf(must(send("untraced", chatBody("hi", 3, false)))); l["trace_id"] != "" {
+			t.Errorf("trace_id %v with tracing off and no traceparent", l["trace_id"])
+		}
+	})
+	// The fasthttp logger's lines have one msg, as every line does.
+	resp, err := http.Post(gwURL+"/v1/chat/completions", "application/json", io.LimitReader(strings.NewReader("{"), 1))
+	if err == nil {
+		resp.Body.Close()
+	}
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if strings.Count(l, `"msg":`) != 1 {
+			t.Errorf("a line with %d msg: %s", strings.Count(l, `"msg":`), l)
+		}
+	}
+}
+
+func must[T any](v T, _ result) T { return v }

@@ -62,10 +62,12 @@ const maxPooledBody = 1 << 20
 
 // copyBackendHeaders passes on the backend's headers a client may act on.
 // Their names are compared as fasthttp normalizes them (Peek would copy
-// each name into the header's buffer first).
+// each name into the header's buffer first). The backend's X-Request-Id is
+// not among them: the client keeps the gateway's, which the backend was
+// sent and the access log holds.
 func copyBackendHeaders(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 	for k, v := range resp.Header.All() {
-		if len(v) > 0 && (string(k) == "Retry-After" || string(k) == "X-Request-Id") {
+		if len(v) > 0 && string(k) == "Retry-After" {
 			ctx.Response.Header.SetCanonical(k, v)
 		}
 	}

@@ -136,15 +136,19 @@ func Parse(data []byte, dir string) (*Config, error) {
 	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return nil, yamlSyntaxError(data, err)
 	}
-	if err := checkShape(&doc); err != nil {
-		return nil, err
-	}
+	lines := indexLines(&doc)
+	shape := checkShape(&doc)
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true) // checkShape found every unknown key; this is a safety net
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, yamlSyntaxError(data, err)
+		// What the shape refused did not decode; the rest did, and its
+		// values are checked in the same pass (configlines.go).
+		var te *yaml.TypeError
+		if shape == nil || !errors.As(err, &te) {
+			return nil, yamlSyntaxError(data, err)
+		}
 	}
-	if err := c.validate(); err != nil {
+	if err := lines.onePass(shape, c.validate()); err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -1,7 +1,11 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 
 	"github.com/kvgate/kvgate/kvbudget"
 )
@@ -170,6 +174,9 @@ func (c *Config) validateModels(p *problems) (models map[string]bool) {
 		}
 		m.defaults()
 		m.check(p, f)
+		if m.Config != "" {
+			c.checkModelFile(p, f+".config", m.Config)
+		}
 	}
 	c.fillAdapters(p)
 	return models
@@ -276,5 +283,23 @@ func (c *Config) fillAdapters(p *problems) {
 		if own.DefaultMaxTokens != 0 {
 			m.DefaultMaxTokens = own.DefaultMaxTokens
 		}
+	}
+}
+
+// checkModelFile reads a model's config.json (or the directory holding
+// it) at load, so that a missing or broken one is reported with the rest,
+// by its full path: a relative one is read from the config file's
+// directory, which the operator may not expect.
+func (c *Config) checkModelFile(p *problems, field, name string) {
+	path, err := filepath.Abs(c.Path(name))
+	if err != nil {
+		path = c.Path(name)
+	}
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		p.bad(field, "%s does not exist (a relative path is read from the config file's directory)", path)
+		return
+	}
+	if _, err := kvbudget.ReadModelConfig(os.DirFS(filepath.Dir(path)), filepath.Base(path)); err != nil {
+		p.bad(field, "%s: %v", path, err)
 	}
 }

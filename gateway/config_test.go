@@ -95,12 +95,13 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}
 }
 
-// Problems found while building the runtime also name their field.
+// Problems found while building the runtime also name their field (a
+// missing model config is found earlier, at load, with the rest).
 func TestBuildErrors(t *testing.T) {
 	tests := []struct {
 		name, yaml, want string
 	}{
-		{"missing model config", strings.Replace(minimal, "../examples/llama-3-8b.json", "nope.json", 1), "models[0] (m): config nope.json: read model config"},
+		{"missing model config", strings.Replace(minimal, "../examples/llama-3-8b.json", "nope.json", 1), "gateway/nope.json does not exist (a relative path is read from the config file's directory) (line 4)"}, // found at load, by its full path
 		{"weights do not fit", strings.Replace(minimal, "24GiB", "16GiB", 1), "backends[0]: gpu \"b\": weights do not fit"},
 		{"tp not dividing", strings.Replace(minimal, "config: ../examples/llama-3-8b.json", "config: ../examples/llama-3-8b.json\n    tp: 3", 1), "models[0] (m): 32 attention heads are not divisible by tensor parallel size 3"},
 		{"inline geometry needs weights", "models: [{name: m, geometry: {layers: 32, kv_heads: 8, head_dim: 128}}]\nbackends: [{name: b, url: 'http://x:1', models: [m], gpu_memory: 24GiB}]\n", "weights_bytes: required"},

@@ -60,6 +60,16 @@ func describeYAMLProblem(data []byte, msg string) error {
 // values are not allowed" comes without a line, and is the first plain
 // value holding ": ".
 func locate(lines []string, n int, msg string) int {
+	// The parser names the line before a tab that breaks the indentation:
+	// the tab's own line is the first from there indented with one.
+	if strings.Contains(msg, "tab character") || strings.Contains(msg, "cannot start any token") {
+		for i := max(n, 1) - 1; i < len(lines); i++ {
+			indent := lines[i][:len(lines[i])-len(strings.TrimLeft(lines[i], " \t"))]
+			if strings.Contains(indent, "\t") {
+				return i + 1
+			}
+		}
+	}
 	for _, br := range []struct{ open, close string }{{"[", "]"}, {"{", "}"}} {
 		if !strings.Contains(msg, "expected ',' or '"+br.close+"'") {
 			continue

@@ -123,7 +123,7 @@ func (p *corsPolicy) apply(ctx *fasthttp.RequestCtx) (done bool) {
 	if origin == "" {
 		return false
 	}
-	preflight := ctx.IsOptions() && len(ctx.Request.Header.Peek("Access-Control-Request-Method")) > 0
+	preflight := isPreflight(ctx)
 	allowed := p.originAllowed(origin)
 	if !preflight {
 		if allowed {
@@ -170,4 +170,20 @@ func (p *corsPolicy) grant(ctx *fasthttp.RequestCtx, origin string) {
 	if !ctx.IsOptions() {
 		ctx.Response.Header.Add("Vary", "Origin")
 	}
+}
+
+// isPreflight says whether the request is a browser's CORS preflight.
+func isPreflight(ctx *fasthttp.RequestCtx) bool {
+	return ctx.IsOptions() && len(ctx.Request.Header.Peek("Origin")) > 0 &&
+		len(ctx.Request.Header.Peek("Access-Control-Request-Method")) > 0
+}
+
+// refuseUnconfiguredPreflight answers a preflight with CORS off: a 405 for
+// OPTIONS would leave the page's developer guessing, so the refusal says
+// what to set.
+func refuseUnconfiguredPreflight(ctx *fasthttp.RequestCtx) {
+	(&apiError{status: 403, typ: typeInvalidRequest, code: "cors_forbidden",
+		message: fmt.Sprintf("Browser pages from other origins may not call this gateway: CORS is off. "+
+			"To allow %q, list it in server.cors.allowed_origins (in the demo: kvgate serve --cors-origin %s).",
+			ctx.Request.Header.Peek("Origin"), ctx.Request.Header.Peek("Origin"))}).write(ctx)
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,7 +10,8 @@ import (
 // A browser's preflight from an allowed origin is answered with the grants
 // it asked for; from another origin, or for a method or header not allowed,
 // it is refused; an allowed origin's real request gets the headers that let
-// its page read the answer. Without server.cors nothing changes.
+// its page read the answer. Without server.cors a preflight is refused
+// saying what to set.
 func TestCORS(t *testing.T) {
 	_, url := startSim(t, nil)
 	_, gw := startGateway(t, baseConfig(url, `server:
@@ -41,7 +43,7 @@ func TestCORS(t *testing.T) {
 		{"another origin", gw, "https://evil.example.com", "POST", "authorization", 403, false},
 		{"a method not allowed", gw, "https://app.example.com", "DELETE", "", 403, false},
 		{"a header not allowed", gw, "https://app.example.com", "POST", "x-secret", 403, false},
-		{"no cors configured", plain, "https://app.example.com", "POST", "", 405, false},
+		{"no cors configured", plain, "https://app.example.com", "POST", "", 403, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := preflight(tc.base, tc.origin, tc.method, tc.headers)
@@ -84,5 +86,39 @@ func TestCORSConfigErrorsNameTheField(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: error %v, want %q", tc.yaml, err, tc.want)
 		}
+	}
+}
+
+// With CORS off, a preflight's refusal says it is CORS and what to set,
+// rather than a 405 for OPTIONS.
+func TestPreflightWithCORSOffSaysWhatToSet(t *testing.T) {
+	_, url := startSim(t, nil)
+	_, gw := startGateway(t, baseConfig(url, ""), Options{})
+	req, _ := http.NewRequest(http.MethodOptions, gw+"/v1/chat/completions", nil)
+	req.Header.Set("Origin", "http://localhost:5173")
+	req.Header.Set("Access-Control-Request-Method", "POST")
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	e := decodeError(t, string(b))
+	if resp.StatusCode != 403 || e.Error.Code == nil || *e.Error.Code != "cors_forbidden" ||
+		!strings.Contains(e.Error.Message, "server.cors.allowed_origins") || !strings.Contains(e.Error.Message, "--cors-origin http://localhost:5173") {
+		t.Errorf("%d %s", resp.StatusCode, b)
+	}
+	if resp.Header.Get("X-Request-Id") == "" {
+		t.Error("the refusal carries no X-Request-Id")
+	}
+	// A plain OPTIONS, not a preflight, is still a wrong method.
+	req, _ = http.NewRequest(http.MethodOptions, gw+"/v1/chat/completions", nil)
+	resp, err = httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 405 {
+		t.Errorf("plain OPTIONS: %d", resp.StatusCode)
 	}
 }

@@ -28,14 +28,15 @@ func (s *Server) Drain() <-chan error {
 	}
 	sc := s.rt.Load().cfg.Server
 	delay := sc.drainDelay()
-	s.log.Info("draining: /readyz answers 503 while the listener serves on for drain_delay",
-		"drain_delay", delay, "shutdown_timeout", sc.DrainTimeout())
+	// Durations as text ("30s"): a JSON log would write nanoseconds.
+	s.log.Info("shutting down: /readyz answers 503 while the listener serves on for drain_delay, then requests in flight get shutdown_timeout",
+		"drain_delay", delay.String(), "shutdown_timeout", sc.DrainTimeout().String())
 	elapsed := make(chan struct{})
 	s.opt.Clock.AfterFunc(delay, func() { close(elapsed) })
 	go func() {
 		<-elapsed
 		s.log.Info("drain_delay over: closing the listener, finishing the requests in flight",
-			"in_flight", s.active.Load(), "shutdown_timeout", sc.DrainTimeout())
+			"in_flight", s.active.Load(), "shutdown_timeout", sc.DrainTimeout().String())
 		// shutdown_timeout is a deadline on the sockets' side (fasthttp's
 		// ShutdownWithContext), so it runs on the wall clock.
 		ctx, cancel := context.WithTimeout(context.Background(), sc.DrainTimeout())

@@ -31,8 +31,24 @@ const (
 	typeServer         = "server_error"
 )
 
+// keptHeaders outlive an error's reset of the answer: they are about the
+// request and the client (its id, what its page may read), not the answer
+// the error replaces.
+var keptHeaders = [...]string{headerRequestID, "Access-Control-Allow-Origin", "Access-Control-Expose-Headers"}
+
 func (e *apiError) write(ctx *fasthttp.RequestCtx) {
+	var kept [len(keptHeaders)][]byte
+	for i, h := range keptHeaders {
+		if v := ctx.Response.Header.Peek(h); len(v) > 0 {
+			kept[i] = append([]byte(nil), v...)
+		}
+	}
 	ctx.Response.Reset()
+	for i, v := range kept {
+		if v != nil {
+			ctx.Response.Header.SetBytesV(keptHeaders[i], v)
+		}
+	}
 	ctx.SetStatusCode(e.status)
 	ctx.SetContentType("application/json")
 	if e.retryAfter > 0 {

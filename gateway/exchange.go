@@ -111,7 +111,11 @@ type exchange struct {
 	resumeBuf admission.Ticket
 
 	access accessRecord // accesslog.go
-	trace  *reqTrace    // trace.go; nil with tracing off
+	// attempts counts the sends to a backend (a failover's and a resumed
+	// stream's included); sentAt is when the last began.
+	attempts int
+	sentAt   time.Time
+	trace    *reqTrace // trace.go; nil with tracing off
 
 	done bool
 }

@@ -77,6 +77,8 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 		x.trace.upstream(x, ureq, be) // its traceparent replaces the client's
 		ureq.SetBodyRaw(body)
 		x.backend = be // the backend waited on, for a first-byte timeout
+		x.attempts++
+		x.sentAt = x.s.now()
 		resp, err := be.Do(x.ctx, ureq)
 		if err == nil {
 			return resp, nil

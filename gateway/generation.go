@@ -127,6 +127,9 @@ func withMaxOutput(body []byte, n int) ([]byte, error) {
 // gateway's own or a backend's, into Anthropic's:
 // {"type":"error","error":{"type":...,"message":...}}. Anthropic's errors
 // have no param, so the message names the field when it does not already.
+// A backend's error in another shape — FastAPI's {"detail": ...}, which
+// vLLM answers for a route or a body it refuses, or plain text — is
+// rewritten too, so that an Anthropic client always reads its own shape.
 // An answer already in Anthropic's shape, and a stream, are left as they
 // are.
 func (s *Server) anthropicErrors(ctx *fasthttp.RequestCtx) {
@@ -136,8 +139,22 @@ func (s *Server) anthropicErrors(ctx *fasthttp.RequestCtx) {
 	}
 	p := s.parsers.Get()
 	defer s.parsers.Put(p)
-	v, err := p.ParseBytes(ctx.Response.Body())
-	if err != nil || v.Type() != fastjson.TypeObject || v.Get("type") != nil {
+	body := ctx.Response.Body()
+	v, err := p.ParseBytes(body)
+	if err != nil || v.Type() != fastjson.TypeObject {
+		msg := strings.TrimSpace(string(body[:min(len(body), 512)]))
+		if msg == "" {
+			msg = fasthttp.StatusMessage(status)
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBody(appendAnthropicError(nil, status, msg))
+		return
+	}
+	if v.Get("type") != nil {
+		return
+	}
+	if d := v.Get("detail"); d != nil {
+		ctx.SetBody(appendAnthropicError(nil, status, fastAPIDetail(d)))
 		return
 	}
 	e := v.Get("error")
@@ -180,4 +197,32 @@ func appendAnthropicErrorObject(dst []byte, status int, msg string) []byte {
 	dst = jsonscan.AppendString(append(dst, `{"type":`...), typ)
 	dst = jsonscan.AppendString(append(dst, `,"message":`...), msg)
 	return append(dst, '}')
+}
+
+// fastAPIDetail is the message of FastAPI's error detail: a string, or a
+// list of validation errors, each a location and a message.
+func fastAPIDetail(d *fastjson.Value) string {
+	if d.Type() == fastjson.TypeString {
+		return string(d.GetStringBytes())
+	}
+	var parts []string
+	for _, item := range d.GetArray() {
+		var loc []string
+		for _, l := range item.GetArray("loc") {
+			if l.Type() == fastjson.TypeString {
+				loc = append(loc, string(l.GetStringBytes()))
+			} else {
+				loc = append(loc, l.String())
+			}
+		}
+		msg := string(item.GetStringBytes("msg"))
+		if len(loc) > 0 {
+			msg = strings.Join(loc, ".") + ": " + msg
+		}
+		parts = append(parts, msg)
+	}
+	if len(parts) == 0 {
+		return d.String()
+	}
+	return strings.Join(parts, "; ")
 }

@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -290,8 +292,10 @@ func TestResponsesDefaultMaxOutputIsSent(t *testing.T) {
 }
 
 // The routes about what a backend keeps are passed through: a stored
-// response, its cancellation, a token count. (The simulator keeps
-// nothing: its own 404 comes back, not the gateway's.)
+// response, its cancellation, a token count. (The simulator keeps no
+// response: its own 404 comes back, not the gateway's. It counts tokens
+// as vLLM does: the prompt a /v1/messages request of the same messages
+// reports as its input_tokens.)
 func TestGenerationSubRoutesPassThrough(t *testing.T) {
 	_, url := startSim(t, nil)
 	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
@@ -305,11 +309,30 @@ func TestGenerationSubRoutesPassThrough(t *testing.T) {
 	if resp.StatusCode != 404 || b.String() != `{"detail":"Not Found"}` {
 		t.Errorf("GET /v1/responses/{id}: %d %s; want the backend's answer", resp.StatusCode, b.String())
 	}
-	for _, path := range []string{"/v1/responses/resp_123/cancel", "/v1/messages/count_tokens"} {
-		r := postJSON(gwURL, path, `{"model":"llama-3-8b","messages":[{"role":"user","content":"hi"}]}`)
-		if r.status != 404 || r.body != `{"detail":"Not Found"}` {
-			t.Errorf("%s: %d %s; want the backend's answer", path, r.status, r.body)
-		}
+	if r := postJSON(gwURL, "/v1/responses/resp_123/cancel", `{}`); r.status != 404 || r.body != `{"detail":"Not Found"}` {
+		t.Errorf("cancel: %d %s; want the backend's answer", r.status, r.body)
+	}
+	const msgs = `"messages":[{"role":"user","content":"How many tokens is this?"}]`
+	count := postJSON(gwURL, "/v1/messages/count_tokens", `{"model":"llama-3-8b","system":"Be brief.",`+msgs+`}`)
+	var counted struct {
+		InputTokens int `json:"input_tokens"`
+	}
+	if count.status != 200 || json.Unmarshal([]byte(count.body), &counted) != nil || counted.InputTokens <= 0 {
+		t.Fatalf("count_tokens: %d %s", count.status, count.body)
+	}
+	gen := postJSON(gwURL, "/v1/messages", `{"model":"llama-3-8b","max_tokens":1,"system":"Be brief.",`+msgs+`}`)
+	var used struct {
+		Usage struct {
+			InputTokens int `json:"input_tokens"`
+		} `json:"usage"`
+	}
+	if gen.status != 200 || json.Unmarshal([]byte(gen.body), &used) != nil || used.Usage.InputTokens != counted.InputTokens {
+		t.Errorf("count_tokens said %d; the messages request used %d (%d %s)", counted.InputTokens, used.Usage.InputTokens, gen.status, gen.body)
+	}
+	// A bad body gets Anthropic's error shape from the simulator too.
+	if r := postJSON(gwURL, "/v1/messages/count_tokens", `{"model":"llama-3-8b","messages":"hi"}`); r.status != 400 ||
+		!strings.HasPrefix(r.body, `{"type":"error","error":{"type":"invalid_request_error"`) {
+		t.Errorf("count_tokens with bad messages: %d %s", r.status, r.body)
 	}
 	if r := postJSON(gwURL, "/v1/messages/count_tokens", `{"model":"nope"}`); r.status != 404 || !strings.HasPrefix(r.body, `{"type":"error","error":{"type":"not_found_error"`) {
 		t.Errorf("count_tokens for an unknown model: %d %s; want Anthropic's 404", r.status, r.body)
@@ -577,4 +600,50 @@ func tokens(t *testing.T, gw *Server, kind, which string) float64 {
 	t.Helper()
 	v, _ := metricValue(t, gw, "kvgate_tokens_"+which+"_total", map[string]string{"model": "llama-3-8b", "kind": kind})
 	return v
+}
+
+// Every error on an Anthropic route reaches the client in Anthropic's
+// shape, a backend's in FastAPI's shape or in plain text included.
+func TestAnthropicRouteErrorsInAnthropicShape(t *testing.T) {
+	f := startFake(t, func(w http.ResponseWriter, r *http.Request, _ <-chan struct{}) {
+		if tokenize3(w, r) {
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		switch {
+		case strings.Contains(string(b), "route"):
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(404)
+			io.WriteString(w, `{"detail":"Not Found"}`)
+		case strings.Contains(string(b), "validation"):
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(422)
+			io.WriteString(w, `{"detail":[{"type":"missing","loc":["body","messages",0,"role"],"msg":"Field required"}]}`)
+		default:
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(500)
+			io.WriteString(w, "Internal Server Error")
+		}
+	})
+	_, gwURL := startGateway(t, baseConfig(f.URL, ""), Options{DisableProbes: true})
+	for _, tc := range []struct{ what, typ, msg string }{
+		{"route", "not_found_error", "Not Found"},
+		{"validation", "invalid_request_error", "body.messages.0.role: Field required"},
+		{"text", "api_error", "Internal Server Error"},
+	} {
+		r := postJSON(gwURL, "/v1/messages/count_tokens", `{"model":"llama-3-8b","messages":[{"role":"user","content":"`+tc.what+`"}]}`)
+		var e struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type    string `json:"type"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(r.body), &e); err != nil || e.Type != "error" || e.Error.Type != tc.typ || e.Error.Message != tc.msg {
+			t.Errorf("%s: %d %s; want %s %q", tc.what, r.status, r.body, tc.typ, tc.msg)
+		}
+		if r.header.Get("X-Request-Id") == "" {
+			t.Errorf("%s: no X-Request-Id", tc.what)
+		}
+	}
 }

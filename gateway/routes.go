@@ -28,6 +28,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			(&apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}).write(ctx)
 		}
 	}()
+	stampRequestID(ctx)
 	if s.conns.past(ctx.Conn()) && !isProbe(ctx.Path()) {
 		s.conns.refuse(ctx)
 		return
@@ -37,6 +38,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	if c := s.rt.Load().cors; c != nil && c.apply(ctx) {
 		return // a preflight, answered
+	} else if c == nil && isPreflight(ctx) {
+		refuseUnconfiguredPreflight(ctx)
+		return
 	}
 	// The completion paths first, compared without making strings of them.
 	// A trailing slash names the same route, as vLLM (Starlette) takes it.

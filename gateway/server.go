@@ -219,7 +219,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 type slogPrintf struct{ l *slog.Logger }
 
 func (p slogPrintf) Printf(format string, args ...any) {
-	p.l.Warn("fasthttp", "msg", redact(fmt.Sprintf(format, args...)))
+	p.l.Warn("fasthttp", "error", redact(fmt.Sprintf(format, args...)))
 }
 
 // Serve serves on ln until Shutdown.
@@ -507,6 +507,7 @@ func (s *Server) preemptionsRose(b *backends.Backend, n float64) bool {
 // fasthttp's error text quotes the request it could not read, headers and
 // keys included, so none of it is echoed.
 func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
+	stampRequestID(ctx)
 	sc := s.rt.Load().cfg.Server
 	var small *fasthttp.ErrSmallBuffer
 	var te interface{ Timeout() bool }

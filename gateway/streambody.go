@@ -51,6 +51,7 @@ func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
 	}
 	b.started = true
 	cw := &countWriter{w: w}
+	b.x.access.sent = cw // the access line's bytes_out
 	bw := sseWriters.Get().(*bufio.Writer)
 	bw.Reset(cw)
 	b.x.relay(bw, b.resp, b.er, b.first)

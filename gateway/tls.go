@@ -40,7 +40,14 @@ func (c *Config) validateBackendTLS(bad func(field, format string, a ...any)) {
 		f := fmt.Sprintf("backends[%d]", i)
 		u, err := url.Parse(b.URL)
 		if b.URL != "" && (err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https")) {
-			bad(f+".url", "%q: want http://host:port or https://host[:port]", b.URL)
+			bad(f+".url", "%q: want http://host:port or https://host[:port]", backends.HideUserinfo(b.URL))
+			continue
+		}
+		if u != nil && u.User != nil {
+			// Refused rather than sent as Basic auth: the url is shown on
+			// /status and in logs, and a credential belongs in a field that
+			// never is.
+			bad(f+".url", "holds credentials (user:password@): give the backend's key in %s.api_key, sent as a bearer token and never shown", f)
 			continue
 		}
 		t := b.TLS
@@ -48,7 +55,7 @@ func (c *Config) validateBackendTLS(bad func(field, format string, a ...any)) {
 			continue
 		}
 		if u.Scheme != "https" {
-			bad(f+".tls", "given for url %q, which is not https://", b.URL)
+			bad(f+".tls", "given for url %q, which is not https://", backends.HideUserinfo(b.URL))
 			continue
 		}
 		t.spec = backends.TLSSpec{ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}

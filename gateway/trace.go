@@ -250,7 +250,9 @@ func (x *exchange) startTrace(ctx *fasthttp.RequestCtx, kind endpoint) {
 	}
 	parent := traceContext.Extract(context.Background(), headerCarrier{&ctx.Request.Header})
 	c, span := t.t.Start(parent, spanNames[kind], trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(x.start),
-		trace.WithAttributes(attribute.String("http.request.method", fasthttp.MethodPost), attribute.String("http.route", kind.path())))
+		trace.WithAttributes(attribute.String("http.request.method", fasthttp.MethodPost), attribute.String("http.route", kind.path()),
+			// As OpenTelemetry names a captured request header.
+			attribute.StringSlice("http.request.header.x-request-id", []string{string(ctx.Request.Header.Peek(headerRequestID))})))
 	x.trace = &reqTrace{t: t, ctx: c, span: span, rc: ctx}
 }
 

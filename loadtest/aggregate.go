@@ -106,6 +106,7 @@ type levelAgg struct {
 	// tputOK and tputTokens are what the server answered inside the measured
 	// windows, warm-up requests that finished there included.
 	tputOK, tputTokens int
+	tputPrompt         int // prompt tokens of the same requests
 	window, wall       time.Duration
 	met, judged        int
 	stopped            string
@@ -171,6 +172,7 @@ func (g *levelAgg) add(a attempt, slo sloLimits, metricsURL string) {
 			if w.end.After(a.measureStart) && !w.end.After(end) {
 				g.tputOK++
 				g.tputTokens += w.outputTokens
+				g.tputPrompt += w.promptTokens
 			}
 		}
 	}
@@ -189,6 +191,7 @@ func (g *levelAgg) add(a attempt, slo sloLimits, metricsURL string) {
 			g.tputOK++
 			g.outTokens += r.OutputTokens
 			g.tputTokens += r.OutputTokens
+			g.tputPrompt += r.PromptTokens
 			g.promptTokens += r.PromptTokens
 			if !r.FirstToken.IsZero() {
 				g.ttft = append(g.ttft, ms(r.TTFT()))
@@ -330,6 +333,9 @@ type StepReport struct {
 	Requests         Counts  `json:"requests"`
 	RequestsPerS     float64 `json:"requests_per_s"`
 	OutputTokensPerS float64 `json:"output_tokens_per_s"`
+	// TotalTokensPerS counts prompt and output tokens, as vLLM's
+	// benchmark_serving and guidellm report total token throughput.
+	TotalTokensPerS  float64 `json:"total_tokens_per_s"`
 	MeanPromptTokens float64 `json:"mean_prompt_tokens"`
 	MeanOutputTokens float64 `json:"mean_output_tokens"`
 
@@ -361,6 +367,7 @@ func (g *levelAgg) report(slo sloLimits, target, confidence float64) StepReport 
 		WindowS: g.window.Seconds(), WallS: g.wall.Seconds(), Requests: g.counts,
 		RequestsPerS:     Rate(float64(g.tputOK), g.window),
 		OutputTokensPerS: Rate(float64(g.tputTokens), g.window),
+		TotalTokensPerS:  Rate(float64(g.tputTokens+g.tputPrompt), g.window),
 		TTFT:             Summarize(g.ttft), ITL: Summarize(g.itl), TPOT: Summarize(g.tpot), E2E: Summarize(g.e2e),
 		StoppedEarly: g.stopped, Saturation: g.saturation, Reasons: []string{},
 	}

@@ -10,11 +10,11 @@ import (
 var CSVHeader = []string{
 	"target", "mode", "level", "attempts", "verdict", "safe", "reasons",
 	"sent", "warmup", "warmup_overflow", "warmup_failed", "ok", "shed_429", "client_4xx", "server_5xx", "overflow", "conn_error", "timeout", "incomplete", "dropped",
-	"window_s", "requests_per_s", "output_tokens_per_s", "mean_prompt_tokens", "mean_output_tokens",
-	"ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
+	"window_s", "requests_per_s", "output_tokens_per_s", "total_tokens_per_s", "mean_prompt_tokens", "mean_output_tokens",
+	"ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
 	"itl_p50_ms", "itl_p90_ms", "itl_p99_ms",
 	"tpot_p50_ms", "tpot_p99_ms",
-	"e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms",
+	"e2e_mean_ms", "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms",
 	"kv_peak", "kv_mean", "preemptions", "oom_events", "peak_running", "peak_waiting",
 	"slo_attainment", "slo_ci_low", "slo_ci_high", "slo_verdict",
 	"saturated", "stopped_early",
@@ -39,12 +39,12 @@ func WriteCSV(w io.Writer, r *Report) error {
 			s.Target, string(s.Mode), fnum(s.Level), strconv.Itoa(s.Attempts), s.Verdict, strconv.FormatBool(s.Safe), joinReasons(s.Reasons),
 			itoa(n.Sent), itoa(n.Warmup), itoa(n.WarmupOverflow), itoa(n.WarmupFailed), itoa(n.OK), itoa(n.Shed), itoa(n.Client4xx), itoa(n.Server5xx), itoa(n.Overflow),
 			itoa(n.ConnError), itoa(n.Timeout), itoa(n.Incomplete), itoa(n.Dropped),
-			fnum(s.WindowS), fnum(s.RequestsPerS), fnum(s.OutputTokensPerS), fnum(s.MeanPromptTokens), fnum(s.MeanOutputTokens),
+			fnum(s.WindowS), fnum(s.RequestsPerS), fnum(s.OutputTokensPerS), fnum(s.TotalTokensPerS), fnum(s.MeanPromptTokens), fnum(s.MeanOutputTokens),
 		}
-		row = append(row, pct(s.TTFT, 50), pct(s.TTFT, 90), pct(s.TTFT, 99))
+		row = append(row, mean(s.TTFT), pct(s.TTFT, 50), pct(s.TTFT, 90), pct(s.TTFT, 99))
 		row = append(row, pct(s.ITL, 50), pct(s.ITL, 90), pct(s.ITL, 99))
 		row = append(row, pct(s.TPOT, 50), pct(s.TPOT, 99))
-		row = append(row, pct(s.E2E, 50), pct(s.E2E, 90), pct(s.E2E, 99))
+		row = append(row, mean(s.E2E), pct(s.E2E, 50), pct(s.E2E, 90), pct(s.E2E, 99))
 		if kv := s.KV; kv != nil {
 			row = append(row, fnum(kv.PeakUsage), fnum(kv.MeanUsage), fnum(kv.Preemptions), fnum(kv.OOMEvents), fnum(kv.PeakRunning), fnum(kv.PeakWaiting))
 		} else {
@@ -88,4 +88,11 @@ func pct(s Summary, p int) string {
 		return strconv.FormatFloat(s.P90, 'f', 3, 64)
 	}
 	return strconv.FormatFloat(s.P99, 'f', 3, 64)
+}
+
+func mean(s Summary) string {
+	if s.N == 0 {
+		return ""
+	}
+	return strconv.FormatFloat(s.Mean, 'f', 3, 64)
 }

@@ -16,7 +16,8 @@ type criteria struct {
 
 // judge fills s's verdict. A step is safe when none of its requests (warm-up
 // included: it is not measured, but its failures count) overflowed, failed on the server, timed out, was refused by the client side
-// of the API (4xx) or lost its connection; when its peak KV usage stayed at or
+// of the API (4xx) or lost its connection; when the server preempted none
+// (where it reports preemptions); when its peak KV usage stayed at or
 // under the ceiling; when it was not over-saturated or cut; and, with SLOs,
 // when the share of requests that met every SLO is proven at or above the
 // target by its Wilson interval. Shed requests (429) are not failures.
@@ -50,6 +51,11 @@ func judge(s *StepReport, c criteria) {
 	}
 	if n.Client4xx > 0 {
 		fail = append(fail, fmt.Sprintf("%d client errors (4xx other than 429)", n.Client4xx))
+	}
+	if s.KV != nil && s.KV.Preemptions > 0 {
+		// vLLM preempts when its KV pool is full: the step went past what
+		// the GPU holds, whatever the SLO says of the requests' latency.
+		fail = append(fail, fmt.Sprintf("preemption: the server preempted %.0f sequences (its KV cache was full)", s.KV.Preemptions))
 	}
 	if s.KV != nil && s.KV.PeakUsage > c.ceiling {
 		fail = append(fail, fmt.Sprintf("peak KV usage %.1f%% above the limit %.0f%%", 100*s.KV.PeakUsage, 100*c.ceiling))

@@ -143,6 +143,13 @@ func TestJudge(t *testing.T) {
 		{"connection errors", func(s *StepReport) { s.Requests.OK, s.Requests.ConnError = 98, 2 }, "unsafe", "2 connection errors"},
 		{"4xx", func(s *StepReport) { s.Requests.OK, s.Requests.Client4xx = 99, 1 }, "unsafe", "client errors"},
 		{"KV above the ceiling", func(s *StepReport) { s.KV.PeakUsage = 0.76 }, "unsafe", "peak KV usage 76.0% above the limit 75%"},
+		{"preemptions", func(s *StepReport) { s.KV.Preemptions = 9 }, "unsafe", "preemption: the server preempted 9 sequences"},
+		// 9 preemptions with the pool at the limit (a full pool under
+		// --max-kv-usage 1) and the SLO unsure: unsafe, not inconclusive.
+		{"preemptions beat an unsure SLO", func(s *StepReport) {
+			s.KV.Preemptions, s.KV.PeakUsage = 9, 0.75
+			s.SLO = &SLOResult{Verdict: "inconclusive", Attainment: 0.95, Judged: 100, Low: 0.9, High: 0.98, Target: 0.95}
+		}, "unsafe", "preemption: the server preempted 9 sequences"},
 		{"KV at the ceiling is under it", func(s *StepReport) { s.KV.PeakUsage = 0.75 }, "safe", ""},
 		{"KV not measured", func(s *StepReport) { s.KV = nil }, "safe", ""},
 		{"shedding is not failing", func(s *StepReport) { s.Requests.OK, s.Requests.Shed = 40, 60 }, "safe", ""},

@@ -16,6 +16,31 @@ type StepInfo struct {
 	Attempt  int
 	Requests int           // counted requests planned; 0 when time-bound
 	Duration time.Duration // counted time planned; 0 when count-bound
+
+	// The whole run: this is step Step (from 1) of Steps planned (every
+	// level of every target; 0 when a search decides how many), begun
+	// RunElapsed after the run's first. A plan that stops at its first
+	// unsafe level may end sooner; re-runs come on top.
+	Step, Steps int
+	RunElapsed  time.Duration
+}
+
+// runPart places the step in the whole run: "step 3/10, 1m20s in, ~2m40s
+// left", the time left at the pace of the steps done so far.
+func (s StepInfo) runPart() string {
+	if s.Step == 0 {
+		return ""
+	}
+	part := fmt.Sprintf("step %d", s.Step)
+	if s.Steps > 0 {
+		part += fmt.Sprintf("/%d", s.Steps)
+	}
+	part += ", " + s.RunElapsed.Round(time.Second).String() + " in"
+	if done := s.Step - 1; done > 0 && s.Steps >= s.Step {
+		left := s.RunElapsed / time.Duration(done) * time.Duration(s.Steps-done)
+		part += ", ~" + left.Round(time.Second).String() + " left"
+	}
+	return part
 }
 
 func (s StepInfo) label() string {
@@ -63,7 +88,11 @@ func (p *lineProgress) Message(msg string) {
 func (p *lineProgress) StepStart(s StepInfo) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	fmt.Fprintf(p.w, "step %s: started, %s\n", s.label(), plannedWork(s))
+	run := ""
+	if r := s.runPart(); r != "" {
+		run = " [" + r + "]"
+	}
+	fmt.Fprintf(p.w, "step %s: started, %s%s\n", s.label(), plannedWork(s), run)
 }
 
 func (p *lineProgress) StepUpdate(StepInfo, ProgressSnapshot) {}
@@ -149,7 +178,11 @@ func barLine(s StepInfo, snap ProgressSnapshot, width int) string {
 	if snap.Total > 0 {
 		total = fmt.Sprint(snap.Total)
 	}
-	return fmt.Sprintf("%s %s %3.0f%%  %d/%s done  ok %d  fail %d  shed %d  in flight %d%s  %s",
+	run := ""
+	if r := s.runPart(); r != "" {
+		run = "  [" + r + "]"
+	}
+	return fmt.Sprintf("%s %s %3.0f%%  %d/%s done  ok %d  fail %d  shed %d  in flight %d%s  %s%s",
 		s.label(), bar, 100*frac, snap.Done, total, snap.OK, snap.Failed, snap.Shed, snap.InFlight, kv,
-		snap.Elapsed.Truncate(100*time.Millisecond))
+		snap.Elapsed.Truncate(100*time.Millisecond), run)
 }

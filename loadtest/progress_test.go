@@ -44,3 +44,30 @@ func TestProgressWriters(t *testing.T) {
 		t.Errorf("bar output %q", out)
 	}
 }
+
+// The whole run's place: step k of N, time in, and time left at the pace
+// of the steps done; a search's count is open.
+func TestRunProgress(t *testing.T) {
+	for _, tc := range []struct {
+		info StepInfo
+		want string
+	}{
+		{StepInfo{}, ""},
+		{StepInfo{Step: 1, Steps: 10}, "step 1/10, 0s in"},
+		{StepInfo{Step: 3, Steps: 10, RunElapsed: 80 * time.Second}, "step 3/10, 1m20s in, ~5m20s left"},
+		{StepInfo{Step: 4, RunElapsed: 90 * time.Second}, "step 4, 1m30s in"},
+	} {
+		if got := tc.info.runPart(); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.info, got, tc.want)
+		}
+	}
+	info := StepInfo{Target: "sim", Mode: ModeConcurrency, Level: 8, Requests: 10, Step: 2, Steps: 4, RunElapsed: time.Minute}
+	var lines bytes.Buffer
+	NewLineProgress(&lines).StepStart(info)
+	if want := "step sim c=8: started, 10 requests [step 2/4, 1m0s in, ~3m0s left]\n"; lines.String() != want {
+		t.Errorf("line %q, want %q", lines.String(), want)
+	}
+	if bar := barLine(info, ProgressSnapshot{Done: 5, Total: 10}, 10); !strings.HasSuffix(bar, "[step 2/4, 1m0s in, ~3m0s left]") {
+		t.Errorf("bar %q", bar)
+	}
+}

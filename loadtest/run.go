@@ -63,8 +63,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		c.Progress.Message(fmt.Sprintf("%s: model %s, prompt lengths by %s", p.report.Name, p.model, describeCalibration(p.report.Calibration)))
 	}
 
+	run := &runSteps{start: c.Clock.Now()}
+	if !c.Search {
+		run.planned = len(c.levels()) * len(preps)
+	}
 	for ti, p := range preps {
-		out, err := runTarget(ctx, c, ti, p, metricsClient, rep)
+		out, err := runTarget(ctx, c, ti, p, metricsClient, rep, run)
 		if err != nil {
 			return nil, err
 		}
@@ -245,7 +249,14 @@ func (w workload) spec(i int) RequestSpec {
 	return RequestSpec{Index: i, Prompt: text, System: w.prefix, PromptTokens: shared + p, MaxTokens: o}
 }
 
-func runTarget(ctx context.Context, c Config, ti int, p *prepared, metricsClient *http.Client, rep *Report) (SearchResult, error) {
+// runSteps counts the run's steps, for its progress.
+type runSteps struct {
+	start   time.Time
+	planned int // 0: a search decides
+	begun   int
+}
+
+func runTarget(ctx context.Context, c Config, ti int, p *prepared, metricsClient *http.Client, rep *Report, run *runSteps) (SearchResult, error) {
 	aggs := map[float64]*levelAgg{}
 	stepIndex := map[float64]int{}
 	slo := sloLimits{ttft: c.SLOTTFT, e2e: c.SLOE2E}
@@ -266,8 +277,14 @@ func runTarget(ctx context.Context, c Config, ti int, p *prepared, metricsClient
 		if c.Cooldown > 0 {
 			waitIdle(ctx, c.Clock, scrape, ready, c.Cooldown)
 		}
+		run.begun++
 		info := StepInfo{Target: p.target.Name, Mode: c.Mode, Level: level, Attempt: attemptNo,
-			Requests: c.requestsFor(level), Duration: c.Duration}
+			Requests: c.requestsFor(level), Duration: c.Duration,
+			Step: run.begun, Steps: max(run.planned, 0), RunElapsed: c.Clock.Now().Sub(run.start)}
+		if attemptNo > 0 && run.planned > 0 {
+			run.planned++ // a re-run is a step more
+			info.Steps = run.planned
+		}
 		c.Progress.StepStart(info)
 		w := newWorkload(c, p.gen, p.report.MaxModelLen, attemptNo, uint64(ti+1)<<48^math.Float64bits(level))
 		sc := stepConfig{

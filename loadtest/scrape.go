@@ -1,7 +1,6 @@
 package loadtest
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -10,8 +9,11 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // maxMetricsBody bounds one /metrics read; a vLLM server's is tens of KiB.
@@ -66,153 +68,82 @@ const (
 	metricSimHealthy  = "kvsim_healthy"
 )
 
-// ParseMetrics reads the Prometheus text exposition format, keeping only the
-// series loadtest uses. Lines it cannot read are skipped, not fatal: one odd
-// metric from another library must not blind the memory curve. It reports an
-// error only when the body holds no sample line at all.
+// ParseMetrics reads the Prometheus text exposition format with
+// Prometheus' own parser (expfmt, as the gateway's backends package reads
+// the same pages), keeping only the series loadtest uses. A body that is
+// not the format is an error, as it is to Prometheus: a scrape that fails
+// is counted and reported, never read as zeros.
 func ParseMetrics(body []byte) (MetricsSample, error) {
 	var s MetricsSample
-	var kvNew, kvOld float64
-	var hasNew, hasOld bool
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		return s, fmt.Errorf("parse metrics: %w", err)
+	}
 	samples := 0
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
+	each := func(name string, f func(v float64, m *dto.Metric)) bool {
+		fam, ok := fams[name]
+		if !ok || len(fam.GetMetric()) == 0 {
+			return false
 		}
-		name, labels, value, ok := parseSampleLine(line)
-		if !ok {
-			continue
-		}
-		samples++
-		if math.IsNaN(value) {
-			continue
-		}
-		switch name {
-		case metricKVUsage:
-			kvNew, hasNew = maxOr(kvNew, value, hasNew), true
-		case metricGPUCache:
-			kvOld, hasOld = maxOr(kvOld, value, hasOld), true
-		case metricRunning:
-			s.Running, s.HasRunning = s.Running+value, true
-		case metricWaiting:
-			s.Waiting, s.HasWaiting = s.Waiting+value, true
-		case metricPreemptions, "vllm:num_preemptions":
-			s.Preemptions, s.HasPreemptions = s.Preemptions+value, true
-		case metricSimOOM:
-			s.OOMEvents, s.HasOOM = s.OOMEvents+value, true
-		case metricSimKVPeak:
-			s.KVPeak, s.HasKVPeak = maxOr(s.KVPeak, value, s.HasKVPeak), true
-		case metricSimHealthy:
-			// Every engine must be up for the server to be.
-			s.Healthy, s.HasHealthy = (s.Healthy || !s.HasHealthy) && value > 0, true
-		case metricCacheConfig:
-			if n, err := strconv.Atoi(labelValue(labels, "num_gpu_blocks")); err == nil {
-				s.NumGPUBlocks += n
-			}
-			if n, err := strconv.Atoi(labelValue(labels, "block_size")); err == nil {
-				s.BlockSize = n
+		for _, m := range fam.GetMetric() {
+			if v := value(m); !math.IsNaN(v) {
+				f(v, m)
 			}
 		}
+		return true
 	}
-	if err := sc.Err(); err != nil {
-		return s, fmt.Errorf("read metrics: %w", err)
+	for _, f := range fams {
+		samples += len(f.GetMetric())
 	}
+	var kv float64
 	switch {
-	case hasNew:
-		s.KVUsage, s.HasKV, s.KVSource = kvNew, true, metricKVUsage
-	case hasOld:
-		s.KVUsage, s.HasKV, s.KVSource = kvOld, true, metricGPUCache
+	case each(metricKVUsage, func(v float64, _ *dto.Metric) { kv = max(kv, v) }):
+		s.KVUsage, s.HasKV, s.KVSource = kv, true, metricKVUsage
+	case each(metricGPUCache, func(v float64, _ *dto.Metric) { kv = max(kv, v) }):
+		s.KVUsage, s.HasKV, s.KVSource = kv, true, metricGPUCache
 	}
+	s.HasRunning = each(metricRunning, func(v float64, _ *dto.Metric) { s.Running += v })
+	s.HasWaiting = each(metricWaiting, func(v float64, _ *dto.Metric) { s.Waiting += v })
+	s.HasPreemptions = each(metricPreemptions, func(v float64, _ *dto.Metric) { s.Preemptions += v }) ||
+		each("vllm:num_preemptions", func(v float64, _ *dto.Metric) { s.Preemptions += v })
+	s.HasOOM = each(metricSimOOM, func(v float64, _ *dto.Metric) { s.OOMEvents += v })
+	s.HasKVPeak = each(metricSimKVPeak, func(v float64, _ *dto.Metric) { s.KVPeak = max(s.KVPeak, v) })
+	s.Healthy = true
+	// Every engine must be up for the server to be.
+	s.HasHealthy = each(metricSimHealthy, func(v float64, _ *dto.Metric) { s.Healthy = s.Healthy && v > 0 })
+	s.Healthy = s.Healthy && s.HasHealthy
+	each(metricCacheConfig, func(_ float64, m *dto.Metric) {
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "num_gpu_blocks":
+				if n, err := strconv.Atoi(l.GetValue()); err == nil {
+					s.NumGPUBlocks += n
+				}
+			case "block_size":
+				if n, err := strconv.Atoi(l.GetValue()); err == nil {
+					s.BlockSize = n
+				}
+			}
+		}
+	})
 	if samples == 0 {
 		return s, errors.New("no Prometheus samples in the body")
 	}
 	return s, nil
 }
 
-func maxOr(cur, v float64, have bool) float64 {
-	if !have {
-		return v
+// value is a sample's value, whatever its family's type.
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	case m.Untyped != nil:
+		return m.GetUntyped().GetValue()
 	}
-	return max(cur, v)
-}
-
-// parseSampleLine splits `name{l="v",...} value [timestamp]`.
-func parseSampleLine(line string) (name, labels string, value float64, ok bool) {
-	i := strings.IndexAny(line, "{ \t")
-	if i <= 0 {
-		return "", "", 0, false
-	}
-	name, rest := line[:i], line[i:]
-	if rest[0] == '{' {
-		end, found := labelsEnd(rest)
-		if !found {
-			return "", "", 0, false
-		}
-		labels, rest = rest[1:end], rest[end+1:]
-	}
-	fields := strings.Fields(rest)
-	if len(fields) == 0 || len(fields) > 2 {
-		return "", "", 0, false
-	}
-	v, err := strconv.ParseFloat(fields[0], 64)
-	if err != nil {
-		return "", "", 0, false
-	}
-	return name, labels, v, true
-}
-
-// labelsEnd finds the '}' closing a label set that starts at s[0] == '{',
-// skipping braces inside quoted, backslash-escaped values.
-func labelsEnd(s string) (int, bool) {
-	inQuote := false
-	for i := 1; i < len(s); i++ {
-		switch c := s[i]; {
-		case inQuote && c == '\\':
-			i++
-		case c == '"':
-			inQuote = !inQuote
-		case !inQuote && c == '}':
-			return i, true
-		}
-	}
-	return 0, false
-}
-
-// labelValue returns the unescaped value of label key in a label set body.
-func labelValue(labels, key string) string {
-	for len(labels) > 0 {
-		eq := strings.IndexByte(labels, '=')
-		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
-			return ""
-		}
-		k := strings.TrimSpace(strings.TrimLeft(labels[:eq], ", "))
-		var b strings.Builder
-		i := eq + 2
-		for ; i < len(labels) && labels[i] != '"'; i++ {
-			if labels[i] == '\\' && i+1 < len(labels) {
-				i++
-				switch labels[i] {
-				case 'n':
-					b.WriteByte('\n')
-				default:
-					b.WriteByte(labels[i])
-				}
-				continue
-			}
-			b.WriteByte(labels[i])
-		}
-		if k == key {
-			return b.String()
-		}
-		if i >= len(labels) {
-			return ""
-		}
-		labels = labels[i+1:]
-	}
-	return ""
+	return math.NaN() // a histogram or summary: none loadtest reads
 }
 
 // scrapeMetrics fetches and parses one /metrics page.

@@ -30,7 +30,6 @@ kvsim_healthy{engine="0"} 1
 kvsim_healthy{engine="1"} 0
 vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="llama-3-8b"} 12
 python_gc_objects_collected_total{generation="0"} NaN
-a line that is not a sample
 `
 
 func TestParseMetrics(t *testing.T) {
@@ -63,14 +62,10 @@ func TestParseMetrics(t *testing.T) {
 	if _, err := ParseMetrics([]byte("<html>not found</html>\n")); err == nil {
 		t.Error("an HTML page parsed as metrics")
 	}
-}
-
-func TestLabelValue(t *testing.T) {
-	labels := `block_size="16",note="a, \"quoted\" }",num_gpu_blocks="99"`
-	for k, want := range map[string]string{"block_size": "16", "note": `a, "quoted" }`, "num_gpu_blocks": "99", "absent": ""} {
-		if got := labelValue(labels, k); got != want {
-			t.Errorf("labelValue(%s) = %q, want %q", k, got, want)
-		}
+	// As Prometheus does, a page with a line that is not the format is
+	// refused whole, naming the line, rather than read in part.
+	if _, err := ParseMetrics([]byte(vllmMetrics + "a line that is not a sample\n")); err == nil || !strings.Contains(err.Error(), "line 21") {
+		t.Errorf("a malformed line: %v", err)
 	}
 }
 

@@ -75,6 +75,7 @@ type ProgressSnapshot struct {
 type finished struct {
 	end          time.Time
 	outputTokens int
+	promptTokens int
 }
 
 // attempt is what one attempt at one level produced.
@@ -349,7 +350,7 @@ func (r *runner) record(i int, res Result) {
 		// or fails says the level is unsafe as loudly as a counted one.
 		switch res.Outcome {
 		case OutcomeOK:
-			r.a.warmupOK = append(r.a.warmupOK, finished{end: res.End, outputTokens: res.OutputTokens})
+			r.a.warmupOK = append(r.a.warmupOK, finished{end: res.End, outputTokens: res.OutputTokens, promptTokens: res.PromptTokens})
 		case OutcomeShed, OutcomeIncomplete, OutcomeDropped:
 		default:
 			r.a.warmupFailed = append(r.a.warmupFailed, res)

@@ -20,7 +20,7 @@ func WriteTable(w io.Writer, r *Report) error {
 	if multi {
 		fmt.Fprint(tw, "target\t")
 	}
-	fmt.Fprintf(tw, "%s\treq/s\tout tok/s\tttft p50\tttft p99\titl p50\titl p99\te2e p50\te2e p99\tok\t429\tfailed\toom\tkv peak\tpreempt\tslo met\t", level)
+	fmt.Fprintf(tw, "%s\treq/s\tout tok/s\ttot tok/s\tttft mean\tttft p50\tttft p90\tttft p99\titl p50\titl p99\te2e mean\te2e p50\te2e p90\te2e p99\tok\t429\tfailed\toom\tkv peak\tpreempt\tslo met\t", level)
 	if priced {
 		fmt.Fprint(tw, "cost/Mtok\trun cost\t")
 	}
@@ -42,10 +42,11 @@ func WriteTable(w io.Writer, r *Report) error {
 		if s.Attempts > 1 {
 			verdict += fmt.Sprintf(" (%d runs)", s.Attempts)
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t",
-			fmtLevel(s.Level), s.RequestsPerS, s.OutputTokensPerS,
-			fmtMsOrDash(s.TTFT), fmtP99OrDash(s.TTFT), fmtMsOrDash(s.ITL), fmtP99OrDash(s.ITL),
-			fmtMsOrDash(s.E2E), fmtP99OrDash(s.E2E),
+		fmt.Fprintf(tw, "%s\t%.2f\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t",
+			fmtLevel(s.Level), s.RequestsPerS, s.OutputTokensPerS, s.TotalTokensPerS,
+			fmtStat(s.TTFT, s.TTFT.Mean), fmtMsOrDash(s.TTFT), fmtStat(s.TTFT, s.TTFT.P90), fmtP99OrDash(s.TTFT),
+			fmtMsOrDash(s.ITL), fmtP99OrDash(s.ITL),
+			fmtStat(s.E2E, s.E2E.Mean), fmtMsOrDash(s.E2E), fmtStat(s.E2E, s.E2E.P90), fmtP99OrDash(s.E2E),
 			s.Requests.OK, s.Requests.Shed, s.Requests.Failed(), s.Requests.Overflow+s.Requests.WarmupOverflow, kv, pre, slo)
 		if priced {
 			perMTok, run := costCells(s)
@@ -85,6 +86,14 @@ func fmtMsOrDash(s Summary) string {
 		return "-"
 	}
 	return fmtMs(s.P50)
+}
+
+// fmtStat is one of s's statistics, v, or "-" when s is empty.
+func fmtStat(s Summary, v float64) string {
+	if s.N == 0 {
+		return "-"
+	}
+	return fmtMs(v)
 }
 
 func fmtP99OrDash(s Summary) string {

@@ -21,6 +21,9 @@ type api uint8
 const (
 	apiResponses api = iota + 1
 	apiMessages
+	// apiCountTokens is Anthropic's /v1/messages/count_tokens: a
+	// messages body without max_tokens, answered with its prompt's length.
+	apiCountTokens
 )
 
 // generateAPI serves /v1/responses or /v1/messages as generate serves
@@ -114,7 +117,7 @@ func (s *Server) streamAPI(w *bufio.Writer, r *request, enc *apiEncoder) {
 // writeAPIError answers with e in a's error shape: OpenAI's for the
 // Responses API, Anthropic's for Messages.
 func (s *Server) writeAPIError(ctx *fasthttp.RequestCtx, a api, e *apiError) {
-	if a != apiMessages {
+	if a != apiMessages && a != apiCountTokens {
 		s.writeError(ctx, e)
 		return
 	}
@@ -169,6 +172,9 @@ func chatBody(p *fastjson.Parser, body []byte, a api) ([]byte, *apiError) {
 		}
 	}
 	maxKey := "max_output_tokens"
+	if a == apiCountTokens {
+		maxKey = "max_tokens" // not required: nothing is generated
+	}
 	if a == apiMessages {
 		maxKey = "max_tokens"
 		if f := v.Get(maxKey); f == nil || f.Type() == fastjson.TypeNull {
@@ -184,7 +190,7 @@ func chatBody(p *fastjson.Parser, body []byte, a api) ([]byte, *apiError) {
 	}
 	out = append(out, `"messages":[`...)
 	var aerr *apiError
-	if a == apiMessages {
+	if a == apiMessages || a == apiCountTokens {
 		out, aerr = messagesPrompt(out, v)
 	} else {
 		out, aerr = responsesPrompt(out, v)
@@ -570,4 +576,23 @@ func (e *apiEncoder) fail(dst []byte, ae *apiError) []byte {
 		b = append(b, jsonString(ae.msg)...)
 		return append(b, `,"param":null,`...)
 	})
+}
+
+// countTokens serves /v1/messages/count_tokens as vLLM does: the body read
+// as /v1/messages reads it (its messages rendered by the chat template),
+// answered {"input_tokens": n}, nothing generated.
+func (s *Server) countTokens(ctx *fasthttp.RequestCtx) {
+	p := s.parsers.Get()
+	body, aerr := chatBody(p, ctx.PostBody(), apiCountTokens)
+	var g genParams
+	if aerr == nil {
+		g, aerr = parseGenRequest(p, body, true, s.set)
+	}
+	s.parsers.Put(p)
+	if aerr != nil {
+		s.writeAPIError(ctx, apiCountTokens, aerr)
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(append(strconv.AppendInt([]byte(`{"input_tokens":`), int64(g.promptTokens), 10), '}'))
 }

@@ -186,6 +186,8 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.generateAPI(ctx, apiResponses) })
 	case "/v1/messages":
 		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.generateAPI(ctx, apiMessages) })
+	case "/v1/messages/count_tokens":
+		s.post(ctx, s.countTokens)
 	case "/tokenize":
 		if s.set.noTokenize {
 			s.notFound(ctx)

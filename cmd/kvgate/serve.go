@@ -10,8 +10,10 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -25,9 +27,17 @@ const demoWeights = 16060522496
 
 // demoConfig is the embedded demo: the gateway in front of one simulated
 // Llama-3-8B on a 24 GiB GPU.
-func demoConfig(listen, simURL string) string {
+func demoConfig(listen, simURL string, corsOrigins []string) string {
+	cors := ""
+	if len(corsOrigins) > 0 {
+		quoted := make([]string, len(corsOrigins))
+		for i, o := range corsOrigins {
+			quoted[i] = strconv.Quote(o)
+		}
+		cors = "server: {cors: {allowed_origins: [" + strings.Join(quoted, ", ") + "]}}\n"
+	}
 	return fmt.Sprintf(`listen: %s
-models:
+%smodels:
   - name: llama-3-8b
     geometry: {layers: 32, kv_heads: 8, head_dim: 128, dtype: bfloat16}
     weights_bytes: %d
@@ -38,7 +48,7 @@ backends:
     url: %s
     models: [llama-3-8b]
     gpu_memory: 24GiB
-`, listen, demoWeights, simURL)
+`, listen, cors, demoWeights, simURL)
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -49,8 +59,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	listen := fs.String("listen", "", "address to serve on, overriding the config's listen (default 127.0.0.1:8080)")
 	simListen := fs.String("demo-sim-listen", "127.0.0.1:8000", "demo only: where the simulated backend listens")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (overrides the config's log.level)")
+	corsOrigin := fs.String("cors-origin", "", "demo only: origins whose browser pages may call the gateway, comma-separated (scheme://host[:port], or *); a config sets server.cors.allowed_origins")
 	if code, ok := parseFlags(fs, args, stdout); !ok {
 		return code
+	}
+	var origins []string
+	if *corsOrigin != "" {
+		if *cfgPath != "" {
+			return fail(stderr, "serve", exitUsage, "--cors-origin is for the demo: with --config, set server.cors.allowed_origins")
+		}
+		for _, o := range strings.Split(*corsOrigin, ",") {
+			origins = append(origins, strings.TrimSpace(o))
+		}
 	}
 	if *check {
 		return checkConfig(*cfgPath, *listen, *asJSON, stdout, stderr)
@@ -75,8 +95,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if addr == "" {
 			addr = "127.0.0.1:8080"
 		}
-		cfg, err = gateway.Parse([]byte(demoConfig(addr, simURL)), ".")
+		cfg, err = gateway.Parse([]byte(demoConfig(addr, simURL, origins)), ".")
 		if err != nil {
+			if len(origins) > 0 {
+				return fail(stderr, "serve", exitUsage, "--cors-origin: %v", err)
+			}
 			return fail(stderr, "serve", exitNo, "demo config: %v", err)
 		}
 	} else {
@@ -148,11 +171,12 @@ send load to %[3]s directly to see it, or through the gateway to see it not happ
 				logger.Info("config reloaded", "file", *cfgPath)
 			}
 		case <-ctx.Done():
-			logger.Info("shutting down: /readyz turns 503, then in-flight requests finish", "drain_timeout", cfg.Server.DrainTimeout())
-			err := <-srv.Drain()
+			began := time.Now()
+			err := <-srv.Drain() // which says "shutting down"
 			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				return fail(stderr, "serve", exitNo, "shutdown: %v", err)
 			}
+			logger.Info("stopped", "took", time.Since(began).Round(time.Millisecond).String(), "requests_cut", errors.Is(err, context.DeadlineExceeded))
 			return exitOK
 		}
 	}
