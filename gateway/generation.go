@@ -76,7 +76,7 @@ func (s *Server) serveGeneration(ctx *fasthttp.RequestCtx, kind endpoint) {
 	}
 	areq := admission.Request{Opaque: !req.stream, Pinned: req.pinned}
 	if req.stream {
-		areq.Stopper = x // stopped, never resumed: x.resume stays nil
+		areq.Stopper = x               // stopped, never resumed: x.resume stays nil
 		areq.NoResume = x.rt.resumes() // as chat's (exchange.go)
 	}
 	if !x.admit(ctx, areq) {

@@ -95,11 +95,12 @@ func (r *reservation) token(idx, textBytes, reported int, byBytes bool) (prompt,
 		return 0, 0, false
 	}
 	c := &r.counts[idx]
-	n := c.note(textBytes, reported, byBytes)
+	prompt = idx / r.n
+	// No sequence generates past its cap, whatever a bound says.
+	n := min(c.note(textBytes, reported, byBytes), max(r.outs[prompt], 1))
 	r.gen[idx] = n
 	// What the guard is told is what the sequence may hold before its
 	// next event: an event's worth ahead of the count, within its cap.
-	prompt = idx / r.n
 	if n = min(n+c.ahead(), max(r.outs[prompt], n)); n <= r.maxGen[prompt] {
 		return prompt, 0, false
 	}
