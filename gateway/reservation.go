@@ -25,7 +25,7 @@ type reservation struct {
 	gen      []int // tokens generated per choice, as counted (see choiceCount)
 	counts   []choiceCount
 	finished []bool
-	maxGen   []int // tokens seen of the furthest choice of each prompt
+	maxGen   []int // tokens of the furthest choice of each prompt, an event ahead (choiceCount.ahead)
 	one      *oneChoice
 	// chains name each prompt's leading full blocks (prefix.go), or nil.
 	chains [][]uint64
@@ -94,17 +94,18 @@ func (r *reservation) token(idx, textBytes, reported int, byBytes bool) (prompt,
 	if idx < 0 || idx >= len(r.gen) || r.finished[idx] {
 		return 0, 0, false
 	}
-	n := r.counts[idx].note(textBytes, reported, byBytes)
-	if n <= r.gen[idx] {
-		return 0, 0, false
-	}
-	r.gen[idx] = n
+	c := &r.counts[idx]
 	prompt = idx / r.n
-	if r.gen[idx] <= r.maxGen[prompt] {
+	// No sequence generates past its cap, whatever a bound says.
+	n := min(c.note(textBytes, reported, byBytes), max(r.outs[prompt], 1))
+	r.gen[idx] = n
+	// What the guard is told is what the sequence may hold before its
+	// next event: an event's worth ahead of the count, within its cap.
+	if n = min(n+c.ahead(), max(r.outs[prompt], n)); n <= r.maxGen[prompt] {
 		return prompt, 0, false
 	}
-	r.maxGen[prompt] = r.gen[idx]
-	return prompt, r.maxGen[prompt], true
+	r.maxGen[prompt] = n
+	return prompt, n, true
 }
 
 // finish marks choice idx done after generating n tokens (n < 0: as many as

@@ -230,6 +230,30 @@ func (rs *resumeState) continuation(kind endpoint, remaining, generated int) ([]
 	return v.MarshalTo(nil), nil
 }
 
+// generatedForResume is what the stopped stream generated, as the
+// continuation's max_tokens, min_tokens and usage take it: the relay's
+// count where the backend reported it or events are tokens; where it is
+// a bound (bytes of text), the backend's own count of the text, asked of
+// its /tokenize — a bound would leave the continuation short of the
+// client's max_tokens, or with none left at all — and the bound still
+// where that fails.
+func (x *exchange) generatedForResume() int {
+	n := x.res.gen[0]
+	c := x.res.counts[0]
+	if c.hasReport || n <= c.events || x.backend == nil || !x.resume.capturing() {
+		return n
+	}
+	body := make([]byte, 0, len(x.resume.text.B)+64)
+	body = jsonscan.AppendString(append(body, `{"model":`...), x.m.name)
+	body = append(append(append(body, `,"prompt":"`...), x.resume.text.B...), `","add_special_tokens":false}`...)
+	t, err := x.backend.Tokenize(x.ctx, body)
+	if err != nil || t < c.events {
+		x.s.log.Warn("could not count a stopped stream's text; resuming it by its bound", "backend", x.backend.Name(), "err", err)
+		return n
+	}
+	return min(t, n)
+}
+
 // resumes says whether streams the guard stops are resumed: under the
 // predicted reservation (the only one whose guard stops anything) unless
 // the configuration says not to.
@@ -253,7 +277,7 @@ func (x *exchange) resumeStream() (resp *backends.Response, er *eventReader, fir
 		o, r, e := x.ended()
 		return nil, nil, nil, e, o, r
 	}
-	generated := x.res.gen[0]
+	generated := x.generatedForResume()
 	remaining := x.res.outs[0] - generated
 	if !rs.capturing() || remaining < 1 || x.hungUp.Load() {
 		if x.hungUp.Load() {

@@ -42,6 +42,10 @@ type choiceCount struct {
 	reported int // the backend's cumulative count, when hasReport
 	// hasReport: a chunk carried the backend's count for this choice.
 	hasReport bool
+	// count is the count last returned; step the most one event moved
+	// it: the backend may be that far ahead of the gateway when its next
+	// event comes.
+	count, step int
 }
 
 // note adds one event's worth (textBytes of text, the backend's count
@@ -55,14 +59,25 @@ func (c *choiceCount) note(textBytes, reported int, byBytes bool) int {
 	if reported >= 0 {
 		c.reported, c.hasReport = max(c.reported, reported), true
 	}
+	n := c.events
 	switch {
 	case c.hasReport:
-		return max(c.reported, c.events)
+		n = max(c.reported, c.events)
 	case byBytes:
-		return max(c.bytes, c.events)
+		n = max(c.bytes, c.events)
 	}
-	return c.events
+	n = max(n, c.count)
+	c.step = max(c.step, n-c.count)
+	c.count = n
+	return n
 }
+
+// ahead is how many tokens past its count the choice's sequence may be
+// before its next event tells: an event's worth, less the one the count
+// has. The guard takes what a stream may hold before its next report to
+// be its count and the next block; with several tokens an event, the
+// backend runs that much further between reports.
+func (c *choiceCount) ahead() int { return max(c.step-1, 0) }
 
 // eventsShort says whether a final usage of completion tokens shows the
 // choices' events below the tokens they carried: more tokens than events,

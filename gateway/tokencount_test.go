@@ -86,6 +86,15 @@ func TestChoiceCount(t *testing.T) {
 			t.Errorf("%s: count %d, want %d", tc.name, got, tc.want)
 		}
 	}
+	// An event's worth ahead: the backend may be that far past the count
+	// when the next event comes.
+	var c choiceCount
+	for _, r := range []int{16, 32, 40} {
+		c.note(20, r, false)
+	}
+	if c.ahead() != 15 {
+		t.Errorf("16 tokens an event: ahead %d, want 15", c.ahead())
+	}
 	// The check of a final usage: more tokens than events, past the end
 	// of sequence token that shows no text.
 	for _, tc := range []struct {
