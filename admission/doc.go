@@ -13,7 +13,10 @@
 // A Scheduler has GPUs and queues. A GPU's budget has a nominal capacity C
 // (Resize) and an effective capacity E <= C that the AIMD loop moves
 // (Feedback: E × Decrease on an over report, never below MinFraction × C;
-// + Increase × C on an under one, never above C). A queue lists the GPUs
+// + Increase × C on an under one, never above C). Memory its backends hold
+// that no admitted request accounts for (SetUnaccounted, as a Reconciler
+// finds it: reconcile.go) comes off E for admissions while it lasts, an
+// input of its own beside the AIMD loop and a limit. A queue lists the GPUs
 // that may serve it (SetAvailable turns one on or off, as its backend's
 // circuit does). Acquire asks for a request in a queue, a class and for a
 // tenant; it is bound to whichever of its queue's GPUs has room for it

@@ -57,7 +57,9 @@ func (c *shareCheck) observe(blocks, hits float64, blockSize int, ok bool) (refu
 	if lagged-c.blocks0 < shareCheckBlocks {
 		return false, counted, found
 	}
-	c.blocks0, c.hits = lagged, hits
+	// The next window starts now on both sides: the hits in hand already
+	// answer for the blocks counted since the previous report too.
+	c.blocks0, c.hits = blocks, hits
 	return found < shareCheckCover*counted, counted, found
 }
 

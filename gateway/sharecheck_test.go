@@ -27,7 +27,8 @@ func TestShareCheckWindow(t *testing.T) {
 		{"hits from elsewhere only add", []step{{0, 1000, true, false}, {40, 1000, true, false}, {40, 9000, true, false}}},
 		{"a hit that comes a report late is in time", []step{{0, 0, true, false}, {49, 0, true, false}, {49, 784, true, false}}},
 		{"no hits refute", []step{{0, 0, true, false}, {31, 0, true, false}, {32, 0, true, false}, {32, 0, true, true}}},
-		{"half the tokens is enough", []step{{0, 0, true, false}, {32, 0, true, false}, {64, 256, true, false}, {64, 511, true, true}}},
+		{"half the tokens is enough", []step{{0, 0, true, false}, {32, 0, true, false}, {64, 256, true, false}, {96, 256, true, false}, {96, 511, true, true}}},
+		{"hits that come before the next window count in this one", []step{{0, 0, true, false}, {40, 0, true, false}, {80, 1280, true, false}, {80, 1280, true, false}, {120, 1280, true, false}, {120, 1920, true, false}}},
 		{"no counters: nothing to compare", []step{{0, 0, false, false}, {64, 0, false, false}, {64, 0, false, false}}},
 		{"a restarted backend starts a new window", []step{{0, 5000, true, false}, {20, 0, true, false}, {52, 0, true, false}, {52, 0, true, true}}},
 	} {
