@@ -180,6 +180,7 @@ func cacheSalt(v *fastjson.Value) ([]byte, *apiError) {
 // tokenizeParams is a parsed /tokenize request.
 type tokenizeParams struct {
 	prompt prompt
+	strs   bool // return_token_strs: the pieces are answered, not only learnt
 }
 
 // parseTokenize reads vLLM's /tokenize request: {"prompt": ...,
@@ -202,7 +203,8 @@ func parseTokenize(p *fastjson.Parser, body []byte, s *settings) (tokenizeParams
 	if aerr != nil {
 		return t, aerr
 	}
-	t.prompt = newPrompt(true, strs)
+	t.strs = strs
+	t.prompt = newPrompt(true, true) // the pieces feed the vocab either way
 	t.prompt.ids = []int{}
 	if v.Get("messages") != nil {
 		aerr = chatTemplate(v, &t.prompt)
@@ -216,6 +218,46 @@ func parseTokenize(p *fastjson.Parser, body []byte, s *settings) (tokenizeParams
 		return t, modelNotFound(model)
 	}
 	return t, nil
+}
+
+// parseDetokenize reads vLLM's /detokenize request: {"tokens": [ids]}, with
+// an optional "model". It answers the ids, each checked to be in the
+// vocabulary as vLLM checks them.
+func parseDetokenize(p *fastjson.Parser, body []byte, s *settings) ([]int, *apiError) {
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return nil, badRequest("", "JSON decode error: %v", err)
+	}
+	if v.Type() != fastjson.TypeObject {
+		return nil, badRequest("", "Input should be a valid dictionary or object to extract fields from")
+	}
+	model, aerr := optString(v, "model")
+	if aerr != nil {
+		return nil, aerr
+	}
+	tv := v.Get("tokens")
+	if tv == nil || tv.Type() == fastjson.TypeNull {
+		return nil, badRequest("tokens", "tokens: Field required")
+	}
+	items, err := tv.Array()
+	if err != nil {
+		return nil, badRequest("tokens", "tokens: Input should be a valid list")
+	}
+	ids := make([]int, len(items))
+	for i, it := range items {
+		id, err := it.Int()
+		if err != nil {
+			return nil, badRequest("tokens", "tokens[%d]: Input should be a valid integer", i)
+		}
+		if id < 0 || id >= vocabSize {
+			return nil, badRequest("tokens", "Token id %d is out of vocabulary", id)
+		}
+		ids[i] = id
+	}
+	if model != "" && model != s.model {
+		return nil, modelNotFound(model)
+	}
+	return ids, nil
 }
 
 // chatTemplate reads how the messages are rendered — vLLM's

@@ -31,6 +31,7 @@ type Server struct {
 	bufs    sync.Pool // *[]byte response buffers
 	now     func() time.Time
 	watch   *connwatch.Watcher // nil: hang-ups of waiting clients go unnoticed
+	vocab   *vocab             // what /detokenize reads back
 
 	modelJSON []byte
 	created   int64         // Unix time of New, for /v1/models
@@ -54,7 +55,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{set: set, now: time.Now, modelJSON: jsonString(set.model),
-		stop: make(chan struct{}), loopDone: make(chan struct{})}
+		stop: make(chan struct{}), loopDone: make(chan struct{}), vocab: newVocab()}
 	s.created = s.now().Unix()
 	s.idSalt = mix(uint64(s.now().UnixNano()))
 	s.eng = newEngine(set, s.now, engineHooks{})
@@ -163,6 +164,8 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		s.post(ctx, s.countTokens)
 	case "/tokenize":
 		s.post(ctx, s.tokenize)
+	case "/detokenize":
+		s.post(ctx, s.detokenize)
 	case "/v1/embeddings":
 		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.pool(ctx, poolEmbed) })
 	case "/pooling":
@@ -249,6 +252,7 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 		s.writeError(ctx, aerr)
 		return
 	}
+	s.vocab.learn(t.prompt.ids, t.prompt.strs)
 	b := make([]byte, 0, 64+8*len(t.prompt.ids))
 	b = append(b, `{"count":`...)
 	b = strconv.AppendInt(b, int64(t.prompt.tokens), 10)
@@ -262,7 +266,7 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 		b = strconv.AppendInt(b, int64(id), 10)
 	}
 	b = append(b, `],"token_strs":`...)
-	if t.prompt.strsToo {
+	if t.strs {
 		b = append(b, '[')
 		for i, str := range t.prompt.strs {
 			if i > 0 {
@@ -274,6 +278,29 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 	} else {
 		b = append(b, `null`...)
 	}
+	b = append(b, '}')
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// detokenize answers vLLM's /detokenize: {"prompt": text}. Special tokens
+// are decoded as their text, as vLLM's decode leaves them. An id no piece
+// the simulator has tokenized or generated holds is refused, naming it:
+// the simulator knows only the pieces it has met (vocab.go).
+func (s *Server) detokenize(ctx *fasthttp.RequestCtx) {
+	p := s.parsers.Get()
+	ids, aerr := parseDetokenize(p, ctx.PostBody(), s.set)
+	s.parsers.Put(p)
+	if aerr != nil {
+		s.writeError(ctx, aerr)
+		return
+	}
+	text, bad, ok := s.vocab.decode(ids)
+	if !ok {
+		s.writeError(ctx, badRequest("tokens", "Token id %d is not one the simulator has produced: it decodes the ids that /tokenize has answered and those of the text it generates", bad))
+		return
+	}
+	b := append([]byte(`{"prompt":`), jsonString(text)...)
 	b = append(b, '}')
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
