@@ -180,13 +180,13 @@ func cacheSalt(v *fastjson.Value) ([]byte, *apiError) {
 // tokenizeParams is a parsed /tokenize request.
 type tokenizeParams struct {
 	prompt prompt
-	strs   bool // return_token_strs: the pieces are answered, not only learnt
 }
 
 // parseTokenize reads vLLM's /tokenize request: {"prompt": ...,
 // "add_special_tokens": true} or {"messages": [...], "add_generation_prompt":
-// true}, with an optional "model" and "return_token_strs".
-func parseTokenize(p *fastjson.Parser, body []byte, s *settings) (tokenizeParams, *apiError) {
+// true}, with an optional "model" and "return_token_strs". The pieces of its
+// text are taught to voc, for /detokenize.
+func parseTokenize(p *fastjson.Parser, body []byte, s *settings, voc *vocab) (tokenizeParams, *apiError) {
 	var t tokenizeParams
 	v, err := p.ParseBytes(body)
 	if err != nil {
@@ -203,9 +203,11 @@ func parseTokenize(p *fastjson.Parser, body []byte, s *settings) (tokenizeParams
 	if aerr != nil {
 		return t, aerr
 	}
-	t.strs = strs
-	t.prompt = newPrompt(true, true) // the pieces feed the vocab either way
+	t.prompt = newPrompt(true, strs)
 	t.prompt.ids = []int{}
+	if model == "" || model == s.model {
+		t.prompt.vocab = voc // another model's text teaches nothing
+	}
 	if v.Get("messages") != nil {
 		aerr = chatTemplate(v, &t.prompt)
 	} else {

@@ -246,13 +246,12 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 
 func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 	p := s.parsers.Get()
-	t, aerr := parseTokenize(p, ctx.PostBody(), s.set)
+	t, aerr := parseTokenize(p, ctx.PostBody(), s.set, s.vocab)
 	s.parsers.Put(p)
 	if aerr != nil {
 		s.writeError(ctx, aerr)
 		return
 	}
-	s.vocab.learn(t.prompt.ids, t.prompt.strs)
 	b := make([]byte, 0, 64+8*len(t.prompt.ids))
 	b = append(b, `{"count":`...)
 	b = strconv.AppendInt(b, int64(t.prompt.tokens), 10)
@@ -266,7 +265,7 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 		b = strconv.AppendInt(b, int64(id), 10)
 	}
 	b = append(b, `],"token_strs":`...)
-	if t.strs {
+	if t.prompt.strsToo {
 		b = append(b, '[')
 		for i, str := range t.prompt.strs {
 			if i > 0 {

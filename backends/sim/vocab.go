@@ -33,15 +33,19 @@ func newVocab() *vocab {
 	return v
 }
 
-// learn records the pieces of ids (strs[i] is the text of ids[i]; empty
-// where the prompt gave the id itself, which teaches nothing).
-func (v *vocab) learn(ids []int, strs []string) {
+// learn records the pieces of text, under one lock; a piece already known
+// costs no allocation.
+func (v *vocab) learn(text []byte) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for i, id := range ids {
-		if strs[i] != "" {
-			v.pieces[id] = strs[i]
+	for len(text) > 0 {
+		n := nextPiece(text)
+		piece := text[:n]
+		id := pieceID(piece)
+		if cur, ok := v.pieces[id]; !ok || cur != string(piece) {
+			v.pieces[id] = string(piece)
 		}
+		text = text[n:]
 	}
 }
 
