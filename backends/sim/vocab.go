@@ -7,11 +7,11 @@ import (
 
 // vocab turns token ids back into text, for /detokenize. The tokenizer's
 // ids are hashes of their pieces, so an id cannot be read back by itself:
-// the vocab learns each piece as /tokenize produces it. Its size is bounded
-// by construction, since an id holds one piece: at most vocabSize entries, each
-// of at most five bytes but for the five special tokens. The special tokens and every piece the
-// simulator generates are known from the start, so generated text decodes
-// whatever was tokenized before.
+// the vocab learns each piece as /tokenize meets it. Its size is bounded by
+// construction, since an id holds one piece: at most vocabSize entries of
+// at most five bytes each, the five special tokens aside. The special
+// tokens and every piece the simulator generates are known from the start,
+// so generated text decodes without having been tokenized.
 //
 // Two pieces that hash to one id share it, as they do in /tokenize's
 // answers; the id decodes to the latest of them to be tokenized, so that
