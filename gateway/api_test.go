@@ -415,7 +415,8 @@ func TestBodyForwardedUnchanged(t *testing.T) {
 	if m["x_custom"] != 1.0 || m["stream_options"].(map[string]any)["include_usage"] != true {
 		t.Errorf("streaming body: %s", b)
 	}
-	if want := `"stream_options":{"include_usage":true},` + stream[1:]; string(b) != "{"+want {
+	// Usage on every chunk too: the gateway counts what the backend counts.
+	if want := `"stream_options":{"include_usage":true,"continuous_usage_stats":true},` + stream[1:]; string(b) != "{"+want {
 		t.Errorf("streaming body should be the client's with one key spliced in:\n got %s", b)
 	}
 }

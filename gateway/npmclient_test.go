@@ -59,10 +59,23 @@ type npmClientResult struct {
 		Code   string `json:"code"`
 		Param  string `json:"param"`
 	} `json:"unknown_model"`
+	Detokenize struct {
+		Text   string `json:"text"`
+		Tokens int    `json:"tokens"`
+	} `json:"detokenize"`
+	CountTokens struct {
+		Short        int `json:"short"`
+		Long         int `json:"long"`
+		UnknownModel struct {
+			Error  string `json:"error"`
+			Status int    `json:"status"`
+			Type   string `json:"type"`
+		} `json:"unknown_model"`
+	} `json:"count_tokens"`
 }
 
-// needNode is the node binary, with the npm openai client installed beside
-// test.mjs. CI installs both (.ci/run), so there a missing one fails the
+// needNode is the node binary, with the npm openai client and Anthropic's
+// SDK installed beside test.mjs. CI installs both (.ci/run), so there a missing one fails the
 // test; elsewhere the test is skipped, saying how to install.
 func needNode(t *testing.T) string {
 	t.Helper()
@@ -78,8 +91,10 @@ func needNode(t *testing.T) string {
 	if err != nil {
 		missing("node is not on PATH")
 	}
-	if _, err := os.Stat(filepath.Join(npmClientDir, "node_modules", "openai", "package.json")); err != nil {
-		missing("the npm openai client is not installed in " + npmClientDir)
+	for _, pkg := range []string{"openai", "@anthropic-ai/sdk"} {
+		if _, err := os.Stat(filepath.Join(npmClientDir, "node_modules", pkg, "package.json")); err != nil {
+			missing("the npm package " + pkg + " is not installed in " + npmClientDir)
+		}
 	}
 	return node
 }
@@ -88,8 +103,10 @@ func needNode(t *testing.T) string {
 // uses it, through the gateway to the simulated vLLM: chat plain and
 // streamed, a completion, embeddings (which it asks for in base64 and
 // decodes itself, checked against the same in floats), the Responses API
-// plain and streamed, the model list, and an unknown model raised as its
-// NotFoundError.
+// plain and streamed, the model list, an unknown model raised as its
+// NotFoundError, and vLLM's /tokenize then /detokenize through the client's
+// fetch; then Anthropic's SDK counting tokens on /v1/messages/count_tokens,
+// and raising an unknown model there as its NotFoundError.
 func TestNPMOpenAIClientThroughGateway(t *testing.T) {
 	node := needNode(t)
 	backend, url := startSim(t, nil)
@@ -134,6 +151,10 @@ func TestNPMOpenAIClientThroughGateway(t *testing.T) {
 		{"models", len(r.Models.IDs) == 1 && r.Models.IDs[0] == "llama-3-8b"},
 		{"unknown_model", r.UnknownModel.Error == "NotFoundError" && r.UnknownModel.Status == 404 &&
 			r.UnknownModel.Code == "model_not_found" && r.UnknownModel.Param == "model"},
+		{"detokenize", r.Detokenize.Text == "Hello, world! 12345 ünïcödé" && r.Detokenize.Tokens > 5},
+		{"count_tokens", r.CountTokens.Short > 0 && r.CountTokens.Long > r.CountTokens.Short &&
+			r.CountTokens.UnknownModel.Error == "NotFoundError" && r.CountTokens.UnknownModel.Status == 404 &&
+			r.CountTokens.UnknownModel.Type == "not_found_error"},
 	}
 	for _, c := range checks {
 		if !c.ok {

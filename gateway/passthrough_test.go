@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"mime/multipart"
 	"net/http"
@@ -99,6 +100,44 @@ func TestPassthroughConfig(t *testing.T) {
 			_, err := Parse([]byte(baseConfig("http://127.0.0.1:1", "passthrough: "+tc.list+"\n")), ".")
 			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestDetokenizeRoundTripThroughGateway: the ids the gateway's /tokenize
+// answers, passed back through its /detokenize to the simulated vLLM,
+// give the text back.
+func TestDetokenizeRoundTripThroughGateway(t *testing.T) {
+	_, url := startSim(t, nil)
+	_, gw := startGateway(t, baseConfig(url, ""), Options{})
+	tests := []struct{ name, tokenize, want string }{
+		{"prompt", `{"model":"llama-3-8b","prompt":"Hello, world! 12345 ünïcödé","add_special_tokens":false}`, "Hello, world! 12345 ünïcödé"},
+		{"prompt with BOS", `{"model":"llama-3-8b","prompt":"Once upon a time"}`, "<|begin_of_text|>Once upon a time"},
+		{"chat", `{"model":"llama-3-8b","messages":[{"role":"user","content":"Hi"}],"add_generation_prompt":false}`,
+			"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tok := postJSON(gw, "/tokenize", tc.tokenize)
+			if tok.err != nil || tok.status != 200 {
+				t.Fatalf("/tokenize: %d %v %s", tok.status, tok.err, tok.body)
+			}
+			var tr struct {
+				Tokens json.RawMessage `json:"tokens"`
+			}
+			if err := json.Unmarshal([]byte(tok.body), &tr); err != nil || len(tr.Tokens) < 3 {
+				t.Fatalf("/tokenize answered %s (%v)", tok.body, err)
+			}
+			de := postJSON(gw, "/detokenize", `{"model":"llama-3-8b","tokens":`+string(tr.Tokens)+`}`)
+			if de.err != nil || de.status != 200 {
+				t.Fatalf("/detokenize: %d %v %s", de.status, de.err, de.body)
+			}
+			var dr struct {
+				Prompt string `json:"prompt"`
+			}
+			if err := json.Unmarshal([]byte(de.body), &dr); err != nil || dr.Prompt != tc.want {
+				t.Errorf("/detokenize of %s = %s (%v), want prompt %q", tr.Tokens, de.body, err, tc.want)
 			}
 		})
 	}

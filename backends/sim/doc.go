@@ -142,7 +142,10 @@
 // completion_tokens is what /tokenize says of the output, and its ids are
 // those /tokenize gives the output text: each piece is a space and at most
 // three letters, or one punctuation mark, and none joins the token before
-// or after it.
+// or after it. Its ids are hashes of the pieces, so /detokenize reads them
+// back through a vocabulary learnt from /tokenize's answers (vocab.go): it
+// decodes the ids /tokenize has given and those of generated text, and
+// refuses others, naming the id.
 //
 // # Stream events
 //
@@ -159,7 +162,8 @@
 // stream_options.include_usage and continuous_usage_stats, the latter the
 // choice's cumulative usage on every chunk as vLLM puts it, unless
 // Config.NoContinuousUsage), GET /v1/models (with max_model_len),
-// POST /tokenize, POST /v1/messages/count_tokens (Anthropic's, answered
+// POST /tokenize, POST /detokenize, POST /v1/messages/count_tokens
+// (Anthropic's, answered
 // {"input_tokens": n} as vLLM does, the messages read as /v1/messages reads
 // them), GET /health and GET /metrics (vLLM's metric names and
 // labels, plus kvsim_ ones). The pooling routes, POST /v1/embeddings,

@@ -194,8 +194,9 @@ type tokenizeParams struct {
 
 // parseTokenize reads vLLM's /tokenize request: {"prompt": ...,
 // "add_special_tokens": true} or {"messages": [...], "add_generation_prompt":
-// true}, with an optional "model" and "return_token_strs".
-func parseTokenize(p *fastjson.Parser, body []byte, s *settings) (tokenizeParams, *apiError) {
+// true}, with an optional "model" and "return_token_strs". The pieces of its
+// text are taught to voc, for /detokenize.
+func parseTokenize(p *fastjson.Parser, body []byte, s *settings, voc *vocab) (tokenizeParams, *apiError) {
 	var t tokenizeParams
 	v, err := p.ParseBytes(body)
 	if err != nil {
@@ -214,6 +215,9 @@ func parseTokenize(p *fastjson.Parser, body []byte, s *settings) (tokenizeParams
 	}
 	t.prompt = newPrompt(true, strs)
 	t.prompt.ids = []int{}
+	if model == "" || model == s.model {
+		t.prompt.vocab = voc // another model's text teaches nothing
+	}
 	if v.Get("messages") != nil {
 		aerr = chatTemplate(v, &t.prompt)
 	} else {
@@ -226,6 +230,46 @@ func parseTokenize(p *fastjson.Parser, body []byte, s *settings) (tokenizeParams
 		return t, modelNotFound(model)
 	}
 	return t, nil
+}
+
+// parseDetokenize reads vLLM's /detokenize request: {"tokens": [ids]}, with
+// an optional "model". It answers the ids, each checked to be in the
+// vocabulary as vLLM checks them.
+func parseDetokenize(p *fastjson.Parser, body []byte, s *settings) ([]int, *apiError) {
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return nil, badRequest("", "JSON decode error: %v", err)
+	}
+	if v.Type() != fastjson.TypeObject {
+		return nil, badRequest("", "Input should be a valid dictionary or object to extract fields from")
+	}
+	model, aerr := optString(v, "model")
+	if aerr != nil {
+		return nil, aerr
+	}
+	tv := v.Get("tokens")
+	if tv == nil || tv.Type() == fastjson.TypeNull {
+		return nil, badRequest("tokens", "tokens: Field required")
+	}
+	items, err := tv.Array()
+	if err != nil {
+		return nil, badRequest("tokens", "tokens: Input should be a valid list")
+	}
+	ids := make([]int, len(items))
+	for i, it := range items {
+		id, err := it.Int()
+		if err != nil {
+			return nil, badRequest("tokens", "tokens[%d]: Input should be a valid integer", i)
+		}
+		if id < 0 || id >= vocabSize {
+			return nil, badRequest("tokens", "Token id %d is out of vocabulary", id)
+		}
+		ids[i] = id
+	}
+	if model != "" && model != s.model {
+		return nil, modelNotFound(model)
+	}
+	return ids, nil
 }
 
 // chatTemplate reads how the messages are rendered — vLLM's

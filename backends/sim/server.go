@@ -32,6 +32,7 @@ type Server struct {
 	now     func() time.Time
 	watch   *connwatch.Watcher // nil: hang-ups of waiting clients go unnoticed
 	events  *eventPublisher    // nil: no KV events
+	vocab   *vocab             // what /detokenize reads back
 
 	modelJSON []byte
 	created   int64         // Unix time of New, for /v1/models
@@ -55,7 +56,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{set: set, now: time.Now, modelJSON: jsonString(set.model),
-		stop: make(chan struct{}), loopDone: make(chan struct{})}
+		stop: make(chan struct{}), loopDone: make(chan struct{}), vocab: newVocab()}
 	s.created = s.now().Unix()
 	s.idSalt = mix(uint64(s.now().UnixNano()))
 	s.eng = newEngine(set, s.now, engineHooks{})
@@ -194,6 +195,8 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		s.post(ctx, s.tokenize)
+	case "/detokenize":
+		s.post(ctx, s.detokenize)
 	case "/v1/embeddings":
 		s.post(ctx, func(ctx *fasthttp.RequestCtx) { s.pool(ctx, poolEmbed) })
 	case "/pooling":
@@ -278,7 +281,7 @@ func (s *Server) models(ctx *fasthttp.RequestCtx) {
 
 func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 	p := s.parsers.Get()
-	t, aerr := parseTokenize(p, ctx.PostBody(), s.set)
+	t, aerr := parseTokenize(p, ctx.PostBody(), s.set, s.vocab)
 	s.parsers.Put(p)
 	if aerr != nil {
 		s.writeError(ctx, aerr)
@@ -309,6 +312,29 @@ func (s *Server) tokenize(ctx *fasthttp.RequestCtx) {
 	} else {
 		b = append(b, `null`...)
 	}
+	b = append(b, '}')
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// detokenize answers vLLM's /detokenize: {"prompt": text}. Special tokens
+// are decoded as their text, as vLLM's decode leaves them. An id no piece
+// the simulator has tokenized or generated holds is refused, naming it:
+// the simulator knows only the pieces it has met (vocab.go).
+func (s *Server) detokenize(ctx *fasthttp.RequestCtx) {
+	p := s.parsers.Get()
+	ids, aerr := parseDetokenize(p, ctx.PostBody(), s.set)
+	s.parsers.Put(p)
+	if aerr != nil {
+		s.writeError(ctx, aerr)
+		return
+	}
+	text, bad, ok := s.vocab.decode(ids)
+	if !ok {
+		s.writeError(ctx, badRequest("tokens", "Token id %d is not one the simulator has produced: it decodes the ids that /tokenize has answered and those of the text it generates", bad))
+		return
+	}
+	b := append([]byte(`{"prompt":`), jsonString(text)...)
 	b = append(b, '}')
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)

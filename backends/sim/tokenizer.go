@@ -156,6 +156,7 @@ type prompt struct {
 	collect bool
 	strsToo bool
 	blocks  blockHasher // on: the prefix cache's block hashes are wanted
+	vocab   *vocab      // non-nil: the text's pieces are taught to it (/tokenize)
 }
 
 func newPrompt(collect, strs bool) prompt {
@@ -188,6 +189,9 @@ func (p *prompt) special(id int, text string) {
 
 func (p *prompt) text(b []byte) {
 	p.hashBytes(b)
+	if p.vocab != nil {
+		p.vocab.learn(b)
+	}
 	if !p.collect && !p.blocks.on() {
 		p.tokens += countTokens(b)
 		return

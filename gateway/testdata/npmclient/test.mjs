@@ -1,10 +1,12 @@
-// The npm openai client against kvgate, as a user's app would call it.
+// The npm openai client and Anthropic's SDK against kvgate, as a user's app
+// would call them.
 // KVGATE_BASE_URL is the gateway's /v1 URL; KVGATE_MODEL the model it
 // serves (llama-3-8b unless set). Prints one JSON line: each call's result
 // or error, and "ok"; exits 1 if any call failed its check.
 //
 // Run by gateway/npmclient_test.go; install with
 //   npm ci --prefix gateway/testdata/npmclient
+import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
 
 const baseURL = process.env.KVGATE_BASE_URL;
@@ -13,6 +15,10 @@ if (!baseURL) {
   console.error("KVGATE_BASE_URL is not set");
   process.exit(2);
 }
+
+// The gateway's root, where vLLM's /tokenize and /detokenize are and
+// below which Anthropic's SDK adds /v1/messages.
+const rootURL = baseURL.replace(/\/v1\/?$/, "");
 
 // Each request's path and JSON body, to see what the client asked for
 // beneath what it hands back.
@@ -158,6 +164,48 @@ await check("unknown_model", async () => {
     return { error: err.constructor.name, status: err.status, code: err.code, param: err.param };
   }
   throw new Error("an unknown model was answered");
+});
+
+// vLLM's /tokenize and /detokenize, which the client has no method for:
+// through the fetch it is given, as its own requests go.
+await check("detokenize", async () => {
+  const text = "Hello, world! 12345 ünïcödé";
+  const call = async (path, body) => {
+    const r = await recordingFetch(rootURL + path, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    const b = await r.json();
+    must(r.ok, `${path}: ${r.status} ${JSON.stringify(b)}`);
+    return b;
+  };
+  const t = await call("/tokenize", { model, prompt: text, add_special_tokens: false });
+  must(Array.isArray(t.tokens) && t.tokens.length === t.count && t.count > 0, `/tokenize: ${JSON.stringify(t)}`);
+  const d = await call("/detokenize", { model, tokens: t.tokens });
+  must(d.prompt === text, `/detokenize gave ${JSON.stringify(d.prompt)} for ${JSON.stringify(text)}`);
+  return { text: d.prompt, tokens: t.count };
+});
+
+// Anthropic's SDK counts a message's tokens on /v1/messages/count_tokens;
+// an unknown model is raised as its NotFoundError, which it can only do
+// from an error in Anthropic's shape.
+const anthropic = new Anthropic({ baseURL: rootURL, apiKey: "unused", maxRetries: 0, timeout: 30_000 });
+await check("count_tokens", async () => {
+  const count = (content) => anthropic.messages.countTokens({ model, messages: [{ role: "user", content }] });
+  const short = await count("Hi");
+  const long = await count("Hi, and a good deal more than that, said at length.");
+  must(short.input_tokens > 0 && long.input_tokens > short.input_tokens,
+    `input_tokens ${JSON.stringify(short)} then ${JSON.stringify(long)}`);
+  let unknown = null;
+  try {
+    await anthropic.messages.countTokens({ model: "no-such-model", messages: [{ role: "user", content: "Hi" }] });
+  } catch (err) {
+    must(err instanceof Anthropic.NotFoundError, `raised ${err && err.constructor && err.constructor.name}: ${err}`);
+    unknown = { error: err.constructor.name, status: err.status, type: err.error?.error?.type };
+  }
+  must(unknown, "an unknown model was counted");
+  return { short: short.input_tokens, long: long.input_tokens, unknown_model: unknown };
 });
 
 results.ok = !failed;
