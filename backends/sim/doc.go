@@ -163,9 +163,8 @@
 // choice's cumulative usage on every chunk as vLLM puts it, unless
 // Config.NoContinuousUsage), GET /v1/models (with max_model_len),
 // POST /tokenize, POST /detokenize, POST /v1/messages/count_tokens
-// (Anthropic's, answered
-// {"input_tokens": n} as vLLM does, the messages read as /v1/messages reads
-// them), GET /health and GET /metrics (vLLM's metric names and
+// (Anthropic's, answered {"input_tokens": n} as vLLM does, the messages
+// read as /v1/messages reads them), GET /health and GET /metrics (vLLM's metric names and
 // labels, plus kvsim_ ones). The pooling routes, POST /v1/embeddings,
 // /pooling, /classify, /score and /v1/score, /rerank, /v1/rerank and
 // /v2/rerank, answer in vLLM's shapes with usage (pooling.go): each input,
