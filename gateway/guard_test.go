@@ -99,24 +99,7 @@ func TestGuardResumesStoppedStreams(t *testing.T) {
 	body := `{"model":"llama-3-8b","messages":[{"role":"user","content":"LONG` + words(50) + `"}],"max_tokens":500,"stream":true,"stream_options":{"include_usage":true}}`
 	alone := postJSON(gwURL, "/v1/chat/completions", body) // never stopped: the usage to expect
 	want := usageOf(t, alone.body)
-	const n = 30
-	var wg sync.WaitGroup
-	res := make([]result, n)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res[i] = postJSON(gwURL, "/v1/chat/completions", body)
-		}()
-	}
-	wg.Wait()
-	for i, r := range res {
-		if r.err != nil || r.status != 200 || strings.Contains(r.body, `"error"`) || !strings.HasSuffix(r.body, "data: [DONE]\n\n") {
-			t.Fatalf("request %d: %v %d ...%s", i, r.err, r.status, r.body[max(0, len(r.body)-300):])
-		}
-		if roles := strings.Count(r.body, `"role":"assistant"`); roles != 1 {
-			t.Errorf("request %d: %d role chunks, want 1", i, roles)
-		}
+	for i, r := range wholeStreams(t, gwURL, body, 30) {
 		got := usageOf(t, r.body)
 		contents := strings.Count(r.body, `"content":"`) - 1 // the role chunk's empty content
 		if got[0] != want[0] || got[1] != contents {
@@ -278,4 +261,30 @@ func TestPinnedLengthsReservedAtWorstCase(t *testing.T) {
 		})
 		eventually(t, "the request to end", func() bool { return held(gw) == 0 })
 	}
+}
+
+// wholeStreams sends body as n chat streams at once and fails t unless
+// every answer is whole: a 200 without an error event, one role chunk, one
+// finish_reason, and [DONE] last.
+func wholeStreams(t *testing.T, gwURL, body string, n int) []result {
+	t.Helper()
+	var wg sync.WaitGroup
+	res := make([]result, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i] = postJSON(gwURL, "/v1/chat/completions", body)
+		}()
+	}
+	wg.Wait()
+	for i, r := range res {
+		if r.err != nil || r.status != 200 || strings.Contains(r.body, `"error"`) || !strings.HasSuffix(r.body, "data: [DONE]\n\n") {
+			t.Fatalf("request %d: %v %d ...%s", i, r.err, r.status, r.body[max(0, len(r.body)-300):])
+		}
+		if roles, finishes := strings.Count(r.body, `"role":"assistant"`), strings.Count(r.body, `"finish_reason":"`); roles != 1 || finishes != 1 {
+			t.Errorf("request %d: %d role chunks and %d finishes, want one of each", i, roles, finishes)
+		}
+	}
+	return res
 }

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -289,24 +288,12 @@ func TestGuardHoldsWhenEventsCarrySeveralTokens(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			backend, pool, gw, gwURL := taughtShortAnswers(t, "", tc.mut)
-			body := chatBody("LONG"+words(50), 500, true)
-			const n = 30
-			var wg sync.WaitGroup
-			res := make([]result, n)
-			for i := range n {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					res[i] = postJSON(gwURL, "/v1/chat/completions", body)
-				}()
-			}
-			wg.Wait()
-			for i, r := range res {
-				if r.err != nil || r.status != 200 || strings.Contains(r.body, `"error"`) || !strings.HasSuffix(r.body, "data: [DONE]\n\n") {
-					t.Fatalf("request %d: %v %d ...%s", i, r.err, r.status, r.body[max(0, len(r.body)-300):])
-				}
-				if roles := strings.Count(r.body, `"role":"assistant"`); roles != 1 || strings.Count(r.body, `"finish_reason":"`) != 1 {
-					t.Errorf("request %d: %d role chunks, want 1, and one finish", i, roles)
+			body := `{"model":"llama-3-8b","messages":[{"role":"user","content":"LONG` + words(50) + `"}],"max_tokens":500,"stream":true,"stream_options":{"include_usage":true}}`
+			for i, r := range wholeStreams(t, gwURL, body, 30) {
+				// Usage is the backend's count of one exchange, never past
+				// the client's max_tokens, however the events were merged.
+				if u := usageOf(t, r.body); u[1] < 1 || u[1] > 500 {
+					t.Errorf("request %d: usage completion %d, want 1..500 (max_tokens)", i, u[1])
 				}
 			}
 			st := backend.Stats()
