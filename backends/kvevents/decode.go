@@ -81,6 +81,14 @@ type Batch struct {
 // each event a map whose "type" is its tag). Unknown event kinds are an
 // error: a batch only partly understood would leave the index wrong.
 func Decode(payload []byte) (Batch, error) {
+	// A length in an array or map header is trusted by the decoder's
+	// DecodeInterface, which allocates it before reading one element: five
+	// bytes of garbage could ask for gigabytes. Skipping walks the same
+	// headers without allocating, so a frame whose lengths its bytes do not
+	// back is refused before anything is built from it.
+	if err := msgpack.NewDecoder(bytes.NewReader(payload)).Skip(); err != nil {
+		return Batch{}, fmt.Errorf("kvevents: decode batch: %w", err)
+	}
 	d := msgpack.NewDecoder(bytes.NewReader(payload))
 	d.UseLooseInterfaceDecoding(true)
 	v, err := d.DecodeInterface()
