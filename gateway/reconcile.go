@@ -86,24 +86,24 @@ type reconcileView struct {
 	Running int `json:"backend_running"`
 }
 
-// reconcile reads g's backends' report against what is admitted there and
-// returns what comes off want, the GPU's budget; in a gateway alone it
-// sets the scheduler's input itself.
-func (s *Server) reconcile(rt *runtime, g *gpu, pool, used, want int64) int64 {
+// reconcile reads g's backends' report against what is admitted there. In
+// a gateway alone it sets the scheduler's input itself; in a fleet
+// setBudget takes the last figure off the budget it announces.
+func (s *Server) reconcile(rt *runtime, g *gpu, pool, used int64) {
 	cfg := rt.cfg.Admission.Reconcile
 	if !cfg.on() {
 		if s.fleet == nil {
 			_ = rt.sched.SetUnaccounted(g.id, 0)
 		}
-		return 0
+		return
 	}
 	gr := rt.reconciled.forGPU(g.id, cfg)
 	if gr == nil {
-		return 0
+		return
 	}
 	st, ok := rt.sched.GPU(g.id)
 	if !ok {
-		return 0
+		return
 	}
 	in := admission.Reading{At: s.opt.Clock.Now(), Pool: pool, Used: used, Accounted: st.Now}
 	if s.fleet != nil {
@@ -141,7 +141,6 @@ func (s *Server) reconcile(rt *runtime, g *gpu, pool, used, want int64) int64 {
 			s.log.Error("take unaccounted memory off a GPU's budget", "gpu", g.name, "err", err)
 		}
 	}
-	return min(got.Unaccounted, want-1)
 }
 
 // othersLeased is what the other replicas of a fleet lease on the GPU

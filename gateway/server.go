@@ -422,7 +422,7 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 		}
 	}
 	whole := min(g.nominal, pool) // what g.capacity() says, without reading the reports twice
-	s.reconcile(rt, g, pool, used, whole)
+	s.reconcile(rt, g, pool, used)
 	if kv, ok := b.KV(); ok && kv.HasPool() {
 		s.poolReported(rt, g, b.Name(), kv.NumGPUBlocks*int64(kv.BlockSize)*g.bytesPerToken[b])
 	}
