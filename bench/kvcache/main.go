@@ -11,7 +11,7 @@
 //
 // It prints goodput (output tokens/s of answered requests), p90 time to
 // first token, the simulators' prefix-cache hit rate, overflows and
-// failures, then the acceptance checks.
+// failures, then its checks against the bars binding by cache must meet.
 //
 //	go run ./bench/kvcache [--requests 400] [--clients 24] [--time-scale 0.5]
 package main
