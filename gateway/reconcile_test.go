@@ -62,17 +62,7 @@ func TestReconcileUnaccountedMemory(t *testing.T) {
 		pool       = 1000 * 16 * 131072 // blocks × tokens × bytes per token of Llama-3-8B
 		blockBytes = 16 * 131072
 	)
-	report := func() {
-		t.Helper()
-		rt := s.rt.Load()
-		b := rt.upstreams.Backends()[0]
-		r, ok := b.Scrape(context.Background())
-		if !ok {
-			t.Fatalf("scrape: %v", b.LastError())
-		}
-		s.onKVReport(rt, b, r, ok)
-		clock.Advance(time.Second)
-	}
+	report := func() { t.Helper(); reportAndTick(t, s, clock) }
 	unaccounted := func() int64 { return onlyGPU(s).Unaccounted }
 	expect := func(step string, want int64) {
 		t.Helper()
@@ -222,17 +212,7 @@ func TestReconcileUnderASharedBudget(t *testing.T) {
 		pool       = 1000 * 16 * 131072
 		blockBytes = 16 * 131072
 	)
-	report := func() {
-		t.Helper()
-		rt := s.rt.Load()
-		b := rt.upstreams.Backends()[0]
-		r, ok := b.Scrape(context.Background())
-		if !ok {
-			t.Fatalf("scrape: %v", b.LastError())
-		}
-		s.onKVReport(rt, b, r, ok)
-		clock.Advance(time.Second)
-	}
+	report := func() { t.Helper(); reportAndTick(t, s, clock) }
 	be.set(0.3, 0)
 	for range 6 {
 		report()
@@ -247,4 +227,18 @@ func TestReconcileUnderASharedBudget(t *testing.T) {
 	advanceUntil(t, clock, 100*time.Millisecond, "the announced budget less the unaccounted memory", func() bool {
 		return lease(s).Budget == pool-want
 	})
+}
+
+// reportAndTick has the gateway scrape its only backend and act on the
+// report, as its probe would, then moves the clock a scrape interval on.
+func reportAndTick(t *testing.T, s *Server, clock interface{ Advance(time.Duration) }) {
+	t.Helper()
+	rt := s.rt.Load()
+	b := rt.upstreams.Backends()[0]
+	r, ok := b.Scrape(context.Background())
+	if !ok {
+		t.Fatalf("scrape: %v", b.LastError())
+	}
+	s.onKVReport(rt, b, r, ok)
+	clock.Advance(time.Second)
 }
