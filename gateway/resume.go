@@ -186,10 +186,14 @@ func (rs *resumeState) continuation(kind endpoint, remaining, generated int) ([]
 	if err != nil {
 		return nil, fmt.Errorf("parse the body sent: %w", err)
 	}
+	// Strings go in as JSON already quoted and are parsed, never read:
+	// fastjson unescapes a string it is asked the type or bytes of, and
+	// quotes it again the Go way (\a, \x01, \U000e0067), which is not
+	// JSON. The text is the contents of JSON strings, so quoting it whole is
+	// one.
 	quoted := make([]byte, 0, len(rs.text.B)+2)
 	quoted = append(append(append(quoted, '"'), rs.text.B...), '"')
-	text, err := tp.ParseBytes(quoted)
-	if err != nil || text.Type() != fastjson.TypeString {
+	if err := fastjson.ValidateBytes(quoted); err != nil {
 		return nil, fmt.Errorf("the generated text is not a JSON string: %w", err)
 	}
 	var a fastjson.Arena
@@ -199,6 +203,10 @@ func (rs *resumeState) continuation(kind endpoint, remaining, generated int) ([]
 		if msgs == nil || msgs.Type() != fastjson.TypeArray {
 			return nil, errors.New("the body sent has no messages")
 		}
+		text, err := tp.ParseBytes(quoted)
+		if err != nil {
+			return nil, fmt.Errorf("the generated text is not a JSON string: %w", err)
+		}
 		m := a.NewObject()
 		m.Set("role", a.NewString("assistant"))
 		m.Set("content", text)
@@ -206,11 +214,18 @@ func (rs *resumeState) continuation(kind endpoint, remaining, generated int) ([]
 		v.Set("add_generation_prompt", a.NewFalse())
 		v.Set("continue_final_message", a.NewTrue())
 	default:
-		prompt, err := v.Get("prompt").StringBytes()
-		if err != nil {
-			return nil, fmt.Errorf("the body sent has no prompt string: %w", err)
+		var prompt []byte
+		if pv := v.Get("prompt"); pv != nil {
+			prompt = pv.MarshalTo(nil) // as sent: a string's marshalling is its raw bytes
 		}
-		v.Set("prompt", a.NewStringBytes(append(append([]byte(nil), prompt...), text.GetStringBytes()...)))
+		if len(prompt) < 2 || prompt[0] != '"' {
+			return nil, errors.New("the body sent has no prompt string")
+		}
+		joined, err := tp.ParseBytes(append(append(prompt[:len(prompt)-1], rs.text.B...), '"'))
+		if err != nil {
+			return nil, fmt.Errorf("the prompt and the generated text: %w", err)
+		}
+		v.Set("prompt", joined)
 	}
 	set := false
 	for _, k := range [...]string{"max_tokens", "max_completion_tokens"} {

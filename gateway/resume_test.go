@@ -85,6 +85,18 @@ func TestContinuation(t *testing.T) {
 			`{"model":"m","prompt":"Once upon","stream":true}`,
 			` a time \u00e9`,
 			map[string]any{"model": "m", "prompt": "Once upon a time é", "stream": true, "max_tokens": 60.0}},
+		// Text Go's strconv would quote its own way (\a, \x01, \U000e0067:
+		// not JSON) stays in JSON's escapes, in the text and in the prompt.
+		{"chat: control characters and a flag's tag characters", chatCompletions,
+			`{"model":"m","messages":[{"role":"user","content":"bell\u0007"}]}`,
+			`\u0001 \ud83c\udff4\udb40\udc67\udb40\udc62\udb40\udc73\udb40\udc63\udb40\udc74\udb40\udc7f`,
+			map[string]any{"model": "m", "max_tokens": 60.0,
+				"messages":              []any{map[string]any{"role": "user", "content": "bell\a"}, map[string]any{"role": "assistant", "content": "\x01 \U0001F3F4\U000E0067\U000E0062\U000E0073\U000E0063\U000E0074\U000E007F"}},
+				"add_generation_prompt": false, "continue_final_message": true}},
+		{"completion: control characters", completions,
+			`{"model":"m","prompt":"bell\u0007\u000b"}`,
+			`\u0001\ud83c\udff4\udb40\udc67`,
+			map[string]any{"model": "m", "prompt": "bell\a\v\x01\U0001F3F4\U000E0067", "max_tokens": 60.0}},
 	} {
 		rs := newResumeState()
 		rs.keep([]byte(tc.sent), headerMap{"X-Request-Id": "abc"})
