@@ -31,6 +31,12 @@
 // steady state. The cold start is a gateway's cost at every restart; the
 // steady state is what it runs at between them.
 //
+// --baseline BIN compares two builds of the gateway in one run: only the
+// gateway rows with reservations are measured (no sweep, no vLLM rows), each
+// twice over a fresh simulator of its own, first with this build and then
+// with BIN, so that both see the same load, seed and machine; the ratio
+// column is then each row against the row before it.
+//
 // It builds kvgate, starts every simulator and gateway as a process of its
 // own on free loopback ports, and drives them with kvgate loadtest.
 package main
@@ -60,6 +66,10 @@ type options struct {
 	// predicted is more admission keys for the rows with predicted
 	// reservations, to weigh a setting (epsilon, headroom) side by side.
 	predicted string
+	// baseline is a second kvgate build whose gateway rows run beside
+	// this build's (--baseline); its kit, set by run, starts only gateways.
+	baseline string
+	base     *benchkit.Kit
 }
 
 func main() {
@@ -70,12 +80,20 @@ func main() {
 	flag.StringVar(&o.sweep, "sweep", "8..32+4", "concurrency limits tried straight at the simulator")
 	flag.StringVar(&o.workloads, "workloads", "early-stop,fixed", "workloads to run: early-stop (lognormal outputs stopping early), fixed (outputs of 128 or 512), shared-prefix (one 2k-token system prompt, 80–120 tokens of each request's own), chat (4-turn sessions re-sending their history after a shared 1k-token system prompt)")
 	flag.StringVar(&o.predicted, "predicted", "", "more admission keys for the predicted rows, as YAML flow items (e.g. 'epsilon: 1e-2, headroom: 0.01')")
+	flag.StringVar(&o.baseline, "baseline", "", "a second kvgate binary (another build): measure only the gateway rows with reservations, each with this build and then with that one, side by side")
 	flag.Parse()
 	o.Main("goodput", func(ctx context.Context, kit *benchkit.Kit) error { return run(ctx, kit, o) })
 }
 
 func run(ctx context.Context, kit *benchkit.Kit, o options) error {
 	kit.Header(os.Stdout, "goodput", fmt.Sprintf("%d requests a step after %s, %d clients, simulator time scale %g", o.requests, warmupText(o), o.clients, o.TimeScale), "reports and logs")
+	if o.baseline != "" {
+		// Only gateways start from the baseline build: the simulators and
+		// the load generator are this build's for both rows of a pair.
+		o.base = &benchkit.Kit{Bin: o.baseline, Dir: kit.Dir}
+		defer o.base.StopAll()
+		fmt.Printf("baseline: every gateway row again with %s\n\n", o.baseline)
+	}
 	for _, w := range strings.Split(o.workloads, ",") {
 		wl, err := workloadNamed(w, o, kit)
 		if err != nil {
@@ -85,8 +103,10 @@ func run(ctx context.Context, kit *benchkit.Kit, o options) error {
 		if err != nil {
 			return err
 		}
-		printTable(os.Stdout, wl, rows)
+		printTable(os.Stdout, wl, rows, o.base != nil)
 		switch {
+		case o.base != nil:
+			// The checks compare against rows a comparison does not run.
 		case wl.name == "early-stop":
 			printChecks(os.Stdout, rows)
 		case wl.limit > 0:

@@ -7,16 +7,26 @@ import (
 	"github.com/kvgate/kvgate/bench/internal/benchkit"
 )
 
-func printTable(w io.Writer, wl *workload, rows []row) {
+// printTable prints a workload's rows, each rated against the first; paired
+// (a comparison of two builds, rows in pairs: this build, then the
+// baseline) rates both rows of a pair against the baseline's.
+func printTable(w io.Writer, wl *workload, rows []row, paired bool) {
 	fmt.Fprintf(w, "Workload %s: %s; %s\n", wl.name, wl.title, wl.promptNote)
 	rel := "×best"
-	if wl.limit > 0 {
+	switch {
+	case paired:
+		rel = "×base"
+	case wl.limit > 0:
 		rel = "×count"
 	}
 	fmt.Fprintf(w, "%-26s %-24s %6s %10s %7s %8s %7s %8s %8s %6s %6s %6s\n",
 		"configuration", "", "conc", "goodput", rel, "KV mean", "KV peak", "overflow", "preempt", "ok", "429", "failed")
-	base := rows[0].Goodput
-	for _, r := range rows {
+	for i, r := range rows {
+		base := rows[0].Goodput
+		if paired {
+			// This build's row against the baseline's row after it.
+			base = rows[i|1].Goodput
+		}
 		fmt.Fprintf(w, "%-26s %-24s %6d %10.0f %6.2f× %7.1f%% %6.1f%% %8.0f %8.0f %6d %6d %6d\n",
 			r.name, r.note, r.Level, r.Goodput, r.Goodput/base, 100*r.KVMean, 100*r.KVPeak, r.Overflow, r.Preemptions, r.OK, r.Shed, r.Failed)
 	}

@@ -105,6 +105,9 @@ type row struct {
 }
 
 func (w *workload) run(ctx context.Context, o options, kit *benchkit.Kit) ([]row, error) {
+	if o.base != nil {
+		return w.runPaired(ctx, o, kit)
+	}
 	if w.limit > 0 {
 		return w.runPrefix(ctx, o, kit)
 	}
@@ -146,7 +149,7 @@ func (w *workload) run(ctx context.Context, o options, kit *benchkit.Kit) ([]row
 		{"gateway predicted", "preempt simulator", predictedKeys(o), "preempt"},
 	}
 	for _, g := range gw {
-		rs, err := w.gateway(ctx, o, kit, g.name+" "+g.overflow, g.overflow, conc, g.extra)
+		rs, err := w.gateway(ctx, o, kit, kit, g.name+" "+g.overflow, g.overflow, conc, g.extra)
 		if err != nil {
 			return nil, err
 		}
@@ -165,6 +168,32 @@ func (w *workload) run(ctx context.Context, o options, kit *benchkit.Kit) ([]row
 	}
 	unb[0].name, unb[0].note = "unbounded pool", "compute ceiling"
 	rows = append(rows, unb[0])
+	return rows, nil
+}
+
+// runPaired measures the gateway rows with reservations twice each, with
+// this build and with the baseline's (--baseline), in front of the same
+// simulator configuration and load: a prefix workload with its prompt
+// blocks shared, as the gateway counts them by default.
+func (w *workload) runPaired(ctx context.Context, o options, kit *benchkit.Kit) ([]row, error) {
+	var rows []row
+	for _, g := range []struct{ name, admission string }{
+		{"gateway worst_case", "  reservation: worst_case\n"},
+		{"gateway predicted", predictedKeys(o)},
+	} {
+		for _, b := range []struct {
+			serve *benchkit.Kit
+			note  string
+		}{{kit, "this build"}, {o.base, "baseline"}} {
+			rs, err := w.gateway(ctx, o, kit, b.serve, g.name+" "+b.note, "oom", strconv.Itoa(o.clients), g.admission)
+			if err != nil {
+				return nil, err
+			}
+			r := rs[0]
+			r.name, r.note = g.name, b.note
+			rows = append(rows, r)
+		}
+	}
 	return rows, nil
 }
 
@@ -251,14 +280,15 @@ func predictedKeys(o options) string {
 	return keys
 }
 
-// gateway runs the load through a gateway in front of a simulator.
-func (w *workload) gateway(ctx context.Context, o options, kit *benchkit.Kit, name, overflow, levels, admission string) ([]row, error) {
+// gateway runs the load through a gateway, started by serve (kit, or the
+// baseline build's), in front of a simulator.
+func (w *workload) gateway(ctx context.Context, o options, kit, serve *benchkit.Kit, name, overflow, levels, admission string) ([]row, error) {
 	sim, err := w.startSim(ctx, o, kit, name, overflow, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer sim.Stop()
-	g, err := kit.StartGateway(ctx, name, sim.URL, utilization, admission, "")
+	g, err := serve.StartGateway(ctx, name, sim.URL, utilization, admission, "")
 	if err != nil {
 		return nil, err
 	}
