@@ -201,9 +201,7 @@ func (s *Scheduler) initWaiterLocked(w *waiter, q *queue, l *line, r Request, in
 		w.weight, w.charge = r.Weight, r.Weight
 		return
 	}
-	for _, g := range r.Shape {
-		w.weight = satAdd64(w.weight, g.final())
-	}
+	w.weight = WorstCaseBytes(r.Shape)
 	w.shared = sharedOf(w.shape)
 	switch {
 	case w.predictable():

@@ -121,6 +121,17 @@ func (g Group) size(live, generated int) int64 {
 // final is the group's worst case: every sequence at its cap.
 func (g Group) final() int64 { return g.size(g.Seqs, g.Cap) }
 
+// WorstCaseBytes is the bytes a request of these groups holds at its worst case,
+// sharing nothing: the weight admission compares with a GPU's budget, and
+// so the figure a refusal quotes. It saturates at math.MaxInt64.
+func WorstCaseBytes(shape []Group) int64 {
+	var w int64
+	for _, g := range shape {
+		w = satAdd64(w, g.final())
+	}
+	return w
+}
+
 func satAdd(a, b int) int {
 	if a > math.MaxInt-b {
 		return math.MaxInt

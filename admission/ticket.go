@@ -283,9 +283,7 @@ func (t *Ticket) Move(ctx context.Context) error {
 		return s.moveRefuseUnlock(w, ErrNoRoute)
 	}
 	if len(w.shape) > 0 {
-		for _, g := range w.shape {
-			w.weight = satAdd64(w.weight, g.final())
-		}
+		w.weight = WorstCaseBytes(w.shape)
 		w.shared = sharedOf(w.shape)
 		w.charge = s.chargeLocked(w)
 	} else {

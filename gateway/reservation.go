@@ -73,17 +73,12 @@ func (r *reservation) shape() []admission.Group {
 	return g
 }
 
-// weight is the worst case in bytes: for each prompt, its shared full
-// prompt blocks, plus each sequence's own blocks at its cap. The
-// arithmetic saturates: a request too large to count is larger than any
-// budget, and is refused as such rather than wrapped into a small one.
-func (r *reservation) weight() int64 {
-	var total int64
-	for i, p := range r.prompts {
-		total = kvbudget.SumBytes(total, r.layout.GroupBytes(p, r.outs[i], r.seqs, 0))
-	}
-	return total
-}
+// weight is the worst case in bytes, as admission weighs the shape: for
+// each prompt, its shared full prompt blocks, plus each sequence's own
+// blocks at its cap. The arithmetic saturates: a request too large to
+// count is larger than any budget, and is refused as such rather than
+// wrapped into a small one.
+func (r *reservation) weight() int64 { return admission.WorstCaseBytes(r.shape()) }
 
 // token notes what an event told of choice idx: text bytes generated
 // (0: none), and the backend's own count of its tokens so far (reported <
