@@ -38,6 +38,11 @@ type Spec struct {
 	// the gateway enforces it and reports misses (ReportTimeout). 0 = 60s.
 	FirstByteTimeout time.Duration
 	TokenizeTimeout  time.Duration // one /tokenize call; 0 = 2s
+	// FinalUsageOnly: the server (or a proxy in front of it that validates
+	// requests against OpenAI's API) refuses vLLM's
+	// stream_options.continuous_usage_stats, so a stream asks it for the
+	// final usage alone (include_usage). false: usage on every chunk too.
+	FinalUsageOnly bool
 
 	Upstream UpstreamOptions
 }
@@ -269,6 +274,10 @@ func (b *Backend) MaxBody() int64 { return b.up.MaxBody() }
 // FirstByteTimeout is how long a streamed request may wait for its first
 // event.
 func (b *Backend) FirstByteTimeout() time.Duration { return b.spec.FirstByteTimeout }
+
+// FinalUsageOnly says whether a stream may ask this backend for its final
+// usage only (Spec.FinalUsageOnly).
+func (b *Backend) FinalUsageOnly() bool { return b.spec.FinalUsageOnly }
 
 // ErrTokenizeTimeout is a /tokenize call that outlived the backend's
 // TokenizeTimeout.

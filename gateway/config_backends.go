@@ -58,11 +58,25 @@ type BackendConfig struct {
 	// (the operator asserts it); off never. Either way, sharing stops when
 	// the backend's hits show it did not share what the gateway counted.
 	PrefixCaching string `yaml:"prefix_caching"`
+	// StreamUsage is the usage a stream asks the backend for: continuous
+	// (the default) asks for vLLM's stream_options.continuous_usage_stats
+	// with include_usage, so that every chunk carries the backend's count;
+	// final asks for include_usage alone, for a server or a validating
+	// proxy that refuses vLLM's extension (OpenAI's API answers 400
+	// "Unrecognized request argument"): streams are then counted by their
+	// events, and by the bytes of their text once a final usage shows
+	// events carrying several tokens.
+	StreamUsage string `yaml:"stream_usage"`
 	// KVEvents subscribes to the backend's KV events (vLLM's
 	// --kv-events-config), to bind requests where their prompt is cached
 	// (kvevents.go). Default none.
 	KVEvents *KVEventsConfig `yaml:"kv_events"`
 }
+
+const (
+	streamUsageContinuous = "continuous"
+	streamUsageFinal      = "final"
+)
 
 const (
 	prefixCachingAuto = "auto"
@@ -95,6 +109,9 @@ func (b *BackendConfig) defaults() {
 	}
 	if b.PrefixCaching == "" {
 		b.PrefixCaching = prefixCachingAuto
+	}
+	if b.StreamUsage == "" {
+		b.StreamUsage = streamUsageContinuous
 	}
 }
 
@@ -152,6 +169,9 @@ func (c *Config) validateBackends(p *problems, models map[string]bool) {
 		p.dur(f+".tokenize_timeout", b.TokenizeTimeout)
 		if b.MaxConcurrency < 0 {
 			p.bad(f+".max_concurrency", "must be >= 1")
+		}
+		if b.StreamUsage != streamUsageContinuous && b.StreamUsage != streamUsageFinal {
+			p.bad(f+".stream_usage", "%q is not continuous or final", b.StreamUsage)
 		}
 		switch b.PrefixCaching {
 		case prefixCachingAuto, prefixCachingOn, prefixCachingOff:

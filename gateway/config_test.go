@@ -80,6 +80,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"gpu memory", strings.Replace(minimal, "gpu_memory: 24GiB", "gpu_memory: -3GiB", 1), "backends[0].gpu_memory: memory size \"-3GiB\" is negative"},
 		{"no gpu memory", strings.Replace(minimal, "    gpu_memory: 24GiB\n", "", 1), "backends[0].gpu_memory: required"},
 		{"health interval", strings.Replace(minimal, "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    health: {interval: 1}", 1), "backends[0].health.interval"},
+		{"stream usage", strings.Replace(minimal, "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    stream_usage: none", 1), `backends[0].stream_usage: "none" is not continuous or final`},
 		{"log level", "log: {level: loud}\n" + minimal, "log.level"},
 		{"health path", strings.Replace(minimal, "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    health: {path: health}", 1), "backends[0].health.path: \"health\" must start with /"},
 		{"metrics path", strings.Replace(minimal, "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    metrics: {path: metrics}", 1), "backends[0].metrics.path"},

@@ -17,13 +17,13 @@ import (
 func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error) {
 	body := ctx.PostBody()
 	// A streamed chat or completion asks for the usage at its end and on
-	// every chunk (the relay strips what the client did not ask for).
-	if usage := x.req.stream && !x.req.kind.typedEvents() && !x.req.continuousUsage; usage || x.injectMax > 0 || x.req.dropMaxCompletion || x.alias != "" {
+	// every chunk; send takes the latter off for a backend that refuses it.
+	if ask := x.usageAsk(); ask != askAsSent || x.injectMax > 0 || x.req.dropMaxCompletion || x.alias != "" {
 		model := ""
 		if x.alias != "" {
 			model = x.req.model
 		}
-		b, err := rewriteBody(body, usage, x.injectMax, x.req.dropMaxCompletion, model)
+		b, err := rewriteBody(body, ask, x.injectMax, x.req.dropMaxCompletion, model)
 		if err != nil {
 			return nil, fmt.Errorf("rewrite body: %w", err)
 		}
@@ -33,6 +33,16 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 		x.resume.keep(body, &ctx.Request.Header)
 	}
 	return x.send(body, &ctx.Request.Header)
+}
+
+// usageAsk is the usage a streamed chat or completion asks its backend
+// for on the client's behalf: on every chunk (the relay strips what the
+// client did not ask for), unless the client asked for that itself.
+func (x *exchange) usageAsk() usageAsk {
+	if x.req.stream && !x.req.kind.typedEvents() && !x.req.continuousUsage {
+		return askContinuous
+	}
+	return askAsSent
 }
 
 // headerSource is where the headers a backend is sent come from: the
@@ -45,6 +55,8 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 	defer fasthttp.ReleaseRequest(ureq)
 	tried := map[*backends.Backend]bool{}
 	moved := false
+	var finalOnly []byte // body as a backend that refuses continuous usage takes it
+
 	lastErr := errNoBackendOnGPU
 	for {
 		var be *backends.Backend
@@ -75,7 +87,18 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 			}
 		}
 		x.trace.upstream(x, ureq, be) // its traceparent replaces the client's
-		ureq.SetBodyRaw(body)
+		if be.FinalUsageOnly() && x.usageAsk() == askContinuous {
+			if finalOnly == nil {
+				b, err := rewriteBody(body, askFinal, 0, false, "")
+				if err != nil {
+					return nil, fmt.Errorf("rewrite body: %w", err)
+				}
+				finalOnly = b
+			}
+			ureq.SetBodyRaw(finalOnly)
+		} else {
+			ureq.SetBodyRaw(body)
+		}
 		x.backend = be // the backend waited on, for a first-byte timeout
 		x.attempts++
 		x.sentAt = x.s.now()

@@ -135,8 +135,18 @@ func TestGuardResumesStoppedStreams(t *testing.T) {
 // land in blocks it still holds.
 func taughtShortAnswers(t *testing.T, extra string, mut ...func(*sim.Config)) (backend *sim.Server, pool int64, gw *Server, gwURL string) {
 	t.Helper()
+	return taughtShortAnswersOver(t, "", extra, mut...)
+}
+
+// taughtShortAnswersOver is taughtShortAnswers with more keys of the
+// backend's config (YAML lines indented as its own: "    key: value").
+func taughtShortAnswersOver(t *testing.T, backendKeys, extra string, mut ...func(*sim.Config)) (backend *sim.Server, pool int64, gw *Server, gwURL string) {
+	t.Helper()
 	backend, url := smallOOMSim(t, mut...)
 	pool = backend.Stats().NumGPUBlocks
+	if backendKeys != "" {
+		url += " 24GiB\n" + backendKeys
+	}
 	gw, gwURL = startGateway(t, baseConfig(url, `admission:
   reservation: predicted
   ceiling: 0.9

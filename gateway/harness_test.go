@@ -67,7 +67,9 @@ func baseConfig(url, extra string) string { return fleetConfig(extra, url) }
 // fleetConfig is a gateway config for one Llama-3-8B model served by a
 // backend at each URL, on a GPU of its own: gpu0, gpu1, ... A URL may be
 // followed by a space and its GPU's memory ("http://... 80GiB"; 24GiB
-// otherwise). extra is YAML appended at the top level.
+// otherwise), and that by more keys of the backend on lines of their own
+// ("http://... 24GiB\n    stream_usage: final"). extra is YAML appended
+// at the top level.
 func fleetConfig(extra string, urls ...string) string {
 	var b strings.Builder
 	b.WriteString(`listen: 127.0.0.1:0

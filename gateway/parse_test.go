@@ -272,7 +272,7 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		checkPromptTexts(t, body, r)
 		if r.stream {
-			out, err := rewriteBody(body, true, 7, r.dropMaxCompletion, "")
+			out, err := rewriteBody(body, askContinuous, 7, r.dropMaxCompletion, "")
 			if err != nil || !json.Valid(out) || !strings.Contains(string(out), `"include_usage":true`) || !strings.Contains(string(out), `"max_tokens":7`) {
 				t.Fatalf("rewriteBody(%q) = %q, %v", body, out, err)
 			}

@@ -108,7 +108,7 @@ func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, rt *runtime) {
 		}
 		if m.name != model && bytes.HasPrefix(ctx.Request.Header.ContentType(), []byte("application/json")) {
 			// A served_name: the backend knows the model by its own name.
-			if body, err = rewriteBody(body, false, 0, false, m.name); err != nil {
+			if body, err = rewriteBody(body, askAsSent, 0, false, m.name); err != nil {
 				(&apiError{status: 400, typ: typeInvalidRequest, message: fmt.Sprintf("We could not parse the JSON body of your request: %v", err)}).write(ctx)
 				return
 			}

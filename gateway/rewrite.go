@@ -9,10 +9,20 @@ import (
 	"github.com/kvgate/kvgate/internal/jsonscan"
 )
 
+// usageAsk is the usage a stream's body asks the backend for.
+type usageAsk uint8
+
+const (
+	askAsSent     usageAsk = iota // the client's stream_options, untouched
+	askFinal                      // include_usage: the count at the end
+	askContinuous                 // and continuous_usage_stats: on every chunk too
+)
+
 // rewriteBody returns body with what the gateway must add or remove: with
-// usage, stream_options.include_usage and continuous_usage_stats (so it
-// learns the real token counts of a stream: at its end, and on every
-// chunk as it goes, where vLLM and servers like it report them); with maxTokens > 0, max_tokens (the model's
+// usage, stream_options.include_usage, and continuous_usage_stats where
+// the backend takes it (so it learns the real token counts of a stream:
+// at its end, and on every chunk as it goes, where vLLM and servers like
+// it report them); with maxTokens > 0, max_tokens (the model's
 // default_max_tokens, which the reservation assumed); with dropMaxCompletion,
 // no max_completion_tokens (a /v1/completions body, whose reservation
 // followed max_tokens). Members are added after the opening brace and
@@ -20,7 +30,8 @@ import (
 // re-serialised body would re-quote keys, and fastjson's quoting is not
 // always JSON's). body is one parseRequest accepted: it is read by a scan,
 // not parsed again.
-func rewriteBody(body []byte, usage bool, maxTokens int, dropMaxCompletion bool, model string) ([]byte, error) {
+func rewriteBody(body []byte, ask usageAsk, maxTokens int, dropMaxCompletion bool, model string) ([]byte, error) {
+	usage := ask != askAsSent
 	drop := func(name []byte) bool {
 		return (usage && keyIs(name, "stream_options")) || (model != "" && keyIs(name, "model")) ||
 			(maxTokens > 0 && keyIs(name, "max_tokens")) ||
@@ -44,7 +55,10 @@ func rewriteBody(body []byte, usage bool, maxTokens int, dropMaxCompletion bool,
 	var addBuf [128]byte // the members added, before they are copied into out
 	add := addBuf[:0]
 	if usage {
-		add = append(add, `"stream_options":{"include_usage":true,"continuous_usage_stats":true`...)
+		add = append(add, `"stream_options":{"include_usage":true`...)
+		if ask == askContinuous {
+			add = append(add, `,"continuous_usage_stats":true`...)
+		}
 		if len(so) > 0 && so[0] == '{' {
 			// Keep the client's other stream options.
 			if err := jsonscan.Members(so, func(name []byte, start, _, end int) bool {

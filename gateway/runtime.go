@@ -398,7 +398,8 @@ func backendSpec(bc BackendConfig) backends.Spec {
 		FailThreshold: bc.Health.Failures, Cooldown: bc.Health.Cooldown.D,
 		MetricsPath: bc.Scrape.Path, ScrapeInterval: bc.Scrape.Interval.D,
 		FirstByteTimeout: bc.FirstByteTimeout.D, TokenizeTimeout: bc.TokenizeTimeout.D,
-		Upstream: backends.UpstreamOptions{MaxConns: bc.MaxConnections},
+		FinalUsageOnly: bc.StreamUsage == streamUsageFinal,
+		Upstream:       backends.UpstreamOptions{MaxConns: bc.MaxConnections},
 	}
 }
 

@@ -265,6 +265,48 @@ func TestMergedEventsDetectedAndBoundedByBytes(t *testing.T) {
 	eventually(t, "every reservation back", func() bool { return held(gw) == 0 })
 }
 
+// A backend that refuses vLLM's continuous_usage_stats (OpenAI's API, a
+// proxy validating against it) answers every stream 400 while the gateway
+// asks for it; with stream_usage: final it is asked for the final usage
+// alone, and streams are answered whole, counted by events, then by bytes
+// once the final usage shows events carrying several tokens.
+func TestStreamUsageFinal(t *testing.T) {
+	for _, tc := range []struct {
+		name, backend string
+		status        int
+	}{
+		{"asked for usage on every chunk", "", 400},
+		{"stream_usage: final", "    stream_usage: final\n", 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, url := startSim(t, func(c *sim.Config) { c.RefuseContinuousUsage, c.StreamInterval, c.TimeScale = true, 4, 0 })
+			if tc.backend != "" {
+				url += " 24GiB\n" + tc.backend
+			}
+			gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+			for i := range 3 {
+				r := postJSON(gwURL, "/v1/chat/completions", chatBody(words(20), 40, true))
+				if r.status != tc.status {
+					t.Fatalf("request %d: %d %.300s, want %d", i, r.status, r.body, tc.status)
+				}
+				if tc.status != 200 {
+					if !strings.Contains(r.body, "continuous_usage_stats") {
+						t.Fatalf("the backend's refusal does not name what it refused: %.300s", r.body)
+					}
+					continue
+				}
+				if !strings.Contains(r.body, "[DONE]") || strings.Contains(r.body, `"usage":{`) {
+					t.Fatalf("request %d: not one whole stream without the usage it did not ask for: %.300s", i, r.body)
+				}
+			}
+			if tc.status == 200 && mergedEvents(gw) < 1 {
+				t.Fatalf("events of 4 tokens not found by the final usage")
+			}
+			eventually(t, "every reservation back", func() bool { return held(gw) == 0 })
+		})
+	}
+}
+
 func mergedEvents(s *Server) float64 {
 	var m dto.Metric
 	if err := s.m.mergedEvents.WithLabelValues("llama-3-8b", "gpu0").Write(&m); err != nil {
@@ -280,14 +322,17 @@ func mergedEvents(s *Server) float64 {
 // every answer is whole.
 func TestGuardHoldsWhenEventsCarrySeveralTokens(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		mut  func(*sim.Config)
+		name    string
+		mut     func(*sim.Config)
+		backend string // more keys of the backend's config
 	}{
-		{"4 an event, usage on every chunk", func(c *sim.Config) { c.StreamInterval = 4 }},
-		{"up to 16 an event, no usage on chunks", func(c *sim.Config) { c.StreamMerge, c.NoContinuousUsage = 16, true }},
+		{"4 an event, usage on every chunk", func(c *sim.Config) { c.StreamInterval = 4 }, ""},
+		{"up to 16 an event, no usage on chunks", func(c *sim.Config) { c.StreamMerge, c.NoContinuousUsage = 16, true }, ""},
+		{"up to 16 an event, a backend that refuses continuous usage", func(c *sim.Config) { c.StreamMerge, c.RefuseContinuousUsage = 16, true },
+			"    stream_usage: final\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			backend, pool, gw, gwURL := taughtShortAnswers(t, "", tc.mut)
+			backend, pool, gw, gwURL := taughtShortAnswersOver(t, tc.backend, "", tc.mut)
 			body := `{"model":"llama-3-8b","messages":[{"role":"user","content":"LONG` + words(50) + `"}],"max_tokens":500,"stream":true,"stream_options":{"include_usage":true}}`
 			for i, r := range wholeStreams(t, gwURL, body, 30) {
 				// Usage is the backend's count of one exchange, never past

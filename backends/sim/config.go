@@ -108,6 +108,11 @@ type Config struct {
 	// vLLM do: only the final usage chunk is sent. false, the default,
 	// puts the cumulative usage on every chunk when asked, as vLLM does.
 	NoContinuousUsage bool
+	// RefuseContinuousUsage answers 400 to a request whose stream_options
+	// name continuous_usage_stats at all, as OpenAI's API and proxies that
+	// validate requests against it do ("Unrecognized request argument").
+	// It implies NoContinuousUsage.
+	RefuseContinuousUsage bool
 	// NoTokenize answers /tokenize 404, as an OpenAI-compatible server
 	// without vLLM's extras does (or an nginx in front that routes only
 	// /v1): a gateway in front must count prompts without it.
@@ -165,6 +170,7 @@ type settings struct {
 	// streamInterval and streamMerge: tokens per event (Config's).
 	streamInterval, streamMerge int
 	continuousUsage             bool
+	refuseContinuousUsage       bool
 	noTokenize                  bool
 	oomRestart                  time.Duration
 	stepBase                    time.Duration
@@ -293,7 +299,8 @@ func (c Config) resolve() (*settings, error) {
 		return nil, fieldErr("StreamMerge", "cannot be set with StreamInterval %d: one or the other", c.StreamInterval)
 	}
 	s.streamInterval, s.streamMerge = max(c.StreamInterval, 1), c.StreamMerge
-	s.continuousUsage = !c.NoContinuousUsage
+	s.continuousUsage = !c.NoContinuousUsage && !c.RefuseContinuousUsage
+	s.refuseContinuousUsage = c.RefuseContinuousUsage
 	if s.outputLen, err = parseLengthDist(c.OutputLen); err != nil {
 		return nil, &ConfigError{Field: "OutputLen", Err: err}
 	}

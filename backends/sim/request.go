@@ -79,6 +79,9 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 		if g.includeUsage, aerr = getBool(so, "include_usage", true); aerr != nil {
 			return g, aerr
 		}
+		if s.refuseContinuousUsage && so.Get("continuous_usage_stats") != nil {
+			return g, badRequest("stream_options.continuous_usage_stats", "Unrecognized request argument supplied: stream_options.continuous_usage_stats")
+		}
 		if g.continuousUsage, aerr = getBool(so, "continuous_usage_stats", false); aerr != nil {
 			return g, aerr
 		}

@@ -29,7 +29,7 @@ var simFlagOf = map[string]string{
 	"StepPerSeq": "--step-per-seq", "PrefillPerToken": "--prefill-per-token", "TimeScale": "--time-scale",
 	"OutputLen": "--output-len", "OutputLenWhen": "--output-len-when", "DisablePrefixCaching": "--enable-prefix-caching",
 	"StreamInterval": "--stream-interval", "StreamMerge": "--stream-merge", "NoContinuousUsage": "--continuous-usage",
-	"NoTokenize":             "--no-tokenize",
+	"NoTokenize": "--no-tokenize", "RefuseContinuousUsage": "--refuse-continuous-usage",
 	"HidePrefixCachingLabel": "--hide-prefix-caching-label",
 	"KVEvents":               "--kv-events-config",
 }
@@ -47,6 +47,7 @@ type simFlags struct {
 	oomRestart, stepBase, stepPerSeq, prefillPer      time.Duration
 	seed                                              int64
 	prefixCaching, noTokenize, hideLabel              bool
+	refuseContinuousUsage                             bool
 }
 
 func (f *simFlags) register(fs *flag.FlagSet) {
@@ -73,6 +74,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.streamInterval, "stream-interval", 1, "tokens each SSE event of a stream carries (vLLM's --stream-interval)")
 	fs.IntVar(&f.streamMerge, "stream-merge", 0, "when > 0, each SSE event carries a random 1 to N tokens, as a vLLM whose API server lags its engine (not with --stream-interval)")
 	fs.BoolVar(&f.continuousUsage, "continuous-usage", true, "honour stream_options.continuous_usage_stats, usage on every chunk, as vLLM does (=false: as servers without it)")
+	fs.BoolVar(&f.refuseContinuousUsage, "refuse-continuous-usage", false, "answer 400 to stream_options.continuous_usage_stats, as OpenAI's API and proxies that validate against it do")
 	fs.BoolVar(&f.noTokenize, "no-tokenize", false, "answer /tokenize 404, as a server without it (or a proxy that routes only /v1) does")
 	fs.StringVar(&f.kvEvents, "kv-events-config", "", `publish the prefix cache's changes as vLLM does, given vLLM's `+"`JSON`"+`: {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv", "buffer_steps": 10000}; "encoding": "map" writes maps instead of vLLM's arrays`)
 	fs.BoolVar(&f.prefixCaching, "enable-prefix-caching", true, "reuse the KV blocks of prompt prefixes already computed, as vLLM V1 does (=false: every prompt is prefilled whole)")
@@ -87,6 +89,7 @@ func (f *simFlags) config(logger *slog.Logger) (sim.Config, error) {
 		MaxNumSeqs: f.maxNumSeqs, OnOverflow: f.onOverflow, TimeScale: f.timeScale, OutputLen: f.outputLen, OutputLenWhen: f.outputLenWhen,
 		Seed: f.seed, DisablePrefixCaching: !f.prefixCaching, NoTokenize: f.noTokenize, HidePrefixCachingLabel: f.hideLabel, Logger: logger,
 		StreamInterval: f.streamInterval, StreamMerge: f.streamMerge, NoContinuousUsage: !f.continuousUsage,
+		RefuseContinuousUsage: f.refuseContinuousUsage,
 	}
 	if _, _, err := net.SplitHostPort(f.listen); err != nil {
 		return c, fmt.Errorf("--listen %q: %w", f.listen, err)
