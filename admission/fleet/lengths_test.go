@@ -122,6 +122,12 @@ func TestLengthsSharedThroughRedis(t *testing.T) {
 	other := newReplicaLengths(t, srv, "other", 4096)
 	must(other.sync(t))
 	want("another layout", map[*replicaLengths]float64{other: 0})
+	// A replica restarted under the same name (a StatefulSet's pod) reads
+	// what its earlier process wrote: only this process's entries are its
+	// own.
+	again := newReplicaLengths(t, srv, "a", 8192)
+	must(again.sync(t))
+	want("a restarted replica", map[*replicaLengths]float64{again: 3})
 
 	// Per-tenant counts travel too, and what a replica merged for a tenant
 	// is not handed on with its own.
