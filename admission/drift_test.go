@@ -259,3 +259,29 @@ func TestDriftTripsOnAShiftToLongOutputs(t *testing.T) {
 		probe.Release()
 	})
 }
+
+// Lengths a restart starts from (LengthsState, merged into a new
+// scheduler, as the gateway's lengths file or the fleet's stream gives
+// them) are a forecast like any other: traffic that turned long while the
+// gateway was down trips the change detector, as a shift in service does.
+func TestDriftTripsOnRestoredLengths(t *testing.T) {
+	before := contended(t)
+	drive(before, 400, flow{clients: 64, maxTokens: 2048, length: lognormal(50, 0.8)})
+	state, ok, err := before.b.Scheduler.LengthsState("")
+	if err != nil || !ok {
+		t.Fatalf("LengthsState: %v, %v", ok, err)
+	}
+	f := contended(t)
+	if err := f.b.Scheduler.MergeLengths("", state); err != nil {
+		t.Fatal(err)
+	}
+	if q := f.b.Scheduler.Stats().Queues[0]; q.Samples < 100 {
+		t.Fatalf("restored %v samples, want the warm-up's 100 at least", q.Samples)
+	}
+	run := drive(f, 200, flow{clients: 64, maxTokens: 2048, length: func(r *rand.Rand, _ int) int { return 1000 + r.IntN(1000) }})
+	st := f.b.Scheduler.Stats()
+	t.Logf("tripped at step %d, trips %v by scope %v, guard stops %d", run.tripAt, st.Trips, st.DriftTrips, st.GuardStops)
+	if run.tripAt < 0 || run.tripAt > 50 || st.DriftTrips[admission.DriftQueue] != 1 {
+		t.Fatalf("tripped at step %d: trips %v by scope %v", run.tripAt, st.Trips, st.DriftTrips)
+	}
+}

@@ -146,3 +146,38 @@ func mergeInto(m map[string]*predict.Lengths, d map[string]predict.Snapshot, max
 	}
 	return errs
 }
+
+// LengthsState is everything queue has learned, its own samples and those
+// it merged, in the layout of its predictors: what a gateway that restarts
+// merges back (MergeLengths) to start warm. ok is false while it has
+// learned nothing.
+func (s *Scheduler) LengthsState(queue string) (d LengthsDelta, ok bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queueByName[queue]
+	if q == nil {
+		return LengthsDelta{}, false, fmt.Errorf("admission: lengths state: unknown queue %q", queue)
+	}
+	if q.lengths.Samples() == 0 {
+		return LengthsDelta{}, false, nil
+	}
+	d.All = q.lengths.Snapshot()
+	d.Tenants = snapshots(q.byTenant)
+	d.Classes = snapshots(q.byClass)
+	return d, true, nil
+}
+
+// snapshots copies each predictor of m that has samples.
+func snapshots(m map[string]*predict.Lengths) map[string]predict.Snapshot {
+	var out map[string]predict.Snapshot
+	for name, l := range m {
+		if l.Samples() == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[string]predict.Snapshot{}
+		}
+		out[name] = l.Snapshot()
+	}
+	return out
+}

@@ -3,7 +3,9 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 )
@@ -22,7 +24,8 @@ import (
 
 // noteAccess keeps what the access line needs of the request itself, which
 // is gone (or not the handler's to read) when a stream finishes. Nothing
-// is kept with the access log off; with it on, a few strings, no map.
+// is kept with the access log off; with it on, the client's strings are
+// copied into one pooled buffer, given back when the line is written.
 func (x *exchange) noteAccess(ctx *fasthttp.RequestCtx, route string) {
 	if !x.rt.cfg.Log.access() {
 		return
@@ -30,23 +33,45 @@ func (x *exchange) noteAccess(ctx *fasthttp.RequestCtx, route string) {
 	a := &x.access
 	a.on, a.rc, a.route = true, ctx, route
 	h := &ctx.Request.Header
-	a.id = string(h.Peek(headerRequestID)) // made sane by stampRequestID
 	a.method = methodName(ctx.Method())
-	a.client = ctx.RemoteAddr().String()
-	a.forwardedFor = clipped(h.Peek("X-Forwarded-For"))
-	a.userAgent = clipped(h.UserAgent())
 	a.bytesIn = len(ctx.Request.Body())
 	a.traceID = traceparentID(h.Peek("Traceparent"))
+	raw := accessBufs.Get().(*[]byte)
+	b := (*raw)[:0]
+	b = append(b, h.Peek(headerRequestID)...) // made sane by stampRequestID
+	ends := [4]int{len(b)}
+	b = appendAddr(b, ctx.RemoteAddr())
+	ends[1] = len(b)
+	b = append(b, clip(h.Peek("X-Forwarded-For"))...)
+	ends[2] = len(b)
+	b = append(b, clip(h.UserAgent())...)
+	ends[3] = len(b)
+	*raw, a.raw = b, raw
+	// Views into b, which is not written again until the line is.
+	a.id = viewString(b[:ends[0]])
+	a.client = viewString(b[ends[0]:ends[1]])
+	a.forwardedFor = viewString(b[ends[1]:ends[2]])
+	a.userAgent = viewString(b[ends[2]:ends[3]])
 }
+
+// accessBufs hold the client's strings of access records (noteAccess).
+var accessBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// viewString is b as a string without a copy; b must not change while the
+// string is in use.
+func viewString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // accessRecord is an exchange's part of its access line.
 type accessRecord struct {
-	on                   bool
-	id, method, route    string
-	client, forwardedFor string
-	userAgent            string
-	traceID              string // the client's trace, until the gateway's span has one
-	bytesIn              int
+	on            bool
+	method, route string
+	id, client    string // views into raw
+	forwardedFor  string // view into raw
+	userAgent     string // view into raw
+	traceID       string // the client's trace, until the gateway's span has one
+	bytesIn       int
+	// raw holds the client's strings above, from accessBufs.
+	raw *[]byte
 	// rc is read for the status of an answer the handler wrote: finish
 	// runs on the handler's goroutine then. A stream's status is its 200.
 	rc     *fasthttp.RequestCtx
@@ -60,7 +85,10 @@ type accessRecord struct {
 // maxLoggedHeader bounds a header the access line copies from the client.
 const maxLoggedHeader = 256
 
-func clipped(v []byte) string { return string(v[:min(len(v), maxLoggedHeader)]) }
+func clipped(v []byte) string { return string(clip(v)) }
+
+// clip is v cut to maxLoggedHeader bytes.
+func clip(v []byte) []byte { return v[:min(len(v), maxLoggedHeader)] }
 
 // methodName is the request's method without a copy for the usual ones.
 func methodName(m []byte) string {
@@ -92,47 +120,44 @@ func traceparentID(tp []byte) string {
 // logAccess writes the request's access line; finish calls it once.
 func (x *exchange) logAccess(outcome, reason string, total time.Duration) {
 	a := &x.access
-	if !a.on || !x.s.log.Enabled(context.Background(), slog.LevelInfo) {
+	if !a.on {
 		return
 	}
-	waited := x.queueWait()
+	defer a.release()
+	if !x.s.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
 	prompt, output := x.tokens()
-	upstreamAddr, upstream := "", time.Duration(0)
+	l := accessLine{
+		id: a.id, method: a.method, route: a.route, client: a.client, forwardedFor: a.forwardedFor, userAgent: a.userAgent,
+		tenant: x.tenant, model: x.label, gpu: x.gpuName(), backend: x.backendName(),
+		retries: max(x.attempts-1, 0), status: x.answerStatus(a.rc, outcome), outcome: outcome, reason: reason,
+		queueWaitMS: ms(x.queueWait()), ttftMS: ms(a.ttft), durationMS: ms(total),
+		bytesIn: a.bytesIn, bytesOut: x.bytesOut(a.rc), promptTokens: prompt, outputTokens: output,
+		kvReservedBytes: x.res.weight(), traceID: a.traceID,
+	}
 	if x.backend != nil {
-		upstreamAddr = x.backend.Addr()
-		upstream = x.s.now().Sub(x.sentAt)
+		l.upstreamAddr = x.backend.Addr()
+		l.upstreamMS = ms(x.start.Add(total).Sub(x.sentAt)) // to the same end as duration_ms
 	}
-	traceID := a.traceID
 	if x.trace != nil {
-		traceID = x.trace.span.SpanContext().TraceID().String()
+		l.traceID = x.trace.span.SpanContext().TraceID().String()
 	}
-	x.s.log.LogAttrs(context.Background(), slog.LevelInfo, "request",
-		slog.String("id", a.id),
-		slog.String("method", a.method),
-		slog.String("route", a.route),
-		slog.String("client", a.client),
-		slog.String("x_forwarded_for", a.forwardedFor),
-		slog.String("user_agent", a.userAgent),
-		slog.String("tenant", x.tenant),
-		slog.String("model", x.label),
-		slog.String("gpu", x.gpuName()),
-		slog.String("backend", x.backendName()),
-		slog.String("upstream_addr", upstreamAddr),
-		slog.Int("retries", max(x.attempts-1, 0)),
-		slog.Int("status", x.answerStatus(a.rc, outcome)),
-		slog.String("outcome", outcome),
-		slog.String("reason", reason),
-		slog.Float64("queue_wait_ms", ms(waited)),
-		slog.Float64("ttft_ms", ms(a.ttft)),
-		slog.Float64("upstream_ms", ms(upstream)),
-		slog.Float64("duration_ms", ms(total)),
-		slog.Int("bytes_in", a.bytesIn),
-		slog.Int64("bytes_out", x.bytesOut(a.rc)),
-		slog.Int("prompt_tokens", prompt),
-		slog.Int("output_tokens", output),
-		slog.Int64("kv_reserved_bytes", x.res.weight()),
-		slog.String("trace_id", traceID),
-	)
+	if w := x.s.access; w != nil {
+		w.write(x.s.now(), &l)
+		return
+	}
+	attrs := make(slogAttrs, 0, 25)
+	l.fields(&attrs)
+	x.s.log.LogAttrs(context.Background(), slog.LevelInfo, accessMsg, attrs...)
+}
+
+// release gives the record's buffer back; its views end with it.
+func (a *accessRecord) release() {
+	if a.raw != nil {
+		accessBufs.Put(a.raw)
+		a.raw, a.id, a.client, a.forwardedFor, a.userAgent = nil, "", "", "", ""
+	}
 }
 
 // bytesOut is the answer's body bytes written so far: a stream's as the

@@ -212,6 +212,9 @@ func (c *Config) validate() error {
 	c.validateGPUWatch(&p)
 	if c.SharedBudget != nil {
 		p.errs = append(p.errs, c.SharedBudget.Validate())
+		if c.Admission.LengthsFile.Path != "" {
+			p.bad("admission.lengths_file.path", "a replica with shared_budget starts from the fleet's learned lengths in Redis; the file is for a gateway alone")
+		}
 	}
 	c.validateServerTLS(p.bad)
 	c.validateBackendTLS(p.bad)

@@ -64,6 +64,10 @@ type AdmissionConfig struct {
 	// the abort, and admitting into them would overflow it. Default 1s; 0:
 	// released at once.
 	AbortHold Duration `yaml:"abort_hold"`
+	// LengthsFile keeps what the gateway learned of each model's output
+	// lengths across restarts (lengthsfile.go), for a gateway without
+	// shared_budget (a fleet keeps them in Redis). Off by default.
+	LengthsFile LengthsFileConfig `yaml:"lengths_file"`
 	// ResumeStopped: a stream the guard stops is resumed rather than cut
 	// (predicted only). Its exchange with the backend ends, so its blocks
 	// go back, and the gateway sends it again once it fits, at its place in
@@ -158,6 +162,20 @@ type TenantConfig struct {
 	Class string `yaml:"class"`
 }
 
+// LengthsFileConfig is admission.lengths_file.
+type LengthsFileConfig struct {
+	// Path is the file, relative to the config file. It is written every
+	// Interval and at shutdown (a temporary file renamed over it), and read
+	// once at start, before anything is admitted. Default none: off.
+	Path string `yaml:"path"`
+	// Interval is how often the file is written. Default 30s.
+	Interval Duration `yaml:"interval"`
+	// MaxAge is the oldest file that is read at start: lengths learned
+	// longer ago than that are taken as no longer the traffic's, and the
+	// model warms up from its own requests. Default 1h.
+	MaxAge Duration `yaml:"max_age"`
+}
+
 // Defaults of the admission section, filled by AdmissionConfig.defaults.
 // What the scheduler resolves itself (epsilon, warmup_samples, headroom,
 // max_overcommit, cool_down, pressure, default_tenant_share, drain_window,
@@ -173,7 +191,9 @@ const (
 	// defaultAbortHold: the simulator notices an abort at its next step and
 	// vLLM at its next token, tens of milliseconds; a second covers a backend
 	// under load with room to spare.
-	defaultAbortHold = time.Second
+	defaultAbortHold           = time.Second
+	defaultLengthsFileInterval = 30 * time.Second
+	defaultLengthsFileMaxAge   = time.Hour
 	// maxClientRetryAfter is openai-go's cap on a Retry-After it honours.
 	maxClientRetryAfter = 2 * time.Minute
 )
@@ -222,6 +242,12 @@ func (a *AdmissionConfig) defaults() {
 	}
 	if !a.AbortHold.Written() {
 		a.AbortHold.D = defaultAbortHold
+	}
+	if a.LengthsFile.Interval.D == 0 {
+		a.LengthsFile.Interval.D = defaultLengthsFileInterval
+	}
+	if a.LengthsFile.MaxAge.D == 0 {
+		a.LengthsFile.MaxAge.D = defaultLengthsFileMaxAge
 	}
 	if a.ResumeStopped == nil {
 		on := true
@@ -300,6 +326,14 @@ func (a *AdmissionConfig) validate(p *problems) (classes map[string]bool) {
 	}
 	if a.AbortHold.D < 0 {
 		p.bad("admission.abort_hold", "%v must be >= 0", a.AbortHold.D)
+	}
+	p.dur("admission.lengths_file.interval", a.LengthsFile.Interval)
+	p.dur("admission.lengths_file.max_age", a.LengthsFile.MaxAge)
+	if a.LengthsFile.Interval.D < 0 {
+		p.bad("admission.lengths_file.interval", "%v must be > 0", a.LengthsFile.Interval.D)
+	}
+	if a.LengthsFile.MaxAge.D < 0 {
+		p.bad("admission.lengths_file.max_age", "%v must be > 0", a.LengthsFile.MaxAge.D)
 	}
 	p.dur("admission.backfill.max_head_age", a.Backfill.MaxHeadAge)
 	fb := a.Feedback

@@ -37,6 +37,13 @@ import (
 // is the bound again until minSamples answers have come since, so a wrong
 // guess makes every later one safer, never bolder. The estimate is never
 // above the bound.
+//
+// The fit reads the whole window, so it is not redone for every answer:
+// only for one that lies above the line (the line must cover it), while
+// the window is not yet past minSamples, and otherwise every refitEvery
+// answers. Between fits the line is still on or above every point of the
+// window — a point that leaves can only let the least line come down — so
+// it may over-state a little longer, never under-state.
 type estimator struct {
 	cfg         EstimateConfig
 	imageTokens int // the model's largest image: its config's, else the configured image_tokens
@@ -45,8 +52,14 @@ type estimator struct {
 	ring    []point    // the last answers, at most cfg.CalibrationWindow
 	next    int        // where the next point goes once ring is full
 	a, b    float64    // the envelope a·u + b over ring
+	unfit   int        // answers added to ring since a and b were fitted
 	widened int64      // answers that passed their estimate
 }
+
+// refitEvery is how many answers below the line may come before the line
+// is fitted again to the window (at most a fit's cost per that many
+// answers: the fit reads the window about a hundred times).
+const refitEvery = 32
 
 // point is one answer: its prompt's size u and the backend's count.
 type point struct{ u, real float64 }
@@ -248,7 +261,11 @@ func (e *estimator) observe(s promptShape, actual int) (widened bool) {
 		e.ring[e.next] = p
 		e.next = (e.next + 1) % len(e.ring)
 	}
-	e.a, e.b = envelope(e.ring)
+	e.unfit++
+	if len(e.ring) == 1 || p.real > e.a*p.u+e.b || len(e.ring) <= e.cfg.CalibrationMin || e.unfit >= refitEvery {
+		e.a, e.b = envelope(e.ring)
+		e.unfit = 0
+	}
 	return widened
 }
 

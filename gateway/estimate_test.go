@@ -406,3 +406,24 @@ func FuzzEstimate(f *testing.F) {
 		}
 	})
 }
+
+// Between fits the line still covers every answer of the window: an
+// answer above it is fitted at once, and one that leaves the window can
+// only let the least line come down.
+func TestEstimatorLineCoversTheWindow(t *testing.T) {
+	mc := ModelConfig{Estimate: EstimateConfig{CalibrationWindow: 64}}
+	mc.defaults()
+	e := newEstimator(mc.Estimate, defaultImageTokens)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 2000 {
+		s := textShape([]byte(strings.Repeat("word ", 1+r.IntN(200))))
+		e.observe(s, s.pieces/2+r.IntN(s.pieces+8))
+		e.mu.Lock()
+		for _, p := range e.ring {
+			if p.real > e.a*p.u+e.b+1e-9 {
+				t.Fatalf("answer %d: point %+v above the line %v·u + %v", i, p, e.a, e.b)
+			}
+		}
+		e.mu.Unlock()
+	}
+}

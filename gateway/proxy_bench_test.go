@@ -74,7 +74,7 @@ func benchGateway(b *testing.B, url, tokenizer string) string {
 	b.Helper()
 	cfg := strings.Replace(baseConfig(url, ""), "tokenizer: backend", "tokenizer: "+tokenizer, 1)
 	cfg = strings.Replace(cfg, "gpu_memory: 24GiB", "gpu_memory: 24GiB\n    kv_budget: 1TiB", 1)
-	_, gw := startGateway(b, cfg, Options{DisableProbes: true})
+	_, gw := startGateway(b, cfg, Options{DisableProbes: true, AccessLog: io.Discard}) // the access log on, as serve writes it
 	return gw
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -28,6 +29,11 @@ import (
 // Options are the Server's collaborators; zero values take the real ones.
 type Options struct {
 	Logger *slog.Logger
+	// AccessLog, when set, takes the access lines (log.access) straight,
+	// buffered, in log.format: what Logger's TextHandler or JSONHandler
+	// would write to it, without their cost per line (accessline.go). nil:
+	// the lines go through Logger, whatever its handler.
+	AccessLog io.Writer
 	// Clock is the gateway's one source of time: admission deadlines and
 	// Retry-After, the sweep's request and first-byte timeouts, latencies,
 	// circuits, the backends' probes and /tokenize timeout, drain_delay.
@@ -61,6 +67,8 @@ func (o *Options) probeGPUs() ([]gpuinfo.Device, error) {
 type Server struct {
 	opt            Options
 	log            *slog.Logger
+	access         *accessWriter // nil: access lines go through log
+	lengths        *lengthsFile  // nil: admission.lengths_file is off
 	now            func() time.Time
 	m              *metrics
 	srv            *fasthttp.Server
@@ -137,6 +145,9 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		opt.Clock = admission.SystemClock()
 	}
 	s := &Server{opt: opt, log: opt.Logger, now: opt.Clock.Now, backendLog: newBackendLog(opt.Logger), prefixSeed: maphash.MakeSeed(), tokenizeWarn: warnLimit{every: time.Minute}}
+	if opt.AccessLog != nil {
+		s.access = newAccessWriter(opt.AccessLog, cfg.Log.Format, opt.Clock)
+	}
 	s.m = newMetrics(s.rt.Load, s.now)
 	s.m.reg.MustRegister(&kvEventsCollector{w: &s.kv})
 	s.opt.metrics = s.m
@@ -178,6 +189,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	s.flights.epoch = s.now()
 	go s.sweepLoop(s.sweepStop)
 	s.rt.Store(rt)
+	s.lengths = s.startLengthsFile(cfg, rt) // before anything is admitted
 	if s.fleet != nil {
 		if err := s.fleet.Start(s.sched, func() []string { return s.rt.Load().modelOrder }, rt.fleetGPUs()); err != nil {
 			s.fleet.Close()
@@ -285,6 +297,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	})
 	s.watch.Close()
 	s.tracing.close() // the spans of the requests just drained
+	s.lengths.stop()  // with what the requests just drained taught
+	if s.access != nil {
+		s.access.flush() // the lines of the requests just drained
+	}
 	return err
 }
 

@@ -191,13 +191,68 @@ func textBytes(escaped []byte) int {
 // it is the last member.
 var usageKey = []byte(`,"usage":`)
 
+// usageAtEnd is where usageKey begins when it opens the chunk's last
+// member and that member is an object (`,"usage":{...}}`, as vLLM writes
+// every chunk under continuous_usage_stats), found from the chunk's end by
+// reading that object alone, backwards; -1 where it is not plainly so (a
+// string with an escaped quote, the key inside the object), and the
+// caller searches the whole chunk. Where it answers it is what
+// bytes.LastIndex(data, usageKey) would (TestUsageAtEnd, FuzzCutUsage).
+func usageAtEnd(data []byte) int {
+	i := lastNonSpace(data, len(data)-1)
+	if i < 0 || data[i] != '}' { // the chunk's end
+		return -1
+	}
+	end := lastNonSpace(data, i-1)
+	if end < 0 || data[end] != '}' { // its last member's end
+		return -1
+	}
+	depth := 0
+	for i = end; i >= 0; i-- {
+		switch data[i] {
+		case '}':
+			depth++
+		case '{':
+			if depth--; depth > 0 {
+				continue
+			}
+			if bytes.Contains(data[i:end+1], usageKey) {
+				return -1
+			}
+			if k := lastNonSpace(data, i-1) + 1; bytes.HasSuffix(data[:k], usageKey) {
+				return k - len(usageKey)
+			}
+			return -1
+		case '"': // a string's end: back to its start, unless it escapes a quote
+			j := bytes.LastIndexByte(data[:i], '"')
+			if j < 1 || data[i-1] == '\\' || data[j-1] == '\\' {
+				return -1
+			}
+			i = j
+		}
+	}
+	return -1
+}
+
+// lastNonSpace is the index of the last byte of data[:i+1] that is not
+// JSON whitespace; -1 if none.
+func lastNonSpace(data []byte, i int) int {
+	for i >= 0 && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i--
+	}
+	return i
+}
+
 // cutUsage finds a chunk's trailing usage member (vLLM writes it last,
 // `,"usage":{...}}`) and returns the chunk without it, built in buf, and
 // the usage's completion_tokens. ok is false where the chunk has no such
 // member, or a usage that is null or without completion_tokens: the
 // parse reads those.
 func cutUsage(data, buf []byte) (cut []byte, completion int, ok bool) {
-	at := bytes.LastIndex(data, usageKey)
+	at := usageAtEnd(data)
+	if at < 0 {
+		at = bytes.LastIndex(data, usageKey)
+	}
 	if at < 0 {
 		return nil, 0, false
 	}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -350,4 +351,39 @@ func TestGuardHoldsWhenEventsCarrySeveralTokens(t *testing.T) {
 			eventually(t, "every reservation back", func() bool { return held(gw) == 0 })
 		})
 	}
+}
+
+// usageAtEnd, where it answers, finds what the whole chunk's search
+// finds, reading the trailing usage object alone.
+func TestUsageAtEnd(t *testing.T) {
+	for _, tc := range []struct {
+		data string
+		at   bool // found from the end
+	}{
+		{`{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":7,"total_tokens":10}}`, true},
+		{`{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":12,"prompt_tokens_details":{"cached_tokens":0}} }`, true},
+		{`{"choices":[{"index":0}],"usage" : {"completion_tokens":1}}`, false}, // not the key's bytes: neither finds it
+		{`{"choices":[{"index":0}],"usage":null}`, false},
+		{`{"usage":{"completion_tokens":1},"choices":[{"index":0}]}`, false},
+		{`{"choices":[],"usage":{"completion_tokens":1,"x":{"a\"b":1}}}`, false}, // an escaped quote: searched whole
+		{`{"choices":[],"usage":{"x":{"y":1},"usage":{"completion_tokens":2}}}`, false},
+		{`{"choices":[{"index":0,"text":",\"usage\":{\"completion_tokens\":5}}"}]}`, false},
+	} {
+		got := usageAtEnd([]byte(tc.data))
+		if want := bytes.LastIndex([]byte(tc.data), usageKey); (got >= 0) != tc.at || got >= 0 && got != want {
+			t.Errorf("usageAtEnd(%s) = %d, want %d (found from the end: %v)", tc.data, got, want, tc.at)
+		}
+	}
+}
+
+// FuzzCutUsage holds the search from the end to the whole chunk's: where
+// it answers, the same index.
+func FuzzCutUsage(f *testing.F) {
+	f.Add([]byte(`{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":12,"prompt_tokens_details":{"cached_tokens":0}}}`))
+	f.Add([]byte(`{"choices":[{"index":0,"text":",\"usage\":{\"completion_tokens\":5}}"}],"usage":{"completion_tokens":1}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if got := usageAtEnd(data); got >= 0 && got != bytes.LastIndex(data, usageKey) {
+			t.Fatalf("usageAtEnd(%q) = %d, LastIndex %d", data, got, bytes.LastIndex(data, usageKey))
+		}
+	})
 }

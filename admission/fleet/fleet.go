@@ -186,6 +186,14 @@ func New(cfg *Config, d Deps) *Fleet {
 func (f *Fleet) Start(sched Scheduler, models func() []string, gpus []GPU) error {
 	f.sched = sched
 	f.lengths = newLengthSharer(f.client, sched, f.cfg.KeyPrefix, f.cfg.Replica, models, f.observe, f.log, f.clock.Now)
+	// The fleet's learned lengths, before anything is admitted: a replica
+	// that (re)starts predicts from them at once rather than holding its
+	// first requests at their worst case. Redis down: it warms up alone.
+	ctx, cancel := context.WithTimeout(f.bg, f.cfg.LeaseTTL.D/3)
+	if f.lengths.sync(ctx) == nil {
+		f.lengths.logWarm()
+	}
+	cancel()
 	f.wg.Add(2)
 	go func() {
 		defer f.wg.Done()

@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,7 +26,10 @@ import (
 // handed on. Old samples fade through the predictors' own decay window, so
 // a replica that left stops counting as new traffic comes in; the stream
 // keeps lengthsRetention of history, from which a replica that starts (or
-// restarts) warms up at once.
+// restarts) warms up at once: Start reads it before the gateway admits
+// anything. An entry is skipped only when this process wrote it (its
+// replica name and its instance, a random id per process): a replica that
+// restarts under the same name reads what it learned before.
 //
 // While Redis is unreachable deltas accumulate locally and go out with the
 // next exchange that succeeds.
@@ -45,22 +50,26 @@ type lengthSharer struct {
 	sched   Scheduler
 	prefix  string
 	replica string
-	models  func() []string
-	observe func(op string, took time.Duration, err error)
-	log     *slog.Logger
-	now     func() time.Time // times the round trips
+	// instance tells this process's entries from those of an earlier
+	// process of the same replica name.
+	instance string
+	models   func() []string
+	observe  func(op string, took time.Duration, err error)
+	log      *slog.Logger
+	now      func() time.Time // times the round trips
 
 	last    map[string]string                 // per model: the last stream id read
 	pending map[string]admission.LengthsDelta // per model: deltas not yet sent
 	refused map[string]bool                   // per model and replica: a layout mismatch already logged
 	failing bool                              // the last exchange failed (logged once per run of failures)
+	merged  map[string]int                    // per model: entries merged, for logWarm
 }
 
 func newLengthSharer(c redis.Cmdable, sched Scheduler, prefix, replica string, models func() []string,
 	observe func(string, time.Duration, error), log *slog.Logger, now func() time.Time) *lengthSharer {
 	return &lengthSharer{client: c, sched: sched, prefix: prefix, replica: replica, models: models, observe: observe,
 		log: log, now: now, last: map[string]string{}, pending: map[string]admission.LengthsDelta{},
-		refused: map[string]bool{}}
+		refused: map[string]bool{}, merged: map[string]int{}, instance: newInstanceID()}
 }
 
 func (x *lengthSharer) key(model string) string { return x.prefix + "lengths:" + model }
@@ -78,9 +87,24 @@ func (x *lengthSharer) run(ctx context.Context, clock admission.Clock, period ti
 
 // lengthsEntry is one stream entry's fields.
 const (
-	fieldReplica = "r"
-	fieldDelta   = "d"
+	fieldReplica  = "r"
+	fieldInstance = "i"
+	fieldDelta    = "d"
 )
+
+// newInstanceID is a random id for this process's entries.
+func newInstanceID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail on Linux
+	return hex.EncodeToString(b[:])
+}
+
+// logWarm says what the first exchange merged, model by model.
+func (x *lengthSharer) logWarm() {
+	for m, n := range x.merged {
+		x.log.Info("a model starts from the fleet's learned lengths", "model", m, "entries", n)
+	}
+}
 
 // sync does one exchange: send this replica's new samples, merge the
 // others'. It returns the error of a failed round trip (logged once per
@@ -109,7 +133,7 @@ func (x *lengthSharer) sync(ctx context.Context) error {
 			continue
 		}
 		pipe.XAdd(ctx, &redis.XAddArgs{Stream: x.key(m), MinID: minID, Approx: true,
-			Values: []any{fieldReplica, x.replica, fieldDelta, b}})
+			Values: []any{fieldReplica, x.replica, fieldInstance, x.instance, fieldDelta, b}})
 		pipe.PExpire(ctx, x.key(m), lengthsRetention)
 	}
 	reads := make(map[string]*redis.XMessageSliceCmd, len(models))
@@ -150,12 +174,14 @@ func (x *lengthSharer) sync(ctx context.Context) error {
 	return nil
 }
 
-// mergeEntry merges one stream entry of model, unless it is this
-// replica's own.
+// mergeEntry merges one stream entry of model, unless this process wrote
+// it (an entry of this replica's name without an instance is taken as its
+// own too).
 func (x *lengthSharer) mergeEntry(model string, v map[string]any) {
 	from, _ := v[fieldReplica].(string)
+	inst, _ := v[fieldInstance].(string)
 	raw, _ := v[fieldDelta].(string)
-	if from == x.replica || raw == "" {
+	if (from == x.replica && (inst == "" || inst == x.instance)) || raw == "" {
 		return
 	}
 	var d admission.LengthsDelta
@@ -169,7 +195,9 @@ func (x *lengthSharer) mergeEntry(model string, v map[string]any) {
 			x.log.Warn("another replica's learned lengths do not merge here (does it configure another max_model_len?)",
 				"model", model, "from", from, "err", err)
 		}
+		return
 	}
+	x.merged[model]++
 }
 
 // addDelta adds b to a (a delta not sent yet). A change of layout (a

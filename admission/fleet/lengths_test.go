@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/admission/admissiontest"
 	"github.com/kvgate/kvgate/admission/fleet/fleettest"
 )
 
@@ -122,6 +123,12 @@ func TestLengthsSharedThroughRedis(t *testing.T) {
 	other := newReplicaLengths(t, srv, "other", 4096)
 	must(other.sync(t))
 	want("another layout", map[*replicaLengths]float64{other: 0})
+	// A replica restarted under the same name (a StatefulSet's pod) reads
+	// what its earlier process wrote: only this process's entries are its
+	// own.
+	again := newReplicaLengths(t, srv, "a", 8192)
+	must(again.sync(t))
+	want("a restarted replica", map[*replicaLengths]float64{again: 3})
 
 	// Per-tenant counts travel too, and what a replica merged for a tenant
 	// is not handed on with its own.
@@ -142,4 +149,34 @@ func sumCounts(c []float64) float64 {
 		n += v
 	}
 	return n
+}
+
+// A replica that restarts starts from the fleet's learned lengths before
+// Start returns, so before the gateway admits anything: its first requests
+// are predicted, not held at their worst case. Its earlier process had
+// the same name.
+func TestStartWarmsUpFromTheFleet(t *testing.T) {
+	srv := fleettest.StartRedis(t)
+	before := newReplicaLengths(t, srv, "a", 8192)
+	if err := before.sync(t); err != nil { // starts counting
+		t.Fatal(err)
+	}
+	before.teach(t, "", 150, 100)
+	if err := before.sync(t); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parse(t, "{redis: '"+srv.URL()+"', replicas: 1, replica: a}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := admissiontest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	f := New(cfg, Deps{Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+	t.Cleanup(f.Close)
+	after := newReplicaLengths(t, srv, "a", 8192)
+	if err := f.Start(after.sched, func() []string { return []string{"m"} }, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := after.samples(); got != 150 {
+		t.Fatalf("after Start the restarted replica predicts from %v samples, want the 150 its earlier process shared", got)
+	}
 }

@@ -9,7 +9,17 @@
 # time each server spent per request (on shared cores, what the throughput
 # ratios follow from).
 #
-#   bench/overhead/run.sh [flags of the load generator, e.g. --rounds 5 --duration 3s]
+#   bench/overhead/run.sh [script flags] [flags of the load generator, e.g. --rounds 5 --duration 3s]
+#
+# Script flags, before the load generator's:
+#   --log on|off         both proxies log each request (nginx's default
+#                        access_log, combined, to a file; kvgate's access log
+#                        at log.level info, to a file) or neither (default off)
+#   --tokenizer NAME     kvgate's tokenizer: backend (default) or estimate
+#   --kvgate-bin PATH    measure this kvgate binary instead of building one
+#                        (e.g. an earlier commit's, for a before and after)
+#   --pprof ADDR         build kvgate with net/http/pprof on ADDR (-tags
+#                        pprof), to profile it under the load
 #
 # It builds kvgate and the load generator, installs nginx (Debian package)
 # when it is missing, starts the four servers on free loopback ports and
@@ -22,6 +32,20 @@ export PATH="$PATH:/usr/local/go/bin:/usr/sbin:/sbin"
 export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
 
 die() { echo "bench/overhead: $*" >&2; exit 1; }
+
+log=off tokenizer=backend kvgate_bin="" pprof=""
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--log) log=${2:?--log needs on or off}; shift 2 ;;
+	--tokenizer) tokenizer=${2:?--tokenizer needs backend or estimate}; shift 2 ;;
+	--kvgate-bin) kvgate_bin=${2:?--kvgate-bin needs a path}; shift 2 ;;
+	--pprof) pprof=${2:?--pprof needs an address}; shift 2 ;;
+	*) break ;;
+	esac
+done
+case "$log" in on | off) ;; *) die "--log $log: want on or off" ;; esac
+case "$tokenizer" in backend | estimate) ;; *) die "--tokenizer $tokenizer: want backend or estimate" ;; esac
+[ -z "$kvgate_bin" ] || [ -x "$kvgate_bin" ] || die "--kvgate-bin $kvgate_bin: not an executable"
 
 if ! command -v nginx >/dev/null 2>&1; then
 	echo "bench/overhead: nginx is missing; installing the Debian package" >&2
@@ -52,7 +76,13 @@ cleanup() {
 trap cleanup EXIT
 
 echo "bench/overhead: building" >&2
-go build -o "$work/kvgate" ./cmd/kvgate
+if [ -n "$kvgate_bin" ]; then
+	cp "$kvgate_bin" "$work/kvgate"
+elif [ -n "$pprof" ]; then
+	go build -tags pprof -o "$work/kvgate" ./cmd/kvgate
+else
+	go build -o "$work/kvgate" ./cmd/kvgate
+fi
 go build -o "$work/overhead" ./bench/overhead
 mapfile -t ports < <("$work/overhead" --free-ports 4)
 [ "${#ports[@]}" -eq 4 ] || die "could not find free ports"
@@ -70,6 +100,12 @@ pids+=($sim_pid)
 user_line=""
 [ "$(id -u)" -eq 0 ] && user_line="user root;"
 mkdir -p "$work/nginx"
+# nginx's default access_log: the combined format, one write per request.
+nginx_access="access_log off;" kvgate_level=warn
+if [ "$log" = on ]; then
+	nginx_access="access_log $work/nginx-access.log;"
+	kvgate_level=info
+fi
 cat >"$work/nginx.conf" <<EOF
 $user_line
 worker_processes auto;
@@ -77,7 +113,7 @@ error_log $work/nginx-error.log warn;
 pid $work/nginx.pid;
 events { worker_connections 8192; }
 http {
-	access_log off;
+	$nginx_access
 	client_body_temp_path $work/nginx/body;
 	proxy_temp_path $work/nginx/proxy;
 	client_max_body_size 8m;
@@ -105,23 +141,25 @@ nginx -c "$work/nginx.conf" -p "$work/nginx" -g 'daemon off;' >"$work/nginx.log"
 nginx_pid=$!
 pids+=($nginx_pid)
 
-# kvgate with its defaults (tokenizer: backend), a budget that never queues.
+# kvgate with its defaults (tokenizer: backend unless --tokenizer), a
+# budget that never queues; its access log (on by default) is written at
+# info, so log.level warn silences it.
 cat >"$work/kvgate.yaml" <<EOF
 listen: 127.0.0.1:$kvgate_port
-log: {level: warn}
+log: {level: $kvgate_level}
 models:
   - name: llama-3-8b
     geometry: {layers: 32, kv_heads: 8, head_dim: 128, dtype: bfloat16}
     weights_bytes: 16060522496
     max_model_len: 8192
-    tokenizer: backend
+    tokenizer: $tokenizer
 backends:
   - name: sim
     url: http://127.0.0.1:$sim_port
     models: [llama-3-8b]
     gpu_memory: 512GiB
 EOF
-"$work/kvgate" serve --config "$work/kvgate.yaml" >"$work/kvgate.log" 2>&1 &
+KVGATE_PPROF="$pprof" "$work/kvgate" serve --config "$work/kvgate.yaml" >"$work/kvgate.log" 2>&1 &
 kvgate_pid=$!
 pids+=($kvgate_pid)
 
@@ -131,6 +169,7 @@ floor_pid=$!
 pids+=($floor_pid)
 
 rev=$(git describe --always --dirty 2>/dev/null || echo unknown)
+[ -z "$kvgate_bin" ] || rev="$(basename "$kvgate_bin") (given)"
 fasthttp_version=$(go list -m -f '{{.Version}}' github.com/valyala/fasthttp)
 "$work/overhead" \
 	--direct "http://127.0.0.1:$sim_port" \
@@ -138,5 +177,5 @@ fasthttp_version=$(go list -m -f '{{.Version}}' github.com/valyala/fasthttp)
 	--kvgate "http://127.0.0.1:$kvgate_port" \
 	--fasthttp "http://127.0.0.1:$floor_port" \
 	--direct-pid "$sim_pid" --nginx-pid "$nginx_pid" --kvgate-pid "$kvgate_pid" --fasthttp-pid "$floor_pid" \
-	--note "$(nginx -v 2>&1 | sed 's/^nginx version: //') ($(nproc) workers, keep-alive upstream, proxy_buffering off); kvgate $rev (tokenizer: backend); fasthttp $fasthttp_version" \
+	--note "$(nginx -v 2>&1 | sed 's/^nginx version: //') ($(nproc) workers, keep-alive upstream, proxy_buffering off); kvgate $rev (tokenizer: $tokenizer); logging $log; fasthttp $fasthttp_version" \
 	"$@"

@@ -120,7 +120,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	// go-redis (shared_budget) logs through a process-wide logger of its own.
 	redis.SetLogger(redisLogger{logger})
-	srv, err := gateway.New(cfg, gateway.Options{Logger: logger})
+	srv, err := gateway.New(cfg, gateway.Options{Logger: logger, AccessLog: stderr})
 	if err != nil {
 		return fail(stderr, "serve", exitUsage, "%v", err)
 	}
