@@ -370,16 +370,7 @@ const maxPromises = 4096
 // spread enough not to return as one wave.
 func (s *Scheduler) retryLocked(now time.Time, w *waiter, need int64) time.Duration {
 	q := w.line.q
-	kept := q.promised[:0]
-	var promised int64
-	for _, p := range q.promised {
-		if p.due.After(now) {
-			kept = append(kept, p)
-			promised += p.charge
-		}
-	}
-	q.promised = kept
-	est, known := s.expectedWaitLocked(now, w, need+promised)
+	est, known := s.expectedWaitLocked(now, w, need+q.promised.outstanding(now))
 	if known {
 		est = time.Duration(float64(est) * (0.9 + 0.2*s.rng.Float64()))
 	} else {
@@ -390,8 +381,6 @@ func (s *Scheduler) retryLocked(now time.Time, w *waiter, need int64) time.Durat
 		top = max(to, MinRetryAfter)
 	}
 	est = min(max(est, MinRetryAfter), top)
-	if len(q.promised) < maxPromises {
-		q.promised = append(q.promised, promise{due: now.Add(est), charge: w.charge})
-	}
+	q.promised.add(promise{due: now.Add(est), charge: w.charge})
 	return est
 }

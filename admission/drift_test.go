@@ -78,22 +78,28 @@ func drive(f *fixture, steps int, flows ...flow) flowRun {
 			c.tk.Progress(0, c.gen)
 		}
 		// Clients send in a turning order, so that no flow is always
-		// first to the room that frees.
+		// first to the room that frees. Once a flow's request is refused,
+		// the rest of its idle clients would be too (the same request, and
+		// nothing gives room back before the next step): they try again
+		// next step.
+		refused := map[*flow]bool{}
 		for i := range clients {
 			c := clients[(i+step*7)%len(clients)]
 			fl := c.fl
-			if c.tk != nil || step < fl.from || (fl.until > 0 && step >= fl.until) {
+			if c.tk != nil || refused[fl] || step < fl.from || (fl.until > 0 && step >= fl.until) {
+				continue
+			}
+			r := chat(64, fl.maxTokens)
+			stop := &stopFlag{}
+			r.Tenant, r.Class, r.Deadline, r.Stopper = fl.tenant, fl.class, f.clock.Now(), stop
+			tk, err := f.b.Acquire(context.Background(), r)
+			if err != nil {
+				refused[fl] = true
 				continue
 			}
 			n := fl.length(c.r, step)
+			c.tk, c.gen, c.stop = tk, 0, stop
 			c.length, c.capped = min(n, fl.maxTokens), n >= fl.maxTokens
-			r := chat(64, fl.maxTokens)
-			c.stop = &stopFlag{}
-			r.Tenant, r.Class, r.Deadline, r.Stopper = fl.tenant, fl.class, f.clock.Now(), c.stop
-			tk, err := f.b.Acquire(context.Background(), r)
-			if err == nil {
-				c.tk, c.gen = tk, 0
-			}
 		}
 		st := f.b.Scheduler.Stats()
 		if ps := st.GPUs[0]; ps.Now-ps.Stopping > ps.Capacity {
@@ -132,7 +138,12 @@ func contended(t *testing.T) *fixture {
 // leaving, classes changing their mix and outputs turning shorter are
 // ordinary events of a shared gateway, and none trips it, however much
 // more than the pool holds is sent.
+//
+// Each case drives a thousand steps of a hundred clients with every
+// invariant checked after every operation: the cases run in parallel, with
+// each other and with the test below.
 func TestDriftIgnoresChangeThatIsNoDanger(t *testing.T) {
+	t.Parallel()
 	batch := flow{tenant: "batch", class: "standard", clients: 56, maxTokens: 1024, length: lognormal(200, 1)}
 	for _, tc := range []struct {
 		name  string
@@ -163,6 +174,7 @@ func TestDriftIgnoresChangeThatIsNoDanger(t *testing.T) {
 			}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			f := contended(t)
 			run := drive(f, 1000, tc.flows...)
 			st := f.b.Scheduler.Stats()
@@ -185,6 +197,7 @@ func TestDriftIgnoresChangeThatIsNoDanger(t *testing.T) {
 // only the tenant's when one named tenant turns long — the other keeps its
 // forecast.
 func TestDriftTripsOnAShiftToLongOutputs(t *testing.T) {
+	t.Parallel()
 	long := func(median float64, at int) func(*rand.Rand, int) int {
 		return func(r *rand.Rand, step int) int {
 			if step < at {
@@ -195,6 +208,7 @@ func TestDriftTripsOnAShiftToLongOutputs(t *testing.T) {
 	}
 	const shift = 400
 	t.Run("every request", func(t *testing.T) {
+		t.Parallel()
 		f := contended(t)
 		run := drive(f, 800, flow{clients: 64, maxTokens: 2048, length: long(50, shift)})
 		st := f.b.Scheduler.Stats()
@@ -207,6 +221,7 @@ func TestDriftTripsOnAShiftToLongOutputs(t *testing.T) {
 		}
 	})
 	t.Run("one tenant", func(t *testing.T) {
+		t.Parallel()
 		// Tenant batch turns to 300-400 tokens, which the pool can hold
 		// (48 × 29 blocks) once its requests are held at their worst case:
 		// the guard need not act, and only that tenant is distrusted.

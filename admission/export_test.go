@@ -1,9 +1,13 @@
 package admission
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
+	"unsafe"
+
+	"github.com/kvgate/kvgate/admission/predict"
 )
 
 // SetCheck makes s call f with its lock held after every change of state,
@@ -233,12 +237,30 @@ func Passes(s *Scheduler) uint64 {
 }
 
 // pastExtent is the first point of c at or past its extent that is not
-// zero, or -1: every operation on a curve stops at its extent.
+// zero, or -1: every operation on a curve stops at its extent. The check
+// runs for every ticket after every operation; it compares the bytes at
+// once (a +0 is all zero bits; nothing writes there, so nothing there is
+// a −0), and looks for the point only when they are not all zero.
 func pastExtent(c curve) int {
+	if zeroBits(c.mean[c.n:]) && zeroBits(c.vari[c.n:]) && zeroBits(c.hi[c.n:]) {
+		return -1
+	}
 	for k := c.n; k < len(c.mean); k++ {
 		if c.mean[k] != 0 || c.vari[k] != 0 || c.hi[k] != 0 {
 			return k
 		}
 	}
 	return -1
+}
+
+// zeros is a row of zero bytes as long as a curve's.
+var zeros [8 * predict.GridLen]byte
+
+// zeroBits says whether every bit of xs is zero.
+func zeroBits(xs []float64) bool {
+	if len(xs) == 0 {
+		return true
+	}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&xs[0])), 8*len(xs))
+	return bytes.Equal(b, zeros[:len(b)])
 }

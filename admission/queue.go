@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"container/heap"
 	"time"
 
 	"github.com/kvgate/kvgate/admission/predict"
@@ -34,7 +35,7 @@ type queue struct {
 
 	// promised are the refusals told to come back at a time still to come,
 	// so that the next refusal's Retry-After counts them as ahead of it.
-	promised []promise
+	promised promises
 
 	// trust is what the guard and the overflow signals know of whether the
 	// queue's forecast can be believed (guard.go); scopes the change
@@ -56,6 +57,45 @@ type route struct {
 type promise struct {
 	due    time.Time
 	charge int64
+}
+
+// promises are a queue's outstanding Retry-After promises: a min-heap by
+// due time with the sum of their charges, so that a refusal learns what
+// is promised ahead of it by dropping those that came due, not by walking
+// every one (up to maxPromises of them for each refusal of a queue that
+// refuses many).
+type promises struct {
+	h   promiseHeap
+	sum int64
+}
+
+// outstanding drops the promises due by now and is the charge of the rest.
+func (ps *promises) outstanding(now time.Time) int64 {
+	for len(ps.h) > 0 && !ps.h[0].due.After(now) {
+		ps.sum -= heap.Pop(&ps.h).(promise).charge
+	}
+	return ps.sum
+}
+
+// add keeps p unless maxPromises are outstanding.
+func (ps *promises) add(p promise) {
+	if len(ps.h) < maxPromises {
+		heap.Push(&ps.h, p)
+		ps.sum += p.charge
+	}
+}
+
+type promiseHeap []promise
+
+func (h promiseHeap) Len() int           { return len(h) }
+func (h promiseHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h promiseHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *promiseHeap) Push(x any)        { *h = append(*h, x.(promise)) }
+func (h *promiseHeap) Pop() any {
+	old := *h
+	p := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return p
 }
 
 // line is one class of one queue: its spec and its FIFO of waiters.

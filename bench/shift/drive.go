@@ -69,7 +69,7 @@ func drive(ctx context.Context, o options, sc *scenario, url, simURL string, res
 		}
 		s := sample{at: time.Since(start)}
 		if m, err := benchkit.Scrape(ctx, http.DefaultClient, simURL+"/metrics"); err == nil {
-			s.kv = m.Sum("vllm:kv_cache_usage_perc")
+			s.kv, s.kvKnown = m.Sum("vllm:kv_cache_usage_perc"), true
 		}
 		if st, err := status(ctx, url); err == nil && len(st.Queues) > 0 && len(st.GPUs) > 0 {
 			s.p90, s.distrusted = st.Queues[0].P90, st.Queues[0].Distrusted

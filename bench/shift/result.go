@@ -37,6 +37,7 @@ type record struct {
 type sample struct {
 	at         time.Duration
 	kv         float64
+	kvKnown    bool // kv was read (the last tick's scrape, cut by the run's end, is not)
 	p90        int
 	distrusted bool
 	overcommit float64 // worst cases held / capacity
@@ -99,7 +100,7 @@ func (r *result) kvMean(from, to time.Duration) float64 {
 	var s float64
 	n := 0
 	for _, x := range r.samples {
-		if x.at >= from && x.at < to {
+		if x.kvKnown && x.at >= from && x.at < to {
 			s += x.kv
 			n++
 		}
@@ -255,6 +256,6 @@ func twoTenantChecks(w io.Writer, gw, direct *result) {
 	g, d := gw.goodput(from, to), direct.goodput(from, to)
 	tg, td := gw.ttftP99("interactive", from), direct.ttftP99("interactive", from)
 	trips := gw.lastTrips()
-	fmt.Fprintf(w, "two-tenant: goodput %.0f tok/s through the gateway, %.0f alone (%.2f×); interactive p99 TTFT %.3fs vs %.3fs (%.2f×); forecast trips %v; non-200 answers %d (gateway), %d (alone)\n",
-		g, d, g/math.Max(d, 1), tg.Seconds(), td.Seconds(), tg.Seconds()/math.Max(td.Seconds(), 1e-9), trips, gw.non200(), direct.non200())
+	fmt.Fprintf(w, "two-tenant: goodput %.0f tok/s through the gateway, %.0f alone (%.2f×); interactive p99 TTFT %.3fs vs %.3fs (%.2f×); KV mean %.1f%% vs %.1f%%; forecast trips %v; non-200 answers %d (gateway), %d (alone)\n",
+		g, d, g/math.Max(d, 1), tg.Seconds(), td.Seconds(), tg.Seconds()/math.Max(td.Seconds(), 1e-9), 100*gw.kvMean(from, to), 100*direct.kvMean(from, to), trips, gw.non200(), direct.non200())
 }
