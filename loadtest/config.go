@@ -96,6 +96,13 @@ type Config struct {
 	// session early. Concurrency mode only. Default 0 (or 1): every request
 	// stands alone.
 	Turns int
+	// SessionContextTokens, with Turns, is the length distribution of a
+	// session's first user message: the context it is about (documents a
+	// RAG application retrieved, the files an agent opened), which every
+	// later turn re-sends with the history while its own message is drawn
+	// from PromptTokens. Default nil: the first message is drawn from
+	// PromptTokens too.
+	SessionContextTokens Dist
 	// Seed makes the workload and the arrivals repeat; any value is valid.
 	Seed uint64
 
@@ -278,6 +285,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Turns < 0 {
 		return c, fmt.Errorf("Turns: must be ≥ 0, got %d", c.Turns)
+	}
+	if c.SessionContextTokens != nil && c.Turns <= 1 {
+		return c, errors.New("SessionContextTokens: a session's context needs Turns above 1")
 	}
 	if c.Turns > 1 && c.Mode != ModeConcurrency {
 		return c, errors.New("Turns: sessions need a closed loop (Concurrency), not Rates")

@@ -297,6 +297,7 @@ type RunConfig struct {
 	Seed               uint64         `json:"seed"`
 	SharedPrefixTokens int            `json:"shared_prefix_tokens,omitempty"`
 	Turns              int            `json:"turns,omitempty"`
+	SessionContext     string         `json:"session_context_tokens,omitempty"`
 	MaxKVUsage         float64        `json:"max_kv_usage"`
 	SLOTTFTMs          float64        `json:"slo_ttft_ms"`
 	SLOE2EMs           float64        `json:"slo_e2e_ms"`
@@ -331,6 +332,9 @@ func echoConfig(c Config) RunConfig {
 		Confidence: c.Confidence, MinRequests: c.MinRequests, MaxReruns: c.MaxReruns,
 		RequestTimeoutS: c.RequestTimeout.Seconds(), MaxStepTimeS: c.MaxStepTime.Seconds(), MaxInFlight: c.MaxInFlight,
 		ScrapeIntervalS: c.ScrapeInterval.Seconds(), CooldownS: max(c.Cooldown, 0).Seconds(), SaturationStop: !c.NoSaturationStop,
+	}
+	if c.SessionContextTokens != nil {
+		rc.SessionContext = c.SessionContextTokens.String()
 	}
 	if c.Search {
 		rc.SearchMax, rc.SearchTolerance, rc.SearchRelTolerance = c.SearchMax, c.SearchTolerance, c.SearchRelTolerance

@@ -42,6 +42,8 @@ type stepConfig struct {
 	// Turns, above 1, makes each closed-loop worker hold sessions of that
 	// many requests (see session).
 	Turns int
+	// Opening makes a session's first turn (nil: the workload does).
+	Opening func(i int) RequestSpec
 	// SharedTokens is the length of the shared prefix every spec opens with;
 	// MaxContext the model's context (0 unknown), past which a session
 	// starts afresh.
@@ -248,7 +250,12 @@ func (r *runner) closedLoop(ctx context.Context) {
 				if !r.admit(i, r.clock.Now()) {
 					return
 				}
-				spec := r.workload(i)
+				var spec RequestSpec
+				if r.cfg.Turns > 1 && len(s.history) == 0 && r.cfg.Opening != nil {
+					spec = r.cfg.Opening(i)
+				} else {
+					spec = r.workload(i)
+				}
 				if r.cfg.Turns > 1 {
 					s.open(&spec, r.cfg.MaxContext)
 				}
