@@ -103,6 +103,13 @@ type Config struct {
 	// from PromptTokens. Default nil: the first message is drawn from
 	// PromptTokens too.
 	SessionContextTokens Dist
+	// ThinkTime, with Turns, is the mean pause of a session before each of
+	// its later turns (a user reading the answer and typing, an agent's
+	// tool running), drawn uniformly between half and one and a half of
+	// it: meanwhile the other sessions' requests reach the servers, as
+	// they do between a real session's turns. Default 0: the next turn
+	// is sent the moment the answer ends.
+	ThinkTime time.Duration
 	// Seed makes the workload and the arrivals repeat; any value is valid.
 	Seed uint64
 
@@ -285,6 +292,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Turns < 0 {
 		return c, fmt.Errorf("Turns: must be ≥ 0, got %d", c.Turns)
+	}
+	if c.ThinkTime < 0 || c.ThinkTime > 0 && c.Turns <= 1 {
+		return c, fmt.Errorf("ThinkTime: must be ≥ 0, and only with Turns above 1; got %s", c.ThinkTime)
 	}
 	if c.SessionContextTokens != nil && c.Turns <= 1 {
 		return c, errors.New("SessionContextTokens: a session's context needs Turns above 1")

@@ -337,3 +337,46 @@ func TestConfigSharedPrefixAndTurns(t *testing.T) {
 		})
 	}
 }
+
+// pauseClock is the wall clock whose After fires at once and notes how long
+// it was asked to wait.
+type pauseClock struct {
+	SystemClock
+	mu     sync.Mutex
+	pauses []time.Duration
+}
+
+func (c *pauseClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	c.pauses = append(c.pauses, d)
+	c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	ch <- time.Time{}
+	return ch
+}
+
+func TestClosedLoopSessionsThinkBetweenTurns(t *testing.T) {
+	send := func(_ context.Context, spec RequestSpec) Result {
+		now := time.Now()
+		return Result{Index: spec.Index, Outcome: OutcomeOK, Start: now, FirstToken: now, End: now, Text: "a", PromptTokens: spec.PromptTokens, OutputTokens: 1}
+	}
+	spec := func(i int) RequestSpec { return RequestSpec{Index: i, Prompt: "q", PromptTokens: 10, MaxTokens: 1} }
+	clock := &pauseClock{}
+	// Two workers, 12 requests in sessions of 3: a pause after each first
+	// and second turn, none after a session's last.
+	runAttempt(context.Background(), clock, senderFunc(send), spec,
+		stepConfig{Mode: ModeConcurrency, Level: 2, Requests: 12, Turns: 3, Think: time.Second})
+	if len(clock.pauses) < 7 || len(clock.pauses) > 8 {
+		t.Fatalf("%d pauses, want 8 (or 7 with a session cut short at the end)", len(clock.pauses))
+	}
+	distinct := map[time.Duration]bool{}
+	for _, d := range clock.pauses {
+		if d < 500*time.Millisecond || d >= 1500*time.Millisecond {
+			t.Errorf("a pause of %s, want between half and 1.5× the mean", d)
+		}
+		distinct[d] = true
+	}
+	if len(distinct) < 2 {
+		t.Errorf("pauses %v, want them drawn", clock.pauses)
+	}
+}

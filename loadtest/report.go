@@ -298,6 +298,7 @@ type RunConfig struct {
 	SharedPrefixTokens int            `json:"shared_prefix_tokens,omitempty"`
 	Turns              int            `json:"turns,omitempty"`
 	SessionContext     string         `json:"session_context_tokens,omitempty"`
+	ThinkTimeS         float64        `json:"think_time_s,omitempty"`
 	MaxKVUsage         float64        `json:"max_kv_usage"`
 	SLOTTFTMs          float64        `json:"slo_ttft_ms"`
 	SLOE2EMs           float64        `json:"slo_e2e_ms"`
@@ -327,7 +328,7 @@ func echoConfig(c Config) RunConfig {
 		Mode: c.Mode, Levels: c.levels(), Search: c.Search, KeepGoing: c.KeepGoing,
 		Requests: c.Requests, DurationS: c.Duration.Seconds(), Warmup: c.Warmup,
 		PromptTokens: c.PromptTokens.String(), OutputTokens: c.OutputTokens.String(), Seed: c.Seed,
-		SharedPrefixTokens: c.SharedPrefixTokens, Turns: c.Turns,
+		SharedPrefixTokens: c.SharedPrefixTokens, Turns: c.Turns, ThinkTimeS: c.ThinkTime.Seconds(),
 		MaxKVUsage: c.MaxKVUsage, SLOTTFTMs: ms(c.SLOTTFT), SLOE2EMs: ms(c.SLOE2E), SLOAttainment: c.SLOAttainment,
 		Confidence: c.Confidence, MinRequests: c.MinRequests, MaxReruns: c.MaxReruns,
 		RequestTimeoutS: c.RequestTimeout.Seconds(), MaxStepTimeS: c.MaxStepTime.Seconds(), MaxInFlight: c.MaxInFlight,

@@ -302,7 +302,7 @@ func runTarget(ctx context.Context, c Config, ti int, p *prepared, metricsClient
 			Mode: c.Mode, Level: level, Requests: c.requestsFor(level), Duration: c.Duration,
 			Warmup: c.warmupFor(level), MaxStepTime: c.MaxStepTime, MaxInFlight: c.MaxInFlight,
 			ArrivalSeed: c.Seed ^ uint64(attemptNo)<<32, Scrape: scrape, ScrapeInterval: c.ScrapeInterval,
-			Turns: c.Turns, Opening: w.opening, SharedTokens: c.SharedPrefixTokens, MaxContext: p.report.MaxModelLen,
+			Turns: c.Turns, Opening: w.opening, Think: c.ThinkTime, SharedTokens: c.SharedPrefixTokens, MaxContext: p.report.MaxModelLen,
 			Progress:         func(s ProgressSnapshot) { c.Progress.StepUpdate(info, s) },
 			ProgressInterval: 200 * time.Millisecond,
 		}
