@@ -36,7 +36,7 @@
 // first token, the simulators' prefix-cache hit rate, overflows and
 // failures, then its checks against the bars binding by cache must meet.
 //
-//	go run ./bench/kvcache [--workloads sessions,unique] [--requests 640] [--clients 96] [--think 4s]
+//	go run ./bench/kvcache [--workloads sessions,unique] [--requests 960] [--clients 160] [--think 4s]
 package main
 
 import (
@@ -69,8 +69,8 @@ type options struct {
 func main() {
 	o := options{Flags: benchkit.Register(benchkit.Defaults{TimeScale: 1, Seed: 7, Draws: "the lengths, the words and the pauses", Out: true})}
 	flag.StringVar(&o.workloads, "workloads", "sessions,unique", "which workloads to run, comma-separated: sessions, unique")
-	flag.IntVar(&o.requests, "requests", 640, "counted requests a run")
-	flag.IntVar(&o.clients, "clients", 96, "sessions at once (closed loop, each starting a new one when it ends): more than one GPU caches, fewer than all four do")
+	flag.IntVar(&o.requests, "requests", 960, "counted requests a run")
+	flag.IntVar(&o.clients, "clients", 160, "sessions at once (closed loop, each starting a new one when it ends): more than one GPU caches, fewer than all four do")
 	flag.IntVar(&o.turns, "turns", 8, "turns a session, each re-sending the history")
 	flag.DurationVar(&o.think, "think", 4*time.Second, "a session's mean pause before its next turn, in simulated time")
 	flag.IntVar(&o.system, "system", 1000, "system prompt every session shares, tokens")
