@@ -13,14 +13,20 @@ package admission
 // last token is computed anyway), then the blocks the GPU's admitted
 // requests hold (its load), then the most room; among the GPUs where it
 // fits under the usual rules. NVIDIA Dynamo's KV router adds the two
-// counts instead; measured on bench/kvcache, the sum let a few running
-// requests' worth of load outweigh a session's whole cached history, which
-// sent its turns away from their cache: load is memory held, prefill is
-// compute saved, and the budget already keeps a GPU from taking more than
-// it holds. So a new session (cached nowhere) goes to the least loaded GPU
-// and its next turns follow its cache while it fits there. The view
-// decides only where a request goes, never whether it fits: what a GPU
-// holds cached is free to evict, so it takes no room from the budget.
+// counts instead (overlap weight × blocks to prefill + active blocks,
+// weight 1 by default); this order is that score with an unbounded
+// weight. Measured on bench/kvcache's sessions (4 GPUs, 160 sessions of 8
+// turns re-sending 5,000–7,000 tokens), the sum with weight 1 and the
+// blocks held as the load served 67.6% of prompt tokens from cache against
+// 86.8%, 3,025 output tokens/s against 3,620, p90 TTFT 447 ms against
+// 50 ms: a few running requests' worth of load outweighed a session's whole
+// cached history and sent its turns away from their cache. Load is memory
+// held, prefill is compute saved, and the budget already keeps a GPU from
+// taking more than it holds. So a new session (cached nowhere) goes to the
+// least loaded GPU and its next turns follow its cache while it fits
+// there. The view decides only where a request goes, never whether it
+// fits: what a GPU holds cached is free to evict, so it takes no room from
+// the budget.
 // Unless every GPU the request may go to can answer (its index whole),
 // binding stays as without a view.
 
