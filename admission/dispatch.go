@@ -181,6 +181,7 @@ var affinitySeed = maphash.MakeSeed()
 // one with the most room left after it. spare says the chosen pool's
 // reservation let it in on its spare room.
 func (s *Scheduler) pickLocked(w *waiter) (best *pool, spare bool) {
+	s.runs.of = nil // what the views said at an earlier look no longer stands
 	var bestRoom float64
 	var pref *pool
 	var prefScore uint64

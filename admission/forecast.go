@@ -344,11 +344,11 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve, needRoom bool) (room
 	adds = w.weight
 	var extra float64 // what p's table would gain: held throughout
 	if p.sharing && w.shared > 0 {
-		fresh := s.freshBytesLocked(p, w)
-		adds = w.weight - w.shared + fresh
+		shared, fresh, runs := s.shareOnLocked(p, w)
+		adds = w.weight - shared + fresh
 		extra = float64(fresh)
 		if s.set.policy.predicted {
-			c = s.ownCurveLocked(w)
+			c = s.ownCurveLocked(w, runs)
 		}
 	}
 	worst := satAdd64(p.held, adds)

@@ -227,7 +227,7 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 		}
 	}
 	if p.sharing {
-		s.shareLocked(p, t)
+		s.shareLocked(p, t, s.shareRunsLocked(p, w))
 	}
 	p.held = satAdd64(p.held, t.weight)
 	if t.fixed() {

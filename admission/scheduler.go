@@ -32,6 +32,7 @@ type Scheduler struct {
 	set        settings
 	cacheView  CacheView // nil: binding ignores what GPUs hold cached (cacheview.go)
 	costs      []int64   // scratch of cacheCostsLocked, by pool index
+	runs       shareRuns // what a candidate's fits counted shared, by pool (cacheview.go)
 	pools      []*pool   // configured, in configuration order
 	poolByName map[string]*pool
 	// retired are pools a Reconfigure removed while tickets still held
@@ -58,6 +59,7 @@ type Scheduler struct {
 	// own is a candidate's forecast without its shareable blocks (share.go),
 	// for GPUs that hold them once; ownSeq, ownLens and ownOpaque name whose.
 	own       curve
+	ownRuns   []int // the shared runs own was computed with
 	ownSeq    uint64
 	ownLens   *predict.Lengths
 	ownOpaque bool

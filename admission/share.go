@@ -2,6 +2,7 @@ package admission
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/kvgate/kvgate/kvbudget"
@@ -61,13 +62,14 @@ func (s *Scheduler) SetSharing(gpu string, on bool) error {
 	return nil
 }
 
-// shareLocked enters t's shareable blocks into p's table and makes t's
-// weight its own; the blocks new to the table are held by p once.
-func (s *Scheduler) shareLocked(p *pool, t *Ticket) {
+// shareLocked enters t's shareable blocks, runs[i] of its group i (as the
+// fit counted them: shareRunsLocked), into p's table and makes t's weight
+// its own; the blocks new to the table are held by p once.
+func (s *Scheduler) shareLocked(p *pool, t *Ticket, runs []int) {
 	var added, counted int64
 	for i := range t.groups {
 		g := &t.groups[i]
-		m := g.shareable()
+		m := runs[i]
 		if m == 0 {
 			continue
 		}
@@ -157,34 +159,38 @@ func sharedOf(shape []Group) int64 {
 	return b
 }
 
-// freshBytesLocked is what w's shareable blocks would add to p's table:
+// shareOnLocked is what p would count of w's shareable blocks once for
+// several holders (shared), and what of it p's table would gain (fresh):
 // those no ticket of p holds now. The blocks of a prompt that p holds are
-// a leading run (a ticket holds all of its shareable blocks, and a name
+// a leading run (a ticket holds a leading run of its blocks, and a name
 // stands for its whole prefix), so a binary search finds where it ends.
-func (s *Scheduler) freshBytesLocked(p *pool, w *waiter) int64 {
-	var b int64
-	for _, g := range w.shape {
-		m := g.shareable()
+func (s *Scheduler) shareOnLocked(p *pool, w *waiter) (shared, fresh int64, runs []int) {
+	runs = s.shareRunsLocked(p, w)
+	for i, g := range w.shape {
+		m := runs[i]
 		held := sort.Search(m, func(j int) bool { return p.table.get(g.Prefix[j]) == 0 })
-		b = satAdd64(b, satMul(int64(m-held), g.BlockBytes))
+		shared = satAdd64(shared, satMul(int64(m), g.BlockBytes))
+		fresh = satAdd64(fresh, satMul(int64(m-held), g.BlockBytes))
 	}
-	return b
+	return shared, fresh, runs
 }
 
 // ownCurveLocked is w's forecast as a ticket of a sharing GPU would hold it
-// of its own: without its shareable blocks, which the GPU's table counts.
-// Like waiterCurveLocked, it is computed once per request and predictor.
-func (s *Scheduler) ownCurveLocked(w *waiter) curve {
+// of its own: without the shareable blocks the GPU's table counts, runs[i]
+// of group i. Like waiterCurveLocked, it is computed once per request,
+// predictor and runs.
+func (s *Scheduler) ownCurveLocked(w *waiter, runs []int) curve {
 	c := &s.own
 	if c.mean == nil {
 		*c = newCurve()
-	} else if s.ownSeq == w.seq && s.ownLens == w.lens && s.ownOpaque == w.opaque && w.seq != 0 {
+	} else if s.ownSeq == w.seq && s.ownLens == w.lens && s.ownOpaque == w.opaque && w.seq != 0 && slices.Equal(s.ownRuns, runs) {
 		return *c
 	}
 	s.ownSeq, s.ownLens, s.ownOpaque = w.seq, w.lens, w.opaque
+	s.ownRuns = append(s.ownRuns[:0], runs...)
 	c.zero()
-	for _, g := range w.shape {
-		s.groupCurveLocked(c, g, int64(g.shareable()), g.Seqs, 0, w.opaque, w.lens)
+	for i, g := range w.shape {
+		s.groupCurveLocked(c, g, int64(runs[i]), g.Seqs, 0, w.opaque, w.lens)
 	}
 	return *c
 }

@@ -96,6 +96,20 @@ type Config struct {
 	// session early. Concurrency mode only. Default 0 (or 1): every request
 	// stands alone.
 	Turns int
+	// SessionContextTokens, with Turns, is the length distribution of a
+	// session's first user message: the context it is about (documents a
+	// RAG application retrieved, the files an agent opened), which every
+	// later turn re-sends with the history while its own message is drawn
+	// from PromptTokens. Default nil: the first message is drawn from
+	// PromptTokens too.
+	SessionContextTokens Dist
+	// ThinkTime, with Turns, is the mean pause of a session before each of
+	// its later turns (a user reading the answer and typing, an agent's
+	// tool running), drawn uniformly between half and one and a half of
+	// it: meanwhile the other sessions' requests reach the servers, as
+	// they do between a real session's turns. Default 0: the next turn
+	// is sent the moment the answer ends.
+	ThinkTime time.Duration
 	// Seed makes the workload and the arrivals repeat; any value is valid.
 	Seed uint64
 
@@ -278,6 +292,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Turns < 0 {
 		return c, fmt.Errorf("Turns: must be ≥ 0, got %d", c.Turns)
+	}
+	if c.ThinkTime < 0 || c.ThinkTime > 0 && c.Turns <= 1 {
+		return c, fmt.Errorf("ThinkTime: must be ≥ 0, and only with Turns above 1; got %s", c.ThinkTime)
+	}
+	if c.SessionContextTokens != nil && c.Turns <= 1 {
+		return c, errors.New("SessionContextTokens: a session's context needs Turns above 1")
 	}
 	if c.Turns > 1 && c.Mode != ModeConcurrency {
 		return c, errors.New("Turns: sessions need a closed loop (Concurrency), not Rates")

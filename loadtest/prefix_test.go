@@ -214,6 +214,57 @@ func TestClosedLoopSessionsResendTheAnswers(t *testing.T) {
 	}
 }
 
+func TestClosedLoopSessionsOpenWithTheirContext(t *testing.T) {
+	// A session's first turn comes from Opening, the later ones from the
+	// workload, whose history then starts with the opening's message.
+	var mu sync.Mutex
+	var got []RequestSpec
+	send := func(_ context.Context, spec RequestSpec) Result {
+		mu.Lock()
+		got = append(got, spec)
+		mu.Unlock()
+		now := time.Now()
+		return Result{Index: spec.Index, Outcome: OutcomeOK, Start: now, FirstToken: now, End: now,
+			Text: "a", PromptTokens: spec.PromptTokens, OutputTokens: 1}
+	}
+	turn := func(i int) RequestSpec {
+		return RequestSpec{Index: i, Prompt: fmt.Sprintf("turn %d", i), PromptTokens: 10, MaxTokens: 1}
+	}
+	opening := func(i int) RequestSpec {
+		return RequestSpec{Index: i, Prompt: fmt.Sprintf("context %d", i), PromptTokens: 1000, MaxTokens: 1}
+	}
+	runAttempt(context.Background(), SystemClock{}, senderFunc(send), turn,
+		stepConfig{Mode: ModeConcurrency, Level: 2, Requests: 12, Turns: 3, Opening: opening})
+	if len(got) != 12 {
+		t.Fatalf("%d sent, want 12", len(got))
+	}
+	for _, s := range got {
+		first := len(s.History) == 0
+		if first != strings.HasPrefix(s.Prompt, "context") {
+			t.Errorf("request %d (%d earlier turns) sent %q", s.Index, len(s.History), s.Prompt)
+		}
+		if !first && (!strings.HasPrefix(s.History[0].User, "context") || s.PromptTokens != 10+1000+1+11*(len(s.History)-1)) {
+			t.Errorf("request %d: history %+v, prompt %d tokens", s.Index, s.History, s.PromptTokens)
+		}
+	}
+}
+
+func TestWorkloadOpeningDrawsTheSessionContext(t *testing.T) {
+	gen := estimatedPromptGen()
+	c := Config{Seed: 3, PromptTokens: fixed(100), OutputTokens: fixed(50), SharedPrefixTokens: 300, Turns: 4}
+	if s := newWorkload(c, gen, 0, 1, 7).opening(0); s.PromptTokens != 400 {
+		t.Errorf("no session context: opening of %d tokens, want 400", s.PromptTokens)
+	}
+	c.SessionContextTokens = fixed(5000)
+	w := newWorkload(c, gen, 0, 1, 7)
+	if s := w.opening(0); s.PromptTokens != 5300 || s.System != w.prefix {
+		t.Errorf("opening of %d tokens (system %v), want 5300 after the shared prefix", s.PromptTokens, s.System == w.prefix)
+	}
+	if s := w.spec(0); s.PromptTokens != 400 {
+		t.Errorf("later turn of %d tokens, want 400", s.PromptTokens)
+	}
+}
+
 type senderFunc func(ctx context.Context, spec RequestSpec) Result
 
 func (f senderFunc) Send(ctx context.Context, spec RequestSpec) Result { return f(ctx, spec) }
@@ -284,5 +335,48 @@ func TestConfigSharedPrefixAndTurns(t *testing.T) {
 				t.Errorf("error %v, want one naming %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// pauseClock is the wall clock whose After fires at once and notes how long
+// it was asked to wait.
+type pauseClock struct {
+	SystemClock
+	mu     sync.Mutex
+	pauses []time.Duration
+}
+
+func (c *pauseClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	c.pauses = append(c.pauses, d)
+	c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	ch <- time.Time{}
+	return ch
+}
+
+func TestClosedLoopSessionsThinkBetweenTurns(t *testing.T) {
+	send := func(_ context.Context, spec RequestSpec) Result {
+		now := time.Now()
+		return Result{Index: spec.Index, Outcome: OutcomeOK, Start: now, FirstToken: now, End: now, Text: "a", PromptTokens: spec.PromptTokens, OutputTokens: 1}
+	}
+	spec := func(i int) RequestSpec { return RequestSpec{Index: i, Prompt: "q", PromptTokens: 10, MaxTokens: 1} }
+	clock := &pauseClock{}
+	// Two workers, 12 requests in sessions of 3: a pause after each first
+	// and second turn, none after a session's last.
+	runAttempt(context.Background(), clock, senderFunc(send), spec,
+		stepConfig{Mode: ModeConcurrency, Level: 2, Requests: 12, Turns: 3, Think: time.Second})
+	if len(clock.pauses) < 7 || len(clock.pauses) > 8 {
+		t.Fatalf("%d pauses, want 8 (or 7 with a session cut short at the end)", len(clock.pauses))
+	}
+	distinct := map[time.Duration]bool{}
+	for _, d := range clock.pauses {
+		if d < 500*time.Millisecond || d >= 1500*time.Millisecond {
+			t.Errorf("a pause of %s, want between half and 1.5× the mean", d)
+		}
+		distinct[d] = true
+	}
+	if len(distinct) < 2 {
+		t.Errorf("pauses %v, want them drawn", clock.pauses)
 	}
 }

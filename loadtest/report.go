@@ -297,6 +297,8 @@ type RunConfig struct {
 	Seed               uint64         `json:"seed"`
 	SharedPrefixTokens int            `json:"shared_prefix_tokens,omitempty"`
 	Turns              int            `json:"turns,omitempty"`
+	SessionContext     string         `json:"session_context_tokens,omitempty"`
+	ThinkTimeS         float64        `json:"think_time_s,omitempty"`
 	MaxKVUsage         float64        `json:"max_kv_usage"`
 	SLOTTFTMs          float64        `json:"slo_ttft_ms"`
 	SLOE2EMs           float64        `json:"slo_e2e_ms"`
@@ -326,11 +328,14 @@ func echoConfig(c Config) RunConfig {
 		Mode: c.Mode, Levels: c.levels(), Search: c.Search, KeepGoing: c.KeepGoing,
 		Requests: c.Requests, DurationS: c.Duration.Seconds(), Warmup: c.Warmup,
 		PromptTokens: c.PromptTokens.String(), OutputTokens: c.OutputTokens.String(), Seed: c.Seed,
-		SharedPrefixTokens: c.SharedPrefixTokens, Turns: c.Turns,
+		SharedPrefixTokens: c.SharedPrefixTokens, Turns: c.Turns, ThinkTimeS: c.ThinkTime.Seconds(),
 		MaxKVUsage: c.MaxKVUsage, SLOTTFTMs: ms(c.SLOTTFT), SLOE2EMs: ms(c.SLOE2E), SLOAttainment: c.SLOAttainment,
 		Confidence: c.Confidence, MinRequests: c.MinRequests, MaxReruns: c.MaxReruns,
 		RequestTimeoutS: c.RequestTimeout.Seconds(), MaxStepTimeS: c.MaxStepTime.Seconds(), MaxInFlight: c.MaxInFlight,
 		ScrapeIntervalS: c.ScrapeInterval.Seconds(), CooldownS: max(c.Cooldown, 0).Seconds(), SaturationStop: !c.NoSaturationStop,
+	}
+	if c.SessionContextTokens != nil {
+		rc.SessionContext = c.SessionContextTokens.String()
 	}
 	if c.Search {
 		rc.SearchMax, rc.SearchTolerance, rc.SearchRelTolerance = c.SearchMax, c.SearchTolerance, c.SearchRelTolerance

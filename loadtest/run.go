@@ -236,9 +236,20 @@ func newWorkload(c Config, gen *promptGen, maxModelLen, attempt int, salt uint64
 	return w
 }
 
-func (w workload) spec(i int) RequestSpec {
+func (w workload) spec(i int) RequestSpec { return w.draw(i, w.c.PromptTokens) }
+
+// opening makes request i the first turn of a session: its user message is
+// the session's context when the run has one.
+func (w workload) opening(i int) RequestSpec {
+	if w.c.SessionContextTokens == nil {
+		return w.spec(i)
+	}
+	return w.draw(i, w.c.SessionContextTokens)
+}
+
+func (w workload) draw(i int, prompt Dist) RequestSpec {
 	lr := rand.New(rand.NewPCG(w.c.Seed, uint64(w.attempt)<<40|uint64(i)))
-	p, o := w.c.PromptTokens.Sample(lr), w.c.OutputTokens.Sample(lr)
+	p, o := prompt.Sample(lr), w.c.OutputTokens.Sample(lr)
 	shared := w.c.SharedPrefixTokens
 	if m := w.maxModelLen - shared; m > 1 && p+o > m {
 		o = min(o, m-1)
@@ -291,7 +302,7 @@ func runTarget(ctx context.Context, c Config, ti int, p *prepared, metricsClient
 			Mode: c.Mode, Level: level, Requests: c.requestsFor(level), Duration: c.Duration,
 			Warmup: c.warmupFor(level), MaxStepTime: c.MaxStepTime, MaxInFlight: c.MaxInFlight,
 			ArrivalSeed: c.Seed ^ uint64(attemptNo)<<32, Scrape: scrape, ScrapeInterval: c.ScrapeInterval,
-			Turns: c.Turns, SharedTokens: c.SharedPrefixTokens, MaxContext: p.report.MaxModelLen,
+			Turns: c.Turns, Opening: w.opening, Think: c.ThinkTime, SharedTokens: c.SharedPrefixTokens, MaxContext: p.report.MaxModelLen,
 			Progress:         func(s ProgressSnapshot) { c.Progress.StepUpdate(info, s) },
 			ProgressInterval: 200 * time.Millisecond,
 		}

@@ -42,11 +42,16 @@ type stepConfig struct {
 	// Turns, above 1, makes each closed-loop worker hold sessions of that
 	// many requests (see session).
 	Turns int
+	// Opening makes a session's first turn (nil: the workload does).
+	Opening func(i int) RequestSpec
+	// Think is the mean pause before a session's later turn, drawn
+	// uniformly between half and one and a half of it; 0 none.
+	Think time.Duration
 	// SharedTokens is the length of the shared prefix every spec opens with;
 	// MaxContext the model's context (0 unknown), past which a session
 	// starts afresh.
 	SharedTokens, MaxContext int
-	// ArrivalSeed seeds the Poisson arrivals.
+	// ArrivalSeed seeds the Poisson arrivals and the think times.
 	ArrivalSeed uint64
 	// Scrape reads the target's metrics; nil when there are none.
 	Scrape         func(ctx context.Context) (MetricsSample, error)
@@ -240,7 +245,8 @@ func (r *runner) beyond(i int, at time.Time) bool {
 func (r *runner) closedLoop(ctx context.Context) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for range int(r.cfg.Level) {
+	for worker := range int(r.cfg.Level) {
+		think := rand.New(rand.NewPCG(r.cfg.ArrivalSeed, uint64(worker)))
 		wg.Go(func() {
 			var s session
 			for !r.stopping(ctx) {
@@ -248,7 +254,12 @@ func (r *runner) closedLoop(ctx context.Context) {
 				if !r.admit(i, r.clock.Now()) {
 					return
 				}
-				spec := r.workload(i)
+				var spec RequestSpec
+				if r.cfg.Turns > 1 && len(s.history) == 0 && r.cfg.Opening != nil {
+					spec = r.cfg.Opening(i)
+				} else {
+					spec = r.workload(i)
+				}
 				if r.cfg.Turns > 1 {
 					s.open(&spec, r.cfg.MaxContext)
 				}
@@ -259,10 +270,22 @@ func (r *runner) closedLoop(ctx context.Context) {
 					s.close(spec, &res, r.cfg.Turns, r.cfg.SharedTokens)
 				}
 				r.record(i, res)
+				if r.cfg.Think > 0 && len(s.history) > 0 {
+					r.pause(ctx, time.Duration((0.5+think.Float64())*float64(r.cfg.Think)))
+				}
 			}
 		})
 	}
 	wg.Wait()
+}
+
+// pause waits d, or until the step stops.
+func (r *runner) pause(ctx context.Context, d time.Duration) {
+	select {
+	case <-r.clock.After(d):
+	case <-r.stopCh:
+	case <-ctx.Done():
+	}
 }
 
 // session is one closed-loop worker's conversation: the turns it has had

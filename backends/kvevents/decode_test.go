@@ -1,6 +1,9 @@
 package kvevents
 
 import (
+	"encoding/binary"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -138,4 +141,78 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// readFrames reads a recorded stream: each message a 4-byte big-endian
+// count of frames, then each frame a 4-byte big-endian length and its
+// bytes (as backends/sim's TestRecordKVEvents writes it).
+func readFrames(t *testing.T, path string) [][][]byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() uint32 {
+		if len(b) < 4 {
+			t.Fatalf("%s: truncated", path)
+		}
+		n := binary.BigEndian.Uint32(b)
+		b = b[4:]
+		return n
+	}
+	var msgs [][][]byte
+	for len(b) > 0 {
+		frames := make([][]byte, next())
+		for i := range frames {
+			n := next()
+			if uint32(len(b)) < n {
+				t.Fatalf("%s: truncated frame", path)
+			}
+			frames[i], b = b[:n], b[n:]
+		}
+		msgs = append(msgs, frames)
+	}
+	return msgs
+}
+
+// A stream recorded off the simulator's publisher (sessions sharing a
+// system prompt, second turns, an eviction) decodes in both encodings to
+// the same batches, numbered from 0 without a gap, and builds the same
+// index.
+func TestDecodeRecordedSimulatorStream(t *testing.T) {
+	decoded := map[string][]Batch{}
+	blocks := map[string]int{}
+	for _, enc := range []string{"positional", "map"} {
+		x := NewIndex(testChain)
+		x.Reset(true) // the stream is the publisher's from its start
+		kinds := map[Kind]int{}
+		for i, frames := range readFrames(t, filepath.Join("testdata", "sim-"+enc+".frames")) {
+			if string(frames[0]) != "kv" {
+				t.Fatalf("%s: message %d has topic %q", enc, i, frames[0])
+			}
+			seq, b, err := parseMessage(frames)
+			if err != nil || seq != int64(i) {
+				t.Fatalf("%s: message %d: sequence %d, %v", enc, i, seq, err)
+			}
+			for _, e := range b.Events {
+				kinds[e.Kind]++
+			}
+			x.Apply(b)
+			decoded[enc] = append(decoded[enc], b)
+		}
+		if kinds[BlockStored] == 0 || kinds[BlockRemoved] == 0 {
+			t.Errorf("%s: events by kind %v, want stored and removed ones", enc, kinds)
+		}
+		n, whole := x.Blocks()
+		if n == 0 || !whole {
+			t.Errorf("%s: index of %d blocks, whole %v", enc, n, whole)
+		}
+		blocks[enc] = n
+	}
+	if !reflect.DeepEqual(decoded["positional"], decoded["map"]) {
+		t.Error("the encodings decode to different batches")
+	}
+	if blocks["positional"] != blocks["map"] {
+		t.Errorf("indexes of %d and %d blocks", blocks["positional"], blocks["map"])
+	}
 }

@@ -38,9 +38,9 @@ type loadtestFlags struct {
 	searchTol                                     string
 	requests, warmup, minRequests, maxReruns      int
 	sharedPrefix, turns                           int
-	duration, reqTimeout, maxStepTime             time.Duration
+	duration, reqTimeout, maxStepTime, think      time.Duration
 	scrapeInterval, cooldown                      time.Duration
-	promptTokens, outputTokens                    string
+	promptTokens, outputTokens, sessionContext    string
 	seed                                          uint64
 	maxKV, sloAttainment, confidence              float64
 	sloTTFT, sloE2E                               time.Duration
@@ -68,6 +68,8 @@ func (f *loadtestFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.outputTokens, "output-tokens", "fixed:128", "output length (max_tokens) distribution, same forms as --prompt-tokens")
 	fs.IntVar(&f.sharedPrefix, "shared-prefix", 0, "open every request with the same system prompt of about `TOKENS` tokens (a system message; on completions the prompt's start), as an application does; --prompt-tokens is then what follows it, still distinct per request")
 	fs.IntVar(&f.turns, "turns", 0, "multi-turn sessions of `N` requests: each turn re-sends the session's earlier user messages and the assistant's actual answers before a new user message of --prompt-tokens (closed loop only)")
+	fs.StringVar(&f.sessionContext, "session-context", "", "with --turns, the length distribution of a session's first user message, the context every later turn re-sends (documents, files), same forms as --prompt-tokens; later messages follow --prompt-tokens (default: the first follows it too)")
+	fs.DurationVar(&f.think, "think-time", 0, "with --turns, a session's mean pause before each later turn (a user reading and typing, an agent's tool running), drawn between half and 1.5× it, e.g. 3s (default 0: at once)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the lengths, the prompts and the arrivals: the same seed repeats the run")
 	fs.Float64Var(&f.maxKV, "max-kv-usage", loadtest.DefaultMaxKVUsage, "highest peak KV-cache usage a safe step may reach, as a share (0–1] of the backend's KV block pool (vllm:kv_cache_usage_perc) — not the gateway's ceiling, which is a share of GPU memory")
 	fs.Func("ceiling", "renamed --max-kv-usage", func(string) error {
@@ -217,6 +219,18 @@ func (f *loadtestFlags) config(set map[string]bool) (loadtest.Config, error) {
 		return c, badFlag("turns", "sessions need a closed loop: give --concurrency, not --rate")
 	}
 	c.SharedPrefixTokens, c.Turns = f.sharedPrefix, f.turns
+	if f.think < 0 || f.think > 0 && f.turns <= 1 {
+		return c, badFlag("think-time", "must be ≥ 0, and needs --turns above 1; got %s", f.think)
+	}
+	c.ThinkTime = f.think
+	if f.sessionContext != "" {
+		if f.turns <= 1 {
+			return c, badFlag("session-context", "needs --turns above 1")
+		}
+		if c.SessionContextTokens, err = loadtest.ParseDist(f.sessionContext, nil); err != nil {
+			return c, badFlag("session-context", "%v", err)
+		}
+	}
 	c.Seed = f.seed
 	if !(f.maxKV > 0 && f.maxKV <= 1) {
 		return c, badFlag("max-kv-usage", "must be in (0, 1], got %g", f.maxKV)

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvgate/kvgate/loadtest"
 )
@@ -25,21 +26,33 @@ type Load struct {
 	// the load tester's default, one per client).
 	Warmup  int
 	Prompts string // file of prompt lengths, one a line
-	Outputs string // --output-tokens
-	Seed    uint64
-	Strict  bool // --strict-openai: let the simulator stop outputs early
+	// PromptTokens is --prompt-tokens as given (uniform:A-B, ...), instead
+	// of Prompts' file.
+	PromptTokens string
+	Outputs      string // --output-tokens
+	Seed         uint64
+	Strict       bool // --strict-openai: let the simulator stop outputs early
 	// SharedPrefix is --shared-prefix (a system prompt common to every
 	// request, in tokens) and Turns --turns (multi-turn sessions); 0 none.
 	SharedPrefix, Turns int
+	// SessionContext is --session-context: the length distribution of a
+	// session's first message; "" none.
+	SessionContext string
+	// Think is --think-time (wall time); 0 none.
+	Think time.Duration
 }
 
 // Load runs kvgate loadtest as l says and reads its report, one Step a
 // level.
 func (k *Kit) Load(ctx context.Context, l Load) ([]Step, error) {
 	report := k.Path(Slug(l.Name) + ".json")
+	prompts := "file:" + l.Prompts
+	if l.PromptTokens != "" {
+		prompts = l.PromptTokens
+	}
 	args := []string{"loadtest", "--target", l.Target, "--metrics-url", l.MetricsURL, "--model", l.Model,
 		"--concurrency", l.Levels, "--requests", strconv.Itoa(l.Requests), "--keep-going", "--no-saturation-stop",
-		"--prompt-tokens", "file:" + l.Prompts, "--output-tokens", l.Outputs, "--seed", strconv.FormatUint(l.Seed, 10),
+		"--prompt-tokens", prompts, "--output-tokens", l.Outputs, "--seed", strconv.FormatUint(l.Seed, 10),
 		"--max-kv-usage", "1", "--max-reruns", "0", "--scrape-interval", "250ms", "--request-timeout", "30m",
 		"--progress", "none", "--json", report}
 	if l.Warmup != 0 {
@@ -53,6 +66,12 @@ func (k *Kit) Load(ctx context.Context, l Load) ([]Step, error) {
 	}
 	if l.Turns > 1 {
 		args = append(args, "--turns", strconv.Itoa(l.Turns))
+	}
+	if l.Think > 0 {
+		args = append(args, "--think-time", l.Think.String())
+	}
+	if l.SessionContext != "" {
+		args = append(args, "--session-context", l.SessionContext)
 	}
 	cmd := exec.CommandContext(ctx, k.Bin, args...)
 	logf, err := os.Create(k.Path(Slug(l.Name) + "-loadtest.log"))
