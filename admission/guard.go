@@ -118,6 +118,22 @@ func (s *Scheduler) guardSetLocked(p *pool, t *Ticket, now int64) {
 	t.guard.now = now
 }
 
+// Holding is what the tickets admitted to pool may hold on its backend at
+// this moment (the guard's now: GPUStats.Now), a bound that cannot be
+// below the truth; 0 for a pool it does not know. A fleet publishes it
+// with its lease.
+func (s *Scheduler) Holding(pool string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.poolByName[pool]; p != nil {
+		return p.now
+	}
+	if r := s.retired[pool]; r != nil {
+		return r.now
+	}
+	return 0
+}
+
 // guardLine is the most p may hold on its backend: its capacity. The AIMD
 // loop's effective capacity is not it (a shrink revokes nothing), nor is a
 // lease of a GPU shared with other replicas: a lease that falls (Redis

@@ -88,7 +88,9 @@ type reconcileView struct {
 
 // reconcile reads g's backends' report against what is admitted there. In
 // a gateway alone it sets the scheduler's input itself; in a fleet
-// setBudget takes the last figure off the budget it announces.
+// setBudget takes the last figure off the budget it announces, and the
+// fleet reads the report for evidence that a silent replica's requests
+// are gone.
 func (s *Server) reconcile(rt *runtime, g *gpu, pool, used int64) {
 	cfg := rt.cfg.Admission.Reconcile
 	if !cfg.on() {
@@ -140,7 +142,11 @@ func (s *Server) reconcile(rt *runtime, g *gpu, pool, used int64) {
 		if err := rt.sched.SetUnaccounted(g.id, got.Unaccounted); err != nil {
 			s.log.Error("take unaccounted memory off a GPU's budget", "gpu", g.name, "err", err)
 		}
+		return
 	}
+	// The same report tells the fleet whether a silent replica's requests
+	// still run on the GPU (its residual hold ends when they do not).
+	s.fleet.Observe(g.id, fleet.Report{Used: used, Own: st.Now, Tolerance: got.Tolerance})
 }
 
 // othersLeased is what the other replicas of a fleet lease on the GPU

@@ -15,10 +15,12 @@ import (
 )
 
 // Scheduler is what the fleet reads from and sets on the local admission
-// scheduler (an *admission.Scheduler): each pool's demand, its limit and
-// the forecast's margin, and the learned output lengths of each model.
+// scheduler (an *admission.Scheduler): each pool's demand, what its
+// requests may hold now, its limit and the forecast's margin, and the
+// learned output lengths of each model.
 type Scheduler interface {
 	Demand(pool string) (held, queued int64)
+	Holding(pool string) int64
 	SetLimitUntil(pool string, limit int64, until time.Time) error
 	SetMargin(pool string, scale float64) error
 	LengthsDelta(queue string) (d admission.LengthsDelta, ok bool, err error)
@@ -37,7 +39,7 @@ type Deps struct {
 	// gateway's request timeout): see LesseeConfig.FallbackGrace.
 	FallbackGrace time.Duration
 	// Observe, if set, is called after every round trip to Redis with its
-	// operation (acquire, renew, release, list, demand, lengths), how long
+	// operation (acquire, renew, release, drop, list, demand, lengths), how long
 	// it took and its error: the hook for a latency histogram. It runs on
 	// the caller's goroutine and must be quick.
 	Observe func(op string, took time.Duration, err error)
@@ -114,6 +116,8 @@ type poolLease struct {
 	list     atomic.Pointer[fleetList] // the fleet as last listed, for /status
 	listing  atomic.Bool               // a list is being read
 	applyMu  sync.Mutex
+	evMu     sync.Mutex // serialises Observe's reports of the GPU
+	ev       Evidence   // under evMu
 	stop     context.CancelFunc
 	done     chan struct{}
 }
@@ -278,6 +282,7 @@ func (f *Fleet) startLocked(g *GPU, budget int64) (*poolLease, error) {
 		Store: f.store, Key: g.Name, Replica: f.cfg.Replica, Replicas: f.cfg.Replicas,
 		Budget: budget, Chunk: pl.chunk, TTL: f.cfg.LeaseTTL.D, FallbackGrace: f.grace, Residual: f.residual,
 		Demand: func() (int64, int64) { return pl.demand(sched) },
+		Holds:  func() int64 { return sched.Holding(pl.pool) },
 		OnTrust: func(c int64, until time.Time) {
 			pl.trust.Store(&trust{capacity: c, until: until})
 			pl.apply(sched)
@@ -303,6 +308,27 @@ func (f *Fleet) startLocked(g *GPU, budget int64) (*poolLease, error) {
 func (pl *poolLease) setBudget(b int64) {
 	if pl.budget.Swap(b) != b {
 		pl.l.SetBudget(b)
+	}
+}
+
+// Observe takes a report of the backends of pool's GPU (see Report): once
+// EvidenceReports of them in a row show the GPU's use covered by the fresh
+// replicas' holds while another replica is silent, the lessee ends the
+// silent replicas' leases (Lessee.DropResidual), unless residual_release
+// is timer. It runs on the caller's goroutine and never blocks.
+func (f *Fleet) Observe(pool string, r Report) {
+	if f.cfg.ResidualRelease == ReleaseTimer {
+		return
+	}
+	pl := (*f.byPool.Load())[pool]
+	if pl == nil {
+		return
+	}
+	pl.evMu.Lock()
+	release := pl.ev.Observe(r, pl.l.Stats())
+	pl.evMu.Unlock()
+	if release {
+		pl.l.DropResidual()
 	}
 }
 

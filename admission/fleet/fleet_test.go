@@ -40,6 +40,12 @@ func (s *fakeSched) Demand(pool string) (int64, int64) {
 	return d[0], d[1]
 }
 
+// Holding is the held demand: the tests' requests hold what they reserved.
+func (s *fakeSched) Holding(pool string) int64 {
+	held, _ := s.Demand(pool)
+	return held
+}
+
 func (s *fakeSched) SetLimitUntil(pool string, limit int64, _ time.Time) error {
 	s.mu.Lock()
 	s.limits[pool] = limit
