@@ -20,6 +20,7 @@ import (
 // learned output lengths of each model.
 type Scheduler interface {
 	Demand(pool string) (held, queued int64)
+	Head(pool string) (charge int64, waited time.Duration)
 	Holding(pool string) int64
 	SetLimitUntil(pool string, limit int64, until time.Time) error
 	SetMargin(pool string, scale float64) error
@@ -113,6 +114,7 @@ type poolLease struct {
 	recent   [demandWindow]int64   // the last demands posted (the fair-share loop's own)
 	recentAt int
 	margin   float64                   // the forecast margin last set (the fair-share loop's own; 0: never)
+	turn     string                    // whose big request has a turn on the GPU, as last read (the fair-share loop's own)
 	list     atomic.Pointer[fleetList] // the fleet as last listed, for /status
 	listing  atomic.Bool               // a list is being read
 	applyMu  sync.Mutex

@@ -18,13 +18,14 @@ type fakeSched struct {
 	mu      sync.Mutex
 	demand  map[string][2]int64 // pool -> held, queued
 	limits  map[string]int64    // pool -> the last limit set
+	head    map[string]fakeHead // pool -> its longest-waiting request
 	changed chan struct{}       // a limit was set (non-blocking, capacity 1)
 }
 
 var _ Scheduler = (*fakeSched)(nil)
 
 func newFakeSched() *fakeSched {
-	return &fakeSched{demand: map[string][2]int64{}, limits: map[string]int64{}, changed: make(chan struct{}, 1)}
+	return &fakeSched{demand: map[string][2]int64{}, limits: map[string]int64{}, head: map[string]fakeHead{}, changed: make(chan struct{}, 1)}
 }
 
 func (s *fakeSched) setDemand(pool string, held, queued int64) {
@@ -38,6 +39,26 @@ func (s *fakeSched) Demand(pool string) (int64, int64) {
 	defer s.mu.Unlock()
 	d := s.demand[pool]
 	return d[0], d[1]
+}
+
+func (s *fakeSched) Head(pool string) (int64, time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.head[pool]
+	return h.charge, h.waited
+}
+
+// setHead makes pool's longest-waiting request one of charge, waiting for
+// waited (0, 0: none).
+func (s *fakeSched) setHead(pool string, charge int64, waited time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.head[pool] = fakeHead{charge, waited}
+}
+
+type fakeHead struct {
+	charge int64
+	waited time.Duration
 }
 
 // Holding is the held demand: the tests' requests hold what they reserved.
@@ -236,4 +257,71 @@ func TestFairLevelLeavesResidualHoldsOut(t *testing.T) {
 		t.Errorf("fair level %d, want 200: half of the 400 the residual hold leaves", lv)
 	}
 	sched.waitLimit(t, "p0", 200)
+}
+
+// A request larger than a replica's fair level gets a turn: three replicas
+// saturate a GPU of 1000 (fair level 333, 400 in chunks of 100), and a's
+// head needs 400 on top of the 100 it holds. Its replica's level becomes
+// 500 and the others hold back to 200 each, so that what they give back
+// as their requests end is a's to lease; once the head is admitted the
+// levels are fair again.
+func TestABigRequestGetsATurn(t *testing.T) {
+	srv := fleettest.StartRedis(t)
+	clock := admissiontest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	type replica struct {
+		f     *Fleet
+		sched *fakeSched
+		pl    *poolLease
+	}
+	start := func(name string, held, queued int64) replica {
+		cfg, err := parse(t, "{redis: '"+srv.URL()+"', replicas: 3, replica: "+name+", chunk: '10%'}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := New(cfg, Deps{Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+		t.Cleanup(f.Close)
+		sched := newFakeSched()
+		sched.setDemand("p0", held, queued)
+		if err := f.Start(sched, func() []string { return nil }, []GPU{{Name: "gpu0", ID: "p0", Nominal: 1000, Budget: 1000}}); err != nil {
+			t.Fatal(err)
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return replica{f, sched, f.lessees["p0"]}
+	}
+	a, b, c := start("a", 100, 400), start("b", 330, 700), start("c", 330, 700)
+	a.sched.setHead("p0", 400, 10*time.Second)
+	b.sched.setHead("p0", 10, time.Second)
+	all := []replica{a, b, c}
+	step := func() {
+		for range 2 { // every replica posts, then every one reads the whole board
+			for _, r := range all {
+				r.f.fairStep(ctx, r.pl)
+			}
+		}
+	}
+	levels := func(what string, want ...int64) {
+		t.Helper()
+		for i, r := range all {
+			if got := r.pl.level.Load(); got != want[i] {
+				t.Errorf("%s: %s's level %d, want %d", what, r.f.cfg.Replica, got, want[i])
+			}
+			r.sched.waitLimit(t, "p0", min(r.pl.l.Stats().Capacity, want[i]))
+		}
+	}
+	step()
+	levels("a's big head waiting", 500, 200, 200)
+	if a.pl.turn != "a" || b.pl.turn != "a" {
+		t.Errorf("turn as a and b read it: %q, %q; want a", a.pl.turn, b.pl.turn)
+	}
+
+	// Admitted: a holds it, and its next head is small.
+	a.sched.setDemand("p0", 500, 100)
+	a.sched.setHead("p0", 20, time.Second)
+	step()
+	levels("a's big request admitted", 400, 400, 400)
+	if a.pl.turn != "" {
+		t.Errorf("turn %q after the big request was admitted, want none", a.pl.turn)
+	}
 }
