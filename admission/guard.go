@@ -120,18 +120,19 @@ func (s *Scheduler) guardSetLocked(p *pool, t *Ticket, now int64) {
 
 // Holding is what the tickets admitted to pool may hold on its backend at
 // this moment (the guard's now: GPUStats.Now), a bound that cannot be
-// below the truth; 0 for a pool it does not know. A fleet publishes it
-// with its lease.
-func (s *Scheduler) Holding(pool string) int64 {
+// below the truth, and how many they are; 0, 0 for a pool it does not
+// know. A fleet publishes them with its lease.
+func (s *Scheduler) Holding(pool string) (bytes int64, tickets int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p := s.poolByName[pool]; p != nil {
-		return p.now
+	p := s.poolByName[pool]
+	if p == nil {
+		p = s.retired[pool]
 	}
-	if r := s.retired[pool]; r != nil {
-		return r.now
+	if p == nil {
+		return 0, 0
 	}
-	return 0
+	return p.now, p.tickets
 }
 
 // guardLine is the most p may hold on its backend: its capacity. The AIMD

@@ -111,9 +111,11 @@ func (s *Server) reconcile(rt *runtime, g *gpu, pool, used int64) {
 	if s.fleet != nil {
 		in.Accounted += othersLeased(s.fleet.Leases(), g.id)
 	}
+	var waiting int64
 	for _, be := range g.backends {
 		if kv, have := be.KV(); have {
 			in.Running += int(kv.Running)
+			waiting += int64(kv.Waiting)
 			in.BlockBytes = max(in.BlockBytes, int64(kv.BlockSize)*g.bytesPerToken[be])
 		}
 	}
@@ -146,7 +148,8 @@ func (s *Server) reconcile(rt *runtime, g *gpu, pool, used int64) {
 	}
 	// The same report tells the fleet whether a silent replica's requests
 	// still run on the GPU (its residual hold ends when they do not).
-	s.fleet.Observe(g.id, fleet.Report{Used: used, Own: st.Now, Tolerance: got.Tolerance})
+	s.fleet.Observe(g.id, fleet.Report{Used: used, Own: st.Now, Tolerance: got.Tolerance,
+		Running: int64(in.Running) + waiting, OwnRunning: int64(st.Tickets)})
 }
 
 // othersLeased is what the other replicas of a fleet lease on the GPU

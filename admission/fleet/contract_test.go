@@ -366,7 +366,7 @@ func contractDropResidualEndsOnlyResidualHolds(t *testing.T, h harness) {
 	mk := func(name string, holds int64) fleet.Request {
 		return fleet.Request{Replica: name, Budget: 100, TTL: ttl, Residual: residual, Holds: holds}
 	}
-	dead, paused, alive := mk("dead", 25), mk("paused", 15), fleet.Request{Replica: "alive", Budget: 100, TTL: long, Holds: 20}
+	dead, paused, alive := mk("dead", 25), mk("paused", 15), fleet.Request{Replica: "alive", Budget: 100, TTL: long, Holds: 20, Running: 2}
 	lease(t)(s.Acquire(ctx, "gpu0", dead, 30, 0))
 	lease(t)(s.Acquire(ctx, "gpu0", paused, 20, 0))
 	if l := lease(t)(s.Acquire(ctx, "gpu0", alive, 30, 0)); l.LiveHolds != 40 || l.Dropped != 0 {
@@ -390,8 +390,8 @@ func contractDropResidualEndsOnlyResidualHolds(t *testing.T, h harness) {
 		t.Errorf("dead listed as %+v, want a residual hold that published 25", hd)
 	}
 	// paused calls again before the drop: its lease is live once more.
-	if l := lease(t)(s.Renew(ctx, "gpu0", paused)); l.Held != 20 || l.LiveHolds != 20 {
-		t.Fatalf("paused back: %+v, want its 20 live again, alive's 20 holds seen", l)
+	if l := lease(t)(s.Renew(ctx, "gpu0", paused)); l.Held != 20 || l.LiveHolds != 20 || l.LiveRunning != 2 {
+		t.Fatalf("paused back: %+v, want its 20 live again, alive's 20 holds of 2 requests seen", l)
 	}
 	l := lease(t)(s.DropResidual(ctx, "gpu0", alive))
 	if l.Dropped != 30 || l.Total != 50 || l.Residual != 0 || l.Held != 30 || l.LiveHolds != 15 {

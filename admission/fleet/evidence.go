@@ -28,6 +28,9 @@ type Report struct {
 	// bounds without it meaning anything: scrape lag, their own blocks (the
 	// reconciliation's tolerance).
 	Tolerance int64
+	// Running is how many requests the backends report (running and
+	// waiting), OwnRunning how many this replica admitted there.
+	Running, OwnRunning int64
 }
 
 // Evidence follows one GPU's reports for residual holds to end. It is a
@@ -42,14 +45,19 @@ type Evidence struct {
 // go now (Lessee.DropResidual): for EvidenceReports reports in a row, each
 // while another replica was silent (Stats.Silent), the backends held no more than this replica's
 // requests may hold, plus the fresh replicas' published holds
-// (Stats.OthersHold), plus the tolerance. The silent replicas' holds are
-// left out: what they may hold is the question.
+// (Stats.OthersHold), plus the tolerance, and ran no more requests than
+// this replica and the fresh ones admitted (Stats.OthersRunning). The
+// silent replicas' holds are left out: what they may hold is the question.
+// The live side is a bound, above the truth by the bounds' slack, which
+// could hide a silent replica's memory; its requests' count has no such
+// slack beyond the few between a gateway and the backend, so a silent
+// replica whose requests still run shows in it.
 func (e *Evidence) Observe(r Report, st Stats) bool {
 	if st.Silent <= 0 || st.Fallback {
 		e.covered = 0
 		return false
 	}
-	if r.Used > r.Own+st.OthersHold+r.Tolerance {
+	if r.Used > r.Own+st.OthersHold+r.Tolerance || r.Running > r.OwnRunning+st.OthersRunning {
 		e.covered = 0
 		return false
 	}

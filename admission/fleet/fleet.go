@@ -21,7 +21,7 @@ import (
 type Scheduler interface {
 	Demand(pool string) (held, queued int64)
 	Head(pool string) (charge int64, waited time.Duration)
-	Holding(pool string) int64
+	Holding(pool string) (bytes int64, tickets int)
 	SetLimitUntil(pool string, limit int64, until time.Time) error
 	SetMargin(pool string, scale float64) error
 	LengthsDelta(queue string) (d admission.LengthsDelta, ok bool, err error)
@@ -284,7 +284,7 @@ func (f *Fleet) startLocked(g *GPU, budget int64) (*poolLease, error) {
 		Store: f.store, Key: g.Name, Replica: f.cfg.Replica, Replicas: f.cfg.Replicas,
 		Budget: budget, Chunk: pl.chunk, TTL: f.cfg.LeaseTTL.D, FallbackGrace: f.grace, Residual: f.residual,
 		Demand: func() (int64, int64) { return pl.demand(sched) },
-		Holds:  func() int64 { return sched.Holding(pl.pool) },
+		Holds:  func() (int64, int) { return sched.Holding(pl.pool) },
 		OnTrust: func(c int64, until time.Time) {
 			pl.trust.Store(&trust{capacity: c, until: until})
 			pl.apply(sched)

@@ -61,10 +61,11 @@ type fakeHead struct {
 	waited time.Duration
 }
 
-// Holding is the held demand: the tests' requests hold what they reserved.
-func (s *fakeSched) Holding(pool string) int64 {
+// Holding is the held demand, one request: the tests' requests hold what
+// they reserved.
+func (s *fakeSched) Holding(pool string) (int64, int) {
 	held, _ := s.Demand(pool)
-	return held
+	return held, 1
 }
 
 func (s *fakeSched) SetLimitUntil(pool string, limit int64, _ time.Time) error {

@@ -13,11 +13,11 @@
 -- KEYS[5] ops          hash  replica -> "<op id> <bytes moved>", so that a
 --                      client's retry of the same call is answered, not redone
 -- KEYS[6] lease keep   zset  replica -> when its lease stops counting, ms
--- KEYS[7] holds        hash  replica -> "<bytes>:<ttl ms>": what its requests may
---                      hold now, as it last published (a bound), and its TTL,
---                      for as long as its lease counts
+-- KEYS[7] holds        hash  replica -> "<bytes>:<ttl ms>:<requests>": what its
+--                      requests may hold now, as it last published (a bound),
+--                      its TTL, and how many they are, while its lease counts
 -- ARGV: op (acquire|renew|release|drop|list), replica, bytes, least, budget,
---       ttl ms, op id (may be empty), residual ms, holds
+--       ttl ms, op id (may be empty), residual ms, holds, requests
 --
 -- A lease is live while its expiry (KEYS[2]) is ahead. Past it the replica
 -- is paused, cut off or dead, and what it admitted may still run on the GPU:
@@ -96,13 +96,13 @@ local function residuals(except)
   return s
 end
 
--- published reads r's holds entry: its bytes and its TTL (the caller's if
--- it published none).
+-- published reads r's holds entry: its bytes, its TTL (the caller's if
+-- it published none) and its requests.
 local function published(r)
   local v = redis.call('HGET', holds, r)
-  if not v then return 0, ttl end
-  local b, t = string.match(v, '^(%d+):(%d+)$')
-  return tonumber(b) or 0, tonumber(t) or ttl
+  if not v then return 0, ttl, 0 end
+  local b, t, n = string.match(v, '^(%d+):(%d+):(%d+)$')
+  return tonumber(b) or 0, tonumber(t) or ttl, tonumber(n) or 0
 end
 
 -- fresh says whether r called within half its TTL (it renews every third);
@@ -120,17 +120,23 @@ local function stale(r)
 end
 
 -- freshHolds sums what the fresh replicas but except published that their
--- requests may hold; silent the leases of the others but except.
+-- requests may hold, and how many they are; and the leases of the others
+-- but except (silent).
 local function freshHolds(except)
-  local s, q = 0, 0
+  local s, n, q = 0, 0, 0
   local all = redis.call('HGETALL', leases)
   for i = 1, #all, 2 do
     local r = all[i]
     if r ~= except then
-      if fresh(r) then s = s + published(r) else q = q + tonumber(all[i + 1]) end
+      if fresh(r) then
+        local b, _, k = published(r)
+        s, n = s + b, n + k
+      else
+        q = q + tonumber(all[i + 1])
+      end
     end
   end
-  return s, q
+  return s, q, n
 end
 
 local function sum(hash)
@@ -239,7 +245,7 @@ if held > 0 then
   redis.call('HSET', leases, replica, fmt(held))
   redis.call('ZADD', lexp, fmt(now + ttl), replica)
   redis.call('ZADD', lkeep, fmt(now + residual), replica)
-  redis.call('HSET', holds, replica, fmt(tonumber(ARGV[9]) or 0) .. ':' .. fmt(ttl))
+  redis.call('HSET', holds, replica, fmt(tonumber(ARGV[9]) or 0) .. ':' .. fmt(ttl) .. ':' .. fmt(tonumber(ARGV[10]) or 0))
   left = ttl
 else
   redis.call('HDEL', leases, replica)
@@ -249,5 +255,5 @@ else
 end
 keepLeases()
 
-local others, quiet = freshHolds(replica)
-return {moved, held, left, total, budget, residuals(replica), others, quiet}
+local others, quiet, running = freshHolds(replica)
+return {moved, held, left, total, budget, residuals(replica), others, quiet, running}

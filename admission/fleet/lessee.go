@@ -64,11 +64,12 @@ type LesseeConfig struct {
 	Demand func() (held, queued int64)
 	// Holds, if set, reads what the requests the pool admitted may hold on
 	// the GPU now, a bound that cannot be below the truth (the guard's
-	// now); every call publishes it with the lease, so that the other
-	// replicas can tell from the backend's figures whether this one's
-	// requests still run should it fall silent (DropResidual). Called from
-	// the lessee's goroutine. nil: the held weight of Demand.
-	Holds func() int64
+	// now), and how many they are; every call publishes them with the
+	// lease, so that the other replicas can tell from the backend's figures
+	// whether this one's requests still run should it fall silent
+	// (DropResidual). Called from the lessee's goroutine. nil: the held
+	// weight of Demand, and no count.
+	Holds func() (bytes int64, requests int)
 	// OnCapacity tells the pool the most it may hold from now on. The pool
 	// applies it before returning and never revokes what it holds; it only
 	// stops admitting past the new capacity. The pool starts at 0.
@@ -105,6 +106,7 @@ type Lessee struct {
 	residual    int64     // the other replicas' residual holds, at the last call
 	others      int64     // the other fresh replicas' published holds, at the last call
 	silent      int64     // the other replicas' leases that are not fresh, at the last call
+	othersRun   int64     // the other fresh replicas' published requests, at the last call
 	effective   int64     // the key's budget (smallest announced), at the last call
 	capacity    int64     // last reported to the pool
 	until       time.Time // the horizon last reported with it (OnTrust)
@@ -135,13 +137,14 @@ type Stats struct {
 	// admitted may still run (see doc.go). Nobody may lease them.
 	Residual int64
 	// OthersHold is what the other fresh replicas published that their
-	// requests may hold (their Holds), at the last call; Silent the leases
-	// of the others, which missed a renewal (Lease.Silent).
-	OthersHold, Silent int64
-	Budget             int64 // the key's budget at the last call (smallest announced)
-	Share              int64 // the static share used in a store outage
-	Fallback           bool  // serving on the static share: the store is unreachable
-	Rejoining          bool  // back from an outage or a lost lease: re-leasing before growing
+	// requests may hold (their Holds), and OthersRunning how many they are,
+	// at the last call; Silent the leases of the others, which missed a
+	// renewal (Lease.Silent).
+	OthersHold, OthersRunning, Silent int64
+	Budget                            int64 // the key's budget at the last call (smallest announced)
+	Share                             int64 // the static share used in a store outage
+	Fallback                          bool  // serving on the static share: the store is unreachable
+	Rejoining                         bool  // back from an outage or a lost lease: re-leasing before growing
 
 	Grants     uint64 // acquires that granted something
 	Denials    uint64 // acquires that granted nothing
@@ -383,7 +386,8 @@ func (l *Lessee) call(ctx context.Context, op string, bytes, least int64) bool {
 		timeout = max(min(timeout, l.fallbackAt().Sub(sent)), time.Millisecond)
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
-	r := Request{Replica: l.cfg.Replica, Budget: l.alive.Load(), TTL: l.cfg.TTL, Residual: l.cfg.Residual, Holds: l.holds()}
+	r := Request{Replica: l.cfg.Replica, Budget: l.alive.Load(), TTL: l.cfg.TTL, Residual: l.cfg.Residual}
+	r.Holds, r.Running = l.holds()
 	var got Lease
 	var err error
 	switch op {
@@ -406,13 +410,15 @@ func (l *Lessee) call(ctx context.Context, op string, bytes, least int64) bool {
 	return true
 }
 
-// holds is what this replica publishes that its requests may hold.
-func (l *Lessee) holds() int64 {
+// holds is what this replica publishes that its requests may hold, and
+// how many they are.
+func (l *Lessee) holds() (int64, int64) {
 	if l.cfg.Holds != nil {
-		return max(0, min(l.cfg.Holds(), MaxBytes))
+		b, n := l.cfg.Holds()
+		return max(0, min(b, MaxBytes)), int64(max(0, n))
 	}
 	held, _ := l.cfg.Demand()
-	return max(0, min(held, MaxBytes))
+	return max(0, min(held, MaxBytes)), 0
 }
 
 func (l *Lessee) failed(now time.Time, err error) {
@@ -460,6 +466,7 @@ func (l *Lessee) answered(sent, now time.Time, op string, asked int64, got Lease
 		l.rejoinCap = l.capacity
 	}
 	l.granted, l.fleet, l.effective, l.residual, l.others, l.silent = got.Held, got.Total, got.Budget, got.Residual, got.LiveHolds, got.Silent
+	l.othersRun = got.LiveRunning
 	if got.Dropped > 0 {
 		l.log.Info("ended the residual holds of silent replicas: the backend's figures are covered by the live replicas' own, so their requests are gone",
 			"dropped", got.Dropped)
@@ -584,6 +591,7 @@ func (l *Lessee) count(f func(*Stats)) {
 func (l *Lessee) publish() {
 	l.count(func(s *Stats) {
 		s.Capacity, s.Leased, s.FleetLeased, s.Budget, s.Residual, s.OthersHold, s.Silent = l.capacity, l.granted, l.fleet, l.effective, l.residual, l.others, l.silent
+		s.OthersRunning = l.othersRun
 		s.Share, s.Fallback = l.share(), l.fallback
 		s.Rejoining = l.now().Before(l.rejoinUntil)
 	})

@@ -37,6 +37,7 @@ type memEntry struct {
 	n       int64
 	holds   int64         // a lease's published holds (Request.Holds)
 	ttl     time.Duration // a lease's TTL at its last call
+	running int64         // how many requests holds is of
 	expires time.Time     // not live once now >= expires
 	keep    time.Time     // a lease counts on (a residual hold) until then; zero: until expires
 }
@@ -160,12 +161,12 @@ func (m *Memory) call(key string, r Request, f func(*memBook, *Lease)) Lease {
 	l := Lease{Held: b.leases[r.Replica].n, Total: b.total(), Budget: b.budget(), Residual: b.residual(now, r.Replica)}
 	f(b, &l)
 	if l.Held > 0 {
-		b.leases[r.Replica] = memEntry{n: l.Held, holds: r.Holds, ttl: r.TTL, expires: expires, keep: now.Add(max(r.TTL, r.Residual))}
+		b.leases[r.Replica] = memEntry{n: l.Held, holds: r.Holds, running: r.Running, ttl: r.TTL, expires: expires, keep: now.Add(max(r.TTL, r.Residual))}
 		l.TTL = r.TTL
 	} else {
 		delete(b.leases, r.Replica)
 	}
-	l.LiveHolds, l.Silent = b.fresh(now, r.Replica)
+	l.LiveHolds, l.LiveRunning, l.Silent = b.fresh(now, r.Replica)
 	if len(b.leases) == 0 && len(b.budgets) == 0 {
 		delete(s.keys, full)
 	}
@@ -240,20 +241,21 @@ func (b *memBook) residual(now time.Time, except string) int64 {
 	return t
 }
 
-// fresh sums, over every replica but except, the published holds of those
-// that called within half their TTL (fresh), and the leases of the others
-// (silent).
-func (b *memBook) fresh(now time.Time, except string) (holds, silent int64) {
+// fresh sums, over every replica but except, the published holds (and
+// requests) of those that called within half their TTL (fresh), and the
+// leases of the others (silent).
+func (b *memBook) fresh(now time.Time, except string) (holds, running, silent int64) {
 	for replica, e := range b.leases {
 		switch {
 		case replica == except:
 		case now.Add(e.ttl / 2).Before(e.expires):
 			holds += e.holds
+			running += e.running
 		default:
 			silent += e.n
 		}
 	}
-	return holds, silent
+	return holds, running, silent
 }
 
 func (b *memBook) total() int64 {

@@ -116,15 +116,15 @@ func (s *Redis) DropResidual(ctx context.Context, key string, r Request) (Lease,
 
 func (s *Redis) run(ctx context.Context, op, key string, r Request, bytes, least int64, id string) (Lease, error) {
 	ttl := r.TTL.Milliseconds()
-	v, err := s.eval(ctx, op, key, []any{op, r.Replica, bytes, least, r.Budget, ttl, id, r.Residual.Milliseconds(), r.Holds})
+	v, err := s.eval(ctx, op, key, []any{op, r.Replica, bytes, least, r.Budget, ttl, id, r.Residual.Milliseconds(), r.Holds, r.Running})
 	if err != nil {
 		return Lease{}, opError(op, key, r.Replica, err)
 	}
-	n, err := ints(v, 8)
+	n, err := ints(v, 9)
 	if err != nil {
 		return Lease{}, opError(op, key, r.Replica, err)
 	}
-	l := Lease{Held: n[1], TTL: time.Duration(n[2]) * time.Millisecond, Total: n[3], Budget: n[4], Residual: n[5], LiveHolds: n[6], Silent: n[7]}
+	l := Lease{Held: n[1], TTL: time.Duration(n[2]) * time.Millisecond, Total: n[3], Budget: n[4], Residual: n[5], LiveHolds: n[6], Silent: n[7], LiveRunning: n[8]}
 	switch op {
 	case "acquire":
 		l.Granted = n[0]
@@ -141,7 +141,7 @@ func (s *Redis) Leases(ctx context.Context, key string) (Listing, error) {
 	if key == "" {
 		return Listing{}, opError("list", key, "", invalid("empty key"))
 	}
-	v, err := s.eval(ctx, "list", key, []any{"list", "", 0, 0, 0, 0, "", 0, 0})
+	v, err := s.eval(ctx, "list", key, []any{"list", "", 0, 0, 0, 0, "", 0, 0, 0})
 	if err != nil {
 		return Listing{}, opError("list", key, "", err)
 	}

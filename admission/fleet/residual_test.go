@@ -194,16 +194,21 @@ func TestResidualHoldEndsOnTheBackendsEvidence(t *testing.T) {
 			for _, tc := range []struct {
 				name string
 				used []int64 // what the backend reports, a report per TTL/3 once p is silent past its TTL (four fit before its bound)
+				// running is the requests it reports; b runs 4
+				running int64
 				// want b's capacity after the reports, and whether p's
 				// hold went
 				capacity int64
 				dropped  bool
 			}{
-				{"killed: its requests gone", []int64{400, 410}, 1000, true},
-				{"killed, within the tolerance", []int64{420, 429}, 1000, true},
-				{"paused: its requests still run", []int64{1000, 1000, 990, 1000}, 400, false},
-				{"one report covered between two that are not", []int64{1000, 400, 1000, 400}, 400, false},
-				{"past the tolerance", []int64{431, 431, 431}, 400, false},
+				{"killed: its requests gone", []int64{400, 410}, 4, 1000, true},
+				{"killed, within the tolerance", []int64{420, 429}, 3, 1000, true},
+				{"paused: its requests still run", []int64{1000, 1000, 990, 1000}, 9, 400, false},
+				{"one report covered between two that are not", []int64{1000, 400, 1000, 400}, 4, 400, false},
+				{"past the tolerance", []int64{431, 431, 431}, 4, 400, false},
+				// b's bound is above what its requests hold; the slack can
+				// hide p's memory, not p's requests.
+				{"paused, its memory within b's slack, its requests counted", []int64{420, 420, 420}, 5, 400, false},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					r := newResidualRig(t, store)
@@ -215,7 +220,7 @@ func TestResidualHoldEndsOnTheBackendsEvidence(t *testing.T) {
 					}
 					var ev fleet.Evidence
 					for _, used := range tc.used {
-						if ev.Observe(fleet.Report{Used: used, Own: 400, Tolerance: tolerance}, r.b.Stats()) {
+						if ev.Observe(fleet.Report{Used: used, Own: 400, Tolerance: tolerance, Running: tc.running, OwnRunning: 4}, r.b.Stats()) {
 							r.b.DropResidual()
 						}
 						r.pass(residualTTL / 3)

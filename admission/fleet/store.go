@@ -70,6 +70,8 @@ type Request struct {
 	// lease so that the others can tell, from the backend's figures, whether
 	// a silent replica's requests still run (see doc.go). 0: none.
 	Holds int64
+	// Running is how many requests Holds is of.
+	Running int64
 }
 
 // Lease is a replica's standing after a call, as the store saw it.
@@ -89,6 +91,8 @@ type Lease struct {
 	// within half their TTL: they renew every third) published that their
 	// requests may hold (Request.Holds), at their last calls.
 	LiveHolds int64
+	// LiveRunning is how many requests LiveHolds is of (Request.Running).
+	LiveRunning int64
 	// Silent is the other replicas' leases that are not fresh: residual
 	// holds, and live leases whose holder missed a renewal.
 	Silent int64
@@ -158,8 +162,8 @@ func check(key string, r Request) error {
 		return invalid("budget %d outside [0, %d]", r.Budget, int64(MaxBytes))
 	case r.Residual < 0:
 		return invalid("residual %v is negative", r.Residual)
-	case r.Holds < 0 || r.Holds > MaxBytes:
-		return invalid("holds %d outside [0, %d]", r.Holds, int64(MaxBytes))
+	case r.Holds < 0 || r.Holds > MaxBytes || r.Running < 0 || r.Running > MaxBytes:
+		return invalid("holds %d of %d requests outside [0, %d]", r.Holds, r.Running, int64(MaxBytes))
 	}
 	return nil
 }
