@@ -53,10 +53,7 @@ import (
 //
 // KEYS[1] hash replica -> "demand expiry_ms held charge since_ms"; ARGV:
 // replica, demand, ttl ms, held, the head's charge, how long it waited, ms.
-var fairScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[3])
+var fairScript = redis.NewScript(boardPrelude + `
 local held, charge, waited = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
 local since = 0
 if charge > 0 then since = now - waited end
@@ -162,6 +159,14 @@ func turnLevel(budget, chunk int64, board []boardEntry, me string) (int64, strin
 	return left / chunk * chunk, turn.replica
 }
 
+// boardPrelude begins the boards' scripts: now on Redis's clock, in ms,
+// and the entries' TTL, their ARGV[3].
+const boardPrelude = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+`
+
 func (f *Fleet) boardKey(gpu string) string { return f.cfg.KeyPrefix + "{" + gpu + "}:demand" }
 
 // fairLevel is the max-min fair level of budget over demands: the largest
@@ -187,6 +192,7 @@ func (f *Fleet) runFair(ctx context.Context, period time.Duration) {
 	for t.wait(ctx) {
 		for _, pl := range *f.byPool.Load() {
 			f.fairStep(ctx, pl)
+			f.shareTenants(ctx, pl)
 		}
 		f.reapDrained()
 	}

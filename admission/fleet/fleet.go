@@ -15,13 +15,16 @@ import (
 )
 
 // Scheduler is what the fleet reads from and sets on the local admission
-// scheduler (an *admission.Scheduler): each pool's demand, what its
-// requests may hold now, its limit and the forecast's margin, and the
-// learned output lengths of each model.
+// scheduler (an *admission.Scheduler): each pool's demand, its head
+// request, what its requests may hold now, its limit and the forecast's
+// margin, its tenants' holds and what the other replicas hold for them,
+// and the learned output lengths of each model.
 type Scheduler interface {
 	Demand(pool string) (held, queued int64)
 	Head(pool string) (charge int64, waited time.Duration)
 	Holding(pool string) (bytes int64, tickets int)
+	TenantHolds(pool string) map[string]int64
+	SetTenantsElsewhere(pool string, held map[string]int64) error
 	SetLimitUntil(pool string, limit int64, until time.Time) error
 	SetMargin(pool string, scale float64) error
 	LengthsDelta(queue string) (d admission.LengthsDelta, ok bool, err error)
@@ -40,7 +43,7 @@ type Deps struct {
 	// gateway's request timeout): see LesseeConfig.FallbackGrace.
 	FallbackGrace time.Duration
 	// Observe, if set, is called after every round trip to Redis with its
-	// operation (acquire, renew, release, drop, list, demand, lengths), how long
+	// operation (acquire, renew, release, drop, list, demand, tenants, lengths), how long
 	// it took and its error: the hook for a latency histogram. It runs on
 	// the caller's goroutine and must be quick.
 	Observe func(op string, took time.Duration, err error)

@@ -15,17 +15,21 @@ import (
 // fakeSched is the scheduler as the fleet sees it: demands the test sets,
 // and the limits the fleet sets, recorded.
 type fakeSched struct {
-	mu      sync.Mutex
-	demand  map[string][2]int64 // pool -> held, queued
-	limits  map[string]int64    // pool -> the last limit set
-	head    map[string]fakeHead // pool -> its longest-waiting request
-	changed chan struct{}       // a limit was set (non-blocking, capacity 1)
+	mu     sync.Mutex
+	demand map[string][2]int64 // pool -> held, queued
+	limits map[string]int64    // pool -> the last limit set
+	head   map[string]fakeHead // pool -> its longest-waiting request
+	// tenants is what the test says each pool's tenants hold; elsewhere
+	// what the fleet set the others hold for them.
+	tenants, elsewhere map[string]map[string]int64
+	changed            chan struct{} // a limit was set (non-blocking, capacity 1)
 }
 
 var _ Scheduler = (*fakeSched)(nil)
 
 func newFakeSched() *fakeSched {
-	return &fakeSched{demand: map[string][2]int64{}, limits: map[string]int64{}, head: map[string]fakeHead{}, changed: make(chan struct{}, 1)}
+	return &fakeSched{demand: map[string][2]int64{}, limits: map[string]int64{}, head: map[string]fakeHead{},
+		tenants: map[string]map[string]int64{}, elsewhere: map[string]map[string]int64{}, changed: make(chan struct{}, 1)}
 }
 
 func (s *fakeSched) setDemand(pool string, held, queued int64) {
@@ -54,6 +58,19 @@ func (s *fakeSched) setHead(pool string, charge int64, waited time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.head[pool] = fakeHead{charge, waited}
+}
+
+func (s *fakeSched) TenantHolds(pool string) map[string]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tenants[pool]
+}
+
+func (s *fakeSched) SetTenantsElsewhere(pool string, held map[string]int64) error {
+	s.mu.Lock()
+	s.elsewhere[pool] = held
+	s.mu.Unlock()
+	return nil
 }
 
 type fakeHead struct {
@@ -270,26 +287,8 @@ func TestABigRequestGetsATurn(t *testing.T) {
 	srv := fleettest.StartRedis(t)
 	clock := admissiontest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
 	ctx := context.Background()
-	type replica struct {
-		f     *Fleet
-		sched *fakeSched
-		pl    *poolLease
-	}
 	start := func(name string, held, queued int64) replica {
-		cfg, err := parse(t, "{redis: '"+srv.URL()+"', replicas: 3, replica: "+name+", chunk: '10%'}")
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := New(cfg, Deps{Clock: clock, Logger: slog.New(slog.DiscardHandler)})
-		t.Cleanup(f.Close)
-		sched := newFakeSched()
-		sched.setDemand("p0", held, queued)
-		if err := f.Start(sched, func() []string { return nil }, []GPU{{Name: "gpu0", ID: "p0", Nominal: 1000, Budget: 1000}}); err != nil {
-			t.Fatal(err)
-		}
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return replica{f, sched, f.lessees["p0"]}
+		return startReplica(t, srv.URL(), clock, name, func(s *fakeSched) { s.setDemand("p0", held, queued) })
 	}
 	a, b, c := start("a", 100, 400), start("b", 330, 700), start("c", 330, 700)
 	a.sched.setHead("p0", 400, 10*time.Second)
@@ -325,4 +324,70 @@ func TestABigRequestGetsATurn(t *testing.T) {
 	if a.pl.turn != "" {
 		t.Errorf("turn %q after the big request was admitted, want none", a.pl.turn)
 	}
+}
+
+// A tenant's share holds across the fleet: each replica posts what its
+// capped tenants hold on a GPU, and counts what the others posted against
+// those tenants' shares there.
+func TestTenantHoldsAreSharedAcrossReplicas(t *testing.T) {
+	srv := fleettest.StartRedis(t)
+	clock := admissiontest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	start := func(name string, tenants map[string]int64) replica {
+		return startReplica(t, srv.URL(), clock, name, func(s *fakeSched) { s.tenants["p0"] = tenants })
+	}
+	a, b, c := start("a", map[string]int64{"t1": 100, "t2": 50}), start("b", map[string]int64{"t1": 200}), start("c", nil)
+	for _, r := range []replica{a, b, c, a} {
+		r.f.shareTenants(ctx, r.pl)
+	}
+	sa, sb, sc := a.sched, b.sched, c.sched
+	for _, c := range []struct {
+		name string
+		s    *fakeSched
+		want map[string]int64
+	}{
+		{"a", sa, map[string]int64{"t1": 200}},
+		{"b", sb, map[string]int64{"t1": 100, "t2": 50}},
+		{"c", sc, map[string]int64{"t1": 300, "t2": 50}},
+	} {
+		c.s.mu.Lock()
+		got := c.s.elsewhere["p0"]
+		c.s.mu.Unlock()
+		if len(got) != len(c.want) {
+			t.Errorf("%s: elsewhere %v, want %v", c.name, got, c.want)
+		}
+		for k, v := range c.want {
+			if got[k] != v {
+				t.Errorf("%s: elsewhere %v, want %v", c.name, got, c.want)
+			}
+		}
+	}
+}
+
+// replica is one Fleet on a fake scheduler, with its lessee of pool p0.
+type replica struct {
+	f     *Fleet
+	sched *fakeSched
+	pl    *poolLease
+}
+
+// startReplica starts replica name of three on the Redis at url, leasing
+// GPU gpu0 (pool p0, budget 1000, chunks of 10%) on clock; set prepares
+// its scheduler first.
+func startReplica(t *testing.T, url string, clock admission.Clock, name string, set func(*fakeSched)) replica {
+	t.Helper()
+	cfg, err := parse(t, "{redis: '"+url+"', replicas: 3, replica: "+name+", chunk: '10%'}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := New(cfg, Deps{Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+	t.Cleanup(f.Close)
+	sched := newFakeSched()
+	set(sched)
+	if err := f.Start(sched, func() []string { return nil }, []GPU{{Name: "gpu0", ID: "p0", Nominal: 1000, Budget: 1000}}); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return replica{f, sched, f.lessees["p0"]}
 }
