@@ -118,6 +118,23 @@ func (s *Scheduler) guardSetLocked(p *pool, t *Ticket, now int64) {
 	t.guard.now = now
 }
 
+// Holding is what the tickets admitted to pool may hold on its backend at
+// this moment (the guard's now: GPUStats.Now), a bound that cannot be
+// below the truth, and how many they are; 0, 0 for a pool it does not
+// know. A fleet publishes them with its lease.
+func (s *Scheduler) Holding(pool string) (bytes int64, tickets int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.poolByName[pool]
+	if p == nil {
+		p = s.retired[pool]
+	}
+	if p == nil {
+		return 0, 0
+	}
+	return p.now, p.tickets
+}
+
 // guardLine is the most p may hold on its backend: its capacity. The AIMD
 // loop's effective capacity is not it (a shrink revokes nothing), nor is a
 // lease of a GPU shared with other replicas: a lease that falls (Redis

@@ -151,19 +151,54 @@ func (s *Scheduler) Demand(pool string) (held, queued int64) {
 		return 0, 0
 	}
 	held = s.committedLocked(p)
+	s.waitersForLocked(p, func(w *waiter) bool {
+		queued = satAdd64(queued, w.charge)
+		return true
+	})
+	return held, queued
+}
+
+// waitersForLocked calls each for the waiters that may be bound to p (in
+// a queue that may use it, not excluded from it), each line in its order,
+// moving to the next line when each returns false.
+func (s *Scheduler) waitersForLocked(p *pool, each func(*waiter) bool) {
 	for _, q := range s.queues {
 		if !q.mayUseLocked(p) {
 			continue
 		}
 		for _, l := range q.lines {
 			for w := l.head; w != nil; w = w.next {
-				if w.exclude != p {
-					queued = satAdd64(queued, w.charge)
+				if w.exclude != p && !each(w) {
+					break
 				}
 			}
 		}
 	}
-	return held, queued
+}
+
+// Head is the request that has waited longest among those that may be
+// bound to pool (as Demand counts them): its charge, and how long it has
+// waited by the scheduler's clock; 0, 0 when none waits. A fleet gives the
+// replica whose head has waited longest, and cannot fit at its fair part of
+// the GPU, a turn at the lease that head needs.
+func (s *Scheduler) Head(pool string) (charge int64, waited time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.poolByName[pool]
+	if p == nil {
+		return 0, 0
+	}
+	var oldest *waiter
+	s.waitersForLocked(p, func(w *waiter) bool {
+		if oldest == nil || w.enqueued.Before(oldest.enqueued) {
+			oldest = w
+		}
+		return false // the rest of its line came after it
+	})
+	if oldest == nil {
+		return 0, 0
+	}
+	return oldest.charge, max(0, s.clock.Now().Sub(oldest.enqueued))
 }
 
 // mayUseLocked says whether q's waiters may be bound to p now.

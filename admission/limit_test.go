@@ -131,12 +131,27 @@ func TestDemand(t *testing.T) {
 	check("empty", want{})
 	// Limited: both pools start closed, so everything queues.
 	both := f.enqueue(context.Background(), in("both", 10))
+	f.clock.Advance(time.Second)
 	onlyA := f.enqueue(context.Background(), in("onlyA", 20))
 	onlyB := f.enqueue(context.Background(), in("onlyB", 40))
+	f.clock.Advance(time.Second)
 	check("three waiters", want{0, 30, 0, 50})
+	// Head: the request that has waited longest among those that may bind
+	// to the pool.
+	head := func(pool string, charge int64, waited time.Duration) {
+		t.Helper()
+		if c, w := f.b.Head(pool); c != charge || w != waited {
+			t.Fatalf("Head(%q) = %d, %v; want %d, %v", pool, c, w, charge, waited)
+		}
+	}
+	head("a", 10, 2*time.Second)
+	head("b", 10, 2*time.Second)
 	f.setLimit("a", 25) // binds "both" (first come) on a; onlyA's 20 no longer fits
 	f.admitted(both)
 	check("a opened to 25", want{10, 20, 0, 40})
+	head("a", 20, time.Second)
+	head("b", 40, time.Second)
+	head("nope", 0, 0)
 	if err := f.b.SetAvailable("onlyB", "b", false); err != nil { // its waiter is refused: no route
 		t.Fatal(err)
 	}

@@ -13,6 +13,10 @@ type pool struct {
 	nominal   int64 // configured capacity, or as resized
 	effective int64 // nominal after AIMD; what admissions are measured against
 	held      int64 // Σ worst-case weight of its tickets
+	// elsewhere is what other gateway replicas sharing the GPU hold for
+	// each tenant there (SetTenantsElsewhere): it counts against the
+	// tenant's share as its own holds do.
+	elsewhere map[string]int64
 	// fixedHeld is the part of held whose tickets the guard cannot stop
 	// expecting a resume: NoResume ones, and those with no Stopper.
 	fixedHeld int64

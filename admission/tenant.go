@@ -1,6 +1,9 @@
 package admission
 
-import "math"
+import (
+	"fmt"
+	"math"
+)
 
 // tenantState is one tenant's accounting. All fields are guarded by
 // Scheduler.mu. A tenant named in the config (and the anonymous tenant "")
@@ -51,9 +54,53 @@ func (t *tenantState) heldOn(p *pool) int64 {
 	return 0
 }
 
-// fitsOn says whether the tenant may hold charge more on p.
+// fitsOn says whether the tenant may hold charge more on p, what other
+// replicas hold for it there included.
 func (t *tenantState) fitsOn(p *pool, charge int64) bool {
-	return t.share >= 1 || t.heldOn(p)+charge <= t.capOn(p)
+	return t.share >= 1 || t.heldOn(p)+p.elsewhere[t.name]+charge <= t.capOn(p)
+}
+
+// TenantHolds is what each tenant whose share caps it holds on pool (the
+// charge of its tickets there), those holding nothing left out: what a
+// fleet publishes so that a tenant's share holds across its replicas.
+func (s *Scheduler) TenantHolds(pool string) map[string]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.poolByName[pool]
+	if p == nil {
+		return nil
+	}
+	out := map[string]int64{}
+	for name, t := range s.tenants {
+		if h := t.heldOn(p); h > 0 && t.share < 1 {
+			out[name] = h
+		}
+	}
+	return out
+}
+
+// SetTenantsElsewhere says what the other replicas sharing pool's GPU hold
+// for each tenant there (nil: nothing): it counts against the tenant's
+// share as its own holds do, so that a tenant spread over replicas holds
+// its share of the GPU, not its share on each. Like every shrink it
+// revokes nothing; a lower figure admits the waiters that now fit.
+func (s *Scheduler) SetTenantsElsewhere(pool string, held map[string]int64) error {
+	s.mu.Lock()
+	p := s.poolByName[pool]
+	if p == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("admission: tenants elsewhere: unknown pool %q", pool)
+	}
+	lower := false
+	for name, n := range p.elsewhere {
+		lower = lower || held[name] < n
+	}
+	p.elsewhere = held
+	if lower {
+		s.dispatchLocked()
+	}
+	s.unlockNotify()
+	return nil
 }
 
 func (t *tenantState) holdLocked(p *pool, charge, worst int64) {

@@ -156,3 +156,32 @@ func TestSkippedWaiterAheadOfItsTenantsBlockerUnblocksOthers(t *testing.T) {
 	f.admitted(blocker).Release()
 	f.state(0, 0)
 }
+
+// What other replicas of a fleet hold for a tenant on the GPU counts
+// against its share here: a at 0.5 of 10, holding 3 elsewhere, gets 2 here;
+// b is not held back; when a's holds elsewhere fall its waiter is admitted.
+// TenantHolds publishes what each capped tenant holds.
+func TestTenantShareCountsWhatOtherReplicasHold(t *testing.T) {
+	f := newFixture(t, twoTenants(0.5, 0.5))
+	gpu := f.b.Stats().GPUs[0].Name
+	if err := f.b.SetTenantsElsewhere(gpu, map[string]int64{"a": 3}); err != nil {
+		t.Fatal(err)
+	}
+	a1 := f.acquire(req("", "a", 2))
+	a2 := f.enqueue(context.Background(), req("", "a", 1))
+	b1 := f.acquire(req("", "b", 5))
+	f.state(7, 1)
+	if got := f.b.TenantHolds(gpu); got["a"] != 2 || got["b"] != 5 || len(got) != 2 {
+		t.Errorf("TenantHolds = %v, want a 2, b 5", got)
+	}
+	if err := f.b.SetTenantsElsewhere(gpu, map[string]int64{"a": 2}); err != nil {
+		t.Fatal(err)
+	}
+	f.admitted(a2).Release()
+	a1.Release()
+	b1.Release()
+	f.state(0, 0)
+	if err := f.b.SetTenantsElsewhere("nope", nil); err == nil {
+		t.Error("an unknown pool was accepted")
+	}
+}

@@ -23,13 +23,17 @@ var (
 	descLeaseDenials  = def{"kvgate_lease_denials_total", "Lease requests to Redis that granted nothing: the budget was fully leased.", []string{"gpu"}}.desc()
 	descLeaseErrors   = def{"kvgate_lease_errors_total", "Calls to Redis for a GPU's lease that failed.", []string{"gpu"}}.desc()
 	descLeaseLost     = def{"kvgate_lease_lost_total", "Times Redis held less of this replica's lease than it counted (Redis restarted empty, or the replica stalled past its TTL).", []string{"gpu"}}.desc()
+	descLeaseDrops    = def{"kvgate_lease_residual_released_total", "Silent replicas' residual holds on a GPU that this replica ended because the backend's figures were covered by the live replicas' published holds (their requests were gone).", []string{"gpu"}}.desc()
+	descLeaseDropped  = def{"kvgate_lease_residual_released_bytes_total", "Bytes of silent replicas' residual holds that this replica ended on the backend's evidence.", []string{"gpu"}}.desc()
+	descLeaseResidual = def{"kvgate_lease_residual_bytes", "Silent replicas' residual holds on a GPU's shared budget (leases past their TTL that still count), at this replica's last call to Redis.", []string{"gpu"}}.desc()
+	descLeaseOthers   = def{"kvgate_lease_others_hold_bytes", "What the other live replicas published that their requests may hold on a GPU, at this replica's last call to Redis.", []string{"gpu"}}.desc()
 	descFallback      = def{"kvgate_shared_budget_fallback", "1 while this replica cannot reach Redis and admits on its static share of a GPU's budget (budget / replicas), 0 otherwise.", []string{"gpu"}}.desc()
-	defRedisRTT       = def{"kvgate_redis_round_trip_seconds", "Round trips to Redis for the shared budget, by operation (acquire, renew, release, list, demand, lengths) and result (ok, error).", []string{"op", "result"}}
+	defRedisRTT       = def{"kvgate_redis_round_trip_seconds", "Round trips to Redis for the shared budget, by operation (acquire, renew, release, drop, list, demand, tenants, lengths) and result (ok, error).", []string{"op", "result"}}
 )
 
 // Label values of kvgate_redis_round_trip_seconds, which exist from the start.
 var (
-	redisOps     = []string{"acquire", "renew", "release", "list", "demand", "lengths"}
+	redisOps     = []string{"acquire", "renew", "release", "drop", "list", "demand", "tenants", "lengths"}
 	redisResults = []string{"ok", "error"}
 )
 
@@ -60,7 +64,7 @@ type fleetCollector struct{ f *fleet.Fleet }
 
 func (c fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLeaseHeld, descLeaseCapacity, descLeaseFleet, descLeaseBudget, descLeaseFair,
-		descLeaseGrants, descLeaseDenials, descLeaseErrors, descLeaseLost, descFallback} {
+		descLeaseGrants, descLeaseDenials, descLeaseErrors, descLeaseLost, descLeaseDrops, descLeaseDropped, descLeaseResidual, descLeaseOthers, descFallback} {
 		ch <- d
 	}
 }
@@ -84,5 +88,9 @@ func (c fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descLeaseDenials, s.Denials)
 		counter(descLeaseErrors, s.Failures)
 		counter(descLeaseLost, s.LostLeases)
+		counter(descLeaseDrops, s.ResidualDrops)
+		counter(descLeaseDropped, uint64(s.ResidualDropped))
+		gauge(descLeaseResidual, float64(s.Residual))
+		gauge(descLeaseOthers, float64(s.OthersHold))
 	}
 }

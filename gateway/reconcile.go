@@ -88,7 +88,9 @@ type reconcileView struct {
 
 // reconcile reads g's backends' report against what is admitted there. In
 // a gateway alone it sets the scheduler's input itself; in a fleet
-// setBudget takes the last figure off the budget it announces.
+// setBudget takes the last figure off the budget it announces, and the
+// fleet reads the report for evidence that a silent replica's requests
+// are gone.
 func (s *Server) reconcile(rt *runtime, g *gpu, pool, used int64) {
 	cfg := rt.cfg.Admission.Reconcile
 	if !cfg.on() {
@@ -109,9 +111,11 @@ func (s *Server) reconcile(rt *runtime, g *gpu, pool, used int64) {
 	if s.fleet != nil {
 		in.Accounted += othersLeased(s.fleet.Leases(), g.id)
 	}
+	var waiting int64
 	for _, be := range g.backends {
 		if kv, have := be.KV(); have {
 			in.Running += int(kv.Running)
+			waiting += int64(kv.Waiting)
 			in.BlockBytes = max(in.BlockBytes, int64(kv.BlockSize)*g.bytesPerToken[be])
 		}
 	}
@@ -140,7 +144,12 @@ func (s *Server) reconcile(rt *runtime, g *gpu, pool, used int64) {
 		if err := rt.sched.SetUnaccounted(g.id, got.Unaccounted); err != nil {
 			s.log.Error("take unaccounted memory off a GPU's budget", "gpu", g.name, "err", err)
 		}
+		return
 	}
+	// The same report tells the fleet whether a silent replica's requests
+	// still run on the GPU (its residual hold ends when they do not).
+	s.fleet.Observe(g.id, fleet.Report{Used: used, Own: st.Now, Tolerance: got.Tolerance,
+		Running: int64(in.Running) + waiting, OwnRunning: int64(st.Tickets)})
 }
 
 // othersLeased is what the other replicas of a fleet lease on the GPU

@@ -62,6 +62,14 @@ type Config struct {
 	// timeout. At least LeaseTTL; LeaseTTL frees a silent replica's lease
 	// with its TTL, as if its requests always died with it.
 	ResidualTTL Duration `yaml:"residual_ttl"`
+	// ResidualRelease says what else ends a residual hold before
+	// ResidualTTL: "evidence" (the default) ends it once the backends'
+	// reported use of the GPU is covered by the live replicas' published
+	// holds, within the reconciliation's tolerance, for two reports in a
+	// row — a killed replica's requests were aborted with its connections,
+	// a paused or cut-off one's still run and show; "timer" leaves it to
+	// ResidualTTL alone. Evidence needs admission.reconcile on.
+	ResidualRelease string `yaml:"residual_release"`
 
 	// redisOpts is Redis parsed.
 	redisOpts *redis.Options
@@ -74,7 +82,10 @@ const (
 	defaultChunkPercent    = 2
 	defaultKeyPrefix       = "kvgate:"
 	defaultLengthsInterval = 2 * time.Second
-	minLengthsInterval     = 10 * time.Millisecond
+	// ReleaseEvidence and ReleaseTimer are ResidualRelease's values.
+	ReleaseEvidence    = "evidence"
+	ReleaseTimer       = "timer"
+	minLengthsInterval = 10 * time.Millisecond
 )
 
 // Duration is the file's duration type, shared with the gateway's other
@@ -197,6 +208,13 @@ func (sb *Config) Validate() error {
 	case r.D != 0 && r.D < sb.LeaseTTL.D:
 		bad(f+".residual_ttl", "%v is below lease_ttl %v: a lease must count at least as long as it lives", r.D, sb.LeaseTTL.D)
 	}
+	switch sb.ResidualRelease {
+	case "":
+		sb.ResidualRelease = ReleaseEvidence
+	case ReleaseEvidence, ReleaseTimer:
+	default:
+		bad(f+".residual_release", "%q: evidence (the backend's figures end a silent replica's hold) or timer (residual_ttl alone)", sb.ResidualRelease)
+	}
 	return errors.Join(errs...)
 }
 
@@ -208,7 +226,7 @@ func (sb *Config) SameAs(o *Config) bool {
 	}
 	return sb.Redis == o.Redis && sb.Replicas == o.Replicas && sb.LeaseTTL.D == o.LeaseTTL.D && sb.Chunk.Percent == o.Chunk.Percent &&
 		sb.Chunk.Bytes == o.Chunk.Bytes && sb.KeyPrefix == o.KeyPrefix && sb.LengthsInterval.D == o.LengthsInterval.D &&
-		sb.ResidualTTL.D == o.ResidualTTL.D
+		sb.ResidualTTL.D == o.ResidualTTL.D && sb.ResidualRelease == o.ResidualRelease
 }
 
 // residual is ResidualTTL resolved: its default is LeaseTTL plus the

@@ -38,6 +38,9 @@ func TestConfig(t *testing.T) {
 	if c, err := parse(t, "{redis: 'redis://h:1/0', replicas: 1, lease_ttl: 2s, residual_ttl: 2s}"); err != nil || c.residual(time.Minute) != 2*time.Second {
 		t.Errorf("residual_ttl set to lease_ttl: %v, %v; want 2s", err, c.residual(time.Minute))
 	}
+	if sb.ResidualRelease != ReleaseEvidence {
+		t.Errorf("default residual_release %q, want evidence", sb.ResidualRelease)
+	}
 	if !sb.redisOpts.ContextTimeoutEnabled {
 		t.Error("the Redis client would ignore a call's deadline on its socket")
 	}
@@ -68,6 +71,7 @@ func TestConfig(t *testing.T) {
 		{"chunk zero", "{redis: 'redis://h:1/0', replicas: 2, chunk: '0'}", "shared_budget.chunk: \"0\": must be more than 0 bytes"},
 		{"replica name", "{redis: 'redis://h:1/0', replicas: 2, replica: 'a b'}", "shared_budget.replica"},
 		{"lengths interval", "{redis: 'redis://h:1/0', replicas: 2, lengths_interval: 1ms}", "shared_budget.lengths_interval"},
+		{"residual release", "{redis: 'redis://h:1/0', replicas: 2, residual_release: guess}", `shared_budget.residual_release: "guess": evidence`},
 		{"residual below the ttl", "{redis: 'redis://h:1/0', replicas: 2, residual_ttl: 1s}", "shared_budget.residual_ttl: 1s is below lease_ttl 3s"},
 		{"residual not a duration", "{redis: 'redis://h:1/0', replicas: 2, residual_ttl: later}", "shared_budget.residual_ttl: invalid duration"},
 	} {

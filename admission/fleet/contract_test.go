@@ -83,6 +83,7 @@ func TestStoreContract(t *testing.T) {
 		{"ConcurrentReplicasNeverExceedBudget", contractConcurrentReplicasNeverExceedBudget},
 		{"LostLeaseComesBackAfterTTL", contractLostLeaseComesBackAfterTTL},
 		{"ResidualHoldCountsUntilItsBound", contractResidualHoldCountsUntilItsBound},
+		{"DropResidualEndsOnlyResidualHolds", contractDropResidualEndsOnlyResidualHolds},
 		{"SmallestBudgetWins", contractSmallestBudgetWins},
 		{"RaisedBudgetWaitsForTheLastAnnouncement", contractRaisedBudgetWaitsForTheLastAnnouncement},
 		{"PrefixAndKeyIsolateBudgets", contractPrefixAndKeyIsolateBudgets},
@@ -353,6 +354,67 @@ func contractResidualHoldCountsUntilItsBound(t *testing.T, h harness) {
 	if l := lease(t)(s.Renew(ctx, "gpu0", silent)); l.Held != 0 {
 		t.Errorf("the silent replica back after the bound: %+v, want its lease gone", l)
 	}
+}
+
+// Each call publishes what the caller's requests may hold (Holds); the
+// others read the live replicas' sum (LiveHolds) and the listing shows each.
+// DropResidual ends the residual holds at once and nothing else: not the
+// live leases, not a hold its replica revived first.
+func contractDropResidualEndsOnlyResidualHolds(t *testing.T, h harness) {
+	s, ctx := h.open(""), context.Background()
+	const ttl, residual = time.Second, time.Minute
+	mk := func(name string, holds int64) fleet.Request {
+		return fleet.Request{Replica: name, Budget: 100, TTL: ttl, Residual: residual, Holds: holds}
+	}
+	dead, paused, alive := mk("dead", 25), mk("paused", 15), fleet.Request{Replica: "alive", Budget: 100, TTL: long, Holds: 20, Running: 2}
+	lease(t)(s.Acquire(ctx, "gpu0", dead, 30, 0))
+	lease(t)(s.Acquire(ctx, "gpu0", paused, 20, 0))
+	if l := lease(t)(s.Acquire(ctx, "gpu0", alive, 30, 0)); l.LiveHolds != 40 || l.Dropped != 0 {
+		t.Fatalf("alive's grant: %+v, want the others' 25+15 published holds, nothing dropped", l)
+	}
+	if l := lease(t)(s.DropResidual(ctx, "gpu0", alive)); l.Dropped != 0 || l.Total != 80 || l.Silent != 0 {
+		t.Fatalf("a drop while every lease is fresh: %+v, want nothing dropped, nothing silent", l)
+	}
+	// Past half their TTL they missed a renewal: silent, their holds no
+	// longer counted, but within their trust horizon: not dropped.
+	h.advance(ttl * 6 / 10)
+	if l := lease(t)(s.DropResidual(ctx, "gpu0", alive)); l.Dropped != 0 || l.Silent != 50 || l.LiveHolds != 0 {
+		t.Fatalf("a drop within the others' trust horizon: %+v, want nothing dropped, 50 silent", l)
+	}
+
+	h.advance(ttl * 4 / 10)
+	if l := lease(t)(s.Renew(ctx, "gpu0", alive)); l.Residual != 50 || l.LiveHolds != 0 {
+		t.Fatalf("past the others' TTL: %+v, want 50 residual and no live holds", l)
+	}
+	if hd := holder(listing(t)(s.Leases(ctx, "gpu0")), "dead"); !hd.Residual || hd.Holds != 25 {
+		t.Errorf("dead listed as %+v, want a residual hold that published 25", hd)
+	}
+	// paused calls again before the drop: its lease is live once more.
+	if l := lease(t)(s.Renew(ctx, "gpu0", paused)); l.Held != 20 || l.LiveHolds != 20 || l.LiveRunning != 2 {
+		t.Fatalf("paused back: %+v, want its 20 live again, alive's 20 holds of 2 requests seen", l)
+	}
+	l := lease(t)(s.DropResidual(ctx, "gpu0", alive))
+	if l.Dropped != 30 || l.Total != 50 || l.Residual != 0 || l.Held != 30 || l.LiveHolds != 15 {
+		t.Errorf("the drop: %+v, want dead's 30 gone, 50 left, alive's 30 kept", l)
+	}
+	if l := lease(t)(s.Acquire(ctx, "gpu0", alive, 50, 1)); l.Granted != 50 {
+		t.Errorf("after the drop: %+v, want the 50 free granted", l)
+	}
+	if l := lease(t)(s.Renew(ctx, "gpu0", dead)); l.Held != 0 {
+		t.Errorf("the dropped replica back: %+v, want its lease gone", l)
+	}
+	if hd := holder(listing(t)(s.Leases(ctx, "gpu0")), "dead"); hd.Bytes != 0 || hd.Holds != 0 {
+		t.Errorf("dead listed as %+v after the drop, want nothing held", hd)
+	}
+}
+
+func holder(f fleet.Listing, replica string) fleet.Holder {
+	for _, h := range f.Holders {
+		if h.Replica == replica {
+			return h
+		}
+	}
+	return fleet.Holder{Replica: replica}
 }
 
 func contractSmallestBudgetWins(t *testing.T, h harness) {

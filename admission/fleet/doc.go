@@ -17,7 +17,10 @@
 // is the Scheduler interface; it reads the lessees back through Leases
 // (metrics) and Status (/status). Per GPU, a Lessee (below) holds the
 // lease and sets it as the pool's limit; a fair-share loop keeps saturated
-// replicas at even parts of the budget (fair.go); a lengths sharer
+// replicas at even parts of the budget, and gives a request larger than
+// its replica's part a turn at the lease it needs (fair.go), and tenants'
+// holds are shared so that a share holds across the fleet (tenants.go); a
+// lengths sharer
 // exchanges the output lengths the replicas learn (lengths.go).
 //
 // Time: the lessees, the periodic loops and the round-trip timings run on
@@ -39,9 +42,9 @@
 // has raised it too or its announcement has expired. Time is Redis's own
 // clock (TIME inside the script); replicas' clocks are never compared.
 //
-// Redis keeps a key's books in six Redis keys sharing one hash tag
+// Redis keeps a key's books in seven Redis keys sharing one hash tag
 // (prefix + "{key}:leases", ":leases:exp", ":leases:keep", ":budgets",
-// ":budgets:exp", ":ops"), so they live in one Cluster slot, and each
+// ":budgets:exp", ":ops", ":holds"), so they live in one Cluster slot, and each
 // expires with its last entry. One Lua script (lease.lua) makes every change. Memory keeps the
 // same books in process: it is the reference in tests and the store of a
 // gateway that runs alone. Both pass one contract suite.
@@ -114,11 +117,22 @@
 // so a replica idle before it fell silent leaves nothing behind. A replica
 // stopped cleanly (Close, after its drain) gives back what its pool does
 // not hold, all of it when the drain ended every request, and frees its
-// part at once. The price is a killed replica's: its lease stays counted
-// for the bound although its requests died with its connections, because
-// from Redis a kill and a pause look alike. An operator who prefers having
-// that capacity back at the TTL, and knows its replicas are never paused
-// or cut off with requests running, sets residual_ttl to lease_ttl.
+// part at once. From Redis a kill and a pause look alike, but not from the
+// backend: a killed replica's requests died with its connections. So every
+// call also publishes what this replica's requests may hold now
+// (Request.Holds, the guard's bound), and a live replica that reads its
+// backends' reported use covered by its own bound plus the other live
+// replicas' published holds, within the reconciliation's tolerance, for
+// EvidenceReports reports in a row (Evidence, Fleet.Observe), ends the
+// residual holds at once (Store.DropResidual; a hold revived meanwhile is
+// live and stays). A paused or cut-off replica's requests still show on the
+// backend, and its hold stays up to the bound. What evidence cannot see is
+// a silent replica holding less than the tolerance that admits more later
+// (cut off, on its fallback); that memory then shows to the reconciliation
+// as unaccounted and comes off the budget. Config.ResidualRelease "timer"
+// leaves the bound alone; residual_ttl equal to lease_ttl frees every
+// silent replica's lease at the TTL, safe only where requests always end
+// with their replica.
 //
 // # Chunk size: waste against round trips
 //

@@ -31,29 +31,141 @@ import (
 // lease. While the board cannot be read the level is lifted and the lessee
 // alone bounds the pool (its fallback share when Redis is down).
 
-// fairScript posts one replica's demand on a GPU's board and returns the
-// live demands. Time is Redis's own, as for the leases.
+// A turn for a big request. Max-min fairness alone starves a request
+// larger than the fair level L: its replica never leases enough to admit
+// it while the others are busy, though one gateway alone would serve it in
+// its turn. So each replica also posts, beside its demand, its head
+// request (the one that has waited longest: Scheduler.Head): what it needs
+// to be admitted (held + its charge) and since when it waits (on Redis's
+// clock). A head whose charge alone is above L gets a turn, the one that
+// has waited longest first (ties by replica name): its replica's level is
+// that need, and the others share what is left, rounded down to chunks, so
+// they stop admitting, drain as their requests end, and give back the
+// chunks that its lessee then leases. Every replica computes the same
+// levels from the same board. The turn ends when its head is admitted or
+// leaves the queue (its deadline): bounded in time by the queue's timeout.
+// Small requests on that replica are its scheduler's to backfill.
+
+// fairScript posts one replica's demand and head on a GPU's board and
+// returns the live entries, each as replica, demand, held, charge, since
+// (ms on Redis's clock; 0: no head waits). Time is Redis's own, as for the
+// leases.
 //
-// KEYS[1] hash replica -> "demand expiry_ms"; ARGV: replica, demand, ttl ms.
-var fairScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. string.format('%.0f', now + ttl))
+// KEYS[1] hash replica -> "demand expiry_ms held charge since_ms"; ARGV:
+// replica, demand, ttl ms, held, the head's charge, how long it waited, ms.
+var fairScript = redis.NewScript(boardPrelude + `
+local held, charge, waited = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
+local since = 0
+if charge > 0 then since = now - waited end
+local function fmt(n) return string.format('%.0f', n) end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. fmt(now + ttl) .. ' ' .. fmt(held) .. ' ' .. fmt(charge) .. ' ' .. fmt(since))
 redis.call('PEXPIRE', KEYS[1], ttl)
 local out = {}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
-  local v = all[i + 1]
-  local sep = string.find(v, ' ', 1, true)
-  if sep == nil or tonumber(string.sub(v, sep + 1)) <= now then
+  local f = {}
+  for x in string.gmatch(all[i + 1], '%S+') do table.insert(f, x) end
+  if #f < 2 or tonumber(f[2]) == nil or tonumber(f[2]) <= now then
     redis.call('HDEL', KEYS[1], all[i])
   else
-    table.insert(out, string.sub(v, 1, sep - 1))
+    table.insert(out, all[i])
+    table.insert(out, f[1])
+    table.insert(out, f[3] or '0')
+    table.insert(out, f[4] or '0')
+    table.insert(out, f[5] or '0')
   end
 end
 return out
 `)
+
+// boardEntry is one replica's post on a GPU's board.
+type boardEntry struct {
+	replica      string
+	demand, held int64
+	charge       int64 // its head's: 0 when none waits
+	since        int64 // when its head began waiting, ms on Redis's clock
+}
+
+// parseBoard reads fairScript's answer; unreadable entries count for
+// nothing.
+func parseBoard(v []string) []boardEntry {
+	var out []boardEntry
+	for i := 0; i+4 < len(v); i += 5 {
+		var n [4]int64
+		ok := true
+		for k := range n {
+			var err error
+			if n[k], err = strconv.ParseInt(v[i+1+k], 10, 64); err != nil {
+				ok = false
+			}
+		}
+		if ok {
+			out = append(out, boardEntry{replica: v[i], demand: n[0], held: n[1], charge: n[2], since: n[3]})
+		}
+	}
+	return out
+}
+
+// demands is each entry's demand, for fairLevel.
+func demands(board []boardEntry) []int64 {
+	out := make([]int64, 0, len(board))
+	for _, e := range board {
+		if e.demand > 0 {
+			out = append(out, e.demand)
+		}
+	}
+	return out
+}
+
+// turnLevel is the level of replica me on a board under budget, in whole
+// chunks: the max-min fair level (-1: none, the demands fit), unless a head
+// larger than it has a turn (see above): then its replica's level is what
+// it needs (held + the head's charge), and the others' the fair level of
+// what is left, rounded down. Second, whose turn it is ("" for none).
+func turnLevel(budget, chunk int64, board []boardEntry, me string) (int64, string) {
+	level := fairLevel(budget, demands(board))
+	if level < 0 {
+		return -1, ""
+	}
+	up := func(n int64) int64 { return (n + chunk - 1) / chunk * chunk }
+	var turn *boardEntry
+	for i := range board {
+		e := &board[i]
+		// Larger than the fair level, and not admissible at it (in chunks).
+		if e.charge <= level || e.held+e.charge <= up(level) || e.since <= 0 || e.charge > budget {
+			continue
+		}
+		if turn == nil || e.since < turn.since || (e.since == turn.since && e.replica < turn.replica) {
+			turn = e
+		}
+	}
+	if turn == nil {
+		return up(level), ""
+	}
+	need := min(up(turn.held+turn.charge), budget)
+	if turn.replica == me {
+		return need, turn.replica
+	}
+	var rest []boardEntry
+	for _, e := range board {
+		if e.replica != turn.replica {
+			rest = append(rest, e)
+		}
+	}
+	left := budget - need
+	if l := fairLevel(left, demands(rest)); l >= 0 {
+		left = l
+	}
+	return left / chunk * chunk, turn.replica
+}
+
+// boardPrelude begins the boards' scripts: now on Redis's clock, in ms,
+// and the entries' TTL, their ARGV[3].
+const boardPrelude = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+`
 
 func (f *Fleet) boardKey(gpu string) string { return f.cfg.KeyPrefix + "{" + gpu + "}:demand" }
 
@@ -80,6 +192,7 @@ func (f *Fleet) runFair(ctx context.Context, period time.Duration) {
 	for t.wait(ctx) {
 		for _, pl := range *f.byPool.Load() {
 			f.fairStep(ctx, pl)
+			f.shareTenants(ctx, pl)
 		}
 		f.reapDrained()
 	}
@@ -97,16 +210,26 @@ func (f *Fleet) fairStep(ctx context.Context, pl *poolLease) {
 	// replicas' fair parts are of what is left.
 	budget = max(0, budget-st.Residual)
 	demand := pl.recentDemand(min(held+queued, budget))
+	charge, waited := f.sched.Head(pl.pool)
 	cctx, cancel := context.WithTimeout(ctx, f.cfg.LeaseTTL.D/3)
 	start := f.clock.Now()
 	v, err := fairScript.Run(cctx, f.client, []string{f.boardKey(pl.gpu)},
-		f.cfg.Replica, demand, f.cfg.LeaseTTL.D.Milliseconds()).StringSlice()
+		f.cfg.Replica, demand, f.cfg.LeaseTTL.D.Milliseconds(), held, charge, waited.Milliseconds()).StringSlice()
 	cancel()
 	f.observe("demand", f.clock.Now().Sub(start), err)
 	level := int64(-1)
+	var board []int64
 	if err == nil {
-		if level = fairLevel(budget, demandsAt(v, -1)); level >= 0 {
-			level = (level + pl.chunk - 1) / pl.chunk * pl.chunk
+		b := parseBoard(v)
+		var turn string
+		level, turn = turnLevel(budget, pl.chunk, b, f.cfg.Replica)
+		board = demands(b)
+		if turn != pl.turn {
+			if turn != "" {
+				f.log.Info("a big request's turn on a GPU: its replica leases what it needs while the others hold back",
+					"gpu", pl.gpu, "turn", turn, "level", level)
+			}
+			pl.turn = turn
 		}
 	}
 	if pl.level.Swap(level) != level {
@@ -118,7 +241,7 @@ func (f *Fleet) fairStep(ctx context.Context, pl *poolLease) {
 	// keeps a whole one.
 	margin := 1.0
 	if err == nil {
-		margin = 1 / math.Sqrt(independentBatches(demandsAt(v, level)))
+		margin = 1 / math.Sqrt(independentBatches(atLevel(board, level)))
 	}
 	if margin != pl.margin {
 		pl.margin = margin
@@ -126,12 +249,12 @@ func (f *Fleet) fairStep(ctx context.Context, pl *poolLease) {
 	}
 }
 
-// demandsAt is what each replica on the board runs: its demand, cut at the
+// atLevel is what each replica on the board runs: its demand, cut at the
 // fair level when there is one.
-func demandsAt(board []string, level int64) []int64 {
-	out := make([]int64, 0, len(board))
-	for _, s := range board {
-		if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
+func atLevel(demands []int64, level int64) []int64 {
+	out := make([]int64, 0, len(demands))
+	for _, n := range demands {
+		if n > 0 {
 			if level >= 0 {
 				n = min(n, level)
 			}

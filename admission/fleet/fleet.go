@@ -15,10 +15,16 @@ import (
 )
 
 // Scheduler is what the fleet reads from and sets on the local admission
-// scheduler (an *admission.Scheduler): each pool's demand, its limit and
-// the forecast's margin, and the learned output lengths of each model.
+// scheduler (an *admission.Scheduler): each pool's demand, its head
+// request, what its requests may hold now, its limit and the forecast's
+// margin, its tenants' holds and what the other replicas hold for them,
+// and the learned output lengths of each model.
 type Scheduler interface {
 	Demand(pool string) (held, queued int64)
+	Head(pool string) (charge int64, waited time.Duration)
+	Holding(pool string) (bytes int64, tickets int)
+	TenantHolds(pool string) map[string]int64
+	SetTenantsElsewhere(pool string, held map[string]int64) error
 	SetLimitUntil(pool string, limit int64, until time.Time) error
 	SetMargin(pool string, scale float64) error
 	LengthsDelta(queue string) (d admission.LengthsDelta, ok bool, err error)
@@ -37,7 +43,7 @@ type Deps struct {
 	// gateway's request timeout): see LesseeConfig.FallbackGrace.
 	FallbackGrace time.Duration
 	// Observe, if set, is called after every round trip to Redis with its
-	// operation (acquire, renew, release, list, demand, lengths), how long
+	// operation (acquire, renew, release, drop, list, demand, tenants, lengths), how long
 	// it took and its error: the hook for a latency histogram. It runs on
 	// the caller's goroutine and must be quick.
 	Observe func(op string, took time.Duration, err error)
@@ -111,9 +117,12 @@ type poolLease struct {
 	recent   [demandWindow]int64   // the last demands posted (the fair-share loop's own)
 	recentAt int
 	margin   float64                   // the forecast margin last set (the fair-share loop's own; 0: never)
+	turn     string                    // whose big request has a turn on the GPU, as last read (the fair-share loop's own)
 	list     atomic.Pointer[fleetList] // the fleet as last listed, for /status
 	listing  atomic.Bool               // a list is being read
 	applyMu  sync.Mutex
+	evMu     sync.Mutex // serialises Observe's reports of the GPU
+	ev       Evidence   // under evMu
 	stop     context.CancelFunc
 	done     chan struct{}
 }
@@ -286,6 +295,7 @@ func (f *Fleet) startLocked(g *GPU, budget int64) (*poolLease, error) {
 		Store: f.store, Key: g.Name, Replica: f.cfg.Replica, Replicas: f.cfg.Replicas,
 		Budget: budget, Chunk: pl.chunk, TTL: f.cfg.LeaseTTL.D, FallbackGrace: f.grace, Residual: f.residual,
 		Demand: func() (int64, int64) { return pl.demand(sched) },
+		Holds:  func() (int64, int) { return sched.Holding(pl.pool) },
 		OnTrust: func(c int64, until time.Time) {
 			pl.trust.Store(&trust{capacity: c, until: until})
 			pl.apply(sched)
@@ -311,6 +321,27 @@ func (f *Fleet) startLocked(g *GPU, budget int64) (*poolLease, error) {
 func (pl *poolLease) setBudget(b int64) {
 	if pl.budget.Swap(b) != b {
 		pl.l.SetBudget(b)
+	}
+}
+
+// Observe takes a report of the backends of pool's GPU (see Report): once
+// EvidenceReports of them in a row show the GPU's use covered by the fresh
+// replicas' holds while another replica is silent, the lessee ends the
+// silent replicas' leases (Lessee.DropResidual), unless residual_release
+// is timer. It runs on the caller's goroutine and never blocks.
+func (f *Fleet) Observe(pool string, r Report) {
+	if f.cfg.ResidualRelease == ReleaseTimer {
+		return
+	}
+	pl := (*f.byPool.Load())[pool]
+	if pl == nil {
+		return
+	}
+	pl.evMu.Lock()
+	release := pl.ev.Observe(r, pl.l.Stats())
+	pl.evMu.Unlock()
+	if release {
+		pl.l.DropResidual()
 	}
 }
 

@@ -15,16 +15,21 @@ import (
 // fakeSched is the scheduler as the fleet sees it: demands the test sets,
 // and the limits the fleet sets, recorded.
 type fakeSched struct {
-	mu      sync.Mutex
-	demand  map[string][2]int64 // pool -> held, queued
-	limits  map[string]int64    // pool -> the last limit set
-	changed chan struct{}       // a limit was set (non-blocking, capacity 1)
+	mu     sync.Mutex
+	demand map[string][2]int64 // pool -> held, queued
+	limits map[string]int64    // pool -> the last limit set
+	head   map[string]fakeHead // pool -> its longest-waiting request
+	// tenants is what the test says each pool's tenants hold; elsewhere
+	// what the fleet set the others hold for them.
+	tenants, elsewhere map[string]map[string]int64
+	changed            chan struct{} // a limit was set (non-blocking, capacity 1)
 }
 
 var _ Scheduler = (*fakeSched)(nil)
 
 func newFakeSched() *fakeSched {
-	return &fakeSched{demand: map[string][2]int64{}, limits: map[string]int64{}, changed: make(chan struct{}, 1)}
+	return &fakeSched{demand: map[string][2]int64{}, limits: map[string]int64{}, head: map[string]fakeHead{},
+		tenants: map[string]map[string]int64{}, elsewhere: map[string]map[string]int64{}, changed: make(chan struct{}, 1)}
 }
 
 func (s *fakeSched) setDemand(pool string, held, queued int64) {
@@ -38,6 +43,46 @@ func (s *fakeSched) Demand(pool string) (int64, int64) {
 	defer s.mu.Unlock()
 	d := s.demand[pool]
 	return d[0], d[1]
+}
+
+func (s *fakeSched) Head(pool string) (int64, time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.head[pool]
+	return h.charge, h.waited
+}
+
+// setHead makes pool's longest-waiting request one of charge, waiting for
+// waited (0, 0: none).
+func (s *fakeSched) setHead(pool string, charge int64, waited time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.head[pool] = fakeHead{charge, waited}
+}
+
+func (s *fakeSched) TenantHolds(pool string) map[string]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tenants[pool]
+}
+
+func (s *fakeSched) SetTenantsElsewhere(pool string, held map[string]int64) error {
+	s.mu.Lock()
+	s.elsewhere[pool] = held
+	s.mu.Unlock()
+	return nil
+}
+
+type fakeHead struct {
+	charge int64
+	waited time.Duration
+}
+
+// Holding is the held demand, one request: the tests' requests hold what
+// they reserved.
+func (s *fakeSched) Holding(pool string) (int64, int) {
+	held, _ := s.Demand(pool)
+	return held, 1
 }
 
 func (s *fakeSched) SetLimitUntil(pool string, limit int64, _ time.Time) error {
@@ -230,4 +275,119 @@ func TestFairLevelLeavesResidualHoldsOut(t *testing.T) {
 		t.Errorf("fair level %d, want 200: half of the 400 the residual hold leaves", lv)
 	}
 	sched.waitLimit(t, "p0", 200)
+}
+
+// A request larger than a replica's fair level gets a turn: three replicas
+// saturate a GPU of 1000 (fair level 333, 400 in chunks of 100), and a's
+// head needs 400 on top of the 100 it holds. Its replica's level becomes
+// 500 and the others hold back to 200 each, so that what they give back
+// as their requests end is a's to lease; once the head is admitted the
+// levels are fair again.
+func TestABigRequestGetsATurn(t *testing.T) {
+	srv := fleettest.StartRedis(t)
+	clock := admissiontest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	start := func(name string, held, queued int64) replica {
+		return startReplica(t, srv.URL(), clock, name, func(s *fakeSched) { s.setDemand("p0", held, queued) })
+	}
+	a, b, c := start("a", 100, 400), start("b", 330, 700), start("c", 330, 700)
+	a.sched.setHead("p0", 400, 10*time.Second)
+	b.sched.setHead("p0", 10, time.Second)
+	all := []replica{a, b, c}
+	step := func() {
+		for range 2 { // every replica posts, then every one reads the whole board
+			for _, r := range all {
+				r.f.fairStep(ctx, r.pl)
+			}
+		}
+	}
+	levels := func(what string, want ...int64) {
+		t.Helper()
+		for i, r := range all {
+			if got := r.pl.level.Load(); got != want[i] {
+				t.Errorf("%s: %s's level %d, want %d", what, r.f.cfg.Replica, got, want[i])
+			}
+			r.sched.waitLimit(t, "p0", min(r.pl.l.Stats().Capacity, want[i]))
+		}
+	}
+	step()
+	levels("a's big head waiting", 500, 200, 200)
+	if a.pl.turn != "a" || b.pl.turn != "a" {
+		t.Errorf("turn as a and b read it: %q, %q; want a", a.pl.turn, b.pl.turn)
+	}
+
+	// Admitted: a holds it, and its next head is small.
+	a.sched.setDemand("p0", 500, 100)
+	a.sched.setHead("p0", 20, time.Second)
+	step()
+	levels("a's big request admitted", 400, 400, 400)
+	if a.pl.turn != "" {
+		t.Errorf("turn %q after the big request was admitted, want none", a.pl.turn)
+	}
+}
+
+// A tenant's share holds across the fleet: each replica posts what its
+// capped tenants hold on a GPU, and counts what the others posted against
+// those tenants' shares there.
+func TestTenantHoldsAreSharedAcrossReplicas(t *testing.T) {
+	srv := fleettest.StartRedis(t)
+	clock := admissiontest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	start := func(name string, tenants map[string]int64) replica {
+		return startReplica(t, srv.URL(), clock, name, func(s *fakeSched) { s.tenants["p0"] = tenants })
+	}
+	a, b, c := start("a", map[string]int64{"t1": 100, "t2": 50}), start("b", map[string]int64{"t1": 200}), start("c", nil)
+	for _, r := range []replica{a, b, c, a} {
+		r.f.shareTenants(ctx, r.pl)
+	}
+	sa, sb, sc := a.sched, b.sched, c.sched
+	for _, c := range []struct {
+		name string
+		s    *fakeSched
+		want map[string]int64
+	}{
+		{"a", sa, map[string]int64{"t1": 200}},
+		{"b", sb, map[string]int64{"t1": 100, "t2": 50}},
+		{"c", sc, map[string]int64{"t1": 300, "t2": 50}},
+	} {
+		c.s.mu.Lock()
+		got := c.s.elsewhere["p0"]
+		c.s.mu.Unlock()
+		if len(got) != len(c.want) {
+			t.Errorf("%s: elsewhere %v, want %v", c.name, got, c.want)
+		}
+		for k, v := range c.want {
+			if got[k] != v {
+				t.Errorf("%s: elsewhere %v, want %v", c.name, got, c.want)
+			}
+		}
+	}
+}
+
+// replica is one Fleet on a fake scheduler, with its lessee of pool p0.
+type replica struct {
+	f     *Fleet
+	sched *fakeSched
+	pl    *poolLease
+}
+
+// startReplica starts replica name of three on the Redis at url, leasing
+// GPU gpu0 (pool p0, budget 1000, chunks of 10%) on clock; set prepares
+// its scheduler first.
+func startReplica(t *testing.T, url string, clock admission.Clock, name string, set func(*fakeSched)) replica {
+	t.Helper()
+	cfg, err := parse(t, "{redis: '"+url+"', replicas: 3, replica: "+name+", chunk: '10%'}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := New(cfg, Deps{Clock: clock, Logger: slog.New(slog.DiscardHandler)})
+	t.Cleanup(f.Close)
+	sched := newFakeSched()
+	set(sched)
+	if err := f.Start(sched, func() []string { return nil }, []GPU{{Name: "gpu0", ID: "p0", Nominal: 1000, Budget: 1000}}); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return replica{f, sched, f.lessees["p0"]}
 }

@@ -109,6 +109,18 @@ func (w *switchable) Release(ctx context.Context, key string, r fleet.Request, b
 	return l, err
 }
 
+func (w *switchable) DropResidual(ctx context.Context, key string, r fleet.Request) (fleet.Lease, error) {
+	s, tr, err := w.get("drop", key)
+	if err != nil {
+		return fleet.Lease{}, err
+	}
+	l, err := s.DropResidual(ctx, key, r)
+	if tr != nil {
+		tr.add("store: drop -> dropped %d, held %d", l.Dropped, l.Held)
+	}
+	return l, err
+}
+
 func (w *switchable) Leases(ctx context.Context, key string) (fleet.Listing, error) {
 	s, _, err := w.get("list", key)
 	if err != nil {

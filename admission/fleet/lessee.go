@@ -62,6 +62,14 @@ type LesseeConfig struct {
 	// call (read it under the pool's lock). Called from the goroutine that
 	// steps the lessee, never on a request's path.
 	Demand func() (held, queued int64)
+	// Holds, if set, reads what the requests the pool admitted may hold on
+	// the GPU now, a bound that cannot be below the truth (the guard's
+	// now), and how many they are; every call publishes them with the
+	// lease, so that the other replicas can tell from the backend's figures
+	// whether this one's requests still run should it fall silent
+	// (DropResidual). Called from the lessee's goroutine. nil: the held
+	// weight of Demand, and no count.
+	Holds func() (bytes int64, requests int)
 	// OnCapacity tells the pool the most it may hold from now on. The pool
 	// applies it before returning and never revokes what it holds; it only
 	// stops admitting past the new capacity. The pool starts at 0.
@@ -91,10 +99,14 @@ type Lessee struct {
 	hb    time.Duration // renewal period: TTL/3
 	alive atomic.Int64  // the budget, set by SetBudget
 	wake  chan struct{}
+	drop  atomic.Bool // DropResidual was asked for and not yet made
 
 	granted     int64     // this replica's lease, as the store last said
 	fleet       int64     // all leases on the key (residual holds included), at the last call
 	residual    int64     // the other replicas' residual holds, at the last call
+	others      int64     // the other fresh replicas' published holds, at the last call
+	silent      int64     // the other replicas' leases that are not fresh, at the last call
+	othersRun   int64     // the other fresh replicas' published requests, at the last call
 	effective   int64     // the key's budget (smallest announced), at the last call
 	capacity    int64     // last reported to the pool
 	until       time.Time // the horizon last reported with it (OnTrust)
@@ -123,11 +135,16 @@ type Stats struct {
 	// Residual is the other replicas' residual holds at the last call:
 	// leases past their TTL that still count, because what those replicas
 	// admitted may still run (see doc.go). Nobody may lease them.
-	Residual  int64
-	Budget    int64 // the key's budget at the last call (smallest announced)
-	Share     int64 // the static share used in a store outage
-	Fallback  bool  // serving on the static share: the store is unreachable
-	Rejoining bool  // back from an outage or a lost lease: re-leasing before growing
+	Residual int64
+	// OthersHold is what the other fresh replicas published that their
+	// requests may hold (their Holds), and OthersRunning how many they are,
+	// at the last call; Silent the leases of the others, which missed a
+	// renewal (Lease.Silent).
+	OthersHold, OthersRunning, Silent int64
+	Budget                            int64 // the key's budget at the last call (smallest announced)
+	Share                             int64 // the static share used in a store outage
+	Fallback                          bool  // serving on the static share: the store is unreachable
+	Rejoining                         bool  // back from an outage or a lost lease: re-leasing before growing
 
 	Grants     uint64 // acquires that granted something
 	Denials    uint64 // acquires that granted nothing
@@ -135,7 +152,11 @@ type Stats struct {
 	Renewals   uint64 // heartbeats that succeeded
 	Failures   uint64 // calls that failed
 	LostLeases uint64 // times the store held less for us than we counted
-	LastError  error  // the last failure, nil once a call succeeds again
+	// ResidualDrops counts the DropResidual calls that ended a residual
+	// hold, and ResidualDropped the bytes they ended.
+	ResidualDrops   uint64
+	ResidualDropped int64
+	LastError       error // the last failure, nil once a call succeeds again
 }
 
 // NewLessee checks cfg, fills its defaults, and returns a lessee holding
@@ -220,6 +241,17 @@ func (l *Lessee) Wake() {
 	}
 }
 
+// DropResidual asks for the silent replicas' leases past their trust
+// horizon (residual holds among them) to be ended at the next step (soon:
+// it wakes the lessee), because the backend's figures show that what runs
+// on the GPU is covered by the fresh replicas' own (see doc.go, "Residual
+// holds"). A lease whose replica has called again by then stays. It never
+// blocks.
+func (l *Lessee) DropResidual() {
+	l.drop.Store(true)
+	l.Wake()
+}
+
 // Stats is a snapshot as of the last step.
 func (l *Lessee) Stats() Stats {
 	l.statsMu.Lock()
@@ -289,6 +321,11 @@ func (l *Lessee) talk(ctx context.Context) {
 			return
 		}
 	}
+	if l.drop.Swap(false) && l.silent > 0 {
+		if !l.call(ctx, "drop", 0, 0) {
+			return
+		}
+	}
 	held, queued := l.cfg.Demand()
 	budget := l.alive.Load()
 	now = l.now()
@@ -350,6 +387,7 @@ func (l *Lessee) call(ctx context.Context, op string, bytes, least int64) bool {
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	r := Request{Replica: l.cfg.Replica, Budget: l.alive.Load(), TTL: l.cfg.TTL, Residual: l.cfg.Residual}
+	r.Holds, r.Running = l.holds()
 	var got Lease
 	var err error
 	switch op {
@@ -359,6 +397,8 @@ func (l *Lessee) call(ctx context.Context, op string, bytes, least int64) bool {
 		got, err = l.cfg.Store.Acquire(cctx, l.cfg.Key, r, bytes, least)
 	case "release":
 		got, err = l.cfg.Store.Release(cctx, l.cfg.Key, r, bytes)
+	case "drop":
+		got, err = l.cfg.Store.DropResidual(cctx, l.cfg.Key, r)
 	}
 	cancel()
 	now := l.now()
@@ -368,6 +408,17 @@ func (l *Lessee) call(ctx context.Context, op string, bytes, least int64) bool {
 	}
 	l.answered(sent, now, op, bytes, got)
 	return true
+}
+
+// holds is what this replica publishes that its requests may hold, and
+// how many they are.
+func (l *Lessee) holds() (int64, int64) {
+	if l.cfg.Holds != nil {
+		b, n := l.cfg.Holds()
+		return max(0, min(b, MaxBytes)), int64(max(0, n))
+	}
+	held, _ := l.cfg.Demand()
+	return max(0, min(held, MaxBytes)), 0
 }
 
 func (l *Lessee) failed(now time.Time, err error) {
@@ -389,6 +440,11 @@ func (l *Lessee) answered(sent, now time.Time, op string, asked int64, got Lease
 			s.Renewals++
 		case op == "release":
 			s.Releases++
+		case op == "drop":
+			if got.Dropped > 0 {
+				s.ResidualDrops++
+				s.ResidualDropped += got.Dropped
+			}
 		case got.Granted > 0:
 			s.Grants++
 		default:
@@ -409,7 +465,12 @@ func (l *Lessee) answered(sent, now time.Time, op string, asked int64, got Lease
 		l.rejoinUntil = now.Add(l.cfg.TTL)
 		l.rejoinCap = l.capacity
 	}
-	l.granted, l.fleet, l.effective, l.residual = got.Held, got.Total, got.Budget, got.Residual
+	l.granted, l.fleet, l.effective, l.residual, l.others, l.silent = got.Held, got.Total, got.Budget, got.Residual, got.LiveHolds, got.Silent
+	l.othersRun = got.LiveRunning
+	if got.Dropped > 0 {
+		l.log.Info("ended the residual holds of silent replicas: the backend's figures are covered by the live replicas' own, so their requests are gone",
+			"dropped", got.Dropped)
+	}
 	if op == "acquire" && got.Granted < asked {
 		l.deniedUntil = now.Add(l.cfg.Retry)
 	}
@@ -529,7 +590,8 @@ func (l *Lessee) count(f func(*Stats)) {
 
 func (l *Lessee) publish() {
 	l.count(func(s *Stats) {
-		s.Capacity, s.Leased, s.FleetLeased, s.Budget, s.Residual = l.capacity, l.granted, l.fleet, l.effective, l.residual
+		s.Capacity, s.Leased, s.FleetLeased, s.Budget, s.Residual, s.OthersHold, s.Silent = l.capacity, l.granted, l.fleet, l.effective, l.residual, l.others, l.silent
+		s.OthersRunning = l.othersRun
 		s.Share, s.Fallback = l.share(), l.fallback
 		s.Rejoining = l.now().Before(l.rejoinUntil)
 	})

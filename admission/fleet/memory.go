@@ -35,8 +35,11 @@ type memBook struct {
 
 type memEntry struct {
 	n       int64
-	expires time.Time // not live once now >= expires
-	keep    time.Time // a lease counts on (a residual hold) until then; zero: until expires
+	holds   int64         // a lease's published holds (Request.Holds)
+	ttl     time.Duration // a lease's TTL at its last call
+	running int64         // how many requests holds is of
+	expires time.Time     // not live once now >= expires
+	keep    time.Time     // a lease counts on (a residual hold) until then; zero: until expires
 }
 
 // gone says whether e no longer counts at now.
@@ -115,6 +118,28 @@ func (m *Memory) Release(ctx context.Context, key string, r Request, bytes int64
 	}), nil
 }
 
+// DropResidual implements Store.
+func (m *Memory) DropResidual(ctx context.Context, key string, r Request) (Lease, error) {
+	err := check(key, r)
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		return Lease{}, opError("drop", key, r.Replica, err)
+	}
+	return m.call(key, r, func(b *memBook, l *Lease) {
+		now := m.s.now()
+		for replica, e := range b.leases {
+			if replica != r.Replica && !now.Add(e.ttl/3).Before(e.expires) {
+				l.Dropped += e.n
+				delete(b.leases, replica)
+			}
+		}
+		l.Total -= l.Dropped
+		l.Residual = 0
+	}), nil
+}
+
 // call runs one replica's call the way the script does: purge, announce,
 // count, change (f edits the Lease from the counted standing), renew.
 func (m *Memory) call(key string, r Request, f func(*memBook, *Lease)) Lease {
@@ -136,11 +161,12 @@ func (m *Memory) call(key string, r Request, f func(*memBook, *Lease)) Lease {
 	l := Lease{Held: b.leases[r.Replica].n, Total: b.total(), Budget: b.budget(), Residual: b.residual(now, r.Replica)}
 	f(b, &l)
 	if l.Held > 0 {
-		b.leases[r.Replica] = memEntry{n: l.Held, expires: expires, keep: now.Add(max(r.TTL, r.Residual))}
+		b.leases[r.Replica] = memEntry{n: l.Held, holds: r.Holds, running: r.Running, ttl: r.TTL, expires: expires, keep: now.Add(max(r.TTL, r.Residual))}
 		l.TTL = r.TTL
 	} else {
 		delete(b.leases, r.Replica)
 	}
+	l.LiveHolds, l.LiveRunning, l.Silent = b.fresh(now, r.Replica)
 	if len(b.leases) == 0 && len(b.budgets) == 0 {
 		delete(s.keys, full)
 	}
@@ -176,7 +202,7 @@ func (m *Memory) Leases(ctx context.Context, key string) (Listing, error) {
 	}
 	for replica, e := range b.leases {
 		h := holder(replica)
-		h.Bytes, h.Keep = e.n, max(e.expires.Sub(now), e.keep.Sub(now))
+		h.Bytes, h.Holds, h.Keep = e.n, e.holds, max(e.expires.Sub(now), e.keep.Sub(now))
 		if h.Residual = e.residual(now); !h.Residual {
 			h.TTL = e.expires.Sub(now)
 		}
@@ -213,6 +239,23 @@ func (b *memBook) residual(now time.Time, except string) int64 {
 		}
 	}
 	return t
+}
+
+// fresh sums, over every replica but except, the published holds (and
+// requests) of those that called within half their TTL (fresh), and the
+// leases of the others (silent).
+func (b *memBook) fresh(now time.Time, except string) (holds, running, silent int64) {
+	for replica, e := range b.leases {
+		switch {
+		case replica == except:
+		case now.Add(e.ttl / 2).Before(e.expires):
+			holds += e.holds
+			running += e.running
+		default:
+			silent += e.n
+		}
+	}
+	return holds, running, silent
 }
 
 func (b *memBook) total() int64 {

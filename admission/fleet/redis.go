@@ -29,7 +29,7 @@ type RedisOptions struct {
 	// production) can share one Redis. Default: none.
 	Prefix string
 	// Observe, if set, is called after every round trip with the operation
-	// ("acquire", "renew", "release", "list"), how long it took and its
+	// ("acquire", "renew", "release", "drop", "list"), how long it took and its
 	// error (nil on success): the hook for a latency histogram. It runs on
 	// the caller's goroutine and must be quick.
 	Observe func(op string, took time.Duration, err error)
@@ -40,7 +40,7 @@ type RedisOptions struct {
 
 // Redis is the Store shared by gateway replicas: one Lua script (lease.lua)
 // does every change atomically inside Redis. It works with any go-redis
-// client (single server, Sentinel failover, Cluster: a key's six Redis keys
+// client (single server, Sentinel failover, Cluster: a key's seven Redis keys
 // share one hash tag) and is safe under the client's retries: each Acquire
 // and Release carries an id, and a call the client sends twice is answered
 // from the record of its first run.
@@ -74,7 +74,7 @@ func NewRedis(c redis.Scripter, o RedisOptions) *Redis {
 // two budget keys are equal.
 func (s *Redis) keys(key string) []string {
 	base := s.prefix + "{" + key + "}:"
-	return []string{base + "leases", base + "leases:exp", base + "budgets", base + "budgets:exp", base + "ops", base + "leases:keep"}
+	return []string{base + "leases", base + "leases:exp", base + "budgets", base + "budgets:exp", base + "ops", base + "leases:keep", base + "holds"}
 }
 
 func (s *Redis) opID() string {
@@ -106,22 +106,32 @@ func (s *Redis) Release(ctx context.Context, key string, r Request, bytes int64)
 	return s.run(ctx, "release", key, r, bytes, 0, s.opID())
 }
 
+// DropResidual implements Store.
+func (s *Redis) DropResidual(ctx context.Context, key string, r Request) (Lease, error) {
+	if err := check(key, r); err != nil {
+		return Lease{}, opError("drop", key, r.Replica, err)
+	}
+	return s.run(ctx, "drop", key, r, 0, 0, s.opID())
+}
+
 func (s *Redis) run(ctx context.Context, op, key string, r Request, bytes, least int64, id string) (Lease, error) {
 	ttl := r.TTL.Milliseconds()
-	v, err := s.eval(ctx, op, key, []any{op, r.Replica, bytes, least, r.Budget, ttl, id, r.Residual.Milliseconds()})
+	v, err := s.eval(ctx, op, key, []any{op, r.Replica, bytes, least, r.Budget, ttl, id, r.Residual.Milliseconds(), r.Holds, r.Running})
 	if err != nil {
 		return Lease{}, opError(op, key, r.Replica, err)
 	}
-	n, err := ints(v, 6)
+	n, err := ints(v, 9)
 	if err != nil {
 		return Lease{}, opError(op, key, r.Replica, err)
 	}
-	l := Lease{Held: n[1], TTL: time.Duration(n[2]) * time.Millisecond, Total: n[3], Budget: n[4], Residual: n[5]}
+	l := Lease{Held: n[1], TTL: time.Duration(n[2]) * time.Millisecond, Total: n[3], Budget: n[4], Residual: n[5], LiveHolds: n[6], Silent: n[7], LiveRunning: n[8]}
 	switch op {
 	case "acquire":
 		l.Granted = n[0]
 	case "release":
 		l.Released = n[0]
+	case "drop":
+		l.Dropped = n[0]
 	}
 	return l, nil
 }
@@ -131,7 +141,7 @@ func (s *Redis) Leases(ctx context.Context, key string) (Listing, error) {
 	if key == "" {
 		return Listing{}, opError("list", key, "", invalid("empty key"))
 	}
-	v, err := s.eval(ctx, "list", key, []any{"list", "", 0, 0, 0, 0, "", 0})
+	v, err := s.eval(ctx, "list", key, []any{"list", "", 0, 0, 0, 0, "", 0, 0, 0})
 	if err != nil {
 		return Listing{}, opError("list", key, "", err)
 	}
@@ -205,11 +215,11 @@ func toInt(x any) (int64, error) {
 }
 
 // parseListing reads the list answer: budget, total, residual holds, then
-// quintuples of replica, bytes, ttl ms, announced budget, keep ms. The
+// sextuples of replica, bytes, ttl ms, announced budget, keep ms, holds. The
 // script lists leaseholders first, then announcers, each once.
 func parseListing(v any) (Listing, error) {
 	a, ok := v.([]any)
-	if !ok || len(a) < 3 || (len(a)-3)%5 != 0 {
+	if !ok || len(a) < 3 || (len(a)-3)%6 != 0 {
 		return Listing{}, fmt.Errorf("unexpected script answer %v", v)
 	}
 	var f Listing
@@ -218,17 +228,17 @@ func parseListing(v any) (Listing, error) {
 		return Listing{}, err
 	}
 	f.Budget, f.Total, f.Residual = head[0], head[1], head[2]
-	for i := 3; i < len(a); i += 5 {
+	for i := 3; i < len(a); i += 6 {
 		replica, ok := a[i].(string)
 		if !ok {
 			return Listing{}, fmt.Errorf("unexpected replica %v in script answer", a[i])
 		}
-		n, err := ints(a[i+1:i+5], 4)
+		n, err := ints(a[i+1:i+6], 5)
 		if err != nil {
 			return Listing{}, err
 		}
 		f.Holders = append(f.Holders, Holder{Replica: replica, Bytes: n[0], TTL: time.Duration(n[1]) * time.Millisecond, Budget: n[2],
-			Keep: time.Duration(n[3]) * time.Millisecond, Residual: n[0] > 0 && n[1] <= 0})
+			Keep: time.Duration(n[3]) * time.Millisecond, Residual: n[0] > 0 && n[1] <= 0, Holds: n[4]})
 	}
 	sortHolders(f.Holders)
 	return f, nil

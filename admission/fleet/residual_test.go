@@ -61,6 +61,20 @@ func newResidualRig(t *testing.T, store string) *residualRig {
 	return r
 }
 
+// start has p lease 600 and run requests on all of it, and b, wanting the
+// whole budget, lease the rest.
+func (r *residualRig) start(t *testing.T) {
+	t.Helper()
+	r.pp.set(0, 600)
+	r.p.Step(r.ctx)
+	r.pp.set(600, 0)
+	r.pb.set(0, 1000)
+	r.b.Step(r.ctx)
+	if sp, sb := r.p.Stats(), r.b.Stats(); sp.Capacity != 600 || sb.Capacity != 400 {
+		t.Fatalf("before: p %+v, b %+v; want capacities 600 and 400", sp, sb)
+	}
+}
+
 // silence lets d go by while p does not call (paused, cut off or dead) and b
 // steps every TTL/3, as its renewals would.
 func (r *residualRig) silence(d time.Duration) {
@@ -159,18 +173,98 @@ func TestResidualHoldKeepsASilentReplicasLeaseFromTheOthers(t *testing.T) {
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					r := newResidualRig(t, store)
-					// p leases 600 and runs requests on all of it; b wants
-					// the whole budget and gets the rest.
-					r.pp.set(0, 600)
-					r.p.Step(r.ctx)
-					r.pp.set(600, 0)
-					r.pb.set(0, 1000)
-					r.b.Step(r.ctx)
-					if sp, sb := r.p.Stats(), r.b.Stats(); sp.Capacity != 600 || sb.Capacity != 400 {
-						t.Fatalf("before: p %+v, b %+v; want capacities 600 and 400", sp, sb)
-					}
+					r.start(t)
 					tc.run(t, r)
 				})
+			}
+		})
+	}
+}
+
+// The backend's figures end a residual hold before its bound: p's requests
+// hold 600 of the GPU and b's 400. Killed, p's requests were aborted with
+// its connections, and the backend reports only b's: two reports in a row
+// covered by b's own holds end p's hold, and b leases the whole budget.
+// Paused or cut off, p's requests run on and the backend reports them: the
+// hold stays, up to its bound. One covered report alone ends nothing.
+func TestResidualHoldEndsOnTheBackendsEvidence(t *testing.T) {
+	const tolerance = 30 // 3% of the budget
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			for _, tc := range []struct {
+				name string
+				used []int64 // what the backend reports, a report per TTL/3 once p is silent past its TTL (four fit before its bound)
+				// running is the requests it reports; b runs 4
+				running int64
+				// want b's capacity after the reports, and whether p's
+				// hold went
+				capacity int64
+				dropped  bool
+			}{
+				{"killed: its requests gone", []int64{400, 410}, 4, 1000, true},
+				{"killed, within the tolerance", []int64{420, 429}, 3, 1000, true},
+				{"paused: its requests still run", []int64{1000, 1000, 990, 1000}, 9, 400, false},
+				{"one report covered between two that are not", []int64{1000, 400, 1000, 400}, 4, 400, false},
+				{"past the tolerance", []int64{431, 431, 431}, 4, 400, false},
+				// b's bound is above what its requests hold; the slack can
+				// hide p's memory, not p's requests.
+				{"paused, its memory within b's slack, its requests counted", []int64{420, 420, 420}, 5, 400, false},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					r := newResidualRig(t, store)
+					r.start(t)
+					r.pb.set(400, 600)
+					r.silence(residualTTL + residualTTL/3)
+					if st := r.b.Stats(); st.Residual != 600 || st.Capacity != 400 {
+						t.Fatalf("b with p silent past its TTL: %+v, want 600 residual, capacity 400", st)
+					}
+					var ev fleet.Evidence
+					for _, used := range tc.used {
+						if ev.Observe(fleet.Report{Used: used, Own: 400, Tolerance: tolerance, Running: tc.running, OwnRunning: 4}, r.b.Stats()) {
+							r.b.DropResidual()
+						}
+						r.pass(residualTTL / 3)
+						r.b.Step(r.ctx)
+						r.b.Step(r.ctx) // the growth the drop made room for
+					}
+					st := r.b.Stats()
+					if st.Capacity != tc.capacity || (st.ResidualDrops == 1) != tc.dropped {
+						t.Errorf("b after the reports %v: %+v, want capacity %d, dropped %v", tc.used, st, tc.capacity, tc.dropped)
+					}
+					if h := r.holder(t, "p"); (h.Bytes == 0) != tc.dropped {
+						t.Errorf("p listed as %+v, want its hold dropped: %v", h, tc.dropped)
+					}
+				})
+			}
+		})
+	}
+}
+
+// A replica whose hold went on evidence and that calls again after all
+// (the evidence was wrong, or it was resumed just then) finds its lease
+// lost and re-leases what its pool holds before growing, as after any lost
+// lease; a replica that calls again before the drop keeps its lease.
+func TestResidualDropMeetsAReturningReplica(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			r := newResidualRig(t, store)
+			r.start(t)
+			r.silence(residualTTL + residualTTL/3)
+			r.p.Step(r.ctx) // back before the drop
+			r.b.DropResidual()
+			r.b.Step(r.ctx)
+			if st := r.b.Stats(); st.ResidualDrops != 0 || st.Capacity != 400 {
+				t.Errorf("b's drop after p's return: %+v, want nothing dropped, capacity 400", st)
+			}
+			r.silence(residualTTL + residualTTL/3)
+			r.b.DropResidual()
+			r.b.Step(r.ctx)
+			if st := r.b.Stats(); st.ResidualDropped != 600 {
+				t.Fatalf("b's drop: %+v, want p's 600 dropped", st)
+			}
+			r.p.Step(r.ctx)
+			if st := r.p.Stats(); st.LostLeases != 1 || !st.Rejoining {
+				t.Errorf("p back after the drop: %+v, want its lease lost and a rejoin", st)
 			}
 		})
 	}

@@ -32,6 +32,14 @@ type Store interface {
 	// Release returns bytes of r.Replica's lease (all of it if it holds
 	// less) and renews the rest.
 	Release(ctx context.Context, key string, r Request, bytes int64) (Lease, error)
+	// DropResidual ends, as r.Replica's call (which renews its own lease),
+	// every other lease on key past its holder's trust horizon: residual
+	// holds (past their TTL), and live leases within a third of their TTL
+	// of their expiry, on which their holder admits nothing new. The caller
+	// has seen evidence that the silent replicas' requests are gone (see
+	// doc.go, "Residual holds"). A lease renewed by its replica before this
+	// call stays. Dropped in the answer is what went.
+	DropResidual(ctx context.Context, key string, r Request) (Lease, error)
 	// Leases lists every replica that holds a lease (live or residual) or
 	// has a live announcement on key: the fleet view. Leases past their
 	// residual bound are not listed.
@@ -57,6 +65,13 @@ type Request struct {
 	// looks dead to the store, but its requests do not stop). 0, or less
 	// than TTL: TTL (the lease ends with its TTL).
 	Residual time.Duration
+	// Holds is what the requests this replica admitted on the GPU may hold
+	// there now, a bound that cannot be below the truth; published with the
+	// lease so that the others can tell, from the backend's figures, whether
+	// a silent replica's requests still run (see doc.go). 0: none.
+	Holds int64
+	// Running is how many requests Holds is of.
+	Running int64
 }
 
 // Lease is a replica's standing after a call, as the store saw it.
@@ -72,6 +87,17 @@ type Lease struct {
 	// Residual is the part of Total that other replicas hold as residual
 	// holds: leases past their TTL that still count.
 	Residual int64
+	// LiveHolds is what the other fresh replicas (those whose last call is
+	// within half their TTL: they renew every third) published that their
+	// requests may hold (Request.Holds), at their last calls.
+	LiveHolds int64
+	// LiveRunning is how many requests LiveHolds is of (Request.Running).
+	LiveRunning int64
+	// Silent is the other replicas' leases that are not fresh: residual
+	// holds, and live leases whose holder missed a renewal.
+	Silent int64
+	// Dropped is what a DropResidual ended.
+	Dropped int64
 }
 
 // Listing is the key's state: its budget, its live leases, and who holds them.
@@ -92,6 +118,7 @@ type Holder struct {
 	// on, for Keep more, as what its requests may still hold.
 	Residual bool
 	Keep     time.Duration // left until its lease stops counting; 0 if it holds none
+	Holds    int64         // what it published its requests may hold, at its last call
 }
 
 // MaxBytes bounds every byte count a Store accepts: 2^53, the largest
@@ -135,6 +162,8 @@ func check(key string, r Request) error {
 		return invalid("budget %d outside [0, %d]", r.Budget, int64(MaxBytes))
 	case r.Residual < 0:
 		return invalid("residual %v is negative", r.Residual)
+	case r.Holds < 0 || r.Holds > MaxBytes || r.Running < 0 || r.Running > MaxBytes:
+		return invalid("holds %d of %d requests outside [0, %d]", r.Holds, r.Running, int64(MaxBytes))
 	}
 	return nil
 }

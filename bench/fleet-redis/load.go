@@ -28,13 +28,29 @@ type load struct {
 	failed  atomic.Int64
 	oom     atomic.Int64
 	cancel  context.CancelFunc
+
+	// While record is set, each answer's latency is kept per target.
+	record atomic.Bool
+	latMu  sync.Mutex
+	lat    [][]time.Duration // per target; under latMu
+}
+
+// recorded stops recording and returns the latencies kept, per target.
+func (l *load) recorded() [][]time.Duration {
+	l.record.Store(false)
+	l.latMu.Lock()
+	defer l.latMu.Unlock()
+	out := l.lat
+	l.lat = make([][]time.Duration, len(l.targets))
+	return out
 }
 
 var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0}}
 
 func (b *bench) startLoad(targets []string, clients int) *load {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &load{targets: targets, dead: make([]atomic.Bool, len(targets)), ok: make([]atomic.Int64, len(targets)), cancel: cancel}
+	l := &load{targets: targets, dead: make([]atomic.Bool, len(targets)), ok: make([]atomic.Int64, len(targets)), cancel: cancel,
+		lat: make([][]time.Duration, len(targets))}
 	for c := range clients {
 		l.wg.Add(1)
 		go func() {
@@ -47,7 +63,13 @@ func (b *bench) startLoad(targets []string, clients int) *load {
 					i = n % len(targets)
 				}
 				body := chatBody(rng, b.o.promptTokens, b.o.maxTokens)
+				sent := time.Now()
 				status, text, retry, err := post(ctx, targets[i], body)
+				if status == 200 && l.record.Load() {
+					l.latMu.Lock()
+					l.lat[i] = append(l.lat[i], time.Since(sent))
+					l.latMu.Unlock()
+				}
 				switch {
 				case l.stopped.Load():
 					return

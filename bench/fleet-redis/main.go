@@ -9,11 +9,15 @@
 //  1. saturation through the in-process gateway alone, then through the
 //     three replicas: the real KV use the fleet reaches against one
 //     gateway on the same load;
-//  2. one replica killed with SIGKILL while it holds leases: how long until
-//     the other two hold its capacity and admit into it;
-//  3. redis-server stopped: the replicas serve on static shares; started
+//  2. four requests of 40% of the budget each at r1 while the load keeps
+//     all three busy: every one served, r1's small requests within 2x the
+//     others' p99;
+//  3. silent replicas under load: r1 paused (SIGSTOP) 10 s past its lease's
+//     TTL and r2 cut off from Redis as long (no overflow), then r3 killed
+//     with SIGKILL (the others bring real KV use back to 70% within 5 s);
+//  4. redis-server stopped: the replicas serve on static shares; started
 //     again: their leases resume;
-//  4. light load, alternating between a shared replica and the in-process
+//  5. light load, alternating between a shared replica and the in-process
 //     gateway: the p50 latency the shared budget adds (last, so that its
 //     short answers, all cut by max_tokens, are a small part of what the
 //     predictors learned).
@@ -105,6 +109,7 @@ type bench struct {
 	kit *benchkit.Kit
 
 	redis        *benchkit.Process
+	cut          *cutProxy // between r2 and Redis
 	simURL       string
 	replicas     []string // shared-budget replicas' URLs
 	replicaProcs []*benchkit.Process
@@ -153,11 +158,20 @@ func (b *bench) start(ctx context.Context) error {
 		return err
 	}
 	b.simURL = sim.URL
+	// r2 reaches Redis through a proxy that the bench can cut.
+	if b.cut, err = newCutProxy(b.redis.Addr); err != nil {
+		return err
+	}
 	for i := range 3 {
 		name := fmt.Sprintf("r%d", i+1)
-		// A replica killed with SIGKILL has its requests end with it: its
-		// part may go to the others at its TTL (residual_ttl = lease_ttl).
-		p, err := b.startGateway(ctx, name, fmt.Sprintf("shared_budget: {redis: %q, replicas: 3, replica: %s, residual_ttl: 3s}\n", b.redis.URL, name))
+		url := b.redis.URL
+		if i == 1 {
+			url = "redis://" + b.cut.addr() + "/0"
+		}
+		// residual_ttl and residual_release at their defaults: a silent
+		// replica's part counts until the backend's figures show its
+		// requests gone.
+		p, err := b.startGateway(ctx, name, fmt.Sprintf("shared_budget: {redis: %q, replicas: 3, replica: %s}\n", url, name))
 		if err != nil {
 			return err
 		}

@@ -58,40 +58,17 @@ func (b *bench) phases(ctx context.Context) error {
 		fmt.Sprintf("%.1f req/s; served per replica %s", float64(ok3)/o.measure.Seconds(), strings.Join(per, "/")))
 	b.check(mean1-mean3 <= 0.10, "real KV use at saturation: three replicas %s vs one gateway %s (within 10 points: %+.1f)", pct(mean3), pct(mean1), 100*(mean3-mean1))
 
-	// 2. SIGKILL one replica while it holds leases.
-	st3, _ := b.status(b.replicas[2])
-	lease12, _, _ := b.leasesOf(b.replicas[0], b.replicas[1])
+	// 2. Big requests at one replica while all three are busy.
+	b.bigRequests(ctx, fleetLoad)
+
+	// 3. Silent replicas: r1 paused, r2 cut off from Redis, r3 killed.
+	b.paused(fleetLoad)
+	b.cutOff(fleetLoad)
+	b.killed(fleetLoad)
+	st3 := gpuStatus{budget: b.budgetBlocks * b.blockBytes}
+
+	// 4. Redis stopped, then started again.
 	okB, shedB, failB, _ := fleetLoad.counts()
-	oomB = b.oomSince()
-	fmt.Fprintf(os.Stderr, "SIGKILL r3 (holding %d bytes)...\n", st3.leased)
-	b.replicaProcs[2].Kill()
-	// Until r1 and r2 lease 90% of r3's part, and commit more than they
-	// leased before the kill (by a chunk).
-	var tookLease, tookAdmit time.Duration
-	gotLease, gotAdmit := false, false
-	killed := time.Now()
-	for time.Since(killed) < 30*time.Second && !(gotLease && gotAdmit) {
-		l, c, _ := b.leasesOf(b.replicas[0], b.replicas[1])
-		if !gotLease && l >= lease12+st3.leased*9/10 {
-			gotLease, tookLease = true, time.Since(killed)
-		}
-		if !gotAdmit && c > lease12+st3.budget/50 { // a chunk past what they leased before
-
-			gotAdmit, tookAdmit = true, time.Since(killed)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	time.Sleep(5 * time.Second)
-	okA, shedA, failA, _ = fleetLoad.counts()
-	oomA = b.oomSince()
-	note := fmt.Sprintf("r3 held %.0f MiB: r1+r2 leased 90%% of it after %.1f s, bound past their old leases after %.1f s",
-		float64(st3.leased)/(1<<20), tookLease.Seconds(), tookAdmit.Seconds())
-	b.row("SIGKILL r3 mid-run", "r1+r2", strconv.FormatInt(okA-okB, 10), strconv.FormatInt(shedA-shedB, 10), strconv.FormatInt(failA-failB, 10), strconv.FormatInt(oomA-oomB, 10), "", "", note)
-	b.check(st3.leased > 0 && gotLease && gotAdmit && tookLease <= 5*time.Second && tookAdmit <= 5*time.Second,
-		"killed replica's capacity taken by the others: leased after %.1f s, admitted into after %.1f s (≤ 5 s)", tookLease.Seconds(), tookAdmit.Seconds())
-
-	// 3. Redis stopped, then started again.
-	okB, shedB, failB, _ = fleetLoad.counts()
 	oomB = b.oomSince()
 	fmt.Fprintln(os.Stderr, "stopping redis-server...")
 	b.redis.Stop()
@@ -140,7 +117,7 @@ func (b *bench) phases(ctx context.Context) error {
 	b.check(back, "Redis restarted: leases resumed after %.1f s", tookBack.Seconds())
 	fleetLoad.halt()
 
-	// 4. Light load: the latency a shared replica adds. Last, so that its
+	// 5. Light load: the latency a shared replica adds. Last, so that its
 	// short answers (all cut by max_tokens) are a small part of what the
 	// predictors learned.
 	fmt.Fprintf(os.Stderr, "light load: %d requests to each of a shared replica and the in-process gateway...\n", o.latencyRequests)

@@ -3,7 +3,8 @@
 # three `kvgate serve` replicas sharing its budget through Redis and one
 # gateway with the in-process budget, all real processes on loopback; a
 # closed-loop load of ~10x what the budget holds; phases for the added
-# latency, KV use at saturation, a SIGKILLed replica and a Redis outage.
+# latency, KV use at saturation, big requests at one replica, a paused, a
+# cut-off and a SIGKILLed replica, and a Redis outage.
 # Prints one table and a PASS/FAIL line per acceptance bar; exits 1 if a bar
 # is missed or a component is missing. Extra arguments go to the driver
 # (go run ./bench/fleet-redis -h lists them).
