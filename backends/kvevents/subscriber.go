@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -300,39 +301,22 @@ func (s *Subscriber) replay(ctx context.Context, upto int64) bool {
 		return false
 	}
 	from := s.last + 1
-	// A socket deadline: the one place a wall-clock bound is right, since
-	// it bounds a wait on the network, not a decision.
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
-	defer cancel()
-	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0))
-	defer d.Close()
-	if err := d.Dial(s.cfg.Replay); err != nil {
-		s.log.Warn("kv events: replay socket", "endpoint", s.cfg.Replay, "err", err)
+	rs, ok := s.openReplay(ctx, from)
+	if !ok {
 		return false
 	}
-	req := binary.BigEndian.AppendUint64(nil, uint64(from))
-	if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, req)); err != nil {
-		return false
-	}
+	defer rs.close()
 	if s.last < 0 {
 		s.index.Reset(false)
 	}
 	next := from
 	for next < upto {
-		msg, err := d.Recv()
-		if err != nil {
-			break
-		}
-		f := msg.Frames
-		if len(f) > 0 && len(f[0]) == 0 {
-			f = f[1:] // the ROUTER's empty delimiter
-		}
-		if len(f) != 2 || len(f[0]) != 8 {
-			s.fault(FaultGarbage, fmt.Errorf("kvevents: a replay message of %d frames", len(f)))
+		seq, payload, err := rs.next()
+		if errors.Is(err, errReplayFrames) {
+			s.fault(FaultGarbage, err)
 			return false
 		}
-		seq := int64(binary.BigEndian.Uint64(f[0]))
-		if seq == endSeq || len(f[1]) == 0 {
+		if err != nil {
 			break
 		}
 		if seq < next {
@@ -341,7 +325,7 @@ func (s *Subscriber) replay(ctx context.Context, upto int64) bool {
 		if seq > next {
 			break // the publisher no longer has what we missed
 		}
-		b, err := Decode(f[1])
+		b, err := Decode(payload)
 		if err != nil {
 			s.fault(FaultGarbage, err)
 			return false
@@ -353,10 +337,7 @@ func (s *Subscriber) replay(ctx context.Context, upto int64) bool {
 		s.replayed.Add(1)
 		next++
 	}
-	if next < upto {
-		return false
-	}
-	return true
+	return next >= upto
 }
 
 // catchUp asks a newly connected publisher's replay socket for all it
@@ -364,39 +345,25 @@ func (s *Subscriber) replay(ctx context.Context, upto int64) bool {
 // started, so its cache is empty; a buffer from sequence 0 is its whole
 // history. Either way the index is whole; otherwise it stays as it was.
 func (s *Subscriber) catchUp(ctx context.Context) {
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
-	defer cancel()
-	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0))
-	defer d.Close()
-	if err := d.Dial(s.cfg.Replay); err != nil {
-		s.log.Warn("kv events: replay socket", "endpoint", s.cfg.Replay, "err", err)
+	rs, ok := s.openReplay(ctx, 0)
+	if !ok {
 		return
 	}
-	if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, make([]byte, 8))); err != nil {
-		return
-	}
+	defer rs.close()
 	var batches []Batch
 	var seqs []int64
 	for {
-		msg, err := d.Recv()
-		if err != nil {
-			return // no end marker: nothing is known
-		}
-		f := msg.Frames
-		if len(f) > 0 && len(f[0]) == 0 {
-			f = f[1:]
-		}
-		if len(f) != 2 || len(f[0]) != 8 {
-			return
-		}
-		seq := int64(binary.BigEndian.Uint64(f[0]))
-		if seq == endSeq || len(f[1]) == 0 {
+		seq, payload, err := rs.next()
+		if errors.Is(err, errReplayEnd) {
 			break
+		}
+		if err != nil {
+			return // no end marker, or not a replay message: nothing is known
 		}
 		if int64(len(seqs)) != seq {
 			return // not its whole history
 		}
-		b, err := Decode(f[1])
+		b, err := Decode(payload)
 		if err != nil {
 			s.fault(FaultGarbage, err)
 			return
@@ -411,6 +378,68 @@ func (s *Subscriber) catchUp(ctx context.Context) {
 	}
 	s.dupUpTo = s.last
 	s.notify()
+}
+
+// replayStream is one request to the publisher's replay socket and the
+// messages it answers with.
+type replayStream struct {
+	d      zmq4.Socket
+	cancel context.CancelFunc
+}
+
+var (
+	// errReplayEnd is the replay socket's end marker: it has sent all it has.
+	errReplayEnd = errors.New("kvevents: end of replay")
+	// errReplayFrames is a replay message that is not a sequence and a
+	// batch.
+	errReplayFrames = errors.New("kvevents: a replay message that is not a sequence and a batch")
+)
+
+// openReplay dials the replay socket and asks it for every batch from
+// sequence from on. A socket deadline (ReplayTimeout) bounds the whole
+// exchange: the one place a wall-clock bound is right, since it bounds a
+// wait on the network, not a decision.
+func (s *Subscriber) openReplay(ctx context.Context, from int64) (*replayStream, bool) {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
+	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0))
+	rs := &replayStream{d: d, cancel: cancel}
+	if err := d.Dial(s.cfg.Replay); err != nil {
+		s.log.Warn("kv events: replay socket", "endpoint", s.cfg.Replay, "err", err)
+		rs.close()
+		return nil, false
+	}
+	if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, uint64(from)))); err != nil {
+		rs.close()
+		return nil, false
+	}
+	return rs, true
+}
+
+// next is the next replayed batch: its sequence and payload; errReplayEnd
+// at the end marker, errReplayFrames for a message that is not one, or the
+// socket's error.
+func (rs *replayStream) next() (int64, []byte, error) {
+	msg, err := rs.d.Recv()
+	if err != nil {
+		return 0, nil, err
+	}
+	f := msg.Frames
+	if len(f) > 0 && len(f[0]) == 0 {
+		f = f[1:] // the ROUTER's empty delimiter
+	}
+	if len(f) != 2 || len(f[0]) != 8 {
+		return 0, nil, fmt.Errorf("%w: %d frames", errReplayFrames, len(f))
+	}
+	seq := int64(binary.BigEndian.Uint64(f[0]))
+	if seq == endSeq || len(f[1]) == 0 {
+		return 0, nil, errReplayEnd
+	}
+	return seq, f[1], nil
+}
+
+func (rs *replayStream) close() {
+	rs.d.Close()
+	rs.cancel()
 }
 
 // wait waits d on the clock, or until ctx ends.
