@@ -16,6 +16,7 @@ const (
 	DefaultQueuedBytesFactor  = 16 // MaxQueuedBytes 0 = this many times the capacity of the queue's pools: a burst of 10× what fits queues
 	DefaultQueueTimeout       = 30 * time.Second
 	DefaultPressureThreshold  = 0.9
+	DefaultShare              = 1.0 // DefaultTenantShare 0 = this: no cap beyond the capacity itself
 	DefaultDrainWindow        = 10 * time.Second
 	DefaultMaxRetryAfter      = 60 * time.Second
 	MinRetryAfter             = time.Second // Retry-After is whole seconds on the wire
@@ -199,7 +200,7 @@ type Config struct {
 	Tenants      []TenantConfig
 	// DefaultTenantShare is the share of every tenant not listed in Tenants,
 	// each on its own, including the anonymous tenant "", in (0,1].
-	// 0 = 1.0 (no cap beyond the capacity itself).
+	// 0 = DefaultShare (1.0: no cap beyond the capacity itself).
 	DefaultTenantShare float64
 	// PressureThreshold is the utilization (committed / effective capacity)
 	// above which Sheddable classes are refused, in (0,1]. 0 = 0.9.
@@ -465,7 +466,7 @@ func (r *resolver) classes(cfg Config) ([]classSpec, int) {
 
 // tenants resolves the share of unlisted tenants and each listed one's.
 func (r *resolver) tenants(cfg Config) (float64, map[string]tenantSpec) {
-	def := r.fraction("default_tenant_share", cfg.DefaultTenantShare, 1, false)
+	def := r.fraction("default_tenant_share", cfg.DefaultTenantShare, DefaultShare, false)
 	out := make(map[string]tenantSpec, len(cfg.Tenants))
 	for i, t := range cfg.Tenants {
 		field := fmt.Sprintf("tenants[%d]", i)

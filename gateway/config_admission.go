@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/admission"
-	"github.com/kvgate/kvgate/kvbudget"
 )
 
 // Admission modes (AdmissionConfig.Mode).
@@ -176,27 +175,14 @@ type LengthsFileConfig struct {
 	MaxAge Duration `yaml:"max_age"`
 }
 
-// Defaults of the admission section, filled by AdmissionConfig.defaults.
-// What the scheduler resolves itself (epsilon, warmup_samples, headroom,
+// The admission section's defaults are configdefaults.go's. What the
+// scheduler resolves itself (epsilon, warmup_samples, headroom,
 // max_overcommit, cool_down, pressure, default_tenant_share, drain_window,
 // max_retry_after, feedback's factors, the queue's limits, a tenant's
 // shares) is left as written: its defaults are admission's, in
-// admission.Config and its Default constants.
-const (
-	defaultMode           = modeKV
-	defaultMaxConcurrency = 16
-	defaultReservation    = admission.Predicted
-	defaultPriorityHeader = "X-Priority"
-	defaultFeedback       = true
-	// defaultAbortHold: the simulator notices an abort at its next step and
-	// vLLM at its next token, tens of milliseconds; a second covers a backend
-	// under load with room to spare.
-	defaultAbortHold           = time.Second
-	defaultLengthsFileInterval = 30 * time.Second
-	defaultLengthsFileMaxAge   = time.Hour
-	// maxClientRetryAfter is openai-go's cap on a Retry-After it honours.
-	maxClientRetryAfter = 2 * time.Minute
-)
+// admission.Config and its Default constants, which the table shows.
+// maxClientRetryAfter is openai-go's cap on a Retry-After it honours.
+const maxClientRetryAfter = 2 * time.Minute
 
 // defaultClasses are the classes of a file that lists none, by name alone:
 // each takes admission.queue's limits (admission.DefaultClasses, for a
@@ -206,19 +192,11 @@ func defaultClasses() []admission.ClassConfig {
 	return []admission.ClassConfig{{Name: "critical"}, {Name: "standard"}, {Name: "sheddable"}}
 }
 
-// defaults fills the admission section. A class's sheddable, backfill's
-// enabled and the default class are written in as admission resolves them,
-// so that what the gateway shows is what the scheduler does.
+// defaults fills the admission section from the table, then its classes.
+// A class's sheddable and the default class are written in as admission
+// resolves them, so that what the gateway shows is what the scheduler does.
 func (a *AdmissionConfig) defaults() {
-	if a.Ceiling == 0 {
-		a.Ceiling = kvbudget.DefaultCeiling
-	}
-	if a.Reserve.Bytes == 0 {
-		a.Reserve.Bytes = kvbudget.DefaultReserve
-	}
-	if a.PriorityHeader == "" {
-		a.PriorityHeader = defaultPriorityHeader
-	}
+	fillDefaults("admission", a)
 	if len(a.Classes) == 0 {
 		a.Classes = defaultClasses()
 	}
@@ -230,40 +208,6 @@ func (a *AdmissionConfig) defaults() {
 	}
 	if a.DefaultClass == "" {
 		a.DefaultClass = admission.DefaultClass(a.Classes)
-	}
-	if a.Mode == "" {
-		a.Mode = defaultMode
-	}
-	if a.MaxConcurrency == 0 {
-		a.MaxConcurrency = defaultMaxConcurrency
-	}
-	if a.Reservation == "" {
-		a.Reservation = defaultReservation
-	}
-	if !a.AbortHold.Written() {
-		a.AbortHold.D = defaultAbortHold
-	}
-	if a.LengthsFile.Interval.D == 0 {
-		a.LengthsFile.Interval.D = defaultLengthsFileInterval
-	}
-	if a.LengthsFile.MaxAge.D == 0 {
-		a.LengthsFile.MaxAge.D = defaultLengthsFileMaxAge
-	}
-	if a.ResumeStopped == nil {
-		on := true
-		a.ResumeStopped = &on
-	}
-	if a.Backfill.Enabled == nil {
-		on := a.Backfill.IsEnabled()
-		a.Backfill.Enabled = &on
-	}
-	if a.Feedback.Enabled == nil {
-		on := defaultFeedback
-		a.Feedback.Enabled = &on
-	}
-	if a.Reconcile.Enabled == nil {
-		on := true
-		a.Reconcile.Enabled = &on
 	}
 }
 

@@ -99,20 +99,16 @@ type ScrapeConfig struct {
 	Interval Duration `yaml:"interval"` // default 1s
 }
 
-// defaults fills what the gateway resolves of a backend: its GPU. The
-// defaults of its health check, scrape, connections and timeouts (given on
-// the fields above) are backends.Spec's, filled where the backend is made
-// (Spec.WithDefaults), so that a reload compares like with like.
+// defaults fills what the gateway resolves of a backend: its GPU, then
+// its table's rows (configdefaults.go). The defaults of its health check,
+// scrape, connections and timeouts are backends.Spec's, filled where the
+// backend is made (Spec.WithDefaults), so that a reload compares like with
+// like.
 func (b *BackendConfig) defaults() {
 	if b.GPU == "" {
 		b.GPU = b.Name
 	}
-	if b.PrefixCaching == "" {
-		b.PrefixCaching = prefixCachingAuto
-	}
-	if b.StreamUsage == "" {
-		b.StreamUsage = streamUsageContinuous
-	}
+	fillDefaults("backends[]", b)
 }
 
 // validateBackends fills and checks the backends against the models'

@@ -95,59 +95,14 @@ type EstimateConfig struct {
 	CalibrationMin int `yaml:"calibration_min"`
 }
 
-// Defaults of a model, filled by ModelConfig.defaults (an adapter takes its
-// base's instead). max_model_len's default needs the model's config.json
-// and is applied where it is read (model.go).
-const (
-	defaultTP                = 1
-	defaultTokenizer         = "backend"
-	defaultTokenizeCache     = 16384
-	defaultEstimateMargin    = 0.05
-	defaultTemplateTokens    = 32
-	defaultPerMessageTokens  = 16
-	defaultPerToolTokens     = 32
-	defaultImageTokens       = 16384
-	defaultCalibrationWindow = 256
-	defaultCalibrationMin    = 32
-	defaultMaxModelLen       = 8192
-	maxTokenizeCache         = 1 << 24
-)
+// maxTokenizeCache bounds models[].tokenize_cache.
+const maxTokenizeCache = 1 << 24
 
-// defaults fills the settings of a model that is not an adapter; its block
-// size is kvbudget's (vLLM's).
-func (m *ModelConfig) defaults() {
-	if m.TP == 0 {
-		m.TP = defaultTP
-	}
-	if m.BlockSize == 0 {
-		m.BlockSize = kvbudget.DefaultBlockSize
-	}
-	if m.Tokenizer == "" {
-		m.Tokenizer = defaultTokenizer
-	}
-	if m.TokenizeCache == 0 {
-		m.TokenizeCache = defaultTokenizeCache
-	}
-	e := &m.Estimate
-	if e.Margin == 0 {
-		e.Margin = defaultEstimateMargin
-	}
-	if e.TemplateTokens == 0 {
-		e.TemplateTokens = defaultTemplateTokens
-	}
-	if e.PerMessageTokens == 0 {
-		e.PerMessageTokens = defaultPerMessageTokens
-	}
-	if e.PerToolTokens == 0 {
-		e.PerToolTokens = defaultPerToolTokens
-	}
-	if e.CalibrationWindow == 0 {
-		e.CalibrationWindow = defaultCalibrationWindow
-	}
-	if e.CalibrationMin == 0 {
-		e.CalibrationMin = defaultCalibrationMin
-	}
-}
+// defaults fills the settings of a model that is not an adapter
+// (configdefaults.go; an adapter takes its base's instead). max_model_len's
+// default needs the model's config.json and is applied where it is read
+// (model.go).
+func (m *ModelConfig) defaults() { fillDefaults("models[]", m) }
 
 // validateModels fills and checks the models, adapters last (from their
 // bases); it returns the models' names, which backends refer to.
