@@ -215,6 +215,16 @@ func (a *AdmissionConfig) defaults() {
 // its classes, which tenants refer to.
 func (a *AdmissionConfig) validate(p *problems) (classes map[string]bool) {
 	a.defaults()
+	a.checkBudget(p)
+	classes = a.checkClasses(p)
+	a.checkPolicy(p)
+	a.checkLoops(p)
+	return classes
+}
+
+// checkBudget checks what sizes a budget, sheds from it, and what the
+// queue and Retry-After take from it.
+func (a *AdmissionConfig) checkBudget(p *problems) {
 	if a.Ceiling < 0 || a.Ceiling > 1 {
 		p.bad("admission.ceiling", "%v is not in (0, 1]", a.Ceiling)
 	}
@@ -236,7 +246,12 @@ func (a *AdmissionConfig) validate(p *problems) (classes map[string]bool) {
 		p.bad("admission.max_retry_after", "%s is above %s: the official OpenAI clients do not wait past their own cap (openai-go gives up on a longer Retry-After), so every 429 beyond it becomes a failure",
 			a.MaxRetryAfter.D, maxClientRetryAfter)
 	}
-	classes = map[string]bool{}
+}
+
+// checkClasses checks the classes and the default class; it returns the
+// classes' names.
+func (a *AdmissionConfig) checkClasses(p *problems) map[string]bool {
+	classes := map[string]bool{}
 	for i, cl := range a.Classes {
 		f := fmt.Sprintf("admission.classes[%d]", i)
 		p.name(classes, f+".name", "class", cl.Name)
@@ -246,6 +261,11 @@ func (a *AdmissionConfig) validate(p *problems) (classes map[string]bool) {
 	if !classes[a.DefaultClass] {
 		p.bad("admission.default_class", "%q is not one of admission.classes", a.DefaultClass)
 	}
+	return classes
+}
+
+// checkPolicy checks the mode and the reservation policy's parameters.
+func (a *AdmissionConfig) checkPolicy(p *problems) {
 	switch a.Mode {
 	case modeKV, modeCount:
 	default:
@@ -279,6 +299,10 @@ func (a *AdmissionConfig) validate(p *problems) (classes map[string]bool) {
 	if a.LengthsFile.MaxAge.D < 0 {
 		p.bad("admission.lengths_file.max_age", "%v must be > 0", a.LengthsFile.MaxAge.D)
 	}
+}
+
+// checkLoops checks backfill, feedback and reconciliation.
+func (a *AdmissionConfig) checkLoops(p *problems) {
 	p.dur("admission.backfill.max_head_age", a.Backfill.MaxHeadAge)
 	fb := a.Feedback
 	if fb.Decrease < 0 || fb.Decrease >= 1 {
@@ -297,7 +321,6 @@ func (a *AdmissionConfig) validate(p *problems) (classes map[string]bool) {
 	if a.Reconcile.Sustain.D < 0 {
 		p.bad("admission.reconcile.sustain", "%v must be >= 0", a.Reconcile.Sustain.D)
 	}
-	return classes
 }
 
 // validateTenants fills and checks the tenants against the admission

@@ -146,22 +146,7 @@ func (m *ModelConfig) check(p *problems, f string) {
 	case m.Config != "" && m.Geometry != nil:
 		p.bad(f, "config and geometry are exclusive")
 	}
-	if g := m.Geometry; g != nil {
-		if g.Layers <= 0 {
-			p.bad(f+".geometry.layers", "must be > 0")
-		}
-		if g.KVHeads <= 0 && !g.MLA {
-			p.bad(f+".geometry.kv_heads", "must be > 0")
-		}
-		if g.HeadDim <= 0 {
-			p.bad(f+".geometry.head_dim", "must be > 0")
-		}
-		if g.DType != "" {
-			if _, err := kvbudget.ParseDType(g.DType); err != nil {
-				p.bad(f+".geometry.dtype", "%v", err)
-			}
-		}
-	}
+	m.Geometry.check(p, f+".geometry")
 	p.size(f+".weights_bytes", m.WeightsBytes)
 	if m.TP < 0 {
 		p.bad(f+".tp", "must be >= 1")
@@ -183,23 +168,48 @@ func (m *ModelConfig) check(p *problems, f string) {
 	if m.TokenizeCache > maxTokenizeCache {
 		p.bad(f+".tokenize_cache", "%d entries is more than %d", m.TokenizeCache, maxTokenizeCache)
 	}
-	e := m.Estimate
+	m.Estimate.check(p, f+".estimate")
+}
+
+// check checks an inline geometry (f), if given.
+func (g *GeometryConfig) check(p *problems, f string) {
+	if g == nil {
+		return
+	}
+	if g.Layers <= 0 {
+		p.bad(f+".layers", "must be > 0")
+	}
+	if g.KVHeads <= 0 && !g.MLA {
+		p.bad(f+".kv_heads", "must be > 0")
+	}
+	if g.HeadDim <= 0 {
+		p.bad(f+".head_dim", "must be > 0")
+	}
+	if g.DType != "" {
+		if _, err := kvbudget.ParseDType(g.DType); err != nil {
+			p.bad(f+".dtype", "%v", err)
+		}
+	}
+}
+
+// check checks a model's estimate section (f).
+func (e EstimateConfig) check(p *problems, f string) {
 	if e.Margin < 0 || e.Margin > 10 {
-		p.bad(f+".estimate.margin", "%v is not in [0, 10]", e.Margin)
+		p.bad(f+".margin", "%v is not in [0, 10]", e.Margin)
 	}
 	for _, k := range []struct {
 		name string
 		v    int
 	}{{"template_tokens", e.TemplateTokens}, {"per_message_tokens", e.PerMessageTokens}, {"per_tool_tokens", e.PerToolTokens}, {"image_tokens", e.ImageTokens}} {
 		if k.v < 0 {
-			p.bad(f+".estimate."+k.name, "%d is negative", k.v)
+			p.bad(f+"."+k.name, "%d is negative", k.v)
 		}
 	}
 	if e.CalibrationWindow < 0 || e.CalibrationWindow > 1<<16 {
-		p.bad(f+".estimate.calibration_window", "%d is not in [1, 65536]", e.CalibrationWindow)
+		p.bad(f+".calibration_window", "%d is not in [1, 65536]", e.CalibrationWindow)
 	}
 	if e.CalibrationMin < 0 || e.CalibrationMin > e.CalibrationWindow {
-		p.bad(f+".estimate.calibration_min", "%d is not in [1, calibration_window]", e.CalibrationMin)
+		p.bad(f+".calibration_min", "%d is not in [1, calibration_window]", e.CalibrationMin)
 	}
 }
 

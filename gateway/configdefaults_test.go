@@ -2,7 +2,11 @@ package gateway
 
 import (
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -256,8 +260,18 @@ func (d configDefault) shows(cell string) bool {
 	if d.shown != "" || d.value == nil || !strings.HasPrefix(cell, "`") {
 		return cell == d.want()
 	}
-	text := strings.Trim(cell, "`")
-	switch v := d.value.(type) {
+	if v, ok := d.value.([]string); ok {
+		// `[/a, /b]`, `A, B` or `A`, `B` (and a remark in brackets)
+		text, _, _ := strings.Cut(cell, " (")
+		text = strings.NewReplacer("`", "", "[", "", "]", "").Replace(text)
+		return slices.Equal(strings.Split(text, ", "), v)
+	}
+	return valueIs(strings.Trim(cell, "`"), d.value)
+}
+
+// valueIs says whether text, as a file would write it, is value.
+func valueIs(text string, value any) bool {
+	switch v := value.(type) {
 	case time.Duration:
 		got, err := time.ParseDuration(text)
 		return err == nil && got == v
@@ -273,11 +287,97 @@ func (d configDefault) shows(cell string) bool {
 	case bool:
 		got, err := strconv.ParseBool(text)
 		return err == nil && got == v
-	case []string:
-		// `[/a, /b]`, `A, B` or `A`, `B` (and a remark in brackets)
-		text, _, _ = strings.Cut(cell, " (")
-		text = strings.NewReplacer("`", "", "[", "", "]", "").Replace(text)
-		return slices.Equal(strings.Split(text, ", "), v)
 	}
-	return text == fmt.Sprint(d.value)
+	return text == fmt.Sprint(value)
+}
+
+// The doc comment of a config field that says its default ("Default 30s",
+// "default /health") says the table's.
+func TestFieldCommentsSayTheTablesDefault(t *testing.T) {
+	comments := fieldComments(t)
+	// A sentence of its own (Default 32.), else a clause (; default 3).
+	said := []*regexp.Regexp{regexp.MustCompile(`\bDefault ([^\s;,(]+)`), regexp.MustCompile(`\bdefault ([^\s;,(]+)`)}
+	checked := 0
+	var walk func(rt reflect.Type, path string)
+	walk = func(rt reflect.Type, path string) {
+		for rt.Kind() == reflect.Pointer || rt.Kind() == reflect.Slice {
+			if rt.Kind() == reflect.Slice {
+				path += "[]"
+			}
+			rt = rt.Elem()
+		}
+		if rt.Kind() != reflect.Struct || rt.PkgPath() != reflect.TypeFor[Config]().PkgPath() {
+			return
+		}
+		for i := range rt.NumField() {
+			sf := rt.Field(i)
+			name := yamlName(sf)
+			if name == "" || isInline(sf) {
+				continue
+			}
+			p := join(path, name)
+			walk(sf.Type, p)
+			d, ok := defaultsIndex[p]
+			if !ok || d.value == nil {
+				continue
+			}
+			if _, list := d.value.([]string); list {
+				continue // a list's default is said in prose
+			}
+			var m []string
+			for _, re := range said {
+				if all := re.FindAllStringSubmatch(comments[rt.Name()+"."+sf.Name], -1); m == nil && all != nil {
+					m = all[len(all)-1]
+				}
+			}
+			if m == nil {
+				continue
+			}
+			checked++
+			if word := strings.TrimRight(m[1], ".:"); !valueIs(word, d.value) {
+				t.Errorf("%s.%s (%s): its comment says default %q, the table %s", rt.Name(), sf.Name, p, word, shownValue(d.value))
+			}
+		}
+	}
+	walk(reflect.TypeFor[Config](), "")
+	if checked < 50 {
+		t.Fatalf("checked the comments of %d fields, want the defaults of most", checked)
+	}
+}
+
+// fieldComments is the doc and line comments of every struct field of the
+// package, by Type.Field, on one line.
+func fieldComments(t *testing.T) map[string]string {
+	t.Helper()
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok {
+				return true
+			}
+			if st, ok := ts.Type.(*ast.StructType); ok {
+				for _, fl := range st.Fields.List {
+					text := strings.Join(strings.Fields(fl.Doc.Text()+" "+fl.Comment.Text()), " ")
+					for _, id := range fl.Names {
+						out[ts.Name.Name+"."+id.Name] = text
+					}
+				}
+			}
+			return false
+		})
+	}
+	return out
 }
