@@ -16,6 +16,7 @@ const (
 	DefaultQueuedBytesFactor  = 16 // MaxQueuedBytes 0 = this many times the capacity of the queue's pools: a burst of 10× what fits queues
 	DefaultQueueTimeout       = 30 * time.Second
 	DefaultPressureThreshold  = 0.9
+	DefaultShare              = 1.0 // DefaultTenantShare 0 = this: no cap beyond the capacity itself
 	DefaultDrainWindow        = 10 * time.Second
 	DefaultMaxRetryAfter      = 60 * time.Second
 	MinRetryAfter             = time.Second // Retry-After is whole seconds on the wire
@@ -199,7 +200,7 @@ type Config struct {
 	Tenants      []TenantConfig
 	// DefaultTenantShare is the share of every tenant not listed in Tenants,
 	// each on its own, including the anonymous tenant "", in (0,1].
-	// 0 = 1.0 (no cap beyond the capacity itself).
+	// 0 = DefaultShare (1.0: no cap beyond the capacity itself).
 	DefaultTenantShare float64
 	// PressureThreshold is the utilization (committed / effective capacity)
 	// above which Sheddable classes are refused, in (0,1]. 0 = 0.9.
@@ -320,195 +321,258 @@ func fraction(field string, v, def float64, openTop bool) (float64, error) {
 	return v, nil
 }
 
+// resolver collects every problem of a Config while its parts resolve,
+// each prefixed by the field's name.
+type resolver struct{ errs []error }
+
+// bad records err, if any.
+func (r *resolver) bad(err error) {
+	if err != nil {
+		r.errs = append(r.errs, err)
+	}
+}
+
+func (r *resolver) badf(format string, a ...any) { r.errs = append(r.errs, fmt.Errorf(format, a...)) }
+
+// fraction resolves a value documented as "in (0,1], 0 = default".
+func (r *resolver) fraction(field string, v, def float64, openTop bool) float64 {
+	f, err := fraction(field, v, def, openTop)
+	r.bad(err)
+	return f
+}
+
 // resolve validates cfg and fills its defaults. Every problem is reported,
 // each prefixed by the field's name.
 func resolve(cfg Config) (settings, error) {
-	var errs []error
-	bad := func(err error) { errs = append(errs, err) }
-	s := settings{tenants: make(map[string]tenantSpec, len(cfg.Tenants))}
+	var r resolver
+	var s settings
+	var poolSeen map[string]int
+	s.pools, poolSeen = r.gpus(cfg.GPUs)
+	s.queues = r.queues(cfg.Queues, poolSeen)
+	s.classes, s.defaultClass = r.classes(cfg)
+	s.defaultShare, s.tenants = r.tenants(cfg)
+	s.pressure = r.fraction("pressure_threshold", cfg.PressureThreshold, DefaultPressureThreshold, false)
+	s.drainWindow, s.maxRetryAfter = r.retryAfter(cfg)
+	s.aimd = r.aimd(cfg.AIMD)
+	s.policy = r.policy(cfg.Policy)
+	s.backfill, s.maxHeadAge = resolveBackfill(cfg.Backfill)
+	if len(r.errs) > 0 {
+		return settings{}, fmt.Errorf("admission: invalid config: %w", errors.Join(r.errs...))
+	}
+	return s, nil
+}
 
-	if len(cfg.GPUs) == 0 {
-		bad(errors.New("pools: at least one pool is required"))
+// gpus checks the budgets; it returns them and their indices by name.
+func (r *resolver) gpus(gpus []GPUConfig) ([]GPUConfig, map[string]int) {
+	if len(gpus) == 0 {
+		r.badf("pools: at least one pool is required")
 	}
-	poolSeen := make(map[string]int, len(cfg.GPUs))
-	for i, p := range cfg.GPUs {
-		switch j, dup := poolSeen[p.Name]; {
+	var out []GPUConfig
+	seen := make(map[string]int, len(gpus))
+	for i, p := range gpus {
+		switch j, dup := seen[p.Name]; {
 		case p.Name == "":
-			bad(fmt.Errorf("pools[%d].name: must not be empty", i))
+			r.badf("pools[%d].name: must not be empty", i)
 		case dup:
-			bad(fmt.Errorf("pools[%d].name: %q already names pools[%d]", i, p.Name, j))
+			r.badf("pools[%d].name: %q already names pools[%d]", i, p.Name, j)
 		}
-		poolSeen[p.Name] = i
+		seen[p.Name] = i
 		if p.Capacity <= 0 {
-			bad(fmt.Errorf("pools[%d].capacity: %d must be > 0", i, p.Capacity))
+			r.badf("pools[%d].capacity: %d must be > 0", i, p.Capacity)
 		}
-		s.pools = append(s.pools, p)
+		out = append(out, p)
 	}
-	if len(cfg.Queues) == 0 {
-		bad(errors.New("queues: at least one queue is required"))
+	return out, seen
+}
+
+// defaultMaxLen is a queue's MaxLen when it gives none.
+const defaultMaxLen = 1 << 17
+
+// queues checks the queues against the budgets (pools, by name).
+func (r *resolver) queues(queues []QueueConfig, pools map[string]int) []queueSpec {
+	if len(queues) == 0 {
+		r.badf("queues: at least one queue is required")
 	}
-	queueSeen := make(map[string]int, len(cfg.Queues))
-	for i, q := range cfg.Queues {
-		if j, dup := queueSeen[q.Name]; dup {
-			bad(fmt.Errorf("queues[%d].name: %q already names queues[%d]", i, q.Name, j))
+	var out []queueSpec
+	seen := make(map[string]int, len(queues))
+	for i, q := range queues {
+		if j, dup := seen[q.Name]; dup {
+			r.badf("queues[%d].name: %q already names queues[%d]", i, q.Name, j)
 		}
-		queueSeen[q.Name] = i
-		if len(q.GPUs) == 0 {
-			bad(fmt.Errorf("queues[%d].pools: at least one pool is required", i))
-		}
-		seen := map[string]bool{}
-		for j, p := range q.GPUs {
-			if _, ok := poolSeen[p]; !ok {
-				bad(fmt.Errorf("queues[%d].pools[%d]: %q is not one of the pools", i, j, p))
-			}
-			if seen[p] {
-				bad(fmt.Errorf("queues[%d].pools[%d]: %q is listed twice", i, j, p))
-			}
-			seen[p] = true
-		}
+		seen[q.Name] = i
+		r.queuePools(i, q.GPUs, pools)
 		qs := queueSpec{name: q.Name, pools: append([]string(nil), q.GPUs...), maxLen: q.MaxLen}
 		switch {
 		case qs.maxLen == 0:
-			qs.maxLen = 1 << 17
+			qs.maxLen = defaultMaxLen
 		case qs.maxLen < 0:
-			bad(fmt.Errorf("queues[%d].max_len: %d must be > 0 (0 = default %d)", i, q.MaxLen, 1<<17))
+			r.badf("queues[%d].max_len: %d must be > 0 (0 = default %d)", i, q.MaxLen, defaultMaxLen)
 		}
-		s.queues = append(s.queues, qs)
+		out = append(out, qs)
 	}
+	return out
+}
 
+// queuePools checks queue i's list of budgets: known ones, each once.
+func (r *resolver) queuePools(i int, list []string, pools map[string]int) {
+	if len(list) == 0 {
+		r.badf("queues[%d].pools: at least one pool is required", i)
+	}
+	seen := map[string]bool{}
+	for j, p := range list {
+		if _, ok := pools[p]; !ok {
+			r.badf("queues[%d].pools[%d]: %q is not one of the pools", i, j, p)
+		}
+		if seen[p] {
+			r.badf("queues[%d].pools[%d]: %q is listed twice", i, j, p)
+		}
+		seen[p] = true
+	}
+}
+
+// classes resolves the classes (DefaultClasses when none), each limit
+// from the class's own, else ClassDefaults', else the package's, and the
+// index of the default class.
+func (r *resolver) classes(cfg Config) ([]classSpec, int) {
 	classes := cfg.Classes
 	if len(classes) == 0 {
 		classes = DefaultClasses()
 	}
+	var out []classSpec
 	seen := make(map[string]int, len(classes))
+	d := cfg.ClassDefaults
 	for i, c := range classes {
 		if c.Name == "" {
-			bad(fmt.Errorf("classes[%d].name: must not be empty", i))
+			r.badf("classes[%d].name: must not be empty", i)
 		} else if j, dup := seen[c.Name]; dup {
-			bad(fmt.Errorf("classes[%d].name: %q already names classes[%d]", i, c.Name, j))
+			r.badf("classes[%d].name: %q already names classes[%d]", i, c.Name, j)
 		}
 		seen[c.Name] = i
-		d := cfg.ClassDefaults
-		cs := classSpec{name: c.Name, sheddable: c.IsSheddable(),
+		out = append(out, classSpec{name: c.Name, sheddable: c.IsSheddable(),
 			maxQueued:      cmp.Or(c.MaxQueued, d.MaxQueued, DefaultMaxQueued),
 			maxQueuedBytes: cmp.Or(c.MaxQueuedBytes.Bytes, d.MaxQueuedBytes.Bytes),
-			timeout:        cmp.Or(c.QueueTimeout.D, d.QueueTimeout.D, DefaultQueueTimeout)}
-		s.classes = append(s.classes, cs)
+			timeout:        cmp.Or(c.QueueTimeout.D, d.QueueTimeout.D, DefaultQueueTimeout)})
 	}
 	switch i, ok := seen[cfg.DefaultClass]; {
 	case cfg.DefaultClass != "" && !ok:
-		bad(fmt.Errorf("default_class: %q is not one of the classes", cfg.DefaultClass))
+		r.badf("default_class: %q is not one of the classes", cfg.DefaultClass)
+		return out, 0
 	case cfg.DefaultClass != "":
-		s.defaultClass = i
+		return out, i
 	default:
-		s.defaultClass = seen[DefaultClass(classes)]
+		return out, seen[DefaultClass(classes)]
 	}
+}
 
-	var err error
-	if s.defaultShare, err = fraction("default_tenant_share", cfg.DefaultTenantShare, 1, false); err != nil {
-		bad(err)
-	}
+// tenants resolves the share of unlisted tenants and each listed one's.
+func (r *resolver) tenants(cfg Config) (float64, map[string]tenantSpec) {
+	def := r.fraction("default_tenant_share", cfg.DefaultTenantShare, DefaultShare, false)
+	out := make(map[string]tenantSpec, len(cfg.Tenants))
 	for i, t := range cfg.Tenants {
 		field := fmt.Sprintf("tenants[%d]", i)
 		if t.Name == "" {
-			bad(fmt.Errorf("%s.name: must not be empty (the anonymous tenant takes default_tenant_share)", field))
-		} else if _, dup := s.tenants[t.Name]; dup {
-			bad(fmt.Errorf("%s.name: tenant %q is listed twice", field, t.Name))
+			r.badf("%s.name: must not be empty (the anonymous tenant takes default_tenant_share)", field)
+		} else if _, dup := out[t.Name]; dup {
+			r.badf("%s.name: tenant %q is listed twice", field, t.Name)
 		}
-		share, err := fraction(field+".share", t.Share, s.defaultShare, false)
-		if err != nil {
-			bad(err)
-		}
-		qs, err := fraction(field+".queue_share", t.QueueShare, share, false)
-		if err != nil {
-			bad(err)
-		}
-		s.tenants[t.Name] = tenantSpec{share: share, queueShare: qs}
+		share := r.fraction(field+".share", t.Share, def, false)
+		out[t.Name] = tenantSpec{share: share, queueShare: r.fraction(field+".queue_share", t.QueueShare, share, false)}
 	}
+	return def, out
+}
 
-	if s.pressure, err = fraction("pressure_threshold", cfg.PressureThreshold, DefaultPressureThreshold, false); err != nil {
-		bad(err)
+// retryAfter resolves the drain window and the cap of Retry-After.
+func (r *resolver) retryAfter(cfg Config) (window, maxRetryAfter time.Duration) {
+	switch window = cfg.DrainWindow; {
+	case window == 0:
+		window = DefaultDrainWindow
+	case window < drainBuckets*time.Millisecond:
+		r.badf("drain_window: %v must be >= %v (0 = default %v)", cfg.DrainWindow, drainBuckets*time.Millisecond, DefaultDrainWindow)
 	}
-	switch s.drainWindow = cfg.DrainWindow; {
-	case s.drainWindow == 0:
-		s.drainWindow = DefaultDrainWindow
-	case s.drainWindow < drainBuckets*time.Millisecond:
-		bad(fmt.Errorf("drain_window: %v must be >= %v (0 = default %v)", cfg.DrainWindow, drainBuckets*time.Millisecond, DefaultDrainWindow))
+	switch maxRetryAfter = cfg.MaxRetryAfter; {
+	case maxRetryAfter == 0:
+		maxRetryAfter = DefaultMaxRetryAfter
+	case maxRetryAfter < MinRetryAfter:
+		r.badf("max_retry_after: %v must be >= %v (0 = default %v)", cfg.MaxRetryAfter, MinRetryAfter, DefaultMaxRetryAfter)
 	}
-	switch s.maxRetryAfter = cfg.MaxRetryAfter; {
-	case s.maxRetryAfter == 0:
-		s.maxRetryAfter = DefaultMaxRetryAfter
-	case s.maxRetryAfter < MinRetryAfter:
-		bad(fmt.Errorf("max_retry_after: %v must be >= %v (0 = default %v)", cfg.MaxRetryAfter, MinRetryAfter, DefaultMaxRetryAfter))
-	}
-	if s.aimd.decrease, err = fraction("aimd.decrease", cfg.AIMD.Decrease, DefaultAIMDDecrease, true); err != nil {
-		bad(err)
-	}
-	if s.aimd.increase, err = fraction("aimd.increase", cfg.AIMD.Increase, DefaultAIMDIncrease, false); err != nil {
-		bad(err)
-	}
-	if s.aimd.minFraction, err = fraction("aimd.min_fraction", cfg.AIMD.MinFraction, DefaultAIMDMinFraction, false); err != nil {
-		bad(err)
-	}
+	return window, maxRetryAfter
+}
 
-	p := cfg.Policy
+func (r *resolver) aimd(a AIMDConfig) aimdSpec {
+	return aimdSpec{
+		decrease:    r.fraction("aimd.decrease", a.Decrease, DefaultAIMDDecrease, true),
+		increase:    r.fraction("aimd.increase", a.Increase, DefaultAIMDIncrease, false),
+		minFraction: r.fraction("aimd.min_fraction", a.MinFraction, DefaultAIMDMinFraction, false),
+	}
+}
+
+// policy resolves the reservation policy: its forecast's parameters, then
+// the bounds on what a wrong forecast costs.
+func (r *resolver) policy(p PolicyConfig) policySpec {
+	var s policySpec
 	switch p.Reservation {
 	case "", WorstCase:
 	case Predicted:
-		s.policy.predicted = true
+		s.predicted = true
 	default:
-		bad(fmt.Errorf("policy.reservation: %q is not %s or %s", p.Reservation, WorstCase, Predicted))
+		r.badf("policy.reservation: %q is not %s or %s", p.Reservation, WorstCase, Predicted)
 	}
-	switch s.policy.epsilon = p.Epsilon; {
-	case s.policy.epsilon == 0:
-		s.policy.epsilon = DefaultEpsilon
+	switch s.epsilon = p.Epsilon; {
+	case s.epsilon == 0:
+		s.epsilon = DefaultEpsilon
 	case math.IsNaN(p.Epsilon) || p.Epsilon <= 0 || p.Epsilon >= 0.5:
-		bad(fmt.Errorf("policy.epsilon: %v is not in (0, 0.5) (0 = default %v)", p.Epsilon, DefaultEpsilon))
+		r.badf("policy.epsilon: %v is not in (0, 0.5) (0 = default %v)", p.Epsilon, DefaultEpsilon)
 	}
-	s.policy.z = normalQuantile(1 - s.policy.epsilon)
+	s.z = normalQuantile(1 - s.epsilon)
 	switch {
 	case p.WarmupSamples == 0:
-		s.policy.warmup = DefaultWarmupSamples
+		s.warmup = DefaultWarmupSamples
 	case p.WarmupSamples > 0:
-		s.policy.warmup = float64(p.WarmupSamples)
+		s.warmup = float64(p.WarmupSamples)
 	}
+	s.headroom, s.overcommit, s.coolDown = r.exposure(p)
+	return s
+}
+
+// exposure resolves the policy's headroom gate, overcommit bound and
+// cool-down.
+func (r *resolver) exposure(p PolicyConfig) (headroom, overcommit float64, coolDown time.Duration) {
 	switch {
 	case p.Headroom == 0:
-		s.policy.headroom = DefaultHeadroom
+		headroom = DefaultHeadroom
 	case p.Headroom < 0:
-		s.policy.headroom = 0
 	case math.IsNaN(p.Headroom) || p.Headroom >= 0.5:
-		bad(fmt.Errorf("policy.headroom: %v is not in [0, 0.5) (0 = default %v, negative = none)", p.Headroom, DefaultHeadroom))
+		r.badf("policy.headroom: %v is not in [0, 0.5) (0 = default %v, negative = none)", p.Headroom, DefaultHeadroom)
 	default:
-		s.policy.headroom = p.Headroom
+		headroom = p.Headroom
 	}
-
 	switch {
 	case p.MaxOvercommit == 0:
-		s.policy.overcommit = DefaultMaxOvercommit
+		overcommit = DefaultMaxOvercommit
 	case math.IsNaN(p.MaxOvercommit) || p.MaxOvercommit < 1:
-		bad(fmt.Errorf("policy.max_overcommit: %v must be >= 1 (0 = default %v)", p.MaxOvercommit, DefaultMaxOvercommit))
+		r.badf("policy.max_overcommit: %v must be >= 1 (0 = default %v)", p.MaxOvercommit, DefaultMaxOvercommit)
 	default:
-		s.policy.overcommit = p.MaxOvercommit
+		overcommit = p.MaxOvercommit
 	}
-	switch s.policy.coolDown = p.CoolDown; {
+	switch coolDown = p.CoolDown; {
 	case p.CoolDown == 0:
-		s.policy.coolDown = DefaultCoolDown
+		coolDown = DefaultCoolDown
 	case p.CoolDown < 0:
-		s.policy.coolDown = 0
+		coolDown = 0
 	}
+	return headroom, overcommit, coolDown
+}
 
-	s.backfill = cfg.Backfill.IsEnabled()
-	switch s.maxHeadAge = cfg.Backfill.MaxHeadAge.D; {
-	case s.maxHeadAge == 0:
-		s.maxHeadAge = DefaultMaxHeadAge
-	case s.maxHeadAge < 0:
-		s.maxHeadAge = 0
+// resolveBackfill resolves whether waiters may pass a blocked head, and
+// for how long (0: no limit).
+func resolveBackfill(b BackfillConfig) (on bool, maxHeadAge time.Duration) {
+	switch maxHeadAge = b.MaxHeadAge.D; {
+	case maxHeadAge == 0:
+		maxHeadAge = DefaultMaxHeadAge
+	case maxHeadAge < 0:
+		maxHeadAge = 0
 	}
-	if len(errs) > 0 {
-		return settings{}, fmt.Errorf("admission: invalid config: %w", errors.Join(errs...))
-	}
-	return s, nil
+	return b.IsEnabled(), maxHeadAge
 }
 
 // normalQuantile is Φ⁻¹(p), the standard normal quantile, for p in (0,1).

@@ -54,33 +54,47 @@ func (s Spec) WithDefaults() Spec {
 	return s
 }
 
+// Defaults of a Spec's zero fields, as WithDefaults fills them.
+const (
+	DefaultHealthPath       = "/health"
+	DefaultHealthInterval   = time.Second
+	DefaultHealthTimeout    = 2 * time.Second
+	DefaultFailThreshold    = 3
+	DefaultCooldown         = 5 * time.Second
+	DefaultMetricsPath      = "/metrics"
+	DefaultScrapeInterval   = time.Second
+	DefaultFirstByteTimeout = time.Minute
+	DefaultTokenizeTimeout  = 2 * time.Second
+	DefaultMaxConns         = 1024 // UpstreamOptions.MaxConns
+)
+
 func (s *Spec) fillDefaults() {
 	if s.HealthPath == "" {
-		s.HealthPath = "/health"
+		s.HealthPath = DefaultHealthPath
 	}
 	if s.HealthInterval <= 0 {
-		s.HealthInterval = time.Second
+		s.HealthInterval = DefaultHealthInterval
 	}
 	if s.HealthTimeout <= 0 {
-		s.HealthTimeout = 2 * time.Second
+		s.HealthTimeout = DefaultHealthTimeout
 	}
 	if s.FailThreshold <= 0 {
-		s.FailThreshold = 3
+		s.FailThreshold = DefaultFailThreshold
 	}
 	if s.Cooldown <= 0 {
-		s.Cooldown = 5 * time.Second
+		s.Cooldown = DefaultCooldown
 	}
 	if s.MetricsPath == "" {
-		s.MetricsPath = "/metrics"
+		s.MetricsPath = DefaultMetricsPath
 	}
 	if s.ScrapeInterval <= 0 {
-		s.ScrapeInterval = time.Second
+		s.ScrapeInterval = DefaultScrapeInterval
 	}
 	if s.FirstByteTimeout <= 0 {
-		s.FirstByteTimeout = time.Minute
+		s.FirstByteTimeout = DefaultFirstByteTimeout
 	}
 	if s.TokenizeTimeout <= 0 {
-		s.TokenizeTimeout = 2 * time.Second
+		s.TokenizeTimeout = DefaultTokenizeTimeout
 	}
 }
 

@@ -54,7 +54,7 @@ type UpstreamOptions struct {
 // NewUpstream makes an Upstream for the backend at addr ("host:port").
 func NewUpstream(addr string, o UpstreamOptions) *Upstream {
 	if o.MaxConns <= 0 {
-		o.MaxConns = 1024
+		o.MaxConns = DefaultMaxConns
 	}
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = 3 * time.Second

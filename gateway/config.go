@@ -19,10 +19,13 @@ import (
 // bad values with the field's path in the message. The README's
 // configuration reference is the operators' version of this.
 //
-// Each section lives in a file of its own with its defaults and its
-// validate: config_server.go (listen, server), config_admission.go
-// (admission, tenants), config_models.go, config_backends.go; the top
-// level, log and admin are here, shared_budget in package fleet.
+// Every key's default is one row of configDefaults (configdefaults.go),
+// which the sections' defaults methods fill from and the README's
+// configuration reference shows. Each section lives in a file of its own
+// with its validate: config_server.go (listen, server),
+// config_admission.go (admission, tenants), config_models.go,
+// config_backends.go; the top level, log and admin are here, shared_budget
+// in package fleet (its defaults there).
 type Config struct {
 	// Listen is the address to serve on. Default 127.0.0.1:8080. A reload
 	// cannot change it.
@@ -70,16 +73,6 @@ type Config struct {
 const (
 	routingLeastLoaded = "least_loaded"
 	routingAffinity    = "affinity"
-)
-
-// Defaults of the top level and of log. A field missing here has no default
-// (admin.api_keys: none) or is a section of its own.
-const (
-	defaultRouting       = routingLeastLoaded
-	defaultSessionHeader = "X-Session-Id"
-	defaultLogLevel      = "info"
-	defaultLogFormat     = "text"
-	defaultLogAccess     = true
 )
 
 // LogConfig sets the log output.
@@ -199,6 +192,7 @@ func (p *problems) name(seen map[string]bool, field, what, n string) {
 // checks; the sections run in the order of the messages an operator sees.
 func (c *Config) validate() error {
 	var p problems
+	fillDefaults("", c) // listen, routing, session_header
 	c.validateServer(&p)
 	classes := c.Admission.validate(&p)
 	keys := c.validateTenants(&p, classes)
@@ -221,14 +215,8 @@ func (c *Config) validate() error {
 	return errors.Join(p.errs...)
 }
 
-// validateRouting fills and checks routing and session_header.
+// validateRouting checks routing.
 func (c *Config) validateRouting(p *problems) {
-	if c.Routing == "" {
-		c.Routing = defaultRouting
-	}
-	if c.SessionHeader == "" {
-		c.SessionHeader = defaultSessionHeader
-	}
 	switch c.Routing {
 	case routingLeastLoaded, routingAffinity:
 	default:
@@ -236,18 +224,7 @@ func (c *Config) validateRouting(p *problems) {
 	}
 }
 
-func (l *LogConfig) defaults() {
-	if l.Level == "" {
-		l.Level = defaultLogLevel
-	}
-	if l.Format == "" {
-		l.Format = defaultLogFormat
-	}
-	if l.Access == nil {
-		on := defaultLogAccess
-		l.Access = &on
-	}
-}
+func (l *LogConfig) defaults() { fillDefaults("log", l) }
 
 // validate fills and checks the log section.
 func (l *LogConfig) validate(p *problems) {

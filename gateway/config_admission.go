@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/admission"
-	"github.com/kvgate/kvgate/kvbudget"
 )
 
 // Admission modes (AdmissionConfig.Mode).
@@ -176,27 +175,14 @@ type LengthsFileConfig struct {
 	MaxAge Duration `yaml:"max_age"`
 }
 
-// Defaults of the admission section, filled by AdmissionConfig.defaults.
-// What the scheduler resolves itself (epsilon, warmup_samples, headroom,
+// The admission section's defaults are configdefaults.go's. What the
+// scheduler resolves itself (epsilon, warmup_samples, headroom,
 // max_overcommit, cool_down, pressure, default_tenant_share, drain_window,
 // max_retry_after, feedback's factors, the queue's limits, a tenant's
 // shares) is left as written: its defaults are admission's, in
-// admission.Config and its Default constants.
-const (
-	defaultMode           = modeKV
-	defaultMaxConcurrency = 16
-	defaultReservation    = admission.Predicted
-	defaultPriorityHeader = "X-Priority"
-	defaultFeedback       = true
-	// defaultAbortHold: the simulator notices an abort at its next step and
-	// vLLM at its next token, tens of milliseconds; a second covers a backend
-	// under load with room to spare.
-	defaultAbortHold           = time.Second
-	defaultLengthsFileInterval = 30 * time.Second
-	defaultLengthsFileMaxAge   = time.Hour
-	// maxClientRetryAfter is openai-go's cap on a Retry-After it honours.
-	maxClientRetryAfter = 2 * time.Minute
-)
+// admission.Config and its Default constants, which the table shows.
+// maxClientRetryAfter is openai-go's cap on a Retry-After it honours.
+const maxClientRetryAfter = 2 * time.Minute
 
 // defaultClasses are the classes of a file that lists none, by name alone:
 // each takes admission.queue's limits (admission.DefaultClasses, for a
@@ -206,19 +192,11 @@ func defaultClasses() []admission.ClassConfig {
 	return []admission.ClassConfig{{Name: "critical"}, {Name: "standard"}, {Name: "sheddable"}}
 }
 
-// defaults fills the admission section. A class's sheddable, backfill's
-// enabled and the default class are written in as admission resolves them,
-// so that what the gateway shows is what the scheduler does.
+// defaults fills the admission section from the table, then its classes.
+// A class's sheddable and the default class are written in as admission
+// resolves them, so that what the gateway shows is what the scheduler does.
 func (a *AdmissionConfig) defaults() {
-	if a.Ceiling == 0 {
-		a.Ceiling = kvbudget.DefaultCeiling
-	}
-	if a.Reserve.Bytes == 0 {
-		a.Reserve.Bytes = kvbudget.DefaultReserve
-	}
-	if a.PriorityHeader == "" {
-		a.PriorityHeader = defaultPriorityHeader
-	}
+	fillDefaults("admission", a)
 	if len(a.Classes) == 0 {
 		a.Classes = defaultClasses()
 	}
@@ -231,46 +209,22 @@ func (a *AdmissionConfig) defaults() {
 	if a.DefaultClass == "" {
 		a.DefaultClass = admission.DefaultClass(a.Classes)
 	}
-	if a.Mode == "" {
-		a.Mode = defaultMode
-	}
-	if a.MaxConcurrency == 0 {
-		a.MaxConcurrency = defaultMaxConcurrency
-	}
-	if a.Reservation == "" {
-		a.Reservation = defaultReservation
-	}
-	if !a.AbortHold.Written() {
-		a.AbortHold.D = defaultAbortHold
-	}
-	if a.LengthsFile.Interval.D == 0 {
-		a.LengthsFile.Interval.D = defaultLengthsFileInterval
-	}
-	if a.LengthsFile.MaxAge.D == 0 {
-		a.LengthsFile.MaxAge.D = defaultLengthsFileMaxAge
-	}
-	if a.ResumeStopped == nil {
-		on := true
-		a.ResumeStopped = &on
-	}
-	if a.Backfill.Enabled == nil {
-		on := a.Backfill.IsEnabled()
-		a.Backfill.Enabled = &on
-	}
-	if a.Feedback.Enabled == nil {
-		on := defaultFeedback
-		a.Feedback.Enabled = &on
-	}
-	if a.Reconcile.Enabled == nil {
-		on := true
-		a.Reconcile.Enabled = &on
-	}
 }
 
 // validate fills and checks the admission section; it returns the names of
 // its classes, which tenants refer to.
 func (a *AdmissionConfig) validate(p *problems) (classes map[string]bool) {
 	a.defaults()
+	a.checkBudget(p)
+	classes = a.checkClasses(p)
+	a.checkPolicy(p)
+	a.checkLoops(p)
+	return classes
+}
+
+// checkBudget checks what sizes a budget, sheds from it, and what the
+// queue and Retry-After take from it.
+func (a *AdmissionConfig) checkBudget(p *problems) {
 	if a.Ceiling < 0 || a.Ceiling > 1 {
 		p.bad("admission.ceiling", "%v is not in (0, 1]", a.Ceiling)
 	}
@@ -292,7 +246,12 @@ func (a *AdmissionConfig) validate(p *problems) (classes map[string]bool) {
 		p.bad("admission.max_retry_after", "%s is above %s: the official OpenAI clients do not wait past their own cap (openai-go gives up on a longer Retry-After), so every 429 beyond it becomes a failure",
 			a.MaxRetryAfter.D, maxClientRetryAfter)
 	}
-	classes = map[string]bool{}
+}
+
+// checkClasses checks the classes and the default class; it returns the
+// classes' names.
+func (a *AdmissionConfig) checkClasses(p *problems) map[string]bool {
+	classes := map[string]bool{}
 	for i, cl := range a.Classes {
 		f := fmt.Sprintf("admission.classes[%d]", i)
 		p.name(classes, f+".name", "class", cl.Name)
@@ -302,6 +261,11 @@ func (a *AdmissionConfig) validate(p *problems) (classes map[string]bool) {
 	if !classes[a.DefaultClass] {
 		p.bad("admission.default_class", "%q is not one of admission.classes", a.DefaultClass)
 	}
+	return classes
+}
+
+// checkPolicy checks the mode and the reservation policy's parameters.
+func (a *AdmissionConfig) checkPolicy(p *problems) {
 	switch a.Mode {
 	case modeKV, modeCount:
 	default:
@@ -335,6 +299,10 @@ func (a *AdmissionConfig) validate(p *problems) (classes map[string]bool) {
 	if a.LengthsFile.MaxAge.D < 0 {
 		p.bad("admission.lengths_file.max_age", "%v must be > 0", a.LengthsFile.MaxAge.D)
 	}
+}
+
+// checkLoops checks backfill, feedback and reconciliation.
+func (a *AdmissionConfig) checkLoops(p *problems) {
 	p.dur("admission.backfill.max_head_age", a.Backfill.MaxHeadAge)
 	fb := a.Feedback
 	if fb.Decrease < 0 || fb.Decrease >= 1 {
@@ -353,7 +321,6 @@ func (a *AdmissionConfig) validate(p *problems) (classes map[string]bool) {
 	if a.Reconcile.Sustain.D < 0 {
 		p.bad("admission.reconcile.sustain", "%v must be >= 0", a.Reconcile.Sustain.D)
 	}
-	return classes
 }
 
 // validateTenants fills and checks the tenants against the admission

@@ -99,20 +99,16 @@ type ScrapeConfig struct {
 	Interval Duration `yaml:"interval"` // default 1s
 }
 
-// defaults fills what the gateway resolves of a backend: its GPU. The
-// defaults of its health check, scrape, connections and timeouts (given on
-// the fields above) are backends.Spec's, filled where the backend is made
-// (Spec.WithDefaults), so that a reload compares like with like.
+// defaults fills what the gateway resolves of a backend: its GPU, then
+// its table's rows (configdefaults.go). The defaults of its health check,
+// scrape, connections and timeouts are backends.Spec's, filled where the
+// backend is made (Spec.WithDefaults), so that a reload compares like with
+// like.
 func (b *BackendConfig) defaults() {
 	if b.GPU == "" {
 		b.GPU = b.Name
 	}
-	if b.PrefixCaching == "" {
-		b.PrefixCaching = prefixCachingAuto
-	}
-	if b.StreamUsage == "" {
-		b.StreamUsage = streamUsageContinuous
-	}
+	fillDefaults("backends[]", b)
 }
 
 // validateBackends fills and checks the backends against the models'
@@ -127,68 +123,100 @@ func (c *Config) validateBackends(p *problems, models map[string]bool) {
 		f := fmt.Sprintf("backends[%d]", i)
 		b.defaults()
 		p.name(names, f+".name", "backend", b.Name)
-		if b.URL == "" {
-			p.bad(f+".url", "required")
-		}
-		if len(b.Models) == 0 {
-			p.bad(f+".models", "at least one model is required")
-		}
-		for j, m := range b.Models {
-			if !models[m] {
-				p.bad(fmt.Sprintf("%s.models[%d]", f, j), "%q is not one of models", m)
-			}
-		}
-		p.size(f+".kv_budget", b.KVBudget)
-		p.size(f+".other_used", b.OtherUsed)
-		if b.GPUMemory == "" && b.KVBudget.Bytes == 0 {
-			p.bad(f+".gpu_memory", "required (a size such as 24GiB, or nvml[:index]) unless kv_budget is given")
-		} else if b.GPUMemory != "" && !strings.HasPrefix(b.GPUMemory, "nvml") {
-			if _, err := kvbudget.ParseMemory(b.GPUMemory); err != nil {
-				p.bad(f+".gpu_memory", "%v", err)
-			}
-		}
-		for _, pth := range []struct{ field, v string }{{f + ".health.path", b.Health.Path}, {f + ".metrics.path", b.Scrape.Path}} {
-			if pth.v != "" && pth.v != "-" && !strings.HasPrefix(pth.v, "/") {
-				p.bad(pth.field, "%q must start with /", pth.v)
-			}
-		}
-		if b.Health.Path == "-" {
-			p.bad(f+".health.path", "health checks cannot be disabled (only metrics.path takes -)")
-		}
-		p.dur(f+".health.interval", b.Health.Interval)
-		p.dur(f+".health.timeout", b.Health.Timeout)
-		p.dur(f+".health.cooldown", b.Health.Cooldown)
-		p.dur(f+".metrics.interval", b.Scrape.Interval)
-		if b.Health.Failures < 0 {
-			p.bad(f+".health.failures", "must be >= 1")
-		}
-		if b.MaxConnections < 0 {
-			p.bad(f+".max_connections", "must be >= 0")
-		}
-		p.dur(f+".first_byte_timeout", b.FirstByteTimeout)
-		p.dur(f+".tokenize_timeout", b.TokenizeTimeout)
-		if b.MaxConcurrency < 0 {
-			p.bad(f+".max_concurrency", "must be >= 1")
-		}
-		if b.StreamUsage != streamUsageContinuous && b.StreamUsage != streamUsageFinal {
-			p.bad(f+".stream_usage", "%q is not continuous or final", b.StreamUsage)
-		}
-		switch b.PrefixCaching {
-		case prefixCachingAuto, prefixCachingOn, prefixCachingOff:
-		default:
-			p.bad(f+".prefix_caching", "%q is not auto, on or off", b.PrefixCaching)
-		}
-		if kv := b.KVEvents; kv != nil {
-			for _, e := range []struct{ field, v string }{{f + ".kv_events.endpoint", kv.Endpoint}, {f + ".kv_events.replay_endpoint", kv.Replay}} {
-				if e.v == "" && e.field == f+".kv_events.endpoint" {
-					p.bad(e.field, "required: the publisher's address, e.g. tcp://10.0.0.5:5557")
-				} else if e.v != "" && !strings.HasPrefix(e.v, "tcp://") && !strings.HasPrefix(e.v, "ipc://") {
-					p.bad(e.field, "%q is not a tcp:// or ipc:// address", e.v)
-				}
-			}
-			p.dur(f+".kv_events.retry", kv.Retry)
+		b.checkServes(p, f, models)
+		b.checkMemory(p, f)
+		b.checkProbes(p, f)
+		b.checkLimits(p, f)
+		b.KVEvents.check(p, f+".kv_events")
+	}
+	c.checkServed(p, models)
+}
+
+// checkServes checks the backend's url and models (of models' names).
+func (b *BackendConfig) checkServes(p *problems, f string, models map[string]bool) {
+	if b.URL == "" {
+		p.bad(f+".url", "required")
+	}
+	if len(b.Models) == 0 {
+		p.bad(f+".models", "at least one model is required")
+	}
+	for j, m := range b.Models {
+		if !models[m] {
+			p.bad(fmt.Sprintf("%s.models[%d]", f, j), "%q is not one of models", m)
 		}
 	}
+}
+
+// checkMemory checks what sizes the backend's GPU budget.
+func (b *BackendConfig) checkMemory(p *problems, f string) {
+	p.size(f+".kv_budget", b.KVBudget)
+	p.size(f+".other_used", b.OtherUsed)
+	if b.GPUMemory == "" && b.KVBudget.Bytes == 0 {
+		p.bad(f+".gpu_memory", "required (a size such as 24GiB, or nvml[:index]) unless kv_budget is given")
+	} else if b.GPUMemory != "" && !strings.HasPrefix(b.GPUMemory, "nvml") {
+		if _, err := kvbudget.ParseMemory(b.GPUMemory); err != nil {
+			p.bad(f+".gpu_memory", "%v", err)
+		}
+	}
+}
+
+// checkProbes checks the health check and the metrics scrape.
+func (b *BackendConfig) checkProbes(p *problems, f string) {
+	for _, pth := range []struct{ field, v string }{{f + ".health.path", b.Health.Path}, {f + ".metrics.path", b.Scrape.Path}} {
+		if pth.v != "" && pth.v != "-" && !strings.HasPrefix(pth.v, "/") {
+			p.bad(pth.field, "%q must start with /", pth.v)
+		}
+	}
+	if b.Health.Path == "-" {
+		p.bad(f+".health.path", "health checks cannot be disabled (only metrics.path takes -)")
+	}
+	p.dur(f+".health.interval", b.Health.Interval)
+	p.dur(f+".health.timeout", b.Health.Timeout)
+	p.dur(f+".health.cooldown", b.Health.Cooldown)
+	p.dur(f+".metrics.interval", b.Scrape.Interval)
+	if b.Health.Failures < 0 {
+		p.bad(f+".health.failures", "must be >= 1")
+	}
+}
+
+// checkLimits checks the backend's connections, timeouts, concurrency and
+// its choices of usage and prefix caching.
+func (b *BackendConfig) checkLimits(p *problems, f string) {
+	if b.MaxConnections < 0 {
+		p.bad(f+".max_connections", "must be >= 0")
+	}
+	p.dur(f+".first_byte_timeout", b.FirstByteTimeout)
+	p.dur(f+".tokenize_timeout", b.TokenizeTimeout)
+	if b.MaxConcurrency < 0 {
+		p.bad(f+".max_concurrency", "must be >= 1")
+	}
+	if b.StreamUsage != streamUsageContinuous && b.StreamUsage != streamUsageFinal {
+		p.bad(f+".stream_usage", "%q is not continuous or final", b.StreamUsage)
+	}
+	switch b.PrefixCaching {
+	case prefixCachingAuto, prefixCachingOn, prefixCachingOff:
+	default:
+		p.bad(f+".prefix_caching", "%q is not auto, on or off", b.PrefixCaching)
+	}
+}
+
+// check checks a backend's kv_events (f), if given.
+func (kv *KVEventsConfig) check(p *problems, f string) {
+	if kv == nil {
+		return
+	}
+	for _, e := range []struct{ field, v string }{{f + ".endpoint", kv.Endpoint}, {f + ".replay_endpoint", kv.Replay}} {
+		if e.v == "" && e.field == f+".endpoint" {
+			p.bad(e.field, "required: the publisher's address, e.g. tcp://10.0.0.5:5557")
+		} else if e.v != "" && !strings.HasPrefix(e.v, "tcp://") && !strings.HasPrefix(e.v, "ipc://") {
+			p.bad(e.field, "%q is not a tcp:// or ipc:// address", e.v)
+		}
+	}
+	p.dur(f+".retry", kv.Retry)
+}
+
+// checkServed reports each model no backend serves.
+func (c *Config) checkServed(p *problems, models map[string]bool) {
 	for m := range models {
 		served := false
 		for _, b := range c.Backends {

@@ -4,7 +4,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // GPUWatchConfig is the live view of each GPU's memory (gpuwatch.go): what
@@ -32,30 +31,14 @@ type GPUWatchConfig struct {
 	ResidueMin *Size `yaml:"residue_min"`
 }
 
-// Defaults of the gpu_watch section.
+// Sources of gpu_watch.
 const (
-	gpuSourceAuto       = "auto"
-	gpuSourceNVML       = "nvml"
-	gpuSourceOff        = "off"
-	defaultGPUInterval  = 5 * time.Second
-	defaultGPUFreeFloor = 1 << 30
-	defaultGPUResidue   = 1 << 30
+	gpuSourceAuto = "auto"
+	gpuSourceNVML = "nvml"
+	gpuSourceOff  = "off"
 )
 
-func (w *GPUWatchConfig) defaults() {
-	if w.Source == "" {
-		w.Source = gpuSourceAuto
-	}
-	if !w.Interval.Written() {
-		w.Interval.D = defaultGPUInterval
-	}
-	if w.FreeFloor == nil {
-		w.FreeFloor = &Size{Bytes: defaultGPUFreeFloor}
-	}
-	if w.ResidueMin == nil {
-		w.ResidueMin = &Size{Bytes: defaultGPUResidue}
-	}
-}
+func (w *GPUWatchConfig) defaults() { fillDefaults("gpu_watch", w) }
 
 // validateGPUWatch fills and checks gpu_watch and the backends'
 // gpu_device: backends on one GPU must name the same device.

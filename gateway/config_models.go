@@ -95,59 +95,14 @@ type EstimateConfig struct {
 	CalibrationMin int `yaml:"calibration_min"`
 }
 
-// Defaults of a model, filled by ModelConfig.defaults (an adapter takes its
-// base's instead). max_model_len's default needs the model's config.json
-// and is applied where it is read (model.go).
-const (
-	defaultTP                = 1
-	defaultTokenizer         = "backend"
-	defaultTokenizeCache     = 16384
-	defaultEstimateMargin    = 0.05
-	defaultTemplateTokens    = 32
-	defaultPerMessageTokens  = 16
-	defaultPerToolTokens     = 32
-	defaultImageTokens       = 16384
-	defaultCalibrationWindow = 256
-	defaultCalibrationMin    = 32
-	defaultMaxModelLen       = 8192
-	maxTokenizeCache         = 1 << 24
-)
+// maxTokenizeCache bounds models[].tokenize_cache.
+const maxTokenizeCache = 1 << 24
 
-// defaults fills the settings of a model that is not an adapter; its block
-// size is kvbudget's (vLLM's).
-func (m *ModelConfig) defaults() {
-	if m.TP == 0 {
-		m.TP = defaultTP
-	}
-	if m.BlockSize == 0 {
-		m.BlockSize = kvbudget.DefaultBlockSize
-	}
-	if m.Tokenizer == "" {
-		m.Tokenizer = defaultTokenizer
-	}
-	if m.TokenizeCache == 0 {
-		m.TokenizeCache = defaultTokenizeCache
-	}
-	e := &m.Estimate
-	if e.Margin == 0 {
-		e.Margin = defaultEstimateMargin
-	}
-	if e.TemplateTokens == 0 {
-		e.TemplateTokens = defaultTemplateTokens
-	}
-	if e.PerMessageTokens == 0 {
-		e.PerMessageTokens = defaultPerMessageTokens
-	}
-	if e.PerToolTokens == 0 {
-		e.PerToolTokens = defaultPerToolTokens
-	}
-	if e.CalibrationWindow == 0 {
-		e.CalibrationWindow = defaultCalibrationWindow
-	}
-	if e.CalibrationMin == 0 {
-		e.CalibrationMin = defaultCalibrationMin
-	}
-}
+// defaults fills the settings of a model that is not an adapter
+// (configdefaults.go; an adapter takes its base's instead). max_model_len's
+// default needs the model's config.json and is applied where it is read
+// (model.go).
+func (m *ModelConfig) defaults() { fillDefaults("models[]", m) }
 
 // validateModels fills and checks the models, adapters last (from their
 // bases); it returns the models' names, which backends refer to.
@@ -191,22 +146,7 @@ func (m *ModelConfig) check(p *problems, f string) {
 	case m.Config != "" && m.Geometry != nil:
 		p.bad(f, "config and geometry are exclusive")
 	}
-	if g := m.Geometry; g != nil {
-		if g.Layers <= 0 {
-			p.bad(f+".geometry.layers", "must be > 0")
-		}
-		if g.KVHeads <= 0 && !g.MLA {
-			p.bad(f+".geometry.kv_heads", "must be > 0")
-		}
-		if g.HeadDim <= 0 {
-			p.bad(f+".geometry.head_dim", "must be > 0")
-		}
-		if g.DType != "" {
-			if _, err := kvbudget.ParseDType(g.DType); err != nil {
-				p.bad(f+".geometry.dtype", "%v", err)
-			}
-		}
-	}
+	m.Geometry.check(p, f+".geometry")
 	p.size(f+".weights_bytes", m.WeightsBytes)
 	if m.TP < 0 {
 		p.bad(f+".tp", "must be >= 1")
@@ -228,23 +168,48 @@ func (m *ModelConfig) check(p *problems, f string) {
 	if m.TokenizeCache > maxTokenizeCache {
 		p.bad(f+".tokenize_cache", "%d entries is more than %d", m.TokenizeCache, maxTokenizeCache)
 	}
-	e := m.Estimate
+	m.Estimate.check(p, f+".estimate")
+}
+
+// check checks an inline geometry (f), if given.
+func (g *GeometryConfig) check(p *problems, f string) {
+	if g == nil {
+		return
+	}
+	if g.Layers <= 0 {
+		p.bad(f+".layers", "must be > 0")
+	}
+	if g.KVHeads <= 0 && !g.MLA {
+		p.bad(f+".kv_heads", "must be > 0")
+	}
+	if g.HeadDim <= 0 {
+		p.bad(f+".head_dim", "must be > 0")
+	}
+	if g.DType != "" {
+		if _, err := kvbudget.ParseDType(g.DType); err != nil {
+			p.bad(f+".dtype", "%v", err)
+		}
+	}
+}
+
+// check checks a model's estimate section (f).
+func (e EstimateConfig) check(p *problems, f string) {
 	if e.Margin < 0 || e.Margin > 10 {
-		p.bad(f+".estimate.margin", "%v is not in [0, 10]", e.Margin)
+		p.bad(f+".margin", "%v is not in [0, 10]", e.Margin)
 	}
 	for _, k := range []struct {
 		name string
 		v    int
 	}{{"template_tokens", e.TemplateTokens}, {"per_message_tokens", e.PerMessageTokens}, {"per_tool_tokens", e.PerToolTokens}, {"image_tokens", e.ImageTokens}} {
 		if k.v < 0 {
-			p.bad(f+".estimate."+k.name, "%d is negative", k.v)
+			p.bad(f+"."+k.name, "%d is negative", k.v)
 		}
 	}
 	if e.CalibrationWindow < 0 || e.CalibrationWindow > 1<<16 {
-		p.bad(f+".estimate.calibration_window", "%d is not in [1, 65536]", e.CalibrationWindow)
+		p.bad(f+".calibration_window", "%d is not in [1, 65536]", e.CalibrationWindow)
 	}
 	if e.CalibrationMin < 0 || e.CalibrationMin > e.CalibrationWindow {
-		p.bad(f+".estimate.calibration_min", "%d is not in [1, calibration_window]", e.CalibrationMin)
+		p.bad(f+".calibration_min", "%d is not in [1, calibration_window]", e.CalibrationMin)
 	}
 }
 

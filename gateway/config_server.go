@@ -49,67 +49,17 @@ type ServerConfig struct {
 	TLS *ServerTLSConfig `yaml:"tls"`
 }
 
-// Defaults of listen and server, filled by ServerConfig.defaults.
-const (
-	defaultListen          = "127.0.0.1:8080"
-	defaultMaxBody         = 8 << 20
-	defaultMaxHeader       = 16 << 10
-	defaultMaxSSELine      = 4 << 20
-	defaultReadTimeout     = 30 * time.Second
-	defaultIdleTimeout     = 2 * time.Minute
-	defaultMaxConns        = 10000
-	defaultRequestTimeout  = 10 * time.Minute
-	defaultShutdownTimeout = 30 * time.Second
-	// defaultWriteSlack is what write_timeout adds to request_timeout by
-	// default: the answer's last bytes after the request's deadline.
-	defaultWriteSlack = time.Minute
-	// defaultDrainDelay: Kubernetes takes a terminating pod out of its
-	// Service's endpoints at once, and kube-proxy and ingress controllers
-	// follow within a few seconds; a load balancer probing /readyz needs its
-	// interval times its failure threshold, which the operator sets to match.
-	defaultDrainDelay = 5 * time.Second
-)
-
-// defaults fills every server limit left out. A duration written as 0s
-// takes its default too, but for drain_delay, where 0s means none.
+// defaults fills every server limit left out (configdefaults.go), then
+// write_timeout from request_timeout.
 func (s *ServerConfig) defaults() {
-	if s.MaxBodyBytes.Bytes == 0 {
-		s.MaxBodyBytes.Bytes = defaultMaxBody
-	}
-	if s.MaxHeaderBytes.Bytes == 0 {
-		s.MaxHeaderBytes.Bytes = defaultMaxHeader
-	}
-	if s.MaxSSELineBytes.Bytes == 0 {
-		s.MaxSSELineBytes.Bytes = defaultMaxSSELine
-	}
-	if s.ReadTimeout.D == 0 {
-		s.ReadTimeout.D = defaultReadTimeout
-	}
-	if s.IdleTimeout.D == 0 {
-		s.IdleTimeout.D = defaultIdleTimeout
-	}
-	if s.MaxConnections == 0 {
-		s.MaxConnections = defaultMaxConns
-	}
-	if s.RequestTimeout.D == 0 {
-		s.RequestTimeout.D = defaultRequestTimeout
-	}
+	fillDefaults("server", s)
 	if s.WriteTimeout.D == 0 {
 		s.WriteTimeout.D = s.RequestTimeout.D + defaultWriteSlack
 	}
-	if s.ShutdownTimeout.D == 0 {
-		s.ShutdownTimeout.D = defaultShutdownTimeout
-	}
-	if !s.DrainDelay.Written() {
-		s.DrainDelay.D = defaultDrainDelay
-	}
 }
 
-// validateServer fills and checks listen and the server section.
+// validateServer checks listen and fills and checks the server section.
 func (c *Config) validateServer(p *problems) {
-	if c.Listen == "" {
-		c.Listen = defaultListen
-	}
 	if c.Server.CORS != nil {
 		c.Server.CORS.validate("server.cors", p.bad)
 	}
@@ -137,7 +87,7 @@ func (c *Config) validateServer(p *problems) {
 	p.dur("server.shutdown_timeout", s.ShutdownTimeout)
 	p.dur("server.drain_delay", s.DrainDelay)
 	if s.MaxConnections < 0 {
-		p.bad("server.max_connections", "must be >= 0 (0 = %d)", defaultMaxConns)
+		p.bad("server.max_connections", "must be >= 0 (0 = %d)", defaultOf[int]("server.max_connections"))
 	}
 	if writeGiven != 0 && writeGiven < s.RequestTimeout.D {
 		p.bad("server.write_timeout", "%s is shorter than server.request_timeout (%s): streams would be cut before they may end", writeGiven, s.RequestTimeout.D)

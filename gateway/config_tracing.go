@@ -32,13 +32,9 @@ type TracingConfig struct {
 	Headers map[string]string `yaml:"headers"`
 }
 
-// Defaults of the tracing section.
-const (
-	defaultServiceName = "kvgate"
-	defaultSampleRatio = 1.0
-	// defaultTracesPath is OTLP/HTTP's path for spans.
-	defaultTracesPath = "/v1/traces"
-)
+// defaultTracesPath is OTLP/HTTP's path for spans, where the endpoint
+// gives none.
+const defaultTracesPath = "/v1/traces"
 
 // on says whether spans are exported.
 func (t TracingConfig) on() bool { return t.OTLPEndpoint != "" }
@@ -58,15 +54,7 @@ func (t TracingConfig) endpointURL() string {
 	return u.String()
 }
 
-func (t *TracingConfig) defaults() {
-	if t.ServiceName == "" {
-		t.ServiceName = defaultServiceName
-	}
-	if t.SampleRatio == nil {
-		r := defaultSampleRatio
-		t.SampleRatio = &r
-	}
-}
+func (t *TracingConfig) defaults() { fillDefaults("tracing", t) }
 
 // validateTracing fills and checks the tracing section.
 func (c *Config) validateTracing(p *problems) {

@@ -62,29 +62,12 @@ func walkShape(n *yaml.Node, t reflect.Type, path string, errs *[]error) {
 	switch t.Kind() {
 	case reflect.Pointer:
 		walkShape(n, t.Elem(), path, errs)
-	case reflect.Struct:
+	case reflect.Struct, reflect.Map:
 		if n.Kind != yaml.MappingNode {
 			bad("want a mapping of keys, got %s", kindName(n))
 			return
 		}
-		fields := yamlFields(t)
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			f, ok := fields[k.Value]
-			if !ok {
-				*errs = append(*errs, fmt.Errorf("%s: unknown key (line %d); the keys here are %s", join(path, k.Value), k.Line, strings.Join(fieldOrder(t), ", ")))
-				continue
-			}
-			walkShape(v, f, join(path, k.Value), errs)
-		}
-	case reflect.Map:
-		if n.Kind != yaml.MappingNode {
-			bad("want a mapping of keys, got %s", kindName(n))
-			return
-		}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			walkShape(n.Content[i+1], t.Elem(), join(path, n.Content[i].Value), errs)
-		}
+		walkMapping(n, t, path, errs)
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
 			bad("want a list, got %s", kindName(n))
@@ -93,23 +76,56 @@ func walkShape(n *yaml.Node, t reflect.Type, path string, errs *[]error) {
 		for i, item := range n.Content {
 			walkShape(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i), errs)
 		}
+	default:
+		if want := scalarWant(n, t.Kind()); want != "" {
+			bad("want %s, got %s", want, kindName(n))
+		}
+	}
+}
+
+// walkMapping walks the keys of mapping n: a struct's, each of which must
+// be one of its fields, or a map's.
+func walkMapping(n *yaml.Node, t reflect.Type, path string, errs *[]error) {
+	if t.Kind() == reflect.Map {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			walkShape(n.Content[i+1], t.Elem(), join(path, n.Content[i].Value), errs)
+		}
+		return
+	}
+	fields := yamlFields(t)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		f, ok := fields[k.Value]
+		if !ok {
+			*errs = append(*errs, fmt.Errorf("%s: unknown key (line %d); the keys here are %s", join(path, k.Value), k.Line, strings.Join(fieldOrder(t), ", ")))
+			continue
+		}
+		walkShape(v, f, join(path, k.Value), errs)
+	}
+}
+
+// scalarWant is what a field of kind k wants where n is not it ("" where
+// n fits).
+func scalarWant(n *yaml.Node, k reflect.Kind) string {
+	switch k {
 	case reflect.String:
 		if n.Kind != yaml.ScalarNode {
-			bad("want a string, got %s", kindName(n))
+			return "a string"
 		}
 	case reflect.Bool:
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" {
-			bad("want true or false, got %s", kindName(n))
+			return "true or false"
 		}
 	case reflect.Int, reflect.Int64:
 		if _, err := strconv.ParseInt(n.Value, 0, 64); n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || err != nil {
-			bad("want a whole number, got %s", kindName(n))
+			return "a whole number"
 		}
 	case reflect.Float64:
 		if tag := n.ShortTag(); n.Kind != yaml.ScalarNode || (tag != "!!int" && tag != "!!float") {
-			bad("want a number, got %s", kindName(n))
+			return "a number"
 		}
 	}
+	return ""
 }
 
 func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }

@@ -28,14 +28,10 @@ type CORSConfig struct {
 	AllowedHeaders []string `yaml:"allowed_headers"`
 }
 
-var (
-	defaultCORSMethods = []string{"GET", "POST", "OPTIONS"}
-	defaultCORSHeaders = []string{"Authorization", "Content-Type", "X-Request-Id", "OpenAI-Organization", "OpenAI-Project",
-		"X-Stainless-*", "X-Priority", "X-Session-Id"}
-	// corsExposed are the answer's headers a page's script may read: what
-	// tells it when to retry and which request it was.
-	corsExposed = "Retry-After, Retry-After-Ms, X-Should-Retry, X-Request-Id, X-Kvgate-Backend, X-Kvgate-Queue-Ms"
-)
+// corsExposed are the answer's headers a page's script may read: what
+// tells it when to retry and which request it was. (The allowed methods
+// and headers' defaults are configdefaults.go's.)
+const corsExposed = "Retry-After, Retry-After-Ms, X-Should-Retry, X-Request-Id, X-Kvgate-Backend, X-Kvgate-Queue-Ms"
 
 // validate checks c (field is its config path) and fills its defaults.
 func (c *CORSConfig) validate(field string, bad func(field, format string, a ...any)) {

@@ -103,8 +103,9 @@
 // # Operating it
 //
 // The server, its routes and its probes are server.go; the configuration
-// and its checks config*.go, and Check (check.go) reports what a
-// configuration builds; the operator's /status view is status.go and the
+// and its checks config*.go, every key's default one row of one table
+// (configdefaults.go, which the README's reference is held to), and Check
+// (check.go) reports what a configuration builds; the operator's /status view is status.go and the
 // Prometheus series metrics.go (fed as requests pass), metrics_collect.go
 // (seeded and read at scrape time) and metrics_lease.go (a replica's
 // shared budget, whose leases and fair shares are the fleet code's). Secrets

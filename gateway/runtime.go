@@ -133,7 +133,54 @@ func (g *gpu) backendFor(model string, skip map[*backends.Backend]bool) *backend
 // holds for backends that did not change. It has no effect on prev or on
 // the scheduler: the returned commit reconfigures the scheduler (or, with
 // sched nil, creates it), once everything else is known to be good.
+//
+// Its steps, in order: the models, the tenants and classes, each GPU's
+// memory and weights (gpuSpecs), each GPU's budget, the backends, and the
+// scheduler's config; each step that can fail reports every problem it
+// finds before the build stops.
 func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Scheduler) (*runtime, func() (*admission.Scheduler, error), error) {
+	b := &runtimeBuild{cfg: cfg, prev: prev, opt: opt, rt: newRuntime(cfg, prev)}
+	b.rt.indexTenants(cfg)
+	for _, step := range []func() error{b.models, b.gpuSpecs, b.gpus, b.backends} {
+		if err := step(); err != nil {
+			return nil, nil, err
+		}
+	}
+	acfg := b.admissionConfig()
+	if sched == nil {
+		// Validate now: the caller creates it in commit.
+		if _, err := admission.New(acfg); err != nil {
+			return nil, nil, fmt.Errorf("admission: %w", err)
+		}
+	}
+	return b.rt, b.rt.commit(acfg, opt, sched), nil
+}
+
+// runtimeBuild is one buildRuntime under way.
+type runtimeBuild struct {
+	cfg  *Config
+	prev *runtime // nil at start
+	opt  *Options
+	rt   *runtime
+	// specs are the GPUs as the backends describe them, by name; order
+	// is their names in the config's order.
+	specs map[string]*gpuSpec
+	order []string
+}
+
+// gpuSpec is one GPU as its backends describe it: memory and the models
+// whose weights sit on it.
+type gpuSpec struct {
+	memory, other, explicit int64
+	concurrency             int64
+	field                   string
+	budgetField             string // the kv_budget behind explicit
+	weights                 map[string]int64
+	urls                    map[string]bool
+}
+
+// newRuntime is an empty runtime for cfg, keeping prev's reconciliation.
+func newRuntime(cfg *Config, prev *runtime) *runtime {
 	rt := &runtime{
 		cfg: cfg, models: map[string]*model{}, tenants: map[string]*tenant{},
 		classRank: map[string]int{}, gpus: map[string]*gpu{}, gpuOf: map[*backends.Backend]*gpu{},
@@ -144,13 +191,34 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 	if prev != nil {
 		rt.reconciled = prev.reconciled
 	}
-	var errs []error
-	for i, mc := range cfg.Models {
-		var old *model
-		if prev != nil {
-			old = prev.models[mc.Name]
+	return rt
+}
+
+// indexTenants ranks the classes and maps each tenant's keys to it.
+func (rt *runtime) indexTenants(cfg *Config) {
+	for i, c := range cfg.Admission.Classes {
+		rt.classRank[c.Name] = i
+	}
+	for _, t := range cfg.Tenants {
+		tn := &tenant{name: t.Name, class: t.Class}
+		for _, k := range t.APIKeys {
+			rt.tenants[k] = tn
+			rt.auth = true
 		}
-		m, err := buildModel(cfg, mc, old)
+	}
+}
+
+// models builds each model, reusing what prev's model of the same name
+// has learned.
+func (b *runtimeBuild) models() error {
+	var errs []error
+	rt := b.rt
+	for i, mc := range b.cfg.Models {
+		var old *model
+		if b.prev != nil {
+			old = b.prev.models[mc.Name]
+		}
+		m, err := buildModel(b.cfg, mc, old)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("models[%d] (%s): %w", i, mc.Name, err))
 			continue
@@ -163,41 +231,24 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		m.servedName = cmp.Or(mc.ServedName, mc.Name)
 		rt.byClientName[m.servedName] = m
 	}
-	for i, c := range cfg.Admission.Classes {
-		rt.classRank[c.Name] = i
-	}
-	for _, t := range cfg.Tenants {
-		tn := &tenant{name: t.Name, class: t.Class}
-		for _, k := range t.APIKeys {
-			rt.tenants[k] = tn
-			rt.auth = true
-		}
-	}
-	if len(errs) > 0 {
-		return nil, nil, errors.Join(errs...)
-	}
+	return errors.Join(errs...)
+}
 
-	// GPUs: memory and the models whose weights sit on them.
-	type groupSpec struct {
-		memory, other, explicit int64
-		concurrency             int64
-		field                   string
-		budgetField             string // the kv_budget behind explicit
-		weights                 map[string]int64
-		urls                    map[string]bool
-	}
-	specs := map[string]*groupSpec{}
-	var order []string
-	for i, bc := range cfg.Backends {
+// gpuSpecs gathers each GPU's memory, other users, explicit budget,
+// concurrency and weights from the backends on it.
+func (b *runtimeBuild) gpuSpecs() error {
+	var errs []error
+	b.specs = map[string]*gpuSpec{}
+	for i, bc := range b.cfg.Backends {
 		f := fmt.Sprintf("backends[%d]", i)
-		gs := specs[bc.GPU]
+		gs := b.specs[bc.GPU]
 		if gs == nil {
-			gs = &groupSpec{weights: map[string]int64{}, urls: map[string]bool{}, field: f}
-			specs[bc.GPU] = gs
-			order = append(order, bc.GPU)
+			gs = &gpuSpec{weights: map[string]int64{}, urls: map[string]bool{}, field: f}
+			b.specs[bc.GPU] = gs
+			b.order = append(b.order, bc.GPU)
 		}
-		gs.concurrency += int64(bc.maxConcurrency(cfg.Admission))
-		mem, err := gpuMemory(bc.GPUMemory, opt.probeGPUs)
+		gs.concurrency += int64(bc.maxConcurrency(b.cfg.Admission))
+		mem, err := gpuMemory(bc.GPUMemory, b.opt.probeGPUs)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s.gpu_memory: %w", f, err))
 			continue
@@ -212,83 +263,82 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		}
 		gs.urls[bc.URL] = true
 		for _, name := range bc.Models {
-			gs.weights[name] = rt.models[name].weightsPerGPU()
+			gs.weights[name] = b.rt.models[name].weightsPerGPU()
 		}
 	}
-	if len(errs) > 0 {
-		return nil, nil, errors.Join(errs...)
-	}
+	return errors.Join(errs...)
+}
 
-	// The budget a GPU carries over: its own under the same name, or, for a
-	// renamed GPU (a backend renamed without an explicit gpu), the budget of a
-	// vanished GPU whose backends it keeps — a new empty budget there would
-	// admit a second full budget next to the streams still running.
-	carried := func(name string, urls map[string]bool) string {
-		if prev == nil {
-			return name
-		}
-		if g := prev.gpus[name]; g != nil {
-			return g.id
-		}
-		for oldName, g := range prev.gpus {
-			if specs[oldName] != nil {
-				continue
-			}
-			for _, be := range g.backends {
-				if urls[be.Spec().URL] {
-					return g.id
-				}
-			}
-		}
-		return name
-	}
-	for _, name := range order {
-		gs := specs[name]
+// gpus sizes each GPU's budget: its kv_budget, else what its memory leaves
+// the KV cache; in count mode, its backends' concurrency.
+func (b *runtimeBuild) gpus() error {
+	var errs []error
+	rt := b.rt
+	for _, name := range b.order {
+		gs := b.specs[name]
 		capacity := gs.explicit
 		if rt.count {
 			capacity = gs.concurrency
 		} else if capacity == 0 {
 			var w int64
-			for _, b := range gs.weights {
-				w += b
+			for _, bytes := range gs.weights {
+				w += bytes
 			}
-			kv, err := kvbudget.GPUBudget{Memory: gs.memory, Ceiling: cfg.Admission.Ceiling, Weights: w, Reserve: cfg.Admission.Reserve.Bytes, OtherUsed: gs.other}.KVBytes()
+			a := b.cfg.Admission
+			kv, err := kvbudget.GPUBudget{Memory: gs.memory, Ceiling: a.Ceiling, Weights: w, Reserve: a.Reserve.Bytes, OtherUsed: gs.other}.KVBytes()
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: gpu %q: %w", gs.field, name, err))
 				continue
 			}
 			capacity = kv
 		}
-		g := &gpu{name: name, id: carried(name, gs.urls), nominal: capacity, bytesPerToken: map[*backends.Backend]int64{}}
+		g := &gpu{name: name, id: b.carried(name, gs.urls), nominal: capacity, bytesPerToken: map[*backends.Backend]int64{}}
 		if !rt.count {
 			g.budgetField = gs.budgetField
 		}
 		rt.gpus[name] = g
 		rt.gpuByID[g.id] = g
 	}
-	if len(errs) > 0 {
-		return nil, nil, errors.Join(errs...)
-	}
+	return errors.Join(errs...)
+}
 
-	var list []*backends.Backend
-	for i, bc := range cfg.Backends {
-		g := rt.gpus[bc.GPU]
-		spec := backendSpec(bc)
-		var be *backends.Backend
-		if prev != nil {
-			for _, old := range prev.upstreams.Backends() {
-				if old.Name() == bc.Name && prev.gpuOf[old].id == g.id && sameSpec(old.Spec(), spec) {
-					be = old
-				}
+// carried is the budget a GPU carries over: its own under the same name,
+// or, for a renamed GPU (a backend renamed without an explicit gpu), the
+// budget of a vanished GPU whose backends it keeps — a new empty budget
+// there would admit a second full budget next to the streams still
+// running.
+func (b *runtimeBuild) carried(name string, urls map[string]bool) string {
+	if b.prev == nil {
+		return name
+	}
+	if g := b.prev.gpus[name]; g != nil {
+		return g.id
+	}
+	for oldName, g := range b.prev.gpus {
+		if b.specs[oldName] != nil {
+			continue
+		}
+		for _, be := range g.backends {
+			if urls[be.Spec().URL] {
+				return g.id
 			}
 		}
-		if be == nil {
-			var err error
-			be, err = backends.NewBackend(spec, gpuBudget{rt: rt, id: g.id}, opt.Clock)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("backends[%d]: %w", i, err))
-				continue
-			}
+	}
+	return name
+}
+
+// backends makes each backend, or keeps prev's where its spec and GPU are
+// unchanged, and puts it on its GPU.
+func (b *runtimeBuild) backends() error {
+	var errs []error
+	var list []*backends.Backend
+	rt := b.rt
+	for i, bc := range b.cfg.Backends {
+		g := rt.gpus[bc.GPU]
+		be, err := b.backend(bc, g)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("backends[%d]: %w", i, err))
+			continue
 		}
 		list = append(list, be)
 		rt.gpuOf[be] = g
@@ -302,12 +352,36 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		g.bytesPerToken[be] = rt.models[bc.Models[0]].layout.BytesPerToken
 	}
 	if len(errs) > 0 {
-		return nil, nil, errors.Join(errs...)
+		return errors.Join(errs...)
 	}
 	rt.upstreams = backends.NewPool(list)
+	return nil
+}
 
-	acfg := admissionConfig(cfg, opt)
-	for _, name := range order {
+// backend is prev's backend of bc's name on the same budget and with the
+// same spec, else a new one.
+func (b *runtimeBuild) backend(bc BackendConfig, g *gpu) (*backends.Backend, error) {
+	spec := backendSpec(bc)
+	var be *backends.Backend
+	if b.prev != nil {
+		for _, old := range b.prev.upstreams.Backends() {
+			if old.Name() == bc.Name && b.prev.gpuOf[old].id == g.id && sameSpec(old.Spec(), spec) {
+				be = old
+			}
+		}
+	}
+	if be != nil {
+		return be, nil
+	}
+	return backends.NewBackend(spec, gpuBudget{rt: b.rt, id: g.id}, b.opt.Clock)
+}
+
+// admissionConfig is the scheduler's config: the admission section, each
+// GPU's budget and each model's queue over the GPUs that serve it.
+func (b *runtimeBuild) admissionConfig() admission.Config {
+	rt := b.rt
+	acfg := admissionConfig(b.cfg, b.opt)
+	for _, name := range b.order {
 		g := rt.gpus[name]
 		// Keep the clamp to the KV pools the backends reported: reconfiguring to
 		// the configured size would admit past them until the next scrape.
@@ -315,7 +389,7 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 	}
 	for _, name := range rt.modelOrder {
 		q := admission.QueueConfig{Name: name, MaxLen: rt.models[name].maxLen}
-		for _, gname := range order {
+		for _, gname := range b.order {
 			g := rt.gpus[gname]
 			for _, be := range g.backends {
 				if be.Serves(name) && !slices.Contains(q.GPUs, g.id) {
@@ -325,13 +399,13 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		}
 		acfg.Queues = append(acfg.Queues, q)
 	}
-	if sched == nil {
-		// Validate now: the caller creates it in commit.
-		if _, err := admission.New(acfg); err != nil {
-			return nil, nil, fmt.Errorf("admission: %w", err)
-		}
-	}
-	commit := func() (*admission.Scheduler, error) {
+	return acfg
+}
+
+// commit is buildRuntime's commit: it creates the scheduler (sched nil)
+// or reconfigures it with acfg, then gives it to rt.
+func (rt *runtime) commit(acfg admission.Config, opt *Options, sched *admission.Scheduler) func() (*admission.Scheduler, error) {
+	return func() (*admission.Scheduler, error) {
 		if sched == nil {
 			acfg.Observer = opt.observer()
 			acfg.OnDemand = opt.onDemand
@@ -347,7 +421,6 @@ func buildRuntime(cfg *Config, prev *runtime, opt *Options, sched *admission.Sch
 		rt.syncRoutes()
 		return sched, nil
 	}
-	return rt, commit, nil
 }
 
 // gpuBudget is a backend's view of its GPU's budget, for routing its
