@@ -6,11 +6,13 @@
 //
 // # A request, end to end
 //
-// A request is routed by its path (routes.go) to its route's handler —
-// serveCompletion (exchange.go) for chat and completions; the Responses
-// and Messages APIs (generation.go) and the pooling routes (pooling.go)
-// take the same steps (steps.go) with their own reading of the body. The
-// handler authenticates the client
+// A request is routed by its path through the table of routes
+// (routes.go: routeTable), where each route is declared once — its
+// method, its path, how the 404 lists it, and what serves it. A route
+// that admits names its API's entry of apis: how its body is read, its
+// prompts found, its reservation made and how it runs once admitted;
+// every admitted API takes the same steps (serveAdmitted, exchange.go;
+// steps.go) with these. The request authenticates the client
 // (auth.go) and reads only the fields that decide admission (parse.go:
 // model, messages or prompt, max_tokens / max_completion_tokens, n /
 // best_of, stream, stream_options), exactly as vLLM will read them — a body
@@ -50,12 +52,12 @@
 // the output-length predictor and feeds the metrics.
 //
 // The pooling routes (embeddings, pooling, classify, score, rerank;
-// servePooling, pooling.go) take the same steps with their own reading of
+// pooling.go) take the same steps with their own reading of
 // the body (parse_pooling.go): each input is a prompt, and its reservation
 // is the prompt's blocks alone, held to the end of the answer, since a
 // backend runs it as one prefill and decodes nothing.
 //
-// The Responses and Messages APIs (serveGeneration, generation.go) take
+// The Responses and Messages APIs (generation.go) take
 // chat's steps too: vLLM runs each as a chat, so its prompt is read into
 // a chat's shape (parse_generation.go) and its output reserved up to
 // its length field. Their streams are typed events, read by their own

@@ -223,26 +223,44 @@ func (x *exchange) failEnded(ctx *fasthttp.RequestCtx) bool {
 	return true
 }
 
-func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
+// serveAdmitted serves a request of an admitted API: the steps every such
+// request takes (steps.go), each as its API's entry (routes.go) says.
+func (s *Server) serveAdmitted(ctx *fasthttp.RequestCtx, kind endpoint) {
 	if s.testHookServe != nil {
 		s.testHookServe()
 	}
+	a := &apis[kind]
 	x := s.begin(ctx, kind)
 	defer x.leave()
 
-	tn, ok := x.readBody(ctx, kind, parseRequest)
+	tn, ok := x.readBody(ctx, kind, a.parse)
 	if !ok {
 		return
 	}
+	texts := a.texts
+	if a.typed && x.m.converted.Load() {
+		texts = nil // its backend counts them above their chat: estimated (usage.go)
+	}
+	prompts, exact, ok := x.count(ctx, tn, texts)
+	if !ok || !a.reserve(x, ctx, prompts, exact) || !x.admit(ctx, a.admission(x)) {
+		return
+	}
+	resp, ok := x.upstream(ctx)
+	if !ok {
+		return
+	}
+	x.answer(ctx, resp)
+}
+
+// reserveCompletion is chat's and completions' reservation step.
+func reserveCompletion(x *exchange, ctx *fasthttp.RequestCtx, prompts []int, exact []bool) bool {
+	return x.reserved(ctx, x.reserve(prompts, exact))
+}
+
+// completionAdmission is how a chat or completion runs: a stream may be
+// stopped by the guard, and resumed when its body can be continued.
+func completionAdmission(x *exchange) admission.Request {
 	req := x.req
-	prompts, exact, ok := x.count(ctx, tn, promptTexts)
-	if !ok {
-		return
-	}
-	if e := x.reserve(prompts, exact); e != nil {
-		x.fail(ctx, e, outcomeRejected, e.code)
-		return
-	}
 	areq := admission.Request{Opaque: !req.stream, Pinned: req.pinned}
 	if req.stream {
 		areq.Stopper = x
@@ -256,14 +274,7 @@ func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
 		// chose over holding streams at their worst case.
 		areq.NoResume = x.rt.resumes() && (x.resume == nil || req.tools)
 	}
-	if !x.admit(ctx, areq) {
-		return
-	}
-	resp, ok := x.upstream(ctx)
-	if !ok {
-		return
-	}
-	x.answer(ctx, resp)
+	return areq
 }
 
 func (x *exchange) clientGone() { x.rctx.cancel(errClientGone) }

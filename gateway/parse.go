@@ -11,27 +11,6 @@ import (
 	"github.com/kvgate/kvgate/internal/jsonscan"
 )
 
-// endpoint is which OpenAI API a request is for.
-type endpoint uint8
-
-const (
-	chatCompletions endpoint = iota
-	completions
-)
-
-func (e endpoint) path() string {
-	if e.pooling() {
-		return poolingPaths[e-embeddings]
-	}
-	if e.typedEvents() {
-		return generationPaths[e-responsesAPI]
-	}
-	if e == chatCompletions {
-		return "/v1/chat/completions"
-	}
-	return "/v1/completions"
-}
-
 // request is what the gateway reads of a body: only the fields that decide
 // admission. Everything else is forwarded untouched.
 type request struct {

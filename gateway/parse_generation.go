@@ -15,39 +15,7 @@ import (
 // its instructions or system prompt and its messages rendered by the
 // chat template, one sequence generated up to its length field. So each
 // is read into a chat's prompt shape and reserved as a chat is; only the
-// fields, the stream's events and the error shapes differ. They are
-// numbered apart from chat's and the pooling endpoints.
-const (
-	responsesAPI endpoint = 16 + iota
-	messagesAPI
-)
-
-// generationPaths are the routes of the endpoints above, in their order.
-var generationPaths = [...]string{"/v1/responses", "/v1/messages"}
-
-// typedEvents says whether e's streams are typed events (event: NAME,
-// data: {"type":NAME,...}) ending with a last event of their own rather
-// than chat's data: [DONE].
-func (e endpoint) typedEvents() bool { return e == responsesAPI || e == messagesAPI }
-
-// generationEndpoint is the endpoint of a route that is one of the typed
-// generation APIs. sub says the route is one of theirs that only reads
-// or acts on what the backend keeps (a stored response, its
-// cancellation, a token count), which is passed through unadmitted.
-func generationEndpoint(path []byte) (e endpoint, sub, ok bool) {
-	for i, p := range generationPaths {
-		if string(path) == p {
-			return responsesAPI + endpoint(i), false, true
-		}
-	}
-	switch {
-	case len(path) > len("/v1/responses/") && string(path[:len("/v1/responses/")]) == "/v1/responses/":
-		return responsesAPI, true, true
-	case string(path) == "/v1/messages/count_tokens":
-		return messagesAPI, true, true
-	}
-	return 0, false, false
-}
+// fields, the stream's events and the error shapes differ.
 
 // lengthParam is the field that caps a request's output, for errors.
 func (r *request) lengthParam() string {

@@ -25,11 +25,6 @@ import (
 // vLLM's routes that neither generate nor pool.
 var defaultPassthrough = []string{"/detokenize", "/tokenizer_info", "/version", "/v1/audio/*"}
 
-// ownRoutes are the gateway's own routes, which no passthrough entry may
-// name.
-var ownRoutes = append([]string{"/v1/chat/completions", "/v1/completions", "/tokenize", "/v1/models", "/metrics", "/healthz",
-	"/readyz", "/health", "/status", "/v1/responses", "/v1/messages"}, poolingPaths[:]...)
-
 // maxPassthroughAnswer bounds a relayed answer.
 const maxPassthroughAnswer = 64 << 20
 
@@ -75,7 +70,8 @@ func (rt *runtime) passthrough(path string) bool {
 
 // servePassthrough forwards a passed-through request to a backend and
 // relays its answer.
-func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, rt *runtime) {
+func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, _ string) {
+	rt := s.rt.Load()
 	if _, ok := rt.authenticate(ctx); !ok {
 		(&apiError{status: 401, typ: typeAuthentication, code: "invalid_api_key",
 			message: "Incorrect or missing API key. Send it as: Authorization: Bearer <key>."}).write(ctx)

@@ -2,12 +2,10 @@ package gateway
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fastjson"
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
@@ -35,10 +33,6 @@ func (x *exchange) leave() {
 	}
 }
 
-// parseFunc reads a route's body: one reading, every field admission
-// needs (parse.go, parse_pooling.go).
-type parseFunc func(p *fastjson.Parser, body []byte, kind endpoint) (*request, error)
-
 // readBody authenticates the client, reads the body and finds the model
 // it names: a served_name becomes the backend's model name from here on,
 // the client's name going back into the body forwarded and the answers.
@@ -64,8 +58,7 @@ func (x *exchange) readBody(ctx *fasthttp.RequestCtx, kind endpoint, parse parse
 	x.req = req
 	m := rt.byClientName[req.model]
 	if m == nil {
-		x.fail(ctx, &apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
-			message: fmt.Sprintf("The model `%s` does not exist.", req.model)}, outcomeRejected, "unknown_model")
+		x.fail(ctx, unknownModel(req.model), outcomeRejected, "unknown_model")
 		return nil, false
 	}
 	if m.servedName != m.name {
@@ -77,7 +70,7 @@ func (x *exchange) readBody(ctx *fasthttp.RequestCtx, kind endpoint, parse parse
 
 // count finds the request's class and counts its prompts; texts finds
 // the prompts' text in the body for a model counted by its backend.
-func (x *exchange) count(ctx *fasthttp.RequestCtx, tn *tenant, texts func(*fastjson.ParserPool, []byte, *request) error) (prompts []int, exact []bool, ok bool) {
+func (x *exchange) count(ctx *fasthttp.RequestCtx, tn *tenant, texts textsFunc) (prompts []int, exact []bool, ok bool) {
 	rt, req := x.rt, x.req
 	if e := req.outOfRange(x.m.maxLen); e != nil {
 		x.fail(ctx, e, outcomeRejected, "invalid_request")
@@ -86,7 +79,7 @@ func (x *exchange) count(ctx *fasthttp.RequestCtx, tn *tenant, texts func(*fastj
 	if x.m.tokenizer == "backend" && texts != nil {
 		if err := texts(&x.s.parsers, ctx.PostBody(), req); err != nil {
 			x.s.log.Error("find the prompts of a parsed request", "err", err)
-			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
+			x.fail(ctx, internalError(), outcomeFailed, "internal")
 			return nil, nil, false
 		}
 	}
@@ -106,11 +99,21 @@ func (x *exchange) count(ctx *fasthttp.RequestCtx, tn *tenant, texts func(*fastj
 	}
 	if err != nil {
 		if !x.failEnded(ctx) {
-			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
+			x.fail(ctx, internalError(), outcomeFailed, "internal")
 		}
 		return nil, nil, false
 	}
 	return prompts, exact, true
+}
+
+// reserved fails the request with its reservation's refusal, if it has
+// one.
+func (x *exchange) reserved(ctx *fasthttp.RequestCtx, e *apiError) bool {
+	if e != nil {
+		x.fail(ctx, e, outcomeRejected, e.code)
+		return false
+	}
+	return true
 }
 
 // admit waits for the request's admission. areq says how the request

@@ -11,11 +11,7 @@ import (
 // serves, by asking one of its backends: clients (and kvgate loadtest, which
 // sizes its prompts with it) count tokens as the model does without knowing
 // where it runs. Nothing is admitted or reserved.
-func (s *Server) serveTokenize(ctx *fasthttp.RequestCtx) {
-	if !ctx.IsPost() {
-		methodNotAllowed(ctx, "POST")
-		return
-	}
+func (s *Server) serveTokenize(ctx *fasthttp.RequestCtx, _ string) {
 	rt := s.rt.Load()
 	if _, ok := rt.authenticate(ctx); !ok {
 		(&apiError{status: 401, typ: typeAuthentication, code: "invalid_api_key",
