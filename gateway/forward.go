@@ -79,13 +79,7 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 		x.armFirstByte(be) // on the first backend tried
 		be.NewRequest(ureq, fasthttp.MethodPost, x.req.kind.path())
 		ureq.Header.SetContentType("application/json")
-		// The request id and W3C trace context reach the backend: vLLM
-		// started with --otlp-traces-endpoint continues the client's trace.
-		for _, h := range forwardedHeaders {
-			if v := hdr.Peek(h); len(v) > 0 {
-				ureq.Header.SetBytesV(h, v)
-			}
-		}
+		copyForwarded(&ureq.Header, hdr)
 		x.trace.upstream(x, ureq, be) // its traceparent replaces the client's
 		if be.FinalUsageOnly() && x.usageAsk() == askContinuous {
 			if finalOnly == nil {
@@ -118,6 +112,17 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 // forwardedHeaders are the client's headers a backend is sent besides the
 // body's type: what ties its work to the client's request and trace.
 var forwardedHeaders = [...]string{"Accept", "X-Request-Id", "Traceparent", "Tracestate"}
+
+// copyForwarded copies the forwarded headers: the request id and W3C
+// trace context reach the backend, and vLLM started with
+// --otlp-traces-endpoint continues the client's trace.
+func copyForwarded(dst *fasthttp.RequestHeader, hdr headerSource) {
+	for _, h := range forwardedHeaders {
+		if v := hdr.Peek(h); len(v) > 0 {
+			dst.SetBytesV(h, v)
+		}
+	}
+}
 
 // errNoBackendOnGPU is forward's error when the GPU a request is bound to
 // has no backend left to try.
@@ -186,7 +191,14 @@ func (x *exchange) upstreamFailed(ctx *fasthttp.RequestCtx, err error) {
 	if x.backend != nil {
 		name = x.backend.Name()
 	}
-	x.s.m.upstreamErrors.WithLabelValues(name, "transport").Inc()
-	x.s.log.Warn("backend failed before answering", "backend", name, "err", err)
-	x.fail(ctx, &apiError{status: 502, typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)}, outcomeFailed, "upstream_error")
+	x.fail(ctx, x.s.upstreamError(name, err), outcomeFailed, "upstream_error")
+}
+
+// upstreamError counts and logs a failure talking to a backend before the
+// client got anything, and is its 502: naming the backend, never its
+// address, which goes to the log.
+func (s *Server) upstreamError(backend string, err error) *apiError {
+	s.m.upstreamErrors.WithLabelValues(backend, "transport").Inc()
+	s.log.Warn("backend failed before answering", "backend", backend, "err", err)
+	return &apiError{status: 502, typ: typeServer, code: "upstream_error", message: upstreamProblem(backend, err)}
 }
