@@ -36,18 +36,23 @@
 // becomes an OpenAI error with its status and Retry-After (refuse.go, in
 // the shape errors.go writes).
 //
-// It is forwarded to a backend of that GPU (forward.go). A non-streamed
-// answer is relayed whole (answer.go); a streamed one event by event
-// (relay.go: events cut by stream.go, told apart without a parse by
-// eventscan.go, written by fasthttp through streambody.go), flushed as
+// Admission, the sending and the answer's first event are one turn of
+// the request's loop (loop.go: turn): arrival → count → admit → forward →
+// answer. It is forwarded to a backend of that GPU (forward.go). A
+// non-streamed answer is relayed whole (answer.go); a streamed one event
+// by event (relay.go: events cut by stream.go, told apart without a parse
+// by eventscan.go, written by fasthttp through streambody.go), flushed as
 // they arrive, the 200 promised only once the first event is here (a
 // backend that sends none within first_byte_timeout gives a 504), while
 // the relay reports each choice's progress and end to its ticket. A stream
 // is a success once [DONE] reached the client; one that ends otherwise gets
 // a final error event and is a failure. A stream the admission guard stops
-// (the GPU's running requests outgrew their forecast) is cut upstream and
-// sent again from where it was once it fits, its client seeing a pause
-// (resume.go). What an answer reports it used
+// (the GPU's running requests outgrew their forecast) is cut upstream; the
+// relay reports it stopped, and the continuation — sent again from where
+// it was — takes another turn of the same loop once it fits, its client
+// seeing a pause (resume.go). Whichever turn fails, failure (loop.go)
+// makes its error the client's answer: an HTTP error before the stream,
+// an error event in it. What an answer reports it used
 // (usage.go) calibrates the estimate, checks the tokenize cache, teaches
 // the output-length predictor and feeds the metrics.
 //

@@ -52,10 +52,9 @@ type exchange struct {
 	wmu        sync.Mutex // guards watchStop and watchEnded
 	watchStop  func() bool
 	watchEnded bool // finished: the client is never watched again
-	// stage and hungUp let a stream under way outlive a hang-up report
-	// (see hangUp); both are atomics, read by the watch's goroutine.
-	stage  atomic.Int32 // stageBefore, stageStreaming or stageDone
-	hungUp atomic.Bool  // the watch reported a hang-up during the stream
+	// stage lets a stream under way outlive a hang-up report (see
+	// hangUp); the watch's goroutine reads and writes it too.
+	stage atomic.Int32 // stageBefore, stageStreaming, stageHungUp or stageDone
 
 	ticket *admission.Ticket // &ticketBuf once admitted
 	res    reservation
@@ -101,14 +100,8 @@ type exchange struct {
 	streaming bool    // the relay owns finish (set by the handler's goroutine only)
 
 	// resume keeps what a stream needs to be resumed after the guard
-	// stops it (resume.go); nil when it cannot be. preempted is the
-	// guard's word that it stopped the stream to be resumed (set from the
-	// guard's goroutine before it cuts the upstream exchange).
-	resume    *resumeState
-	preempted atomic.Bool
-	// resumeBuf is the continuation's ticket: ticketBuf may still be
-	// lingering, held until the backend has let the stopped blocks go.
-	resumeBuf admission.Ticket
+	// stops it (resume.go); nil when it cannot be.
+	resume *resumeState
 
 	access accessRecord // accesslog.go
 	// attempts counts the sends to a backend (a failover's and a resumed
@@ -200,9 +193,14 @@ func (x *exchange) finish(outcome, reason string) {
 	}
 }
 
-// fail answers with e and finishes.
+// fail answers with e, when there is a client to answer, and finishes.
 func (x *exchange) fail(ctx *fasthttp.RequestCtx, e *apiError, outcome, reason string) {
-	e.write(ctx)
+	if e != nil {
+		e.write(ctx)
+		if e.status == statusClientClosed {
+			ctx.SetConnectionClose() // it sends nothing more
+		}
+	}
 	x.finish(outcome, reason)
 }
 
@@ -213,13 +211,7 @@ func (x *exchange) failEnded(ctx *fasthttp.RequestCtx) bool {
 	if outcome == "" {
 		return false
 	}
-	if e != nil {
-		e.write(ctx)
-		if e.status == statusClientClosed {
-			ctx.SetConnectionClose() // it sends nothing more
-		}
-	}
-	x.finish(outcome, reason)
+	x.fail(ctx, e, outcome, reason)
 	return true
 }
 
@@ -242,14 +234,25 @@ func (s *Server) serveAdmitted(ctx *fasthttp.RequestCtx, kind endpoint) {
 		texts = nil // its backend counts them above their chat: estimated (usage.go)
 	}
 	prompts, exact, ok := x.count(ctx, tn, texts)
-	if !ok || !a.reserve(x, ctx, prompts, exact) || !x.admit(ctx, a.admission(x)) {
+	if !ok || !a.reserve(x, ctx, prompts, exact) {
 		return
 	}
-	resp, ok := x.upstream(ctx)
-	if !ok {
+	areq := a.admission(x)
+	if x.rt.cfg.Routing == routingAffinity {
+		areq.Affinity = x.affinity(ctx)
+	}
+	body, err := x.outgoing(ctx)
+	if err != nil {
+		x.refuse(ctx, err)
 		return
 	}
-	x.answer(ctx, resp)
+	up, err := x.turn(areq, body, &ctx.Request.Header)
+	x.queueHeader(ctx)
+	if err != nil {
+		x.refuse(ctx, err)
+		return
+	}
+	x.answer(ctx, up)
 }
 
 // reserveCompletion is chat's and completions' reservation step.
@@ -286,12 +289,8 @@ func (x *exchange) clientGone() { x.rctx.cancel(errClientGone) }
 // other has its context end, which does the same and has the relay end
 // the stream with an error event.
 func (x *exchange) StopForMemory() {
-	if x.resume != nil {
-		x.preempted.Store(true) // before the cut the relay will see
-		if x.rctx.preempt() {
-			return
-		}
-		x.preempted.Store(false)
+	if x.resume != nil && x.rctx.preempt() {
+		return
 	}
 	x.rctx.cancel(errStoppedForMemory)
 }

@@ -9,12 +9,11 @@ import (
 	"github.com/kvgate/kvgate/backends"
 )
 
-// forward sends the request to a backend of the GPU its ticket is bound
-// to. On a transport failure it tries another backend of that GPU (whose
-// pool the ticket already holds), and once, when there is none, moves the
-// ticket to another GPU and tries there: nothing has reached the client
-// yet, so a retry is safe, and the reservation moves rather than doubles.
-func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error) {
+// outgoing is the body the backend is sent: the client's, rewritten
+// where the gateway asks for more or renames the model. A stream that
+// may be resumed keeps it, with the headers forwarded: its continuation
+// is sent after the handler has returned.
+func (x *exchange) outgoing(ctx *fasthttp.RequestCtx) ([]byte, error) {
 	body := ctx.PostBody()
 	// A streamed chat or completion asks for the usage at its end and on
 	// every chunk; send takes the latter off for a backend that refuses it.
@@ -32,7 +31,7 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 	if x.resume != nil {
 		x.resume.keep(body, &ctx.Request.Header)
 	}
-	return x.send(body, &ctx.Request.Header)
+	return body, nil
 }
 
 // usageAsk is the usage a streamed chat or completion asks its backend
@@ -49,7 +48,11 @@ func (x *exchange) usageAsk() usageAsk {
 // client's request, or a resumed stream's copy of them.
 type headerSource interface{ Peek(key string) []byte }
 
-// send is forward's exchange with the backends, for a body ready to go.
+// send sends the request to a backend of the GPU its ticket is bound
+// to. On a transport failure it tries another backend of that GPU (whose
+// pool the ticket already holds), and once, when there is none, moves the
+// ticket to another GPU and tries there: nothing has reached the client
+// yet, so a retry is safe, and the reservation moves rather than doubles.
 func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, error) {
 	ureq := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(ureq)
@@ -171,34 +174,4 @@ func (x *exchange) answered() {
 		return
 	}
 	x.backend.ReportAnswered()
-}
-
-// upstreamFailed answers a request whose backend failed before the client
-// got anything: 504 if its first byte timed out (a timeout the backend's
-// circuit counts), the answer for its ended context if it ended otherwise,
-// else 502 naming the backend — never its address, which goes to the log.
-func (x *exchange) upstreamFailed(ctx *fasthttp.RequestCtx, err error) {
-	x.stopFirstByte()
-	if errors.Is(x.rctx.Cause(), errFirstByteTimeout) && x.backend != nil {
-		if x.backend.ReportTimeout(errFirstByteTimeout) {
-			x.s.backendLog.observe(x.backend, "consecutive first-byte timeouts")
-		}
-	}
-	if x.failEnded(ctx) {
-		return
-	}
-	name := ""
-	if x.backend != nil {
-		name = x.backend.Name()
-	}
-	x.fail(ctx, x.s.upstreamError(name, err), outcomeFailed, "upstream_error")
-}
-
-// upstreamError counts and logs a failure talking to a backend before the
-// client got anything, and is its 502: naming the backend, never its
-// address, which goes to the log.
-func (s *Server) upstreamError(backend string, err error) *apiError {
-	s.m.upstreamErrors.WithLabelValues(backend, "transport").Inc()
-	s.log.Warn("backend failed before answering", "backend", backend, "err", err)
-	return &apiError{status: 502, typ: typeServer, code: "upstream_error", message: upstreamProblem(backend, err)}
 }

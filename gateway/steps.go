@@ -2,12 +2,9 @@ package gateway
 
 import (
 	"errors"
-	"io"
-	"strconv"
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
 )
 
@@ -114,87 +111,4 @@ func (x *exchange) reserved(ctx *fasthttp.RequestCtx, e *apiError) bool {
 		return false
 	}
 	return true
-}
-
-// admit waits for the request's admission. areq says how the request
-// runs (Opaque, Pinned, Stopper); admit fills in what every request is
-// admitted by. The queue wait ends at the class's timeout or when the
-// request as a whole would time out, whichever is first; the scheduler
-// sheds at once a request whose expected wait already passes that.
-func (x *exchange) admit(ctx *fasthttp.RequestCtx, areq admission.Request) bool {
-	rt := x.rt
-	areq.Queue, areq.Class, areq.Tenant = x.req.model, x.class, x.tenant
-	areq.Deadline = x.start.Add(rt.cfg.Server.requestTimeout())
-	if rt.count {
-		areq.Weight = 1
-	} else {
-		areq.Shape = x.res.shape()
-	}
-	if rt.cfg.Routing == routingAffinity {
-		areq.Affinity = x.affinity(ctx)
-	}
-	x.s.flights.admitting(x)
-	err := rt.sched.AcquireTicket(x.ctx, areq, &x.ticketBuf)
-	x.s.flights.admitted(x)
-	x.trace.admitted(x)
-	if err != nil {
-		x.admissionFailed(ctx, err)
-		return false
-	}
-	x.ticket = &x.ticketBuf
-	x.rctx.releaseOnEnd(x.ticket)
-	if w := x.ticket.Waited(); w > 0 {
-		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
-	}
-	return true
-}
-
-// upstream forwards the admitted request and passes the backend's
-// headers on.
-func (x *exchange) upstream(ctx *fasthttp.RequestCtx) (*backends.Response, bool) {
-	resp, err := x.forward(ctx)
-	if err != nil {
-		x.upstreamFailed(ctx, err)
-		return nil, false
-	}
-	ctx.Response.Header.Set("X-Kvgate-Backend", x.backend.Name())
-	copyBackendHeaders(ctx, resp)
-	return resp, true
-}
-
-// answer answers the client from the backend's response: a streamed
-// answer is relayed (the relay then owns the exchange's finish), any other
-// passed whole. The client is promised a 200 for a stream
-// only once its first event is here: until then a backend that hangs can
-// still get a 504.
-func (x *exchange) answer(ctx *fasthttp.RequestCtx, resp *backends.Response) {
-	if resp.Status() != fasthttp.StatusOK || !x.req.stream || !resp.IsEventStream() {
-		x.answered()
-		x.passBody(ctx, resp)
-		return
-	}
-	er := newEventReader(resp, x.rt.cfg.Server.MaxSSELineBytes.Bytes)
-	first, err := er.next()
-	if err != nil {
-		er.release()
-		resp.Release()
-		if errors.Is(err, io.EOF) {
-			err = errStreamTruncated
-		}
-		x.upstreamFailed(ctx, err)
-		return
-	}
-	x.answered()
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetContentType("text/event-stream")
-	ctx.Response.Header.Set("Cache-Control", "no-cache")
-	ctx.Response.Header.Set("X-Accel-Buffering", "no")
-	x.streaming = true            // from here the relay owns finish
-	x.stage.Store(stageStreaming) // see hangUp
-	x.body = sseBody{x: x, resp: resp, er: er, first: first}
-	if !ctx.Request.Header.IsHTTP11() {
-		x.body.closeDelimited(ctx, x.rt.cfg.Server.writeTimeout())
-		return
-	}
-	ctx.Response.SetBodyStream(&x.body, -1)
 }
