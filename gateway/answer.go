@@ -15,7 +15,6 @@ import (
 // answer is passed on as it is, a stream relayed (stream, relay.go), which
 // then owns the exchange's finish.
 func (x *exchange) answer(ctx *fasthttp.RequestCtx, up upstream) {
-	ctx.Response.Header.Set("X-Kvgate-Backend", x.backend.Name())
 	copyBackendHeaders(ctx, up.resp)
 	if up.er == nil {
 		x.passBody(ctx, up.resp)
@@ -103,16 +102,16 @@ func copyBackendHeaders(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 // escaped, so the pattern cannot match inside the generated text. Without
 // an alias it returns b as it is, allocating nothing.
 func (x *exchange) renameModel(b []byte) []byte {
-	if x.alias == "" {
+	if x.req.alias == "" {
 		return b
 	}
-	if x.renames == nil {
-		from, to := jsonscan.AppendString(nil, x.req.model), jsonscan.AppendString(nil, x.alias)
+	if x.req.renames == nil {
+		from, to := jsonscan.AppendString(nil, x.req.model), jsonscan.AppendString(nil, x.req.alias)
 		for _, sep := range []string{`"model":`, `"model": `} {
-			x.renames = append(x.renames, [2][]byte{append([]byte(sep), from...), append([]byte(sep), to...)})
+			x.req.renames = append(x.req.renames, [2][]byte{append([]byte(sep), from...), append([]byte(sep), to...)})
 		}
 	}
-	for _, r := range x.renames {
+	for _, r := range x.req.renames {
 		b = bytes.ReplaceAll(b, r[0], r[1])
 	}
 	return b

@@ -17,9 +17,9 @@ func (x *exchange) outgoing(ctx *fasthttp.RequestCtx) ([]byte, error) {
 	body := ctx.PostBody()
 	// A streamed chat or completion asks for the usage at its end and on
 	// every chunk; send takes the latter off for a backend that refuses it.
-	if ask := x.usageAsk(); ask != askAsSent || x.injectMax > 0 || x.req.dropMaxCompletion || x.alias != "" {
+	if ask := x.usageAsk(); ask != askAsSent || x.injectMax > 0 || x.req.dropMaxCompletion || x.req.alias != "" {
 		model := ""
-		if x.alias != "" {
+		if x.req.alias != "" {
 			model = x.req.model
 		}
 		b, err := rewriteBody(body, ask, x.injectMax, x.req.dropMaxCompletion, model)
@@ -67,12 +67,12 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 			be = g.backendFor(x.req.model, tried)
 		}
 		if be == nil {
-			if moved || x.ctx.Err() != nil {
+			if moved || x.rctx.Err() != nil {
 				return nil, lastErr
 			}
 			moved = true
 			x.rt.syncRoutes() // the failure may have opened a circuit: bind elsewhere
-			if err := x.ticket.Move(x.ctx); err != nil {
+			if err := x.ticket.Move(&x.rctx); err != nil {
 				return nil, fmt.Errorf("%w (and no other GPU could take the request: %v)", lastErr, err)
 			}
 			x.s.log.Warn("backend failed before answering; moved the request to another GPU", "model", x.req.model, "gpu", x.ticket.GPU(), "err", lastErr)
@@ -97,13 +97,13 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 			ureq.SetBodyRaw(body)
 		}
 		x.backend = be // the backend waited on, for a first-byte timeout
-		x.attempts++
-		x.sentAt = x.s.now()
-		resp, err := be.Do(x.ctx, ureq)
+		x.access.attempts++
+		x.access.sentAt = x.s.now()
+		resp, err := be.Do(&x.rctx, ureq)
 		if err == nil {
 			return resp, nil
 		}
-		if x.ctx.Err() != nil {
+		if x.rctx.Err() != nil {
 			return nil, err
 		}
 		x.s.m.upstreamErrors.WithLabelValues(be.Name(), "transport").Inc()

@@ -21,6 +21,151 @@ import (
 // client's answer in one place (failure): an HTTP error before the
 // stream, an error event in it.
 
+// serveAdmitted serves a request of an admitted API: the loop's steps,
+// each as its API's entry in the table of routes (routes.go) says, and
+// its first turn.
+func (s *Server) serveAdmitted(ctx *fasthttp.RequestCtx, kind endpoint) {
+	if s.testHookServe != nil {
+		s.testHookServe()
+	}
+	a := &apis[kind]
+	x := s.begin(ctx, kind)
+	defer x.leave()
+
+	tn, ok := x.readBody(ctx, kind, a.parse)
+	if !ok {
+		return
+	}
+	texts := a.texts
+	if a.typed && x.m.converted.Load() {
+		texts = nil // its backend counts them above their chat: estimated (usage.go)
+	}
+	prompts, exact, ok := x.count(ctx, tn, texts)
+	if !ok || !a.reserve(x, ctx, prompts, exact) {
+		return
+	}
+	areq := a.admission(x)
+	if x.rt.cfg.Routing == routingAffinity {
+		areq.Affinity = x.affinity(ctx)
+	}
+	body, err := x.outgoing(ctx)
+	if err != nil {
+		x.refuse(ctx, err)
+		return
+	}
+	up, err := x.turn(areq, body, &ctx.Request.Header)
+	x.turnHeaders(ctx)
+	if err != nil {
+		x.refuse(ctx, err)
+		return
+	}
+	x.answer(ctx, up)
+}
+
+// The steps before the first turn, in order: read the body and find its
+// model (readBody), find its class and count its prompts (count), reserve
+// (the API's own). Each answers the client and finishes the exchange
+// itself when it fails, and says so by returning false.
+
+// begin starts a proxied request's exchange; the caller defers leave.
+func (s *Server) begin(ctx *fasthttp.RequestCtx, kind endpoint) *exchange {
+	x := s.newExchange(ctx, s.rt.Load())
+	x.noteAccess(ctx, kind.path())
+	x.startTrace(ctx, kind)
+	return x
+}
+
+// leave finishes an exchange a path forgot to finish — a no-op for every
+// path that did — unless a stream's relay owns its finish now.
+func (x *exchange) leave() {
+	if !x.streaming {
+		x.finish(outcomeFailed, "internal")
+	}
+}
+
+// readBody authenticates the client, reads the body and finds the model
+// it names: a served_name becomes the backend's model name from here on,
+// the client's name going back into the body forwarded and the answers.
+func (x *exchange) readBody(ctx *fasthttp.RequestCtx, kind endpoint, parse parseFunc) (*tenant, bool) {
+	rt := x.rt
+	tn, ok := rt.authenticate(ctx)
+	if !ok {
+		x.fail(ctx, unauthorized(), outcomeRejected, "unauthorized")
+		return nil, false
+	}
+	if tn != nil {
+		x.tenant = tn.name
+	}
+	p := x.s.parsers.Get()
+	req, err := parse(p, ctx.PostBody(), kind)
+	x.s.parsers.Put(p)
+	if err != nil {
+		var pe *parseError
+		errors.As(err, &pe)
+		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: pe.param, message: pe.msg}, outcomeRejected, "invalid_request")
+		return nil, false
+	}
+	x.req = req
+	m := rt.byClientName[req.model]
+	if m == nil {
+		x.fail(ctx, unknownModel(req.model), outcomeRejected, "unknown_model")
+		return nil, false
+	}
+	if m.servedName != m.name {
+		req.alias, req.model = req.model, m.name
+	}
+	x.m, x.label = m, m.name
+	return tn, true
+}
+
+// count finds the request's class and counts its prompts; texts finds
+// the prompts' text in the body for a model counted by its backend.
+func (x *exchange) count(ctx *fasthttp.RequestCtx, tn *tenant, texts textsFunc) (prompts []int, exact []bool, ok bool) {
+	rt, req := x.rt, x.req
+	if e := req.outOfRange(x.m.maxLen); e != nil {
+		x.fail(ctx, e, outcomeRejected, "invalid_request")
+		return nil, nil, false
+	}
+	if x.m.tokenizer == "backend" && texts != nil {
+		if err := texts(&x.s.parsers, ctx.PostBody(), req); err != nil {
+			x.s.log.Error("find the prompts of a parsed request", "err", err)
+			x.fail(ctx, internalError(), outcomeFailed, "internal")
+			return nil, nil, false
+		}
+	}
+	var err error
+	if x.class, err = rt.classFor(tn, ctx.Request.Header.Peek(rt.cfg.Admission.PriorityHeader)); err != nil {
+		x.fail(ctx, &apiError{status: 400, typ: typeInvalidRequest, param: rt.cfg.Admission.PriorityHeader, message: err.Error()}, outcomeRejected, "invalid_request")
+		return nil, nil, false
+	}
+	if !rt.upstreams.Serves(req.model) {
+		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
+		return nil, nil, false
+	}
+	prompts, exact, err = x.countPrompts()
+	if errors.Is(err, backends.ErrNoBackend) {
+		x.fail(ctx, noBackend(req.model), outcomeFailed, "no_backend")
+		return nil, nil, false
+	}
+	if err != nil {
+		if !x.failEnded(ctx) {
+			x.fail(ctx, internalError(), outcomeFailed, "internal")
+		}
+		return nil, nil, false
+	}
+	return prompts, exact, true
+}
+
+// reserved fails the request with its reservation's refusal, if it has
+// one.
+func (x *exchange) reserved(ctx *fasthttp.RequestCtx, e *apiError) bool {
+	if e != nil {
+		x.fail(ctx, e, outcomeRejected, e.code)
+		return false
+	}
+	return true
+}
+
 // upstream is a turn's answer from the backend: the response and, for a
 // stream, its reader and first event.
 type upstream struct {
@@ -100,7 +245,7 @@ func (x *exchange) admit(areq admission.Request) error {
 		t = new(admission.Ticket)
 	}
 	x.s.flights.admitting(x)
-	err := rt.sched.AcquireTicket(x.ctx, areq, t)
+	err := rt.sched.AcquireTicket(&x.rctx, areq, t)
 	x.s.flights.admitted(x)
 	x.trace.admitted(x)
 	if err != nil {
@@ -156,12 +301,16 @@ func (s *Server) upstreamError(backend string, err error) *apiError {
 	return &apiError{status: 502, typ: typeServer, code: "upstream_error", message: upstreamProblem(backend, err)}
 }
 
-// queueHeader tells the client how long its request waited for admission.
-func (x *exchange) queueHeader(ctx *fasthttp.RequestCtx) {
+// turnHeaders tell the client how long its request waited for admission
+// and which backend it was sent to, whether the turn succeeded or not.
+func (x *exchange) turnHeaders(ctx *fasthttp.RequestCtx) {
 	if x.ticket == nil {
 		return
 	}
 	if w := x.ticket.Waited(); w > 0 {
 		ctx.Response.Header.Set("X-Kvgate-Queue-Ms", strconv.FormatInt(w.Milliseconds(), 10))
+	}
+	if x.backend != nil {
+		ctx.Response.Header.Set("X-Kvgate-Backend", x.backend.Name())
 	}
 }

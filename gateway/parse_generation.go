@@ -94,12 +94,8 @@ func parseGeneration(p *fastjson.Parser, body []byte, kind endpoint) (*request, 
 	if err := r.readPinned(v); err != nil {
 		return nil, err
 	}
-	if cs := v.Get("cache_salt"); cs != nil && cs.Type() != fastjson.TypeNull {
-		b, err := cs.StringBytes()
-		if err != nil || len(b) == 0 {
-			return nil, badParam("cache_salt", "cache_salt must be a non-empty string")
-		}
-		r.cacheSalt = string(b)
+	if err := r.readCacheSalt(v); err != nil {
+		return nil, err
 	}
 	var s promptShape
 	var first []byte // the prompt's first text, for affinity
@@ -181,6 +177,13 @@ func (r *request) readResponsesInput(v *fastjson.Value, s *promptShape) (first [
 	if len(items) == 0 {
 		return nil, badParam("input", "input must not be empty")
 	}
+	return r.readInputItems(items, s, first)
+}
+
+// readInputItems reads the Responses API's input items into the prompt's
+// shape; first is the first text read so far, and the first text after
+// all of them.
+func (r *request) readInputItems(items []*fastjson.Value, s *promptShape, first []byte) ([]byte, error) {
 	for i, it := range items {
 		param := fmt.Sprintf("input[%d]", i)
 		if it.Type() != fastjson.TypeObject {
@@ -324,6 +327,18 @@ func generationTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
 	if err != nil {
 		return err
 	}
+	tools, ok := chatTools(v, r.kind)
+	if !ok {
+		return nil
+	}
+	r.onePrompt[0] = promptText{text: chatMessages(v, r.kind), tools: tools}
+	r.prompts = r.onePrompt[:]
+	return nil
+}
+
+// chatMessages is a Responses or Messages request's conversation as
+// chat's messages, a JSON array of role and content.
+func chatMessages(v *fastjson.Value, kind endpoint) []byte {
 	out := []byte{'['}
 	add := func(role []byte, content *fastjson.Value) {
 		if len(out) > 1 {
@@ -347,7 +362,7 @@ func generationTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
 		out = append(out, '}')
 	}
 	system := []byte("system")
-	if r.kind == responsesAPI {
+	if kind == responsesAPI {
 		if in := v.Get("instructions"); in != nil && in.Type() == fastjson.TypeString {
 			add(system, in)
 		}
@@ -368,23 +383,27 @@ func generationTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
 			add(m.GetStringBytes("role"), m.Get("content"))
 		}
 	}
-	var tools []byte
-	if tv := v.Get("tools"); tv != nil && tv.Type() == fastjson.TypeArray {
-		tools = []byte{'['}
-		for i, t := range tv.GetArray() {
-			if i > 0 {
-				tools = append(tools, ',')
-			}
-			var ok bool
-			if tools, ok = chatTool(tools, t, r.kind); !ok {
-				return nil
-			}
-		}
-		tools = append(tools, ']')
+	return append(out, ']')
+}
+
+// chatTools is a Responses or Messages request's tools as chat's, a JSON
+// array (nil without tools); false when one cannot be told as chat's.
+func chatTools(v *fastjson.Value, kind endpoint) ([]byte, bool) {
+	tv := v.Get("tools")
+	if tv == nil || tv.Type() != fastjson.TypeArray {
+		return nil, true
 	}
-	r.onePrompt[0] = promptText{text: append(out, ']'), tools: tools}
-	r.prompts = r.onePrompt[:]
-	return nil
+	tools := []byte{'['}
+	for i, t := range tv.GetArray() {
+		if i > 0 {
+			tools = append(tools, ',')
+		}
+		var ok bool
+		if tools, ok = chatTool(tools, t, kind); !ok {
+			return nil, false
+		}
+	}
+	return append(tools, ']'), true
 }
 
 // chatTool appends a Responses or Messages tool as the chat tool vLLM

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"runtime/debug"
+	"sync/atomic"
 
 	"github.com/valyala/fastjson"
 )
@@ -23,7 +24,8 @@ import (
 // returned, while fasthttp writes the body (see sseBody), and must not
 // touch the RequestCtx.
 func (x *exchange) stream(w *bufio.Writer, up upstream) {
-	r := relay{x: x, w: w, p: x.s.parsers.Get(), outcome: outcomeOK}
+	r := &x.relay
+	r.x, r.w, r.p, r.outcome = x, w, x.s.parsers.Get(), outcomeOK
 	defer func() {
 		if p := recover(); p != nil {
 			x.s.log.Error("panic relaying stream", "panic", p, "stack", string(debug.Stack()))
@@ -37,7 +39,7 @@ func (x *exchange) stream(w *bufio.Writer, up upstream) {
 		err := r.events(&up)
 		up.release()
 		switch {
-		case r.gone || r.done: // reading on after [DONE] was only to reuse the connection
+		case r.gone || r.relayed: // reading on after [DONE] was only to reuse the connection
 			return
 		case !x.rctx.stopped() || x.rctx.Cause() != nil:
 			r.end(err)
@@ -51,18 +53,32 @@ func (x *exchange) stream(w *bufio.Writer, up upstream) {
 	}
 }
 
-// relay is a stream's relay: each upstream's events written to the
-// client, flushed as soon as no further bytes are already buffered (so a
-// burst goes out in one write, and a lone token at once), counted on the
-// way (inspect), the usage chunk the gateway asked for on the client's
-// behalf dropped.
+// relay is an exchange's stream: the body fasthttp writes, each
+// upstream's events written to the client, flushed as soon as no further
+// bytes are already buffered (so a burst goes out in one write, and a
+// lone token at once), counted on the way (inspect), the usage chunk the
+// gateway asked for on the client's behalf dropped; the stage a hang-up
+// report is read by, and what a stopped stream is resumed from.
 type relay struct {
-	x     *exchange
-	w     *bufio.Writer
-	p     *fastjson.Parser
-	shape tokenShape // the upstream's, to tell its token events by
-	done  bool       // [DONE] reached the client: nothing after changes the outcome
-	gone  bool       // the client is gone: the relay stops
+	body      sseBody // a streamed answer, relayed as fasthttp writes it
+	streaming bool    // the relay owns finish (set by the handler's goroutine only)
+	// stage lets a stream under way outlive a hang-up report (see
+	// hangUp); the watch's goroutine reads and writes it too.
+	stage atomic.Int32 // stageBefore, stageStreaming, stageHungUp or stageDone
+	// resume keeps what a stream needs to be resumed after the guard
+	// stops it (resume.go); nil when it cannot be.
+	resume *resumeState
+	// cutBuf and eventBuf hold a chunk with its usage cut, and the event
+	// relayed in its place.
+	cutBuf, eventBuf []byte
+
+	// While the stream is written (stream):
+	x       *exchange
+	w       *bufio.Writer
+	p       *fastjson.Parser
+	shape   tokenShape // the upstream's, to tell its token events by
+	relayed bool       // [DONE] reached the client: nothing after changes the outcome
+	gone    bool       // the client is gone: the relay stops
 	// outcome and reason are the request's, as finish records them.
 	outcome, reason string
 }
@@ -85,23 +101,23 @@ func (r *relay) events(up *upstream) error {
 func (r *relay) event(ev []byte, more bool) bool {
 	x := r.x
 	keep, failed, last, repl := x.inspect(r.p, &r.shape, ev)
-	if failed && !r.done {
+	if failed && !r.relayed {
 		r.outcome, r.reason = outcomeFailed, "backend_stream_error"
 	}
 	if repl != nil {
 		ev = repl
 	}
-	if keep && !r.done {
+	if keep && !r.relayed {
 		if _, err := r.w.Write(x.renameModel(ev)); err != nil {
 			return r.hungUp()
 		}
 	}
-	if !r.done && !more || last {
-		if err := r.w.Flush(); err != nil && !r.done {
+	if !r.relayed && !more || last {
+		if err := r.w.Flush(); err != nil && !r.relayed {
 			return r.hungUp()
 		}
-		if last && !r.done {
-			r.done = true
+		if last && !r.relayed {
+			r.relayed = true
 			x.relayedDone()
 			// The backend has finished: its blocks are free already,
 			// even if its side of the stream stays open a moment.
@@ -164,43 +180,17 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 		keep, failed, last = x.inspectTyped(p, ev)
 		return keep, failed, last, nil
 	}
-	rs := x.resume
 	if len(x.res.gen) == 1 {
-		// About the only choice and nothing else: read without a parse,
-		// the chunk's usage (the backend's count so far: tokencount.go)
-		// cut off first.
-		d, reported := data, -1
-		if cut, n, ok := cutUsage(data, x.cutBuf); ok {
-			x.cutBuf, d, reported = cut, cut, n
-		}
-		if c, ok := shape.choice0(d); ok {
-			if c.text {
-				if rs.capturing() {
-					rs.capture(d[c.start+1:c.end-1], c.reasoning)
-				}
-				x.token(0, textBytes(d[c.start+1:c.end-1]), reported)
-			} else if reported >= 0 {
-				x.token(0, 0, reported)
-			}
-			if c.finish != nil {
-				x.finished(0, string(c.finish) == "length")
-			}
-			if reported >= 0 && !x.req.continuousUsage {
-				repl = x.sseEvent(d)
-			}
-			if rs != nil && rs.opening {
-				rs.opening = false
-				return c.text || c.finish != nil, false, false, repl
-			}
-			return true, false, false, repl
+		if keep, repl, ok := x.inspectOnly(shape, data); ok {
+			return keep, false, false, repl
 		}
 	}
 	v, err := p.ParseBytes(data)
 	if err != nil {
 		return true, false, false, nil
 	}
-	if rs != nil {
-		rs.opening = false
+	if x.resume != nil {
+		x.resume.opening = false
 	}
 	if e := v.Get("error"); e != nil {
 		if bytes.Contains(e.GetStringBytes("message"), outOfMemory) {
@@ -208,6 +198,50 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 		}
 		return true, true, false, nil
 	}
+	keep, repl = x.inspectChunk(v)
+	return keep, false, false, repl
+}
+
+// inspectOnly reads a chunk about the only choice and nothing else without
+// a parse, the chunk's usage (the backend's count so far: tokencount.go)
+// cut off first; ok is false for a chunk it cannot read so.
+func (x *exchange) inspectOnly(shape *tokenShape, data []byte) (keep bool, repl []byte, ok bool) {
+	rs := x.resume
+	d, reported := data, -1
+	if cut, n, ok := cutUsage(data, x.cutBuf); ok {
+		x.cutBuf, d, reported = cut, cut, n
+	}
+	c, ok := shape.choice0(d)
+	if !ok {
+		return false, nil, false
+	}
+	if c.text {
+		if rs.capturing() {
+			rs.capture(d[c.start+1:c.end-1], c.reasoning)
+		}
+		x.token(0, textBytes(d[c.start+1:c.end-1]), reported)
+	} else if reported >= 0 {
+		x.token(0, 0, reported)
+	}
+	if c.finish != nil {
+		x.finished(0, string(c.finish) == "length")
+	}
+	if reported >= 0 && !x.req.continuousUsage {
+		repl = x.sseEvent(d)
+	}
+	if rs != nil && rs.opening {
+		// A continuation's opening role chunk is not relayed again.
+		rs.opening = false
+		return c.text || c.finish != nil, repl, true
+	}
+	return true, repl, true
+}
+
+// inspectChunk reads a parsed chunk: its choices' tokens and ends, and
+// its usage — a chunk's own, cut when the client did not ask for it, or
+// the stream's at its end.
+func (x *exchange) inspectChunk(v *fastjson.Value) (keep bool, repl []byte) {
+	rs := x.resume
 	choices := v.GetArray("choices")
 	reported := -1
 	if u := v.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
@@ -242,9 +276,9 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 		}
 	}
 	if len(choices) == 0 && x.hasUsage && !x.req.includeUsage {
-		return false, false, false, nil
+		return false, nil
 	}
-	return true, false, false, repl
+	return true, repl
 }
 
 // sseEvent is data as an event of its own, built in the exchange's

@@ -225,6 +225,13 @@ func (rs *resumeState) continuation(kind endpoint, remaining, generated int) ([]
 		}
 		v.Set("prompt", joined)
 	}
+	setRemaining(v, &a, remaining, generated)
+	return v.MarshalTo(nil), nil
+}
+
+// setRemaining sets a continuation's length fields: what remains to
+// generate, and a floor on the output less what was generated.
+func setRemaining(v *fastjson.Value, a *fastjson.Arena, remaining, generated int) {
 	set := false
 	for _, k := range [...]string{"max_tokens", "max_completion_tokens"} {
 		if f := v.Get(k); f != nil && f.Type() != fastjson.TypeNull {
@@ -240,7 +247,6 @@ func (rs *resumeState) continuation(kind endpoint, remaining, generated int) ([]
 	if f := v.Get("min_tokens"); f != nil && f.Type() == fastjson.TypeNumber {
 		v.Set("min_tokens", a.NewNumberInt(max(f.GetInt()-generated, 0)))
 	}
-	return v.MarshalTo(nil), nil
 }
 
 // generatedForResume is what the stopped stream generated, as the
@@ -259,7 +265,7 @@ func (x *exchange) generatedForResume() int {
 	body := make([]byte, 0, len(x.resume.text.B)+64)
 	body = jsonscan.AppendString(append(body, `{"model":`...), x.m.name)
 	body = append(append(append(body, `,"prompt":"`...), x.resume.text.B...), `","add_special_tokens":false}`...)
-	t, err := x.backend.Tokenize(x.ctx, body)
+	t, err := x.backend.Tokenize(&x.rctx, body)
 	if err != nil || t < c.events {
 		x.s.log.Warn("could not count a stopped stream's text; resuming it by its bound", "backend", x.backend.Name(), "err", err)
 		return n
