@@ -30,33 +30,48 @@ var (
 // ticket, the client watch (in its flight), the request context — and
 // finish gives it all back exactly once, whichever way the request
 // leaves. Its other roles are types of their own, embedded: the counting
-// of its tokens (tally, tally.go) and the relay of its stream (relay,
-// relay.go).
+// of its tokens (tally, tally.go), the relay of its stream (relay,
+// relay.go), and what is recorded of it (records).
 type exchange struct {
 	s     *Server
 	rt    *runtime
 	start time.Time
 	label string // model label for metrics ("unknown" until the model is known)
 
-	req           *request
-	m             *model
-	class, tenant string
+	req *request
+	m   *model
+	who // the tenant and class it is admitted as
 
 	rctx reqCtx // the request's context (reqctx.go)
 	fl   flight // in the server's set of requests in flight, its client watched (inflight.go)
 
-	ticket *admission.Ticket // &ticketBuf once admitted, or the continuation's
-	// ticketBuf is the admission held, in the exchange itself so that an
-	// admission that fits at once allocates nothing.
-	ticketBuf admission.Ticket
-	backend   *backends.Backend // the backend sent to last
+	hold                      // the admission held
+	backend *backends.Backend // the backend sent to last
 
 	tally
 	relay
+	records
 
+	done bool
+}
+
+// who is the client a request is admitted for: its tenant (by its API
+// key) and its priority class.
+type who struct{ tenant, class string }
+
+// hold is the admission a request holds: the ticket, in the exchange
+// itself so that an admission that fits at once allocates nothing
+// (ticketBuf), or a continuation's (loop.go: admit).
+type hold struct {
+	ticket    *admission.Ticket // &ticketBuf once admitted, or the continuation's
+	ticketBuf admission.Ticket
+}
+
+// records are what is written of a request at its finish: its access
+// line and its spans.
+type records struct {
 	access accessRecord // accesslog.go
 	trace  *reqTrace    // trace.go; nil with tracing off
-	done   bool
 }
 
 func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {

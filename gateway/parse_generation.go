@@ -17,25 +17,6 @@ import (
 // is read into a chat's prompt shape and reserved as a chat is; only the
 // fields, the stream's events and the error shapes differ.
 
-// lengthParam is the field that caps a request's output, for errors.
-func (r *request) lengthParam() string {
-	if r.kind == responsesAPI {
-		return "max_output_tokens"
-	}
-	return "max_tokens"
-}
-
-// promptParam is the field a request's prompt is in, for errors.
-func (r *request) promptParam() string {
-	switch r.kind {
-	case completions:
-		return "prompt"
-	case responsesAPI:
-		return "input"
-	}
-	return "messages"
-}
-
 // generationInputs is what the gateway reads of a Responses or Messages
 // request besides what a chat has.
 type generationInputs struct {

@@ -70,18 +70,28 @@ type api struct {
 	// pooling: it runs its inputs as prefills and decodes nothing
 	// (pooling.go).
 	pooling bool
+	// promptField and lengthField are the fields its prompt is in and
+	// its output is capped by, as errors name them.
+	promptField, lengthField string
 }
 
 // apis are the admitted APIs, by endpoint.
 var apis [numEndpoints]api
 
 func init() {
-	chat := api{parse: parseRequest, texts: promptTexts, reserve: reserveCompletion, admission: completionAdmission}
-	typed := api{parse: parseGeneration, texts: generationTexts, reserve: reserveGeneration, admission: generationAdmission, typed: true}
-	pool := api{parse: parsePooling, texts: poolingTexts, reserve: reservePooling, admission: poolingAdmission, pooling: true}
+	chat := api{parse: parseRequest, texts: promptTexts, reserve: reserveCompletion, admission: completionAdmission,
+		promptField: "messages", lengthField: "max_tokens"}
+	completion := chat
+	completion.promptField = "prompt"
+	messages := api{parse: parseGeneration, texts: generationTexts, reserve: reserveGeneration, admission: generationAdmission, typed: true,
+		promptField: "messages", lengthField: "max_tokens"}
+	responses := messages
+	responses.promptField, responses.lengthField = "input", "max_output_tokens"
+	pool := api{parse: parsePooling, texts: poolingTexts, reserve: reservePooling, admission: poolingAdmission, pooling: true,
+		promptField: "messages", lengthField: "max_tokens"}
 	for e, a := range map[endpoint]api{
-		chatCompletions: chat, completions: chat,
-		responsesAPI: typed, messagesAPI: typed,
+		chatCompletions: chat, completions: completion,
+		responsesAPI: responses, messagesAPI: messages,
 		embeddings: pool, poolingRoute: pool, classify: pool, score: pool, scoreV1: pool, rerank: pool, rerankV1: pool, rerankV2: pool,
 	} {
 		apis[e] = a
@@ -105,6 +115,12 @@ func (e endpoint) typedEvents() bool { return apis[e].typed }
 
 // pooling says whether e is a pooling endpoint.
 func (e endpoint) pooling() bool { return apis[e].pooling }
+
+// lengthParam is the field that caps a request's output, for errors.
+func (r *request) lengthParam() string { return apis[r.kind].lengthField }
+
+// promptParam is the field a request's prompt is in, for errors.
+func (r *request) promptParam() string { return apis[r.kind].promptField }
 
 // route is one entry of the table of routes.
 type route struct {
