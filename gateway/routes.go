@@ -52,7 +52,7 @@ type parseFunc func(p *fastjson.Parser, body []byte, kind endpoint) (*request, e
 type textsFunc func(pp *fastjson.ParserPool, body []byte, r *request) error
 
 // api is how an admitted API's requests are read, reserved, run and
-// answered: the steps of the request's loop (steps.go) take these.
+// answered: the steps of the request's loop (loop.go) take these.
 type api struct {
 	path  string
 	parse parseFunc
