@@ -80,6 +80,10 @@ type accessRecord struct {
 	// sent counts a stream's bytes as the relay flushes them; nil for an
 	// answer the handler wrote.
 	sent *countWriter
+	// attempts counts the sends to a backend (a failover's and a resumed
+	// stream's included); sentAt is when the last began.
+	attempts int
+	sentAt   time.Time
 }
 
 // maxLoggedHeader bounds a header the access line copies from the client.
@@ -131,14 +135,14 @@ func (x *exchange) logAccess(outcome, reason string, total time.Duration) {
 	l := accessLine{
 		id: a.id, method: a.method, route: a.route, client: a.client, forwardedFor: a.forwardedFor, userAgent: a.userAgent,
 		tenant: x.tenant, model: x.label, gpu: x.gpuName(), backend: x.backendName(),
-		retries: max(x.attempts-1, 0), status: x.answerStatus(a.rc, outcome), outcome: outcome, reason: reason,
+		retries: max(x.access.attempts-1, 0), status: x.answerStatus(a.rc, outcome), outcome: outcome, reason: reason,
 		queueWaitMS: ms(x.queueWait()), ttftMS: ms(a.ttft), durationMS: ms(total),
 		bytesIn: a.bytesIn, bytesOut: x.bytesOut(a.rc), promptTokens: prompt, outputTokens: output,
 		kvReservedBytes: x.res.weight(), traceID: a.traceID,
 	}
 	if x.backend != nil {
 		l.upstreamAddr = x.backend.Addr()
-		l.upstreamMS = ms(x.start.Add(total).Sub(x.sentAt)) // to the same end as duration_ms
+		l.upstreamMS = ms(x.start.Add(total).Sub(x.access.sentAt)) // to the same end as duration_ms
 	}
 	if x.trace != nil {
 		l.traceID = x.trace.span.SpanContext().TraceID().String()

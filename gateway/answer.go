@@ -11,6 +11,29 @@ import (
 	"github.com/kvgate/kvgate/internal/jsonscan"
 )
 
+// answer answers the client from the first turn's upstream: a whole
+// answer is passed on as it is, a stream relayed (stream, relay.go), which
+// then owns the exchange's finish.
+func (x *exchange) answer(ctx *fasthttp.RequestCtx, up upstream) {
+	copyBackendHeaders(ctx, up.resp)
+	if up.er == nil {
+		x.passBody(ctx, up.resp)
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("text/event-stream")
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	ctx.Response.Header.Set("X-Accel-Buffering", "no")
+	x.streaming = true            // from here the relay owns finish
+	x.stage.Store(stageStreaming) // see hangUp
+	x.body = sseBody{x: x, up: up}
+	if !ctx.Request.Header.IsHTTP11() {
+		x.body.closeDelimited(ctx, x.rt.cfg.Server.writeTimeout())
+		return
+	}
+	ctx.Response.SetBodyStream(&x.body, -1)
+}
+
 // passBody relays a whole (non-streamed) answer: the backend's status and
 // body as they are, its usage read on the way for calibration and metrics.
 func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
@@ -24,7 +47,7 @@ func (x *exchange) passBody(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 		}
 	}()
 	if err != nil {
-		x.upstreamFailed(ctx, err)
+		x.refuse(ctx, err)
 		return
 	}
 	status := resp.Status()
@@ -79,16 +102,16 @@ func copyBackendHeaders(ctx *fasthttp.RequestCtx, resp *backends.Response) {
 // escaped, so the pattern cannot match inside the generated text. Without
 // an alias it returns b as it is, allocating nothing.
 func (x *exchange) renameModel(b []byte) []byte {
-	if x.alias == "" {
+	if x.req.alias == "" {
 		return b
 	}
-	if x.renames == nil {
-		from, to := jsonscan.AppendString(nil, x.req.model), jsonscan.AppendString(nil, x.alias)
+	if x.req.renames == nil {
+		from, to := jsonscan.AppendString(nil, x.req.model), jsonscan.AppendString(nil, x.req.alias)
 		for _, sep := range []string{`"model":`, `"model": `} {
-			x.renames = append(x.renames, [2][]byte{append([]byte(sep), from...), append([]byte(sep), to...)})
+			x.req.renames = append(x.req.renames, [2][]byte{append([]byte(sep), from...), append([]byte(sep), to...)})
 		}
 	}
-	for _, r := range x.renames {
+	for _, r := range x.req.renames {
 		b = bytes.ReplaceAll(b, r[0], r[1])
 	}
 	return b

@@ -6,11 +6,17 @@
 //
 // # A request, end to end
 //
-// A request is routed by its path (routes.go) to its route's handler —
-// serveCompletion (exchange.go) for chat and completions; the Responses
-// and Messages APIs (generation.go) and the pooling routes (pooling.go)
-// take the same steps (steps.go) with their own reading of the body. The
-// handler authenticates the client
+// A request is routed by its path through the table of routes
+// (routes.go: routeTable), where each route is declared once — its
+// method, its path, how the 404 lists it, and what serves it. A route
+// that admits names its API's entry of apis: how its body is read, its
+// prompts found, its reservation made and how it runs once admitted
+// (completion.go for chat and completions, generation.go, pooling.go).
+// The routes that reserve nothing, /tokenize and those passed through,
+// take the admitted routes' first and last steps only (unadmitted.go).
+//
+// Every admitted request then runs the loop (loop.go): arrival → count →
+// admit → forward → answer. serveAdmitted authenticates the client
 // (auth.go) and reads only the fields that decide admission (parse.go:
 // model, messages or prompt, max_tokens / max_completion_tokens, n /
 // best_of, stream, stream_options), exactly as vLLM will read them — a body
@@ -26,36 +32,45 @@
 // output (max_tokens, else the model's default, else the rest of the
 // context). That is the reservation (reservation.go): per prompt its
 // tokens, the output it may generate and its sequences, in the model's KV
-// blocks (package kvbudget), described to the scheduler as a shape. It
-// waits in its model's queue (package admission: priority classes,
-// tenants, bounded queue, early shedding with Retry-After) until one of the
-// model's GPUs has room for it — under the predicted policy, room for the
-// forecast of its growth beside the others' — and is bound there. A refusal
-// becomes an OpenAI error with its status and Retry-After (refuse.go, in
-// the shape errors.go writes).
+// blocks (package kvbudget), described to the scheduler as a shape.
 //
-// It is forwarded to a backend of that GPU (forward.go). A non-streamed
-// answer is relayed whole (answer.go); a streamed one event by event
-// (relay.go: events cut by stream.go, told apart without a parse by
-// eventscan.go, written by fasthttp through streambody.go), flushed as
-// they arrive, the 200 promised only once the first event is here (a
-// backend that sends none within first_byte_timeout gives a 504), while
-// the relay reports each choice's progress and end to its ticket. A stream
-// is a success once [DONE] reached the client; one that ends otherwise gets
-// a final error event and is a failure. A stream the admission guard stops
-// (the GPU's running requests outgrew their forecast) is cut upstream and
-// sent again from where it was once it fits, its client seeing a pause
-// (resume.go). What an answer reports it used
+// Then it takes the loop's first turn (turn): it waits in its model's
+// queue (package admission: priority classes, tenants, bounded queue,
+// early shedding with Retry-After) until one of the model's GPUs has room
+// for it — under the predicted policy, room for the forecast of its
+// growth beside the others' — and is bound there; it is forwarded to a
+// backend of that GPU (forward.go); and a stream's first event is read,
+// the 200 promised only once it is here (a backend that sends none within
+// first_byte_timeout gives a 504). Whichever turn fails, failure makes
+// its error the client's answer: an OpenAI error with its status and
+// Retry-After before the stream (refuse.go, in the shape errors.go
+// writes), an error event in it.
+//
+// A non-streamed answer is passed whole (answer.go); a streamed one is
+// relayed event by event (relay.go: events cut by stream.go, told apart
+// without a parse by eventscan.go, written by fasthttp through
+// streambody.go), flushed as they arrive, while the relay reports each
+// choice's progress and end to its ticket (tally.go). A stream is a
+// success once [DONE] reached the client; one that ends otherwise gets a
+// final error event and is a failure. A stream the admission guard stops
+// (the GPU's running requests outgrew their forecast) is cut upstream;
+// the relay reports it stopped, and the continuation — sent again from
+// where it was — takes another turn of the same loop once it fits, its
+// client seeing a pause (resume.go). What an answer reports it used
 // (usage.go) calibrates the estimate, checks the tokenize cache, teaches
 // the output-length predictor and feeds the metrics.
 //
+// The exchange (exchange.go) is the request's life: its ticket, its
+// context, its client watch and the one finish. Its counting (tally,
+// tally.go) and its relay (relay, relay.go) are types of their own.
+//
 // The pooling routes (embeddings, pooling, classify, score, rerank;
-// servePooling, pooling.go) take the same steps with their own reading of
+// pooling.go) take the same steps with their own reading of
 // the body (parse_pooling.go): each input is a prompt, and its reservation
 // is the prompt's blocks alone, held to the end of the answer, since a
 // backend runs it as one prefill and decodes nothing.
 //
-// The Responses and Messages APIs (serveGeneration, generation.go) take
+// The Responses and Messages APIs (generation.go) take
 // chat's steps too: vLLM runs each as a chat, so its prompt is read into
 // a chat's shape (parse_generation.go) and its output reserved up to
 // its length field. Their streams are typed events, read by their own

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"math"
 	"strconv"
 	"time"
@@ -96,4 +97,21 @@ func retryAfterText(d time.Duration) string {
 		return strconv.Itoa(retryAfterSeconds(d)) + "s"
 	}
 	return strconv.FormatFloat(math.Ceil(d.Seconds()*10)/10, 'f', -1, 64) + "s"
+}
+
+// internalError is the 500 of a request the gateway itself failed.
+func internalError() *apiError {
+	return &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}
+}
+
+// unknownModel is the 404 of a request for a model the gateway does not
+// serve.
+func unknownModel(model string) *apiError {
+	return &apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
+		message: fmt.Sprintf("The model `%s` does not exist.", model)}
+}
+
+// badJSON is the 400 of a body that is not the JSON it says it is.
+func badJSON(err error) *apiError {
+	return &apiError{status: 400, typ: typeInvalidRequest, message: fmt.Sprintf("We could not parse the JSON body of your request: %v", err)}
 }

@@ -3,9 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"net"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -28,104 +25,61 @@ var (
 	errStoppedForMemory = errors.New("stopped to keep the GPU within its KV budget")
 )
 
-// exchange is one proxied request from arrival to its last byte. It holds
-// everything that must be given back — the admission ticket, the client
-// watch, the request context — and finish gives it all back exactly once,
-// whichever way the request leaves.
+// exchange is one proxied request from arrival to its last byte: its
+// life. It holds everything that must be given back — the admission
+// ticket, the client watch (in its flight), the request context — and
+// finish gives it all back exactly once, whichever way the request
+// leaves. Its other roles are types of their own, embedded: the counting
+// of its tokens (tally, tally.go), the relay of its stream (relay,
+// relay.go), and what is recorded of it (records).
 type exchange struct {
 	s     *Server
 	rt    *runtime
 	start time.Time
-	label string // model label for metrics ("" until the model is known)
+	label string // model label for metrics ("unknown" until the model is known)
 
-	req    *request
-	m      *model
-	class  string
-	tenant string
+	req *request
+	m   *model
+	who // the tenant and class it is admitted as
 
-	// ctx is &rctx, the request's context (reqctx.go).
-	ctx  context.Context
-	rctx reqCtx
-	fl   flight   // in the server's set of requests in flight
-	conn net.Conn // the client's, watched for a hang-up once it waits
+	rctx reqCtx // the request's context (reqctx.go)
+	fl   flight // in the server's set of requests in flight, its client watched (inflight.go)
 
-	wmu        sync.Mutex // guards watchStop and watchEnded
-	watchStop  func() bool
-	watchEnded bool // finished: the client is never watched again
-	// stage and hungUp let a stream under way outlive a hang-up report
-	// (see hangUp); both are atomics, read by the watch's goroutine.
-	stage  atomic.Int32 // stageBefore, stageStreaming or stageDone
-	hungUp atomic.Bool  // the watch reported a hang-up during the stream
+	hold                      // the admission held
+	backend *backends.Backend // the backend sent to last
 
-	ticket *admission.Ticket // &ticketBuf once admitted
-	res    reservation
-	one    oneChoice // res's slices, for one prompt and one choice
-	// ticketBuf is the admission held, in the exchange itself so that an
-	// admission that fits at once allocates nothing.
-	ticketBuf admission.Ticket
-	backend   *backends.Backend
-
-	predicted int // prompt tokens reserved, all prompts
-	// counts and exact hold countPrompts' answer for a single prompt.
-	counts    [1]int
-	exact     [1]bool
-	injectMax int // max_tokens the gateway adds to the body (the model's default); 0 = none
-	// alias is the model's served_name the client sent ("" when it sent
-	// the model's own name): the backend is sent req.model, the client
-	// sees alias in answers; renames are the patterns renameModel swaps.
-	alias    string
-	renames  [][2][]byte
-	firstTok bool
-	lastTok  time.Time // the first choice's last token, for the inter-token latency
-	usage    struct{ prompt, completion int }
-	hasUsage bool
-	// merges is the flag of the stream's backend that says its events
-	// carry several tokens (tokencount.go); nil until first read.
-	merges *atomic.Bool
-	// cutBuf and eventBuf hold a chunk with its usage cut, and the event
-	// relayed in its place.
-	cutBuf, eventBuf []byte
-
-	// source is how the prompts were counted (sourceBackend, ...); "" for
-	// token ids only. A single prompt counted from the model's tokenize
-	// cache keeps its key, to be checked against the usage reported.
-	source     string
-	cacheHit   bool
-	cacheKey   tokenKey
-	cacheCount int
-	// chains name each prompt's leading full blocks (prefix.go) when a GPU
-	// of the model shares them; nil where a prompt's were not seen.
-	chains [][]uint64
-
-	body      sseBody // a streamed answer, relayed as fasthttp writes it
-	streaming bool    // the relay owns finish (set by the handler's goroutine only)
-
-	// resume keeps what a stream needs to be resumed after the guard
-	// stops it (resume.go); nil when it cannot be. preempted is the
-	// guard's word that it stopped the stream to be resumed (set from the
-	// guard's goroutine before it cuts the upstream exchange).
-	resume    *resumeState
-	preempted atomic.Bool
-	// resumeBuf is the continuation's ticket: ticketBuf may still be
-	// lingering, held until the backend has let the stopped blocks go.
-	resumeBuf admission.Ticket
-
-	access accessRecord // accesslog.go
-	// attempts counts the sends to a backend (a failover's and a resumed
-	// stream's included); sentAt is when the last began.
-	attempts int
-	sentAt   time.Time
-	trace    *reqTrace // trace.go; nil with tracing off
+	tally
+	relay
+	records
 
 	done bool
 }
 
+// who is the client a request is admitted for: its tenant (by its API
+// key) and its priority class.
+type who struct{ tenant, class string }
+
+// hold is the admission a request holds: the ticket, in the exchange
+// itself so that an admission that fits at once allocates nothing
+// (ticketBuf), or a continuation's (loop.go: admit).
+type hold struct {
+	ticket    *admission.Ticket // &ticketBuf once admitted, or the continuation's
+	ticketBuf admission.Ticket
+}
+
+// records are what is written of a request at its finish: its access
+// line and its spans.
+type records struct {
+	access accessRecord // accesslog.go
+	trace  *reqTrace    // trace.go; nil with tracing off
+}
+
 func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
-	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown", conn: ctx.Conn()}
+	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown"}
+	x.fl.watch.conn = ctx.Conn()
 	x.rctx.deadline = x.start.Add(rt.cfg.Server.requestTimeout())
 	x.rctx.waiting = s.wake
 	x.rctx.linger = rt.cfg.Admission.abortHold()
-	x.ctx = &x.rctx
 	s.m.inflight.Inc()
 	s.active.Add(1)
 	s.flights.add(x)
@@ -137,30 +91,8 @@ func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
 }
 
 // watchClient has the client's hang-up end the request's context; the
-// sweep calls it once the request waits (inflight.go). It holds wmu across
-// the registration, which only the request's own finish waits for.
-func (x *exchange) watchClient() {
-	x.wmu.Lock()
-	defer x.wmu.Unlock()
-	if x.watchEnded || x.conn == nil {
-		return
-	}
-	if stop, err := x.s.watch.Watch(socketOf(x.conn), x.hangUp); err == nil {
-		x.watchStop = stop
-	}
-}
-
-// unwatch stops watching the client, for good.
-func (x *exchange) unwatch() {
-	x.wmu.Lock()
-	x.watchEnded = true
-	stop := x.watchStop
-	x.watchStop = nil
-	x.wmu.Unlock()
-	if stop != nil {
-		stop()
-	}
-}
+// sweep calls it once the request waits (inflight.go).
+func (x *exchange) watchClient() { x.fl.watch.start(x.s.watch, x.hangUp) }
 
 // finish records the outcome and releases everything. Later calls do
 // nothing, so every exit path may call it.
@@ -171,7 +103,7 @@ func (x *exchange) finish(outcome, reason string) {
 	x.done = true
 	x.s.flights.remove(x)
 	x.stopFirstByte()
-	x.unwatch()
+	x.fl.watch.end()
 	if x.ticket != nil && x.rctx.Cause() == nil {
 		// A context that ended first gave the ticket up itself, lingering
 		// while the backend may still hold the blocks (reqctx.go).
@@ -200,9 +132,14 @@ func (x *exchange) finish(outcome, reason string) {
 	}
 }
 
-// fail answers with e and finishes.
+// fail answers with e, when there is a client to answer, and finishes.
 func (x *exchange) fail(ctx *fasthttp.RequestCtx, e *apiError, outcome, reason string) {
-	e.write(ctx)
+	if e != nil {
+		e.write(ctx)
+		if e.status == statusClientClosed {
+			ctx.SetConnectionClose() // it sends nothing more
+		}
+	}
 	x.finish(outcome, reason)
 }
 
@@ -213,57 +150,8 @@ func (x *exchange) failEnded(ctx *fasthttp.RequestCtx) bool {
 	if outcome == "" {
 		return false
 	}
-	if e != nil {
-		e.write(ctx)
-		if e.status == statusClientClosed {
-			ctx.SetConnectionClose() // it sends nothing more
-		}
-	}
-	x.finish(outcome, reason)
+	x.fail(ctx, e, outcome, reason)
 	return true
-}
-
-func (s *Server) serveCompletion(ctx *fasthttp.RequestCtx, kind endpoint) {
-	if s.testHookServe != nil {
-		s.testHookServe()
-	}
-	x := s.begin(ctx, kind)
-	defer x.leave()
-
-	tn, ok := x.readBody(ctx, kind, parseRequest)
-	if !ok {
-		return
-	}
-	req := x.req
-	prompts, exact, ok := x.count(ctx, tn, promptTexts)
-	if !ok {
-		return
-	}
-	if e := x.reserve(prompts, exact); e != nil {
-		x.fail(ctx, e, outcomeRejected, e.code)
-		return
-	}
-	areq := admission.Request{Opaque: !req.stream, Pinned: req.pinned}
-	if req.stream {
-		areq.Stopper = x
-		if req.resumable && x.rt.resumes() {
-			x.resume = newResumeState()
-		}
-		// A tool call ends what a continuation can carry, found only
-		// while the answer streams: such a request is taken as one that
-		// cannot be resumed where admission decides up front. With
-		// resume_stopped off every stop is a cut, which the operator
-		// chose over holding streams at their worst case.
-		areq.NoResume = x.rt.resumes() && (x.resume == nil || req.tools)
-	}
-	if !x.admit(ctx, areq) {
-		return
-	}
-	resp, ok := x.upstream(ctx)
-	if !ok {
-		return
-	}
-	x.answer(ctx, resp)
 }
 
 func (x *exchange) clientGone() { x.rctx.cancel(errClientGone) }
@@ -275,12 +163,8 @@ func (x *exchange) clientGone() { x.rctx.cancel(errClientGone) }
 // other has its context end, which does the same and has the relay end
 // the stream with an error event.
 func (x *exchange) StopForMemory() {
-	if x.resume != nil {
-		x.preempted.Store(true) // before the cut the relay will see
-		if x.rctx.preempt() {
-			return
-		}
-		x.preempted.Store(false)
+	if x.resume != nil && x.rctx.preempt() {
+		return
 	}
 	x.rctx.cancel(errStoppedForMemory)
 }

@@ -9,18 +9,17 @@ import (
 	"github.com/kvgate/kvgate/backends"
 )
 
-// forward sends the request to a backend of the GPU its ticket is bound
-// to. On a transport failure it tries another backend of that GPU (whose
-// pool the ticket already holds), and once, when there is none, moves the
-// ticket to another GPU and tries there: nothing has reached the client
-// yet, so a retry is safe, and the reservation moves rather than doubles.
-func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error) {
+// outgoing is the body the backend is sent: the client's, rewritten
+// where the gateway asks for more or renames the model. A stream that
+// may be resumed keeps it, with the headers forwarded: its continuation
+// is sent after the handler has returned.
+func (x *exchange) outgoing(ctx *fasthttp.RequestCtx) ([]byte, error) {
 	body := ctx.PostBody()
 	// A streamed chat or completion asks for the usage at its end and on
 	// every chunk; send takes the latter off for a backend that refuses it.
-	if ask := x.usageAsk(); ask != askAsSent || x.injectMax > 0 || x.req.dropMaxCompletion || x.alias != "" {
+	if ask := x.usageAsk(); ask != askAsSent || x.injectMax > 0 || x.req.dropMaxCompletion || x.req.alias != "" {
 		model := ""
-		if x.alias != "" {
+		if x.req.alias != "" {
 			model = x.req.model
 		}
 		b, err := rewriteBody(body, ask, x.injectMax, x.req.dropMaxCompletion, model)
@@ -32,7 +31,7 @@ func (x *exchange) forward(ctx *fasthttp.RequestCtx) (*backends.Response, error)
 	if x.resume != nil {
 		x.resume.keep(body, &ctx.Request.Header)
 	}
-	return x.send(body, &ctx.Request.Header)
+	return body, nil
 }
 
 // usageAsk is the usage a streamed chat or completion asks its backend
@@ -49,7 +48,11 @@ func (x *exchange) usageAsk() usageAsk {
 // client's request, or a resumed stream's copy of them.
 type headerSource interface{ Peek(key string) []byte }
 
-// send is forward's exchange with the backends, for a body ready to go.
+// send sends the request to a backend of the GPU its ticket is bound
+// to. On a transport failure it tries another backend of that GPU (whose
+// pool the ticket already holds), and once, when there is none, moves the
+// ticket to another GPU and tries there: nothing has reached the client
+// yet, so a retry is safe, and the reservation moves rather than doubles.
 func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, error) {
 	ureq := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(ureq)
@@ -64,12 +67,12 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 			be = g.backendFor(x.req.model, tried)
 		}
 		if be == nil {
-			if moved || x.ctx.Err() != nil {
+			if moved || x.rctx.Err() != nil {
 				return nil, lastErr
 			}
 			moved = true
 			x.rt.syncRoutes() // the failure may have opened a circuit: bind elsewhere
-			if err := x.ticket.Move(x.ctx); err != nil {
+			if err := x.ticket.Move(&x.rctx); err != nil {
 				return nil, fmt.Errorf("%w (and no other GPU could take the request: %v)", lastErr, err)
 			}
 			x.s.log.Warn("backend failed before answering; moved the request to another GPU", "model", x.req.model, "gpu", x.ticket.GPU(), "err", lastErr)
@@ -79,13 +82,7 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 		x.armFirstByte(be) // on the first backend tried
 		be.NewRequest(ureq, fasthttp.MethodPost, x.req.kind.path())
 		ureq.Header.SetContentType("application/json")
-		// The request id and W3C trace context reach the backend: vLLM
-		// started with --otlp-traces-endpoint continues the client's trace.
-		for _, h := range forwardedHeaders {
-			if v := hdr.Peek(h); len(v) > 0 {
-				ureq.Header.SetBytesV(h, v)
-			}
-		}
+		copyForwarded(&ureq.Header, hdr)
 		x.trace.upstream(x, ureq, be) // its traceparent replaces the client's
 		if be.FinalUsageOnly() && x.usageAsk() == askContinuous {
 			if finalOnly == nil {
@@ -100,13 +97,13 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 			ureq.SetBodyRaw(body)
 		}
 		x.backend = be // the backend waited on, for a first-byte timeout
-		x.attempts++
-		x.sentAt = x.s.now()
-		resp, err := be.Do(x.ctx, ureq)
+		x.access.attempts++
+		x.access.sentAt = x.s.now()
+		resp, err := be.Do(&x.rctx, ureq)
 		if err == nil {
 			return resp, nil
 		}
-		if x.ctx.Err() != nil {
+		if x.rctx.Err() != nil {
 			return nil, err
 		}
 		x.s.m.upstreamErrors.WithLabelValues(be.Name(), "transport").Inc()
@@ -118,6 +115,17 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 // forwardedHeaders are the client's headers a backend is sent besides the
 // body's type: what ties its work to the client's request and trace.
 var forwardedHeaders = [...]string{"Accept", "X-Request-Id", "Traceparent", "Tracestate"}
+
+// copyForwarded copies the forwarded headers: the request id and W3C
+// trace context reach the backend, and vLLM started with
+// --otlp-traces-endpoint continues the client's trace.
+func copyForwarded(dst *fasthttp.RequestHeader, hdr headerSource) {
+	for _, h := range forwardedHeaders {
+		if v := hdr.Peek(h); len(v) > 0 {
+			dst.SetBytesV(h, v)
+		}
+	}
+}
 
 // errNoBackendOnGPU is forward's error when the GPU a request is bound to
 // has no backend left to try.
@@ -166,27 +174,4 @@ func (x *exchange) answered() {
 		return
 	}
 	x.backend.ReportAnswered()
-}
-
-// upstreamFailed answers a request whose backend failed before the client
-// got anything: 504 if its first byte timed out (a timeout the backend's
-// circuit counts), the answer for its ended context if it ended otherwise,
-// else 502 naming the backend — never its address, which goes to the log.
-func (x *exchange) upstreamFailed(ctx *fasthttp.RequestCtx, err error) {
-	x.stopFirstByte()
-	if errors.Is(x.rctx.Cause(), errFirstByteTimeout) && x.backend != nil {
-		if x.backend.ReportTimeout(errFirstByteTimeout) {
-			x.s.backendLog.observe(x.backend, "consecutive first-byte timeouts")
-		}
-	}
-	if x.failEnded(ctx) {
-		return
-	}
-	name := ""
-	if x.backend != nil {
-		name = x.backend.Name()
-	}
-	x.s.m.upstreamErrors.WithLabelValues(name, "transport").Inc()
-	x.s.log.Warn("backend failed before answering", "backend", name, "err", err)
-	x.fail(ctx, &apiError{status: 502, typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)}, outcomeFailed, "upstream_error")
 }

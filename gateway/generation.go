@@ -20,50 +20,15 @@ import (
 // which is Anthropic's. Their streams are never resumed: a continuation
 // would have to be written in each API's own terms.
 
-// serveGenerationRoute serves a route of the Responses or Messages API:
-// POST to the API's own route is admitted; its sub-routes (a stored
-// response, its cancellation, a token count) are passed through to a
-// backend, since they generate nothing.
-func (s *Server) serveGenerationRoute(ctx *fasthttp.RequestCtx, kind endpoint, sub bool) {
-	if kind == messagesAPI {
-		defer s.anthropicErrors(ctx)
-	}
-	switch {
-	case sub:
-		s.servePassthrough(ctx, s.rt.Load())
-	case !ctx.IsPost():
-		methodNotAllowed(ctx, "POST")
-	default:
-		s.serveGeneration(ctx, kind)
-	}
-}
-
-// serveGeneration is serveCompletion for the Responses and Messages
-// APIs: the same steps, with their reading of the body and one sequence
-// per request.
-func (s *Server) serveGeneration(ctx *fasthttp.RequestCtx, kind endpoint) {
-	x := s.begin(ctx, kind)
-	defer x.leave()
-
-	tn, ok := x.readBody(ctx, kind, parseGeneration)
-	if !ok {
-		return
-	}
-	req := x.req
-	texts := generationTexts
-	if x.m.converted.Load() {
-		texts = nil
-	}
-	prompts, exact, ok := x.count(ctx, tn, texts)
-	if !ok {
-		return
-	}
-	if req.gen.prior {
+// reserveGeneration is the Responses and Messages APIs' reservation
+// step: chat's, after the stored conversation a Responses request may
+// continue, with the model's default length set in the API's own field.
+func reserveGeneration(x *exchange, ctx *fasthttp.RequestCtx, prompts []int, exact []bool) bool {
+	if x.req.gen.prior {
 		x.priorContext(prompts, exact)
 	}
-	if e := x.reserve(prompts, exact); e != nil {
-		x.fail(ctx, e, outcomeRejected, e.code)
-		return
+	if !x.reserved(ctx, x.reserve(prompts, exact)) {
+		return false
 	}
 	if x.injectMax > 0 {
 		// The model's default length, which the reservation assumed, in
@@ -72,25 +37,24 @@ func (s *Server) serveGeneration(ctx *fasthttp.RequestCtx, kind endpoint) {
 		body, err := withMaxOutput(ctx.PostBody(), x.injectMax)
 		if err != nil {
 			x.s.log.Error("set max_output_tokens in a parsed body", "err", err)
-			x.fail(ctx, &apiError{status: 500, typ: typeServer, code: "internal_error", message: "internal error"}, outcomeFailed, "internal")
-			return
+			x.fail(ctx, internalError(), outcomeFailed, "internal")
+			return false
 		}
 		x.injectMax = 0
 		ctx.Request.SetBody(body) // the prompts found in the old body were counted already
 	}
-	areq := admission.Request{Opaque: !req.stream, Pinned: req.pinned}
-	if req.stream {
-		areq.Stopper = x               // stopped, never resumed: x.resume stays nil
-		areq.NoResume = x.rt.resumes() // as chat's (exchange.go)
+	return true
+}
+
+// generationAdmission is how a Responses or Messages request runs: a
+// stream may be stopped by the guard, never resumed (x.resume stays nil).
+func generationAdmission(x *exchange) admission.Request {
+	areq := admission.Request{Opaque: !x.req.stream, Pinned: x.req.pinned}
+	if x.req.stream {
+		areq.Stopper = x
+		areq.NoResume = x.rt.resumes() // as chat's (completion.go)
 	}
-	if !x.admit(ctx, areq) {
-		return
-	}
-	resp, ok := x.upstream(ctx)
-	if !ok {
-		return
-	}
-	x.answer(ctx, resp)
+	return areq
 }
 
 // priorContext sizes a Responses request that continues a stored

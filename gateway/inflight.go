@@ -2,9 +2,12 @@ package gateway
 
 import (
 	"math"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/connwatch"
 )
 
 // The requests in flight, and the sweep that acts on them with time.
@@ -96,6 +99,41 @@ type flight struct {
 	// nanoseconds while it runs, 0 when there is none (or it was stopped),
 	// firstByteFired once the sweep ended the request for it.
 	firstByte atomic.Int64
+	watch     clientWatch
+}
+
+// clientWatch watches a request's client for a hang-up, from when the
+// sweep starts it to the request's finish.
+type clientWatch struct {
+	conn  net.Conn   // the client's
+	mu    sync.Mutex // guards stop and ended
+	stop  func() bool
+	ended bool // finished: the client is never watched again
+}
+
+// start watches the client, calling hangUp when it hangs up. It holds mu
+// across the registration, which only the request's own finish waits for.
+func (w *clientWatch) start(watcher *connwatch.Watcher, hangUp func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended || w.conn == nil {
+		return
+	}
+	if stop, err := watcher.Watch(socketOf(w.conn), hangUp); err == nil {
+		w.stop = stop
+	}
+}
+
+// end stops watching the client, for good.
+func (w *clientWatch) end() {
+	w.mu.Lock()
+	w.ended = true
+	stop := w.stop
+	w.stop = nil
+	w.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 const firstByteFired = -1

@@ -180,8 +180,8 @@ func TestSweepEndsRequestsPastTheirDeadlines(t *testing.T) {
 	if stream.stopFirstByte() {
 		t.Error("stopFirstByte after the sweep fired it reported the clock stopped in time")
 	}
-	if short.ctx = &short.rctx; !errors.Is(short.ctx.Err(), context.DeadlineExceeded) {
-		t.Errorf("a timed-out request's Err() = %v, want DeadlineExceeded", short.ctx.Err())
+	if !errors.Is(short.rctx.Err(), context.DeadlineExceeded) {
+		t.Errorf("a timed-out request's Err() = %v, want DeadlineExceeded", short.rctx.Err())
 	}
 }
 

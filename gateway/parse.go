@@ -11,27 +11,6 @@ import (
 	"github.com/kvgate/kvgate/internal/jsonscan"
 )
 
-// endpoint is which OpenAI API a request is for.
-type endpoint uint8
-
-const (
-	chatCompletions endpoint = iota
-	completions
-)
-
-func (e endpoint) path() string {
-	if e.pooling() {
-		return poolingPaths[e-embeddings]
-	}
-	if e.typedEvents() {
-		return generationPaths[e-responsesAPI]
-	}
-	if e == chatCompletions {
-		return "/v1/chat/completions"
-	}
-	return "/v1/completions"
-}
-
 // request is what the gateway reads of a body: only the fields that decide
 // admission. Everything else is forwarded untouched.
 type request struct {
@@ -52,8 +31,13 @@ type request struct {
 	// dropMaxCompletion: a /v1/completions body carries
 	// max_completion_tokens, which the forwarded body must not.
 	dropMaxCompletion bool
-	n                 int // choices returned per prompt
-	seqs              int // sequences run per prompt: max(n, best_of)
+	// alias is the model's served_name the client sent ("" when it sent
+	// the model's own name): the backend is sent model, the client sees
+	// alias in answers; renames are the patterns renameModel swaps.
+	alias   string
+	renames [][2][]byte
+	n       int // choices returned per prompt
+	seqs    int // sequences run per prompt: max(n, best_of)
 	// pinned: the request sets its own output length — vLLM's ignore_eos
 	// (every sequence runs to max_tokens) or a min_tokens floor — so it is
 	// sized by its cap, never by a forecast of what the model's answers
@@ -121,82 +105,20 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 	if err := r.readStream(v); err != nil {
 		return nil, err
 	}
-	if so := v.Get("stream_options"); so != nil && so.Type() != fastjson.TypeNull {
-		if so.Type() != fastjson.TypeObject {
-			return nil, badParam("stream_options", "stream_options must be an object")
-		}
-		if dup := jsonscan.Duplicate(so, streamOptionKeys); dup != "" {
-			return nil, duplicateKey("stream_options." + dup)
-		}
-		// vLLM's StreamOptions.include_usage defaults to true: an object
-		// without it asks for the usage chunk.
-		r.includeUsage = true
-		if iu := so.Get("include_usage"); iu != nil {
-			r.includeUsage = false
-			if iu.Type() != fastjson.TypeNull {
-				b, err := iu.Bool()
-				if err != nil {
-					return nil, badParam("stream_options.include_usage", "include_usage must be a boolean")
-				}
-				r.includeUsage = b
-			}
-		}
-		if cu := so.Get("continuous_usage_stats"); cu != nil && cu.Type() != fastjson.TypeNull {
-			b, err := cu.Bool()
-			if err != nil {
-				return nil, badParam("stream_options.continuous_usage_stats", "continuous_usage_stats must be a boolean")
-			}
-			r.continuousUsage = b && r.includeUsage
-		}
+	if err := r.readStreamOptions(v); err != nil {
+		return nil, err
 	}
-	// Chat generates max_completion_tokens, else max_tokens (vLLM:
-	// `max_completion_tokens or max_tokens`). /v1/completions has only
-	// max_tokens; a max_completion_tokens there is dropped from the
-	// forwarded body (dropMaxCompletion), so that no backend version can
-	// generate by a field the reservation did not count.
-	keys := []string{"max_completion_tokens", "max_tokens"}
-	if kind == completions {
-		keys = keys[1:]
-		if mc := v.Get("max_completion_tokens"); mc != nil {
-			r.dropMaxCompletion = true
-		}
+	if err := r.readLength(v, kind); err != nil {
+		return nil, err
 	}
-	for _, key := range keys {
-		mt := v.Get(key)
-		if mt == nil || mt.Type() == fastjson.TypeNull {
-			continue
-		}
-		n, err := lengthParam(mt, key)
-		if err != nil {
-			return nil, err
-		}
-		r.maxTokens, r.maxTokensParam = n, key
-		break
-	}
-	if nv := v.Get("n"); nv != nil && nv.Type() != fastjson.TypeNull {
-		n, err := intParam(nv, "n")
-		if err != nil || n < 1 || n > 128 {
-			return nil, badParam("n", "n must be an integer between 1 and 128")
-		}
-		r.n = int(n)
+	if err := r.readSequences(v); err != nil {
+		return nil, err
 	}
 	if err := r.readPinned(v); err != nil {
 		return nil, err
 	}
-	if cs := v.Get("cache_salt"); cs != nil && cs.Type() != fastjson.TypeNull {
-		b, err := cs.StringBytes()
-		if err != nil || len(b) == 0 {
-			return nil, badParam("cache_salt", "cache_salt must be a non-empty string")
-		}
-		r.cacheSalt = string(b)
-	}
-	r.seqs = r.n
-	if best := v.Get("best_of"); best != nil && best.Type() != fastjson.TypeNull {
-		b, err := intParam(best, "best_of")
-		if err != nil || b < 1 || b > 128 {
-			return nil, badParam("best_of", "best_of must be an integer between 1 and 128")
-		}
-		r.seqs = max(r.n, int(b)) // vLLM runs best_of sequences and returns n
+	if err := r.readCacheSalt(v); err != nil {
+		return nil, err
 	}
 
 	if kind == chatCompletions {
@@ -213,6 +135,107 @@ func parseRequest(p *fastjson.Parser, body []byte, kind endpoint) (*request, err
 		r.tools = string(v.GetStringBytes("tool_choice")) != "none"
 	}
 	return r, nil
+}
+
+// readStreamOptions reads stream_options: whether the client asked for
+// the usage chunk, and for usage on every chunk.
+func (r *request) readStreamOptions(v *fastjson.Value) error {
+	so := v.Get("stream_options")
+	if so == nil || so.Type() == fastjson.TypeNull {
+		return nil
+	}
+	if so.Type() != fastjson.TypeObject {
+		return badParam("stream_options", "stream_options must be an object")
+	}
+	if dup := jsonscan.Duplicate(so, streamOptionKeys); dup != "" {
+		return duplicateKey("stream_options." + dup)
+	}
+	// vLLM's StreamOptions.include_usage defaults to true: an object
+	// without it asks for the usage chunk.
+	r.includeUsage = true
+	if iu := so.Get("include_usage"); iu != nil {
+		r.includeUsage = false
+		if iu.Type() != fastjson.TypeNull {
+			b, err := iu.Bool()
+			if err != nil {
+				return badParam("stream_options.include_usage", "include_usage must be a boolean")
+			}
+			r.includeUsage = b
+		}
+	}
+	if cu := so.Get("continuous_usage_stats"); cu != nil && cu.Type() != fastjson.TypeNull {
+		b, err := cu.Bool()
+		if err != nil {
+			return badParam("stream_options.continuous_usage_stats", "continuous_usage_stats must be a boolean")
+		}
+		r.continuousUsage = b && r.includeUsage
+	}
+	return nil
+}
+
+// readLength reads the length field a chat or completion generates by.
+// Chat generates max_completion_tokens, else max_tokens (vLLM:
+// `max_completion_tokens or max_tokens`). /v1/completions has only
+// max_tokens; a max_completion_tokens there is dropped from the
+// forwarded body (dropMaxCompletion), so that no backend version can
+// generate by a field the reservation did not count.
+func (r *request) readLength(v *fastjson.Value, kind endpoint) error {
+	keys := []string{"max_completion_tokens", "max_tokens"}
+	if kind == completions {
+		keys = keys[1:]
+		if mc := v.Get("max_completion_tokens"); mc != nil {
+			r.dropMaxCompletion = true
+		}
+	}
+	for _, key := range keys {
+		mt := v.Get(key)
+		if mt == nil || mt.Type() == fastjson.TypeNull {
+			continue
+		}
+		n, err := lengthParam(mt, key)
+		if err != nil {
+			return err
+		}
+		r.maxTokens, r.maxTokensParam = n, key
+		return nil
+	}
+	return nil
+}
+
+// readSequences reads n and best_of: the choices returned per prompt,
+// and the sequences run for them.
+func (r *request) readSequences(v *fastjson.Value) error {
+	if nv := v.Get("n"); nv != nil && nv.Type() != fastjson.TypeNull {
+		n, err := intParam(nv, "n")
+		if err != nil || n < 1 || n > 128 {
+			return badParam("n", "n must be an integer between 1 and 128")
+		}
+		r.n = int(n)
+	}
+	r.seqs = r.n
+	if best := v.Get("best_of"); best != nil && best.Type() != fastjson.TypeNull {
+		b, err := intParam(best, "best_of")
+		if err != nil || b < 1 || b > 128 {
+			return badParam("best_of", "best_of must be an integer between 1 and 128")
+		}
+		r.seqs = max(r.n, int(b)) // vLLM runs best_of sequences and returns n
+	}
+	return nil
+}
+
+// readCacheSalt reads cache_salt, which names the request's prompt
+// blocks apart from other salts' (prefix.go).
+func (r *request) readCacheSalt(v *fastjson.Value) error {
+	cs := v.Get("cache_salt")
+	if cs == nil || cs.Type() == fastjson.TypeNull {
+		return nil
+	}
+	b, err := cs.StringBytes()
+	if err != nil || len(b) == 0 {
+		return badParam("cache_salt", "cache_salt must be a non-empty string")
+	}
+	r.cacheSalt = string(b)
+	return nil
 }
 
 // readStream reads stream: a boolean, null as absent.

@@ -15,58 +15,7 @@ import (
 // its instructions or system prompt and its messages rendered by the
 // chat template, one sequence generated up to its length field. So each
 // is read into a chat's prompt shape and reserved as a chat is; only the
-// fields, the stream's events and the error shapes differ. They are
-// numbered apart from chat's and the pooling endpoints.
-const (
-	responsesAPI endpoint = 16 + iota
-	messagesAPI
-)
-
-// generationPaths are the routes of the endpoints above, in their order.
-var generationPaths = [...]string{"/v1/responses", "/v1/messages"}
-
-// typedEvents says whether e's streams are typed events (event: NAME,
-// data: {"type":NAME,...}) ending with a last event of their own rather
-// than chat's data: [DONE].
-func (e endpoint) typedEvents() bool { return e == responsesAPI || e == messagesAPI }
-
-// generationEndpoint is the endpoint of a route that is one of the typed
-// generation APIs. sub says the route is one of theirs that only reads
-// or acts on what the backend keeps (a stored response, its
-// cancellation, a token count), which is passed through unadmitted.
-func generationEndpoint(path []byte) (e endpoint, sub, ok bool) {
-	for i, p := range generationPaths {
-		if string(path) == p {
-			return responsesAPI + endpoint(i), false, true
-		}
-	}
-	switch {
-	case len(path) > len("/v1/responses/") && string(path[:len("/v1/responses/")]) == "/v1/responses/":
-		return responsesAPI, true, true
-	case string(path) == "/v1/messages/count_tokens":
-		return messagesAPI, true, true
-	}
-	return 0, false, false
-}
-
-// lengthParam is the field that caps a request's output, for errors.
-func (r *request) lengthParam() string {
-	if r.kind == responsesAPI {
-		return "max_output_tokens"
-	}
-	return "max_tokens"
-}
-
-// promptParam is the field a request's prompt is in, for errors.
-func (r *request) promptParam() string {
-	switch r.kind {
-	case completions:
-		return "prompt"
-	case responsesAPI:
-		return "input"
-	}
-	return "messages"
-}
+// fields, the stream's events and the error shapes differ.
 
 // generationInputs is what the gateway reads of a Responses or Messages
 // request besides what a chat has.
@@ -126,12 +75,8 @@ func parseGeneration(p *fastjson.Parser, body []byte, kind endpoint) (*request, 
 	if err := r.readPinned(v); err != nil {
 		return nil, err
 	}
-	if cs := v.Get("cache_salt"); cs != nil && cs.Type() != fastjson.TypeNull {
-		b, err := cs.StringBytes()
-		if err != nil || len(b) == 0 {
-			return nil, badParam("cache_salt", "cache_salt must be a non-empty string")
-		}
-		r.cacheSalt = string(b)
+	if err := r.readCacheSalt(v); err != nil {
+		return nil, err
 	}
 	var s promptShape
 	var first []byte // the prompt's first text, for affinity
@@ -213,6 +158,13 @@ func (r *request) readResponsesInput(v *fastjson.Value, s *promptShape) (first [
 	if len(items) == 0 {
 		return nil, badParam("input", "input must not be empty")
 	}
+	return r.readInputItems(items, s, first)
+}
+
+// readInputItems reads the Responses API's input items into the prompt's
+// shape; first is the first text read so far, and the first text after
+// all of them.
+func (r *request) readInputItems(items []*fastjson.Value, s *promptShape, first []byte) ([]byte, error) {
 	for i, it := range items {
 		param := fmt.Sprintf("input[%d]", i)
 		if it.Type() != fastjson.TypeObject {
@@ -356,6 +308,18 @@ func generationTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
 	if err != nil {
 		return err
 	}
+	tools, ok := chatTools(v, r.kind)
+	if !ok {
+		return nil
+	}
+	r.onePrompt[0] = promptText{text: chatMessages(v, r.kind), tools: tools}
+	r.prompts = r.onePrompt[:]
+	return nil
+}
+
+// chatMessages is a Responses or Messages request's conversation as
+// chat's messages, a JSON array of role and content.
+func chatMessages(v *fastjson.Value, kind endpoint) []byte {
 	out := []byte{'['}
 	add := func(role []byte, content *fastjson.Value) {
 		if len(out) > 1 {
@@ -379,7 +343,7 @@ func generationTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
 		out = append(out, '}')
 	}
 	system := []byte("system")
-	if r.kind == responsesAPI {
+	if kind == responsesAPI {
 		if in := v.Get("instructions"); in != nil && in.Type() == fastjson.TypeString {
 			add(system, in)
 		}
@@ -400,23 +364,27 @@ func generationTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
 			add(m.GetStringBytes("role"), m.Get("content"))
 		}
 	}
-	var tools []byte
-	if tv := v.Get("tools"); tv != nil && tv.Type() == fastjson.TypeArray {
-		tools = []byte{'['}
-		for i, t := range tv.GetArray() {
-			if i > 0 {
-				tools = append(tools, ',')
-			}
-			var ok bool
-			if tools, ok = chatTool(tools, t, r.kind); !ok {
-				return nil
-			}
-		}
-		tools = append(tools, ']')
+	return append(out, ']')
+}
+
+// chatTools is a Responses or Messages request's tools as chat's, a JSON
+// array (nil without tools); false when one cannot be told as chat's.
+func chatTools(v *fastjson.Value, kind endpoint) ([]byte, bool) {
+	tv := v.Get("tools")
+	if tv == nil || tv.Type() != fastjson.TypeArray {
+		return nil, true
 	}
-	r.onePrompt[0] = promptText{text: append(out, ']'), tools: tools}
-	r.prompts = r.onePrompt[:]
-	return nil
+	tools := []byte{'['}
+	for i, t := range tv.GetArray() {
+		if i > 0 {
+			tools = append(tools, ',')
+		}
+		var ok bool
+		if tools, ok = chatTool(tools, t, kind); !ok {
+			return nil, false
+		}
+	}
+	return append(tools, ']'), true
 }
 
 // chatTool appends a Responses or Messages tool as the chat tool vLLM

@@ -10,35 +10,7 @@ import (
 
 // The pooling endpoints: vLLM's routes that run a prompt through the model
 // and return what it pools from it (a vector, class probabilities, a
-// score) without decoding a token. They are numbered apart from the
-// generation endpoints, so that either list can grow.
-const (
-	embeddings endpoint = 32 + iota
-	poolingRoute
-	classify
-	score
-	scoreV1
-	rerank
-	rerankV1
-	rerankV2
-)
-
-// poolingPaths are the pooling endpoints' routes, in the order of their
-// constants.
-var poolingPaths = [...]string{"/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"}
-
-// pooling says whether e is a pooling endpoint.
-func (e endpoint) pooling() bool { return e >= embeddings && e <= rerankV2 }
-
-// poolingEndpoint is the pooling endpoint of a route, if it is one.
-func poolingEndpoint(path []byte) (endpoint, bool) {
-	for i, p := range poolingPaths {
-		if string(path) == p {
-			return embeddings + endpoint(i), true
-		}
-	}
-	return 0, false
-}
+// score) without decoding a token.
 
 // poolingInputs is what the gateway reads of a pooling request besides
 // its model and inputs.

@@ -7,8 +7,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
-
-	"github.com/kvgate/kvgate/backends"
 )
 
 // Passthrough: the routes a vLLM server answers that hold no KV cache the
@@ -24,11 +22,6 @@ import (
 // defaultPassthrough is what is passed through without a passthrough list:
 // vLLM's routes that neither generate nor pool.
 var defaultPassthrough = []string{"/detokenize", "/tokenizer_info", "/version", "/v1/audio/*"}
-
-// ownRoutes are the gateway's own routes, which no passthrough entry may
-// name.
-var ownRoutes = append([]string{"/v1/chat/completions", "/v1/completions", "/tokenize", "/v1/models", "/metrics", "/healthz",
-	"/readyz", "/health", "/status", "/v1/responses", "/v1/messages"}, poolingPaths[:]...)
 
 // maxPassthroughAnswer bounds a relayed answer.
 const maxPassthroughAnswer = 64 << 20
@@ -75,80 +68,23 @@ func (rt *runtime) passthrough(path string) bool {
 
 // servePassthrough forwards a passed-through request to a backend and
 // relays its answer.
-func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, rt *runtime) {
-	if _, ok := rt.authenticate(ctx); !ok {
-		(&apiError{status: 401, typ: typeAuthentication, code: "invalid_api_key",
-			message: "Incorrect or missing API key. Send it as: Authorization: Bearer <key>."}).write(ctx)
+func (s *Server) servePassthrough(ctx *fasthttp.RequestCtx, _ string) {
+	rt := s.rt.Load()
+	if !rt.letIn(ctx) {
 		return
 	}
-	body := ctx.PostBody()
-	model, aerr := s.passthroughModel(ctx, body)
+	model, aerr := s.passthroughModel(ctx, ctx.PostBody())
 	if aerr != nil {
 		aerr.write(ctx)
 		return
 	}
-	var be *backends.Backend
-	var err error
-	if model == "" {
-		for _, b := range rt.upstreams.Backends() {
-			if b.Available() {
-				be = b
-				break
-			}
-		}
-		if be == nil {
-			err = backends.ErrNoBackend
-		}
-	} else {
-		m := rt.byClientName[model]
-		if m == nil {
-			(&apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
-				message: fmt.Sprintf("The model `%s` does not exist.", model)}).write(ctx)
-			return
-		}
-		if m.name != model && bytes.HasPrefix(ctx.Request.Header.ContentType(), []byte("application/json")) {
-			// A served_name: the backend knows the model by its own name.
-			if body, err = rewriteBody(body, askAsSent, 0, false, m.name); err != nil {
-				(&apiError{status: 400, typ: typeInvalidRequest, message: fmt.Sprintf("We could not parse the JSON body of your request: %v", err)}).write(ctx)
-				return
-			}
-		}
-		be, err = rt.upstreams.Pick(m.name, nil)
-	}
-	if err != nil {
-		noBackend(model).write(ctx)
+	be, body, ok := rt.pick(ctx, model, ctx.PostBody(), bytes.HasPrefix(ctx.Request.Header.ContentType(), []byte("application/json")))
+	if !ok {
 		return
 	}
-	cctx, cancel := s.withTimeout(s.life, rt.cfg.Server.requestTimeout())
-	defer cancel()
-	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
 	// The normalized path the route was matched on (and the query), never
 	// the raw one: what the backend is asked is what was allowed through.
-	be.NewRequest(req, string(ctx.Method()), string(ctx.URI().RequestURI()))
-	if ct := ctx.Request.Header.ContentType(); len(ct) > 0 {
-		req.Header.SetContentTypeBytes(ct)
-	}
-	if a := ctx.Request.Header.Peek(fasthttp.HeaderAccept); len(a) > 0 {
-		req.Header.SetBytesV(fasthttp.HeaderAccept, a)
-	}
-	req.SetBodyRaw(body)
-	resp, err := be.Do(cctx, req)
-	if err != nil {
-		(&apiError{status: 502, typ: typeServer, code: "upstream_error", message: fmt.Sprintf("backend %s: %v", be.Name(), err)}).write(ctx)
-		return
-	}
-	defer resp.Release()
-	answer, err := resp.ReadAll(maxPassthroughAnswer)
-	if err != nil {
-		(&apiError{status: 502, typ: typeServer, code: "upstream_error", message: fmt.Sprintf("backend %s: %v", be.Name(), err)}).write(ctx)
-		return
-	}
-	ctx.SetStatusCode(resp.Status())
-	if ct := resp.Header.ContentType(); len(ct) > 0 {
-		ctx.Response.Header.SetContentTypeBytes(ct)
-	}
-	ctx.SetBody(answer)
+	s.relayWhole(ctx, rt, be, string(ctx.Method()), string(ctx.URI().RequestURI()), body, maxPassthroughAnswer, "")
 }
 
 // passthroughModel is the model a passed-through request names: its JSON
@@ -166,7 +102,7 @@ func (s *Server) passthroughModel(ctx *fasthttp.RequestCtx, body []byte) (string
 	v, err := p.ParseBytes(body)
 	if err != nil {
 		if bytes.HasPrefix(ct, []byte("application/json")) {
-			return "", &apiError{status: 400, typ: typeInvalidRequest, message: fmt.Sprintf("We could not parse the JSON body of your request: %v", err)}
+			return "", badJSON(err)
 		}
 		return "", nil // not JSON: the backend judges it
 	}

@@ -16,44 +16,13 @@ import (
 // the answer, and there is no stream to follow: the answer comes whole,
 // as a non-streamed completion's does, and its usage is read the same way.
 
-// servePoolingPost serves a pooling route, which only POST reaches.
-func (s *Server) servePoolingPost(ctx *fasthttp.RequestCtx, kind endpoint) {
-	if !ctx.IsPost() {
-		methodNotAllowed(ctx, "POST")
-		return
-	}
-	s.servePooling(ctx, kind)
+// reservePooling is the pooling APIs' reservation step.
+func reservePooling(x *exchange, ctx *fasthttp.RequestCtx, prompts []int, exact []bool) bool {
+	return x.reserved(ctx, x.reservePooling(prompts, exact))
 }
 
-// servePooling is serveCompletion for a request that decodes nothing:
-// the same steps (authenticate, read the body once, find the model,
-// count the inputs, reserve, admit, forward, answer), with the pooling
-// body's reading and a reservation of the prompts' blocks only.
-func (s *Server) servePooling(ctx *fasthttp.RequestCtx, kind endpoint) {
-	x := s.begin(ctx, kind)
-	defer x.leave()
-
-	tn, ok := x.readBody(ctx, kind, parsePooling)
-	if !ok {
-		return
-	}
-	prompts, exact, ok := x.count(ctx, tn, poolingTexts)
-	if !ok {
-		return
-	}
-	if e := x.reservePooling(prompts, exact); e != nil {
-		x.fail(ctx, e, outcomeRejected, e.code)
-		return
-	}
-	if !x.admit(ctx, admission.Request{Opaque: true}) {
-		return
-	}
-	resp, ok := x.upstream(ctx)
-	if !ok {
-		return
-	}
-	x.answer(ctx, resp) // never a stream: passed whole
-}
+// poolingAdmission is how a pooling request runs: whole, never stopped.
+func poolingAdmission(*exchange) admission.Request { return admission.Request{Opaque: true} }
 
 // reservePooling turns the inputs' token counts into the reservation, or
 // into the 400 an input over the model's context length gets (only an

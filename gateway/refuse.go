@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/kvbudget"
 )
@@ -50,17 +48,6 @@ const statusClientClosed = 499
 // requests that outgrew the forecast hold the room it needs for some
 // seconds, while the GPU is on worst-case admission.
 const guardRetryAfter = 2 * time.Second
-
-func (x *exchange) admissionFailed(ctx *fasthttp.RequestCtx, err error) {
-	if admission.ReasonOf(err) == admission.ReasonCanceled {
-		if !x.failEnded(ctx) {
-			x.finish(outcomeCanceled, "client_disconnect")
-		}
-		return
-	}
-	e, outcome, reason := x.admissionError(err)
-	x.fail(ctx, e, outcome, reason)
-}
 
 // admissionError is the answer to a refusal by admission other than the
 // request's own end (admission.ReasonCanceled, which ended says).

@@ -6,19 +6,16 @@ import (
 	"errors"
 	"io"
 	"runtime/debug"
+	"sync/atomic"
 
 	"github.com/valyala/fastjson"
-
-	"github.com/kvgate/kvgate/backends"
 )
 
-// relay streams SSE events from the backend to the client as they arrive,
-// starting with first (already read, to honour the first-byte timeout
-// before the client was promised a 200): each event is flushed as soon as
-// no further bytes are already buffered (so a burst goes out in one write,
-// and a lone token at once). It counts tokens and finished choices on the
-// way, returns each finished choice's KV at once, and drops the usage chunk
-// the gateway asked for on the client's behalf.
+// stream relays a streamed answer to the client, the loop's turns after
+// the first included: the events of each upstream are relayed as they
+// arrive (relay.events), and when an upstream ends because the guard
+// stopped it to resume it, the continuation takes the loop's next turn
+// (resume.go) and its events follow on the same stream.
 //
 // How the stream ends decides the outcome: [DONE] relayed is a success,
 // whatever the client does after it; a stream that ends without [DONE],
@@ -26,100 +23,101 @@ import (
 // on its own line and is a failure. It runs after the handler has
 // returned, while fasthttp writes the body (see sseBody), and must not
 // touch the RequestCtx.
-func (x *exchange) relay(w *bufio.Writer, resp *backends.Response, er *eventReader, first []byte) {
-	outcome, reason := outcomeOK, ""
-	done := false // [DONE] reached the client: nothing after changes the outcome
+func (x *exchange) stream(w *bufio.Writer, up upstream) {
+	r := &x.relay
+	r.x, r.w, r.p, r.outcome = x, w, x.s.parsers.Get(), outcomeOK
 	defer func() {
 		if p := recover(); p != nil {
 			x.s.log.Error("panic relaying stream", "panic", p, "stack", string(debug.Stack()))
-			outcome, reason = outcomeFailed, "internal"
+			r.outcome, r.reason = outcomeFailed, "internal"
 		}
-		if er != nil {
-			er.release()
-			resp.Release()
-		}
-		x.finish(outcome, reason)
+		up.release()
+		x.s.parsers.Put(r.p)
+		x.finish(r.outcome, r.reason)
 	}()
-	p := x.s.parsers.Get()
-	defer x.s.parsers.Put(p)
-	var shape tokenShape
-
-	ev, err := first, error(nil)
 	for {
-		for ; err == nil; ev, err = er.next() {
-			if !x.relayEvent(w, er, p, &shape, ev, &done, &outcome, &reason) {
-				return
-			}
-		}
-		if done || !x.preempted.Load() || x.rctx.Cause() != nil {
-			break
-		}
-		// The guard stopped the stream to resume it (resume.go): the same
-		// relay goes on with the continuation.
-		er.release()
-		resp.Release()
-		var e *apiError
-		resp, er, ev, e, outcome, reason = x.resumeStream()
-		if e != nil {
-			x.streamError(w, e)
+		err := r.events(&up)
+		up.release()
+		switch {
+		case r.gone || r.relayed: // reading on after [DONE] was only to reuse the connection
+			return
+		case !x.rctx.stopped() || x.rctx.Cause() != nil:
+			r.end(err)
 			return
 		}
-		if er == nil {
+		// The guard stopped the stream to resume it: the loop's next turn.
+		if up, err = x.resumeTurn(); err != nil {
+			r.fail(x.failure(err))
 			return
 		}
-		shape, err, x.merges = tokenShape{}, nil, nil // the continuation's backend may be another
 	}
-	if done {
-		return // reading on was only to reuse the connection
-	}
-	// The stream ended without [DONE]: the client gets a final error event.
-	if o, r, e := x.ended(); o != "" {
-		outcome, reason = o, r
-		if e != nil {
-			x.streamError(w, e)
-		}
-		return
-	}
-	name := x.backend.Name()
-	switch {
-	case errors.Is(err, errEventTooLarge):
-		outcome, reason = outcomeFailed, "upstream_event_too_large"
-	case errors.Is(err, io.EOF), errors.Is(err, errStreamTruncated):
-		outcome, reason = outcomeFailed, "upstream_incomplete"
-		err = errStreamTruncated
-	default:
-		outcome, reason = outcomeFailed, "upstream_error"
-	}
-	x.s.m.upstreamErrors.WithLabelValues(name, "transport").Inc()
-	x.s.log.Warn("backend stream ended badly", "backend", name, "err", err)
-	x.streamError(w, &apiError{typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)})
 }
 
-// relayEvent relays one event and acts on it; false when the client is
-// gone (outcome says so) and the relay must stop.
-func (x *exchange) relayEvent(w *bufio.Writer, er *eventReader, p *fastjson.Parser, shape *tokenShape, ev []byte, done *bool, outcome, reason *string) bool {
-	keep, failed, last, repl := x.inspect(p, shape, ev)
-	if failed && !*done {
-		*outcome, *reason = outcomeFailed, "backend_stream_error"
+// relay is an exchange's stream: the body fasthttp writes, each
+// upstream's events written to the client, flushed as soon as no further
+// bytes are already buffered (so a burst goes out in one write, and a
+// lone token at once), counted on the way (inspect), the usage chunk the
+// gateway asked for on the client's behalf dropped; the stage a hang-up
+// report is read by, and what a stopped stream is resumed from.
+type relay struct {
+	body      sseBody // a streamed answer, relayed as fasthttp writes it
+	streaming bool    // the relay owns finish (set by the handler's goroutine only)
+	// stage lets a stream under way outlive a hang-up report (see
+	// hangUp); the watch's goroutine reads and writes it too.
+	stage atomic.Int32 // stageBefore, stageStreaming, stageHungUp or stageDone
+	// resume keeps what a stream needs to be resumed after the guard
+	// stops it (resume.go); nil when it cannot be.
+	resume *resumeState
+	// cutBuf and eventBuf hold a chunk with its usage cut, and the event
+	// relayed in its place.
+	cutBuf, eventBuf []byte
+
+	// While the stream is written (stream):
+	x       *exchange
+	w       *bufio.Writer
+	p       *fastjson.Parser
+	shape   tokenShape // the upstream's, to tell its token events by
+	relayed bool       // [DONE] reached the client: nothing after changes the outcome
+	gone    bool       // the client is gone: the relay stops
+	// outcome and reason are the request's, as finish records them.
+	outcome, reason string
+}
+
+// events relays an upstream's events, from its first, until its stream
+// ends or the client is gone; the error is the stream's end.
+func (r *relay) events(up *upstream) error {
+	r.shape, r.x.merges = tokenShape{}, nil // each upstream's backend may be another
+	ev, err := up.first, error(nil)
+	for ; err == nil; ev, err = up.er.next() {
+		if !r.event(ev, up.er.buffered()) {
+			return nil
+		}
+	}
+	return err
+}
+
+// event relays one event and acts on it; false when the client is gone
+// and the relay must stop. more says further bytes are buffered already.
+func (r *relay) event(ev []byte, more bool) bool {
+	x := r.x
+	keep, failed, last, repl := x.inspect(r.p, &r.shape, ev)
+	if failed && !r.relayed {
+		r.outcome, r.reason = outcomeFailed, "backend_stream_error"
 	}
 	if repl != nil {
 		ev = repl
 	}
-	if keep && !*done {
-		if _, werr := w.Write(x.renameModel(ev)); werr != nil {
-			x.clientGone()
-			*outcome, *reason = outcomeCanceled, "client_disconnect"
-			return false
+	if keep && !r.relayed {
+		if _, err := r.w.Write(x.renameModel(ev)); err != nil {
+			return r.hungUp()
 		}
 	}
-	if !*done && !er.buffered() || last {
-		if ferr := w.Flush(); ferr != nil && !*done {
-			x.clientGone()
-			*outcome, *reason = outcomeCanceled, "client_disconnect"
-			return false
+	if !r.relayed && !more || last {
+		if err := r.w.Flush(); err != nil && !r.relayed {
+			return r.hungUp()
 		}
-		if last && !*done {
-			*done = true
+		if last && !r.relayed {
+			r.relayed = true
 			x.relayedDone()
 			// The backend has finished: its blocks are free already,
 			// even if its side of the stream stays open a moment.
@@ -127,6 +125,40 @@ func (x *exchange) relayEvent(w *bufio.Writer, er *eventReader, p *fastjson.Pars
 		}
 	}
 	return true
+}
+
+// hungUp ends the request of a client a write failed to.
+func (r *relay) hungUp() bool {
+	r.x.clientGone()
+	r.gone, r.outcome, r.reason = true, outcomeCanceled, "client_disconnect"
+	return false
+}
+
+// end ends a stream that ended without [DONE]: the client gets a final
+// error event, which says why.
+func (r *relay) end(err error) {
+	if errors.Is(err, io.EOF) {
+		err = errStreamTruncated
+	}
+	e, outcome, reason := r.x.failure(err)
+	if reason == "upstream_error" {
+		switch {
+		case errors.Is(err, errEventTooLarge):
+			reason = "upstream_event_too_large"
+		case errors.Is(err, errStreamTruncated):
+			reason = "upstream_incomplete"
+		}
+	}
+	r.fail(e, outcome, reason)
+}
+
+// fail ends the stream with e's error event (none when e is nil: nobody
+// is left to read it) and the outcome.
+func (r *relay) fail(e *apiError, outcome, reason string) {
+	r.outcome, r.reason = outcome, reason
+	if e != nil {
+		r.x.streamError(r.w, e)
+	}
 }
 
 // inspect reads one SSE event: token counts, finished choices, usage,
@@ -148,43 +180,17 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 		keep, failed, last = x.inspectTyped(p, ev)
 		return keep, failed, last, nil
 	}
-	rs := x.resume
 	if len(x.res.gen) == 1 {
-		// About the only choice and nothing else: read without a parse,
-		// the chunk's usage (the backend's count so far: tokencount.go)
-		// cut off first.
-		d, reported := data, -1
-		if cut, n, ok := cutUsage(data, x.cutBuf); ok {
-			x.cutBuf, d, reported = cut, cut, n
-		}
-		if c, ok := shape.choice0(d); ok {
-			if c.text {
-				if rs.capturing() {
-					rs.capture(d[c.start+1:c.end-1], c.reasoning)
-				}
-				x.token(0, textBytes(d[c.start+1:c.end-1]), reported)
-			} else if reported >= 0 {
-				x.token(0, 0, reported)
-			}
-			if c.finish != nil {
-				x.finished(0, string(c.finish) == "length")
-			}
-			if reported >= 0 && !x.req.continuousUsage {
-				repl = x.sseEvent(d)
-			}
-			if rs != nil && rs.opening {
-				rs.opening = false
-				return c.text || c.finish != nil, false, false, repl
-			}
-			return true, false, false, repl
+		if keep, repl, ok := x.inspectOnly(shape, data); ok {
+			return keep, false, false, repl
 		}
 	}
 	v, err := p.ParseBytes(data)
 	if err != nil {
 		return true, false, false, nil
 	}
-	if rs != nil {
-		rs.opening = false
+	if x.resume != nil {
+		x.resume.opening = false
 	}
 	if e := v.Get("error"); e != nil {
 		if bytes.Contains(e.GetStringBytes("message"), outOfMemory) {
@@ -192,6 +198,50 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 		}
 		return true, true, false, nil
 	}
+	keep, repl = x.inspectChunk(v)
+	return keep, false, false, repl
+}
+
+// inspectOnly reads a chunk about the only choice and nothing else without
+// a parse, the chunk's usage (the backend's count so far: tokencount.go)
+// cut off first; ok is false for a chunk it cannot read so.
+func (x *exchange) inspectOnly(shape *tokenShape, data []byte) (keep bool, repl []byte, ok bool) {
+	rs := x.resume
+	d, reported := data, -1
+	if cut, n, ok := cutUsage(data, x.cutBuf); ok {
+		x.cutBuf, d, reported = cut, cut, n
+	}
+	c, ok := shape.choice0(d)
+	if !ok {
+		return false, nil, false
+	}
+	if c.text {
+		if rs.capturing() {
+			rs.capture(d[c.start+1:c.end-1], c.reasoning)
+		}
+		x.token(0, textBytes(d[c.start+1:c.end-1]), reported)
+	} else if reported >= 0 {
+		x.token(0, 0, reported)
+	}
+	if c.finish != nil {
+		x.finished(0, string(c.finish) == "length")
+	}
+	if reported >= 0 && !x.req.continuousUsage {
+		repl = x.sseEvent(d)
+	}
+	if rs != nil && rs.opening {
+		// A continuation's opening role chunk is not relayed again.
+		rs.opening = false
+		return c.text || c.finish != nil, repl, true
+	}
+	return true, repl, true
+}
+
+// inspectChunk reads a parsed chunk: its choices' tokens and ends, and
+// its usage — a chunk's own, cut when the client did not ask for it, or
+// the stream's at its end.
+func (x *exchange) inspectChunk(v *fastjson.Value) (keep bool, repl []byte) {
+	rs := x.resume
 	choices := v.GetArray("choices")
 	reported := -1
 	if u := v.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
@@ -226,9 +276,9 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 		}
 	}
 	if len(choices) == 0 && x.hasUsage && !x.req.includeUsage {
-		return false, false, false, nil
+		return false, nil
 	}
-	return true, false, false, repl
+	return true, repl
 }
 
 // sseEvent is data as an event of its own, built in the exchange's
@@ -275,9 +325,10 @@ func sseData(ev []byte) []byte {
 
 // The stages of an exchange, as hangUp reads them.
 const (
-	stageBefore int32 = iota // no stream under way
-	stageStreaming
-	stageDone // [DONE] reached the client
+	stageBefore    int32 = iota // no stream under way
+	stageStreaming              // a stream under way
+	stageHungUp                 // a stream under way, its client reported gone
+	stageDone                   // [DONE] reached the client
 )
 
 // hangUp is the watch's report that the client hung up — or only shut its
@@ -286,24 +337,28 @@ const (
 // the report is kept for later rather than cutting off a client that still
 // reads (HTTP/1.1 allows a half-close); once [DONE] has gone out nothing is
 // written any more, and the report ends the request, as it does before the
-// stream. Each side writes its own flag before it reads the other's, so a
-// report that races [DONE] is acted on by one of them.
+// stream. The stage is one atomic, so a report that races [DONE] is acted
+// on by exactly one of them.
 func (x *exchange) hangUp() {
-	if x.stage.Load() != stageStreaming {
-		x.clientGone()
-		return
-	}
-	x.hungUp.Store(true)
-	if x.stage.Load() != stageStreaming {
-		x.clientGone()
+	for {
+		switch st := x.stage.Load(); st {
+		case stageHungUp:
+			return
+		case stageStreaming:
+			if x.stage.CompareAndSwap(st, stageHungUp) {
+				return
+			}
+		default:
+			x.clientGone()
+			return
+		}
 	}
 }
 
 // relayedDone marks [DONE] as relayed, and ends the request if the client
 // was reported gone during the stream.
 func (x *exchange) relayedDone() {
-	x.stage.Store(stageDone)
-	if x.hungUp.Load() {
+	if x.stage.Swap(stageDone) == stageHungUp {
 		x.clientGone()
 	}
 }

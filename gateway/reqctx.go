@@ -43,9 +43,12 @@ type reqCtx struct {
 	// cut: preempt took the upstream connection to close it. The exchange
 	// on it must not give it back to the pool (Uninterrupt says so), as it
 	// would after its last byte had it not been cut.
-	cut    bool
-	funcs  []afterFunc // AfterFuncs of derived contexts
-	nextID int
+	cut bool
+	// resuming: preempt cut the upstream exchange for the request to be
+	// resumed, which the relay asks once that exchange has ended.
+	resuming bool
+	funcs    []afterFunc // AfterFuncs of derived contexts
+	nextID   int
 	// waiting is told, without blocking, when the done channel is first
 	// asked for: only a wait does that (the admission queue, a derived
 	// context), and the server's sweep then watches the request's client
@@ -158,13 +161,23 @@ func (c *reqCtx) preempt() bool {
 		return false
 	}
 	closer, t := c.closer, c.ticket
-	c.closer, c.ticket, c.cut = nil, nil, true
+	c.closer, c.ticket, c.cut, c.resuming = nil, nil, true, true
 	c.mu.Unlock()
 	closer.Close()
 	if t != nil {
 		t.Linger(c.linger)
 	}
 	return true
+}
+
+// stopped says whether preempt cut the upstream exchange since it was
+// last asked, and forgets it.
+func (c *reqCtx) stopped() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.resuming
+	c.resuming = false
+	return s
 }
 
 // releaseOnEnd has t released the moment the context ends (at once if it

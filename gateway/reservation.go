@@ -158,7 +158,7 @@ func (x *exchange) countPrompts() (counts []int, exact []bool, err error) {
 				counts[i], exact[i] = n, true
 				continue
 			}
-			if x.ctx.Err() != nil || errors.Is(err, backends.ErrNoBackend) {
+			if x.rctx.Err() != nil || errors.Is(err, backends.ErrNoBackend) {
 				return nil, nil, err
 			}
 			reason := "error"

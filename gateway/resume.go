@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"sync/atomic"
 
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fastjson"
 
 	"github.com/kvgate/kvgate/admission"
-	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/internal/jsonscan"
 )
 
@@ -227,6 +225,13 @@ func (rs *resumeState) continuation(kind endpoint, remaining, generated int) ([]
 		}
 		v.Set("prompt", joined)
 	}
+	setRemaining(v, &a, remaining, generated)
+	return v.MarshalTo(nil), nil
+}
+
+// setRemaining sets a continuation's length fields: what remains to
+// generate, and a floor on the output less what was generated.
+func setRemaining(v *fastjson.Value, a *fastjson.Arena, remaining, generated int) {
 	set := false
 	for _, k := range [...]string{"max_tokens", "max_completion_tokens"} {
 		if f := v.Get(k); f != nil && f.Type() != fastjson.TypeNull {
@@ -242,7 +247,6 @@ func (rs *resumeState) continuation(kind endpoint, remaining, generated int) ([]
 	if f := v.Get("min_tokens"); f != nil && f.Type() == fastjson.TypeNumber {
 		v.Set("min_tokens", a.NewNumberInt(max(f.GetInt()-generated, 0)))
 	}
-	return v.MarshalTo(nil), nil
 }
 
 // generatedForResume is what the stopped stream generated, as the
@@ -261,7 +265,7 @@ func (x *exchange) generatedForResume() int {
 	body := make([]byte, 0, len(x.resume.text.B)+64)
 	body = jsonscan.AppendString(append(body, `{"model":`...), x.m.name)
 	body = append(append(append(body, `,"prompt":"`...), x.resume.text.B...), `","add_special_tokens":false}`...)
-	t, err := x.backend.Tokenize(x.ctx, body)
+	t, err := x.backend.Tokenize(&x.rctx, body)
 	if err != nil || t < c.events {
 		x.s.log.Warn("could not count a stopped stream's text; resuming it by its bound", "backend", x.backend.Name(), "err", err)
 		return n
@@ -279,100 +283,63 @@ func (rt *runtime) resumes() bool {
 
 func (a AdmissionConfig) resumeStopped() bool { return a.ResumeStopped == nil || *a.ResumeStopped }
 
-// resumeStream sends a stream the guard stopped again, from where it was
-// (see the comment at the top), once it fits. It returns the
-// continuation's response, its reader and first event; or, when the
-// stream cannot or could not go on, the error event to end it with and
-// the outcome. The earlier response has been released.
-func (x *exchange) resumeStream() (resp *backends.Response, er *eventReader, first []byte, e *apiError, outcome, reason string) {
-	x.preempted.Store(false)
+// resumeTurn is the loop's turn for a stream the guard stopped (see the
+// comment at the top): the continuation reserved, admitted at the stopped
+// request's place in the queue, sent and its first event read. The error
+// is why the stream cannot go on, as failure reads it.
+func (x *exchange) resumeTurn() (upstream, error) {
+	areq, body, err := x.continueFrom()
+	if err != nil {
+		return upstream{}, err
+	}
+	up, err := x.turn(areq, body, x.resume)
+	if err == nil && up.er == nil {
+		status := up.resp.Status()
+		msg, _ := up.resp.ReadAll(64 << 10)
+		up.release()
+		return up, fmt.Errorf("the backend answered the continuation %d: %s", status, bytes.TrimSpace(msg))
+	}
+	if err == nil {
+		x.stage.Store(stageStreaming) // a hang-up while it waited ended the request
+	}
+	return up, err
+}
+
+// continueFrom is how the stopped stream goes on: the continuation's
+// reservation (its prompt the stopped one's and what was generated, its
+// output what remains) and body. The error says why it cannot: the
+// stream is then stopped as any other, or its client was gone.
+func (x *exchange) continueFrom() (admission.Request, []byte, error) {
 	rs := x.resume
-	stopped := func() (*backends.Response, *eventReader, []byte, *apiError, string, string) {
-		x.rctx.cancel(errStoppedForMemory)
-		o, r, e := x.ended()
-		return nil, nil, nil, e, o, r
+	// While it waits nothing is written to the client, so a hang-up is
+	// acted on at once, as before a stream.
+	if x.stage.Swap(stageBefore) == stageHungUp {
+		x.clientGone()
+		return admission.Request{}, nil, errClientGone
 	}
 	generated := x.generatedForResume()
 	remaining := x.res.outs[0] - generated
-	if !rs.capturing() || remaining < 1 || x.hungUp.Load() {
-		if x.hungUp.Load() {
-			x.clientGone()
-			o, r, e := x.ended()
-			return nil, nil, nil, e, o, r
+	var body []byte
+	err := errStoppedForMemory
+	if rs.capturing() && remaining >= 1 {
+		if body, err = rs.continuation(x.req.kind, remaining, generated); err != nil {
+			x.s.log.Warn("could not resume a stopped stream", "model", x.req.model, "err", err)
 		}
-		return stopped()
 	}
-	body, err := rs.continuation(x.req.kind, remaining, generated)
 	if err != nil {
-		x.s.log.Warn("could not resume a stopped stream", "model", x.req.model, "err", err)
-		return stopped()
+		x.rctx.cancel(errStoppedForMemory)
+		return admission.Request{}, nil, err
 	}
 	rs.resumed, rs.carried, rs.opening = true, generated, true
 	rs.lost.Store(true)
 	// The stopped ticket is its linger's now: nothing of this exchange
 	// may release it before the backend has let its blocks go, even if
 	// the continuation is never admitted.
-	stoppedTicket := x.ticket
+	stopped := x.ticket
 	x.ticket = nil
-
-	// While it waits nothing is written to the client, so a hang-up is
-	// acted on at once, as before a stream.
-	x.stage.Store(stageBefore)
-	prompt := x.res.prompts[0] + generated
 	x.one = oneChoice{}
-	x.counts[0] = prompt
+	x.counts[0] = x.res.prompts[0] + generated
 	x.one.outs[0] = remaining
 	x.res = newReservation(x.res.layout, x.counts[:1], x.one.outs[:], 1, 1, &x.one)
-	areq := admission.Request{Queue: x.req.model, Class: x.class, Tenant: x.tenant, Deadline: x.rctx.deadline,
-		Pinned: true, Shape: x.res.shape(), Resumes: stoppedTicket}
-	x.s.flights.admitting(x)
-	err = x.rt.sched.AcquireTicket(x.ctx, areq, &x.resumeBuf)
-	x.s.flights.admitted(x)
-	if err != nil {
-		if o, r, e := x.ended(); o != "" {
-			return nil, nil, nil, e, o, r
-		}
-		e, o, r := x.admissionError(err)
-		return nil, nil, nil, e, o, r
-	}
-	x.ticket = &x.resumeBuf
-	x.rctx.releaseOnEnd(x.ticket)
-	x.s.m.resumed.WithLabelValues(x.m.name).Inc()
-
-	resp, err = x.send(body, rs)
-	if err == nil && (resp.Status() != 200 || !resp.IsEventStream()) {
-		status := resp.Status()
-		msg, _ := resp.ReadAll(64 << 10)
-		resp.Release()
-		resp, err = nil, fmt.Errorf("the backend answered the continuation %d: %s", status, bytes.TrimSpace(msg))
-	}
-	if err == nil {
-		er = newEventReader(resp, x.rt.cfg.Server.MaxSSELineBytes.Bytes)
-		if first, err = er.next(); err != nil {
-			er.release()
-			resp.Release()
-			resp, er = nil, nil
-			if errors.Is(err, io.EOF) {
-				err = errStreamTruncated
-			}
-		}
-	}
-	if err != nil {
-		if o, r, e := x.ended(); o != "" {
-			return nil, nil, nil, e, o, r
-		}
-		name := ""
-		if x.backend != nil {
-			name = x.backend.Name()
-			x.s.m.upstreamErrors.WithLabelValues(name, "transport").Inc()
-		}
-		x.s.log.Warn("a resumed stream's backend failed", "backend", name, "err", err)
-		return nil, nil, nil, &apiError{typ: typeServer, code: "upstream_error", message: upstreamProblem(name, err)}, outcomeFailed, "upstream_error"
-	}
-	x.answered()
-	x.stage.Store(stageStreaming)
-	if x.hungUp.Load() {
-		x.clientGone()
-	}
-	return resp, er, first, nil, "", ""
+	return admission.Request{Pinned: true, Resumes: stopped}, body, nil
 }

@@ -55,22 +55,10 @@ func rewriteBody(body []byte, ask usageAsk, maxTokens int, dropMaxCompletion boo
 	var addBuf [128]byte // the members added, before they are copied into out
 	add := addBuf[:0]
 	if usage {
-		add = append(add, `"stream_options":{"include_usage":true`...)
-		if ask == askContinuous {
-			add = append(add, `,"continuous_usage_stats":true`...)
+		var err error
+		if add, err = appendStreamOptions(add, ask, so); err != nil {
+			return nil, err
 		}
-		if len(so) > 0 && so[0] == '{' {
-			// Keep the client's other stream options.
-			if err := jsonscan.Members(so, func(name []byte, start, _, end int) bool {
-				if !keyIs(name, "include_usage") && !keyIs(name, "continuous_usage_stats") {
-					add = append(append(add, ','), so[start:end]...)
-				}
-				return true
-			}); err != nil {
-				return nil, fmt.Errorf("stream_options: %w", err)
-			}
-		}
-		add = append(add, "},"...)
 	}
 	if maxTokens > 0 {
 		add = append(strconv.AppendInt(append(add, `"max_tokens":`...), int64(maxTokens), 10), ',')
@@ -90,6 +78,27 @@ func rewriteBody(body []byte, ask usageAsk, maxTokens int, dropMaxCompletion boo
 		out = out[:len(out)-1] // the added members' trailing comma
 	}
 	return append(out, '}'), nil
+}
+
+// appendStreamOptions appends the stream options that ask for the usage
+// as ask says, the client's others (so, its own object or null) kept.
+func appendStreamOptions(add []byte, ask usageAsk, so []byte) ([]byte, error) {
+	add = append(add, `"stream_options":{"include_usage":true`...)
+	if ask == askContinuous {
+		add = append(add, `,"continuous_usage_stats":true`...)
+	}
+	if len(so) > 0 && so[0] == '{' {
+		// Keep the client's other stream options.
+		if err := jsonscan.Members(so, func(name []byte, start, _, end int) bool {
+			if !keyIs(name, "include_usage") && !keyIs(name, "continuous_usage_stats") {
+				add = append(append(add, ','), so[start:end]...)
+			}
+			return true
+		}); err != nil {
+			return nil, fmt.Errorf("stream_options: %w", err)
+		}
+	}
+	return append(add, "},"...), nil
 }
 
 // keyIs reports whether a key, as written between its quotes, names want:

@@ -131,6 +131,9 @@ type Server struct {
 	tracing     tracing     // span export (trace.go)
 	gpuWatch    *gpuWatch   // what else is on each GPU (gpuwatch.go); set once by New
 
+	// routes is the table of routes the dispatch reads (routes.go).
+	routes *routes
+
 	// testHookServe, when set by a test, runs at the start of every
 	// completion request (to inject a panic, say).
 	testHookServe func()
@@ -144,7 +147,8 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	if opt.Clock == nil {
 		opt.Clock = admission.SystemClock()
 	}
-	s := &Server{opt: opt, log: opt.Logger, now: opt.Clock.Now, backendLog: newBackendLog(opt.Logger), prefixSeed: maphash.MakeSeed(), tokenizeWarn: warnLimit{every: time.Minute}}
+	s := &Server{opt: opt, log: opt.Logger, now: opt.Clock.Now, backendLog: newBackendLog(opt.Logger), prefixSeed: maphash.MakeSeed(), tokenizeWarn: warnLimit{every: time.Minute},
+		routes: defaultRoutes}
 	if opt.AccessLog != nil {
 		s.access = newAccessWriter(opt.AccessLog, cfg.Log.Format, opt.Clock)
 	}
@@ -559,10 +563,6 @@ func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 // models.retrieve). Like OpenAI, it needs a key once tenants have keys:
 // clients check a key with models.list().
 func (s *Server) serveModels(ctx *fasthttp.RequestCtx, id string) {
-	if !ctx.IsGet() {
-		methodNotAllowed(ctx, "GET")
-		return
-	}
 	rt := s.rt.Load()
 	if _, ok := rt.authenticate(ctx); !ok {
 		unauthorized().write(ctx)
@@ -581,8 +581,7 @@ func (s *Server) serveModels(ctx *fasthttp.RequestCtx, id string) {
 	if id != "" {
 		m := rt.byClientName[id]
 		if m == nil {
-			(&apiError{status: 404, typ: typeInvalidRequest, param: "model", code: "model_not_found",
-				message: fmt.Sprintf("The model `%s` does not exist.", id)}).write(ctx)
+			unknownModel(id).write(ctx)
 			return
 		}
 		writeJSON(ctx, 200, model(m))

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-
-	"github.com/kvgate/kvgate/backends"
 )
 
 // sseBody is a streamed answer as fasthttp writes it. fasthttp's
@@ -26,9 +24,7 @@ import (
 // written (the client went away before the headers), finishes the exchange.
 type sseBody struct {
 	x       *exchange
-	resp    *backends.Response
-	er      *eventReader // the stream, its first event already read
-	first   []byte
+	up      upstream // the stream, its first event already read
 	started bool
 	pipe    io.ReadCloser // the fallback's pipe, once Read was called
 }
@@ -54,7 +50,7 @@ func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
 	b.x.access.sent = cw // the access line's bytes_out
 	bw := sseWriters.Get().(*bufio.Writer)
 	bw.Reset(cw)
-	b.x.relay(bw, b.resp, b.er, b.first)
+	b.x.stream(bw, b.up)
 	bw.Reset(nil)
 	sseWriters.Put(bw)
 	return cw.n, nil // a failed write was the relay's to handle (the client went away)
@@ -66,7 +62,7 @@ func (b *sseBody) Read(p []byte) (int, error) {
 			return 0, io.ErrClosedPipe
 		}
 		b.started = true
-		b.pipe = fasthttp.NewStreamReader(func(w *bufio.Writer) { b.x.relay(w, b.resp, b.er, b.first) })
+		b.pipe = fasthttp.NewStreamReader(func(w *bufio.Writer) { b.x.stream(w, b.up) })
 	}
 	return b.pipe.Read(p)
 }
@@ -101,8 +97,7 @@ func (b *sseBody) Close() error {
 		return b.pipe.Close() // the relay's next write fails and it finishes
 	case !b.started:
 		b.started = true
-		b.er.release()
-		b.resp.Release()
+		b.up.release()
 		b.x.finish(outcomeCanceled, "client_disconnect")
 	}
 	return nil

@@ -311,7 +311,7 @@ func (x *exchange) tokenizeCached(be **backends.Backend, i int) (int, error) {
 				idBufs.Put(ids)
 			}
 		}()
-		n, err := (*be).TokenizeIDs(x.ctx, tokenizeBody(nil, x.req, i), ids)
+		n, err := (*be).TokenizeIDs(&x.rctx, tokenizeBody(nil, x.req, i), ids)
 		if err != nil {
 			return 0, err
 		}
@@ -324,7 +324,7 @@ func (x *exchange) tokenizeCached(be **backends.Backend, i int) (int, error) {
 		}
 		return n, nil
 	}
-	n, err := (*be).Tokenize(x.ctx, tokenizeBody(nil, x.req, i))
+	n, err := (*be).Tokenize(&x.rctx, tokenizeBody(nil, x.req, i))
 	if err != nil {
 		return 0, err
 	}

@@ -52,14 +52,6 @@ const tracerFlushTimeout = 5 * time.Second
 // traceContext reads and writes W3C traceparent and tracestate.
 var traceContext propagation.TraceContext
 
-// spanNames are the request spans' names, by endpoint: method and route.
-var spanNames = func() (names [rerankV2 + 1]string) {
-	for e := range names {
-		names[e] = "POST " + endpoint(e).path()
-	}
-	return names
-}()
-
 // tracing is the server's current tracer and those a reload retired whose
 // last requests have not finished.
 type tracing struct {
