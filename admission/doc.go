@@ -61,9 +61,8 @@
 //
 // ε holds only while traffic looks like the history it was learned from;
 // guard.go holds whatever the traffic does. Every ticket has a now: what
-// it may hold before its next Progress and for a stop's time after
-// (prompt, tokens and the blocks its next stopTokens tokens reach, as the
-// forecast's step 0), or its worst case when it reports no
+// it may hold before its next Progress (prompt, tokens and the next block,
+// as the forecast's step 0), or its worst case when it reports no
 // progress. When a Progress takes a GPU's sum of them past its capacity,
 // running requests are stopped through their Stopper (predicted ones
 // first, the lowest class, the tenant holding the most for its share, the

@@ -240,31 +240,15 @@ func (s *Scheduler) groupCurveLocked(c *curve, g Group, held int64, live, gen in
 	}
 }
 
-// forecastLead is how many tokens past a sequence's reported count its
-// forecast and the guard's now count it: what the backend has computed and
-// the gateway not yet seen (leadTokens), and stopLead more. Those are the
-// tokens a stop the guard decides has to take effect: Progress recomputes
-// a ticket's curve when that count enters a new block, so the blocks its
-// step 0 names are never stale — what the sequence will hold stopLead
-// tokens after its latest report. They also cover a curve's staleness at
-// every later step: Progress recomputes it at least every stopLead tokens.
-// Without a lead a forecast whose lengths are known exactly — outputs
-// pinned to max_tokens, all samples cut by their cap — has no margin at
-// all, and the staleness alone overflowed a pool.
-func forecastLead(g Group) int { return stopLead(g) + leadTokens - 1 }
-
-// stopTokens is how many tokens every running sequence may generate between
-// the guard's decision to stop a stream and the backend letting its blocks
-// go (an abort takes effect at the engine's next step or two): the guard
-// counts each sequence at what it will hold that far ahead, so its stops
-// come before what runs can outgrow the pool. Each token of it is a token
-// of every sequence's lead in the forecast, held back from the batch: a
-// block's worth (16), the lead before, kept a steady batch at 90 % of its
-// pool, half of it at 91 % (TestBoundKeepsASteadyBatchFull).
-const stopTokens = 8
-
-// stopLead is stopTokens, or a block where blocks are smaller.
-func stopLead(g Group) int { return max(min(stopTokens, g.BlockTokens), 1) }
+// forecastLead is how many tokens a sequence may be ahead of the
+// generated count its forecast was computed with: Progress recomputes a
+// ticket's curve only when a sequence enters a new block, so a curve is up
+// to a block stale (a sequence crosses its next boundary that much sooner
+// than the curve says), plus what the backend has computed and the gateway
+// not yet seen (leadTokens). Without it a forecast whose lengths are known
+// exactly — outputs pinned to max_tokens, all samples cut by their cap —
+// has no margin at all, and the staleness alone overflowed a pool.
+func forecastLead(g Group) int { return g.BlockTokens + leadTokens - 1 }
 
 // finalSizeMoments are the mean and variance of a group's final size when
 // each live sequence's length is min(L, Cap), L drawn from lens: the shared

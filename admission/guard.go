@@ -99,9 +99,10 @@ func (s *Scheduler) guardNowLocked(t *Ticket) int64 {
 	var n int64
 	for i := range t.groups {
 		g := &t.groups[i]
-		// As the forecast's step 0: the blocks it will hold stopLead
-		// tokens after its latest report, so a stop decided when this
-		// passes the line has those tokens' time to take effect.
+		// As the forecast's step 0: the block after the one it last
+		// entered, which it takes within a block's tokens of the report
+		// that entered that one; so a stop decided when this passes the
+		// line has those tokens' time to take effect.
 		n = satAdd64(n, g.size(g.live, min(satAdd(g.gen, forecastLead(g.Group)+1), g.Cap)))
 	}
 	return min(n, t.weight)

@@ -219,7 +219,7 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 		}
 		for i, g := range w.shape {
 			t.groups[i] = tgroup{Group: g, live: g.Seqs}
-			t.groups[i].blk, t.groups[i].ahead = t.groups[i].blocksAt(0), t.groups[i].aheadAt(0)
+			t.groups[i].blk = t.groups[i].blocksAt(0)
 			if !w.pinned && !w.opaque { // an opaque one reports no growth to judge
 				judgeGroup(&t.groups[i], w.lens)
 			}

@@ -63,11 +63,7 @@ type tgroup struct {
 	Group
 	live int   // sequences not finished
 	gen  int   // tokens each live sequence has generated, as last accounted
-	blk  int64 // blocks a sequence holds at gen (with leadTokens)
-	// ahead is the blocks it holds at gen plus its forecast's lead: what
-	// its curve's step 0 and the guard count. Progress's lock-free check:
-	// only a change of it changes them.
-	ahead int64
+	blk  int64 // blocks a sequence holds at gen (with leadTokens): Progress's lock-free check
 	// The change detector's view of it (drift.go): judged says its
 	// sequences are judged against the forecast they were admitted on;
 	// mark is that forecast's 0.9 quantile (MaxInt when unknown), markBlk
@@ -86,11 +82,6 @@ type tgroup struct {
 
 func (g *tgroup) blocksAt(generated int) int64 {
 	return blocks(satAdd(satAdd(g.Prompt, generated), leadTokens), g.BlockTokens)
-}
-
-// aheadAt is ahead at generated tokens.
-func (g *tgroup) aheadAt(generated int) int64 {
-	return blocks(satAdd(satAdd(g.Prompt, generated), forecastLead(g.Group)+1), g.BlockTokens)
 }
 
 // GPU is the pool the ticket is bound to ("" for the zero Ticket).
@@ -160,30 +151,25 @@ func (s *Scheduler) settleUnlock(op string) {
 }
 
 // Progress reports that each live sequence of group gi has generated
-// generated tokens. Only two reports matter: one where what it will hold
-// by its lead enters a new block (ahead: the guard's now is then exact),
-// and one stopLead tokens past the last that mattered (a curve is then
-// never more than stopLead − 1 tokens stale, which its lead covers at
-// every future step). In between it costs a comparison and takes no
-// lock. It must be called from one goroutine at a time (the one relaying
-// the request's answer).
+// generated tokens. Only a change of block matters: in between it costs a
+// comparison and takes no lock. It must be called from one goroutine at a
+// time (the one relaying the request's answer).
 func (t *Ticket) Progress(gi, generated int) {
 	if t == nil || t.s == nil || gi < 0 || gi >= len(t.groups) {
 		return
 	}
 	g := &t.groups[gi]
-	a := g.aheadAt(generated)
-	if generated < g.gen || (a == g.ahead && generated-g.gen < stopLead(g.Group)) {
+	b := g.blocksAt(generated)
+	if b == g.blk || generated < g.gen {
 		return
 	}
-	b := g.blocksAt(generated)
 	s := t.s
 	s.mu.Lock()
 	if t.weight == 0 {
 		s.mu.Unlock()
 		return
 	}
-	s.updateLocked(t, func() { g.gen, g.blk, g.ahead = generated, b, a })
+	s.updateLocked(t, func() { g.gen, g.blk = generated, b })
 	s.noteGrowthLocked(t, g)
 	s.guardCheckLocked(t.pool)
 	s.settleUnlock(opProgress)

@@ -75,7 +75,7 @@ func (c *choiceCount) note(textBytes, reported int, byBytes bool) int {
 // ahead is how many tokens past its count the choice's sequence may be
 // before its next event tells: an event's worth, less the one the count
 // has. The guard takes what a stream may hold before its next report to
-// be its count and its lead; with several tokens an event, the
+// be its count and the next block; with several tokens an event, the
 // backend runs that much further between reports.
 func (c *choiceCount) ahead() int { return max(c.step-1, 0) }
 

@@ -10,10 +10,10 @@ import (
 // (340-token prompts, lognormal outputs of median 200 and σ 0.8, capped at
 // 1024) admitted while the peak of the batch's curve, candidate included,
 // fits 2888 blocks — the benchmark's two-tenant batch on its simulator —
-// with each sequence 9 tokens ahead (Lead 9, the admission's: the tokens in
-// flight and the 8 a stop of the guard has to take effect). What runs
-// never passes the pool, and fills about 91 % of it (90 % with a whole
-// block of lead, Lead 17); the rest is the bound's price: the lead and z.
+// with each sequence a block and two tokens ahead (Lead 17, the
+// admission's lead for a curve up to a block stale). What runs never
+// passes the pool, and fills about 90 % of it; the rest is the bound's
+// price: the lead and z.
 func TestBoundKeepsASteadyBatchFull(t *testing.T) {
 	const (
 		pool   = 2888
@@ -46,7 +46,7 @@ func TestBoundKeepsASteadyBatchFull(t *testing.T) {
 			clear(vari)
 			clear(hi)
 			for _, s := range append(run, seq{}) {
-				Item{Prompt: prompt, Generated: s.gen, Cap: maxLen, Seqs: 1, BlockTokens: 16, BlockBytes: 1, Lead: 9, Lengths: l}.AddWithAllAlive(mean, vari, hi)
+				Item{Prompt: prompt, Generated: s.gen, Cap: maxLen, Seqs: 1, BlockTokens: 16, BlockBytes: 1, Lead: 17, Lengths: l}.AddWithAllAlive(mean, vari, hi)
 			}
 			peak := math.Inf(-1)
 			for k := range mean {
@@ -70,7 +70,7 @@ func TestBoundKeepsASteadyBatchFull(t *testing.T) {
 	}
 	full := used / (steps - steps/4)
 	t.Logf("the pool %.1f %% full on average", 100*full)
-	if full < 0.9 {
-		t.Fatalf("the pool %.1f %% full: the bound holds back more than it did (91 %%)", 100*full)
+	if full < 0.88 {
+		t.Fatalf("the pool %.1f %% full: the bound holds back more than it did (90 %%)", 100*full)
 	}
 }
