@@ -348,3 +348,83 @@ func TestNoResumeWorstCasesFitThePool(t *testing.T) {
 	c.Release()
 	f.state(0, 0)
 }
+
+// flagStopper records that the guard stopped its request.
+type flagStopper struct{ stopped *bool }
+
+func (s flagStopper) StopForMemory() { *s.stopped = true }
+
+// The guard counts each sequence with its next block (its lead), so that a
+// stop has a block's worth of steps to take effect: requests admitted on a
+// forecast of 20-token outputs all run long, token by token, in lockstep
+// (every sequence enters a new block at the same step, the worst case for
+// the guard's margin), and each stopped one goes on generating, its blocks
+// still the engine's, until its abort takes effect 16 steps later — the
+// gateway holds it meanwhile (Linger). What the engine really holds never
+// passes the pool, whatever the prompts' phase against the blocks. (With
+// a lead of 8 tokens instead, it passed it once an abort took 10 steps.)
+func TestGuardStopsTakeEffectBeforeThePoolIsExceeded(t *testing.T) {
+	const (
+		capacity = 400 // blocks of 16 tokens, 16 bytes each
+		step     = 10 * time.Millisecond
+		abort    = 16 // steps from a stop to the engine letting its blocks go
+	)
+	for _, prompt := range []int{16, 21, 27, 31} {
+		f := guarded(t, capacity*16, nil)
+		type seq struct {
+			tk      *admission.Ticket
+			g       int
+			stopped bool
+			left    int // steps until its abort takes effect, once stopped
+		}
+		var run []*seq
+		for {
+			s := &seq{}
+			r := chat(prompt, 512)
+			r.Deadline, r.Stopper = t0, flagStopper{&s.stopped}
+			tk, err := f.b.Acquire(context.Background(), r)
+			if err != nil {
+				break
+			}
+			s.tk = tk
+			run = append(run, s)
+		}
+		stops := 0
+		for i := 0; len(run) > 0; i++ {
+			left := run[:0]
+			for _, s := range run {
+				s.g++ // the engine generates, stopped or not, until its abort
+				switch {
+				case s.stopped && s.left == 0:
+					stops++
+					s.left = abort
+					s.tk.Linger(abort * step)
+				case s.stopped:
+					if s.left--; s.left == 0 {
+						continue // aborted: the engine let its blocks go
+					}
+				case s.g >= 512:
+					s.tk.Done(0, s.g, true)
+					continue
+				default:
+					s.tk.Progress(0, s.g)
+				}
+				left = append(left, s)
+			}
+			run = left
+			held := 0
+			for _, s := range run {
+				held += (prompt + s.g + 1 + 15) / 16 // the token being computed has its slot
+			}
+			if held > capacity {
+				t.Fatalf("prompt %d, step %d: %d sequences hold %d blocks of %d (%d stopped so far)", prompt, i, len(run), held, capacity, stops)
+			}
+			f.clock.Advance(step)
+		}
+		if stops == 0 {
+			t.Fatalf("prompt %d: the guard stopped nothing", prompt)
+		}
+		f.clock.Advance(abort * step)
+		f.state(0, 0)
+	}
+}
