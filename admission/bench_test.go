@@ -167,7 +167,7 @@ func BenchmarkUncontendedRatio(b *testing.B) {
 
 // BenchmarkShapedAcquireRelease is a chat request's Acquire, a few
 // Progress reports, Done and Release, with 128 other requests running on the
-// pool, under each policy: what the gateway pays per request.
+// GPU, under each policy: what the gateway pays per request.
 func BenchmarkShapedAcquireRelease(b *testing.B) {
 	ctx := context.Background()
 	shape := []admission.Group{{Prompt: 256, Cap: 1024, Seqs: 1, BlockTokens: 16, BlockBytes: 128 << 10}}

@@ -62,7 +62,7 @@ func (s *Scheduler) SetCacheView(v CacheView) {
 
 // prefillBlocksLocked is how many of w's prompt blocks p must compute, by
 // the view; ok is false when the view cannot say, or w names no blocks.
-func (s *Scheduler) prefillBlocksLocked(p *pool, w *waiter) (blocks int64, ok bool) {
+func (s *Scheduler) prefillBlocksLocked(p *gpu, w *waiter) (blocks int64, ok bool) {
 	named := false
 	for _, g := range w.shape {
 		total := int64((g.Prompt + g.BlockTokens - 1) / g.BlockTokens)
@@ -80,15 +80,15 @@ func (s *Scheduler) prefillBlocksLocked(p *pool, w *waiter) (blocks int64, ok bo
 	return blocks, named
 }
 
-// cacheCostsLocked is, by pool index, how many blocks w must prefill on
-// each of its candidate pools; nil unless the view can say for every one.
+// cacheCostsLocked is, by GPU index, how many blocks w must prefill on
+// each of its candidate GPUs; nil unless the view can say for every one.
 // The slice is reused.
 func (s *Scheduler) cacheCostsLocked(w *waiter) []int64 {
 	if s.cacheView == nil || len(w.shape) == 0 {
 		return nil
 	}
-	if len(s.costs) < len(s.pools) {
-		s.costs = make([]int64, len(s.pools))
+	if len(s.costs) < len(s.gpus) {
+		s.costs = make([]int64, len(s.gpus))
 	}
 	for _, r := range w.line.q.routes {
 		if !eligible(w, r) {
@@ -103,23 +103,23 @@ func (s *Scheduler) cacheCostsLocked(w *waiter) []int64 {
 	return s.costs
 }
 
-// shareRuns holds, for one candidate (of) and each pool it was fitted on,
-// how many of each of its groups' shareable blocks the pool counted
+// shareRuns holds, for one candidate (of) and each GPU it was fitted on,
+// how many of each of its groups' shareable blocks the GPU counted
 // shared.
 type shareRuns struct {
 	of    *waiter
-	valid []bool  // by pool index
-	runs  [][]int // by pool index, then group
+	valid []bool  // by GPU index
+	runs  [][]int // by GPU index, then group
 }
 
 // shareRunsLocked is, for each group of w, how many of its shareable blocks
 // p counts as held once: all of them where no view can see p's cache, else
 // the leading run p holds cached. Asked again for the same w and p, it
 // answers as the first time, until pickLocked looks at w afresh.
-func (s *Scheduler) shareRunsLocked(p *pool, w *waiter) []int {
+func (s *Scheduler) shareRunsLocked(p *gpu, w *waiter) []int {
 	r := &s.runs
-	if len(r.valid) < len(s.pools) {
-		r.valid, r.runs = make([]bool, len(s.pools)), make([][]int, len(s.pools))
+	if len(r.valid) < len(s.gpus) {
+		r.valid, r.runs = make([]bool, len(s.gpus)), make([][]int, len(s.gpus))
 	}
 	if r.of != w {
 		r.of = w

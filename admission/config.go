@@ -13,7 +13,7 @@ import (
 // Defaults that zero values in Config stand for.
 const (
 	DefaultMaxQueued          = 1024
-	DefaultQueuedBytesFactor  = 16 // MaxQueuedBytes 0 = this many times the capacity of the queue's pools: a burst of 10× what fits queues
+	DefaultQueuedBytesFactor  = 16 // MaxQueuedBytes 0 = this many times the capacity of the queue's GPUs: a burst of 10× what fits queues
 	DefaultQueueTimeout       = 30 * time.Second
 	DefaultPressureThreshold  = 0.9
 	DefaultShare              = 1.0 // DefaultTenantShare 0 = this: no cap beyond the capacity itself
@@ -39,7 +39,7 @@ const (
 	// from admission to release: the sum of what is held never exceeds the
 	// capacity, so a backend can never overflow.
 	WorstCase = "worst_case"
-	// Predicted admits while the peak of the pool's predicted future memory
+	// Predicted admits while the peak of the GPU's predicted future memory
 	// curve fits, with overflow probability bounded by Policy.Epsilon; see
 	// doc.go. Requests without a Shape, and queues with fewer than
 	// Policy.WarmupSamples finished sequences, are held at their worst case.
@@ -54,7 +54,7 @@ type ClassConfig struct {
 	// ClassLimits bound the class's line in each queue; a zero limit takes
 	// Config.ClassDefaults'.
 	ClassLimits `yaml:",inline"`
-	// Sheddable requests are refused with ErrOverloaded while every pool
+	// Sheddable requests are refused with ErrOverloaded while every GPU
 	// that could serve them is above Config.PressureThreshold. nil = true
 	// for a class named sheddable, false for any other (IsSheddable).
 	Sheddable *bool `yaml:"sheddable"`
@@ -79,7 +79,7 @@ type ClassLimits struct {
 	MaxQueued int `yaml:"max_requests"`
 	// MaxQueuedBytes bounds the summed weight of the waiting requests of this
 	// class in one queue. 0 = the default's, else DefaultQueuedBytesFactor
-	// (16) × the nominal capacity of the queue's pools, following Resize;
+	// (16) × the nominal capacity of the queue's GPUs, following Resize;
 	// negative = no bound in bytes (MaxQueued still applies).
 	MaxQueuedBytes confval.Size `yaml:"max_bytes"`
 	// QueueTimeout is the longest a request of this class waits. 0 = the
@@ -92,7 +92,7 @@ type ClassLimits struct {
 // tenants, which add the tenant's keys and class.
 type TenantConfig struct {
 	Name string `yaml:"name"` // unique, non-empty ("" is the anonymous tenant, see DefaultTenantShare)
-	// Share is the largest fraction of each pool's nominal capacity the
+	// Share is the largest fraction of each GPU's nominal capacity the
 	// tenant may hold at once, in (0,1]. 0 = Config.DefaultTenantShare.
 	Share float64 `yaml:"share"`
 	// QueueShare is the largest fraction of each class line (both count and
@@ -100,7 +100,7 @@ type TenantConfig struct {
 	QueueShare float64 `yaml:"queue_share"`
 }
 
-// AIMDConfig shapes the closed loop driven by Scheduler.Feedback. A pool's
+// AIMDConfig shapes the closed loop driven by Scheduler.Feedback. A GPU's
 // effective capacity starts at its nominal one.
 type AIMDConfig struct {
 	// Decrease multiplies the effective capacity on each Feedback(true),
@@ -118,7 +118,7 @@ type AIMDConfig struct {
 type PolicyConfig struct {
 	// Reservation is WorstCase or Predicted. "" = WorstCase.
 	Reservation string
-	// Epsilon bounds the probability that a pool's real use passes its
+	// Epsilon bounds the probability that a GPU's real use passes its
 	// capacity, per admission decision, under Predicted. In (0, 0.5).
 	// 0 = DefaultEpsilon (1e-4).
 	Epsilon float64
@@ -127,13 +127,13 @@ type PolicyConfig struct {
 	// held at their worst case. 0 = DefaultWarmupSamples (100); negative =
 	// predict from the first sample.
 	WarmupSamples int
-	// Headroom: while a pool's backend reports more than (1 − Headroom) ×
+	// Headroom: while a GPU's backend reports more than (1 − Headroom) ×
 	// its effective capacity in use, nothing new is admitted to it, whatever
 	// the forecast says (a request whose worst case fits beside everything
-	// held excepted, on a pool without a limit). In [0, 0.5). 0 = DefaultHeadroom (0.02); negative =
+	// held excepted, on a GPU without a limit). In [0, 0.5). 0 = DefaultHeadroom (0.02); negative =
 	// no headroom gate.
 	Headroom float64
-	// MaxOvercommit bounds the exposure of a pool to a wrong forecast: the
+	// MaxOvercommit bounds the exposure of a GPU to a wrong forecast: the
 	// sum of the worst cases of what it holds never exceeds MaxOvercommit ×
 	// its capacity, and a tenant's sum never exceeds that times its share,
 	// so that a tenant's flood of requests that turn out long cannot take
@@ -155,7 +155,7 @@ type BackfillConfig struct {
 	// Enabled lets waiters that fit start past a head that does not, while
 	// that does not delay the head. nil = true. Off, every line is strictly
 	// first come, first served: a waiter that fits nowhere holds back
-	// everyone behind it in its queue and every pool it could use.
+	// everyone behind it in its queue and every GPU it could use.
 	Enabled *bool `yaml:"enabled"`
 	// MaxHeadAge is how long the first blocked waiter may be passed; older,
 	// it holds back everyone as if backfilling were off. 0 =
@@ -174,10 +174,10 @@ type GPUConfig struct {
 }
 
 // QueueConfig is one line of waiting requests (the gateway keeps one per
-// model) and the pools that may serve it.
+// model) and the GPUs that may serve it.
 type QueueConfig struct {
 	Name string   // unique ("" is allowed: a single-queue scheduler)
-	GPUs []string // names from Config.Pools; at least one
+	GPUs []string // names from Config.GPUs; at least one
 	// MaxLen is the longest output a sequence of this queue can have
 	// (the model's context length), the range of its learned lengths.
 	// 0 = 1<<17.
@@ -185,7 +185,7 @@ type QueueConfig struct {
 }
 
 // Config is a scheduler's configuration. The zero value of every field but
-// Pools and Queues is usable.
+// GPUs and Queues is usable.
 type Config struct {
 	GPUs   []GPUConfig
 	Queues []QueueConfig
@@ -221,19 +221,19 @@ type Config struct {
 	Observer Observer
 	// Seed seeds the jitter of Retry-After. 0 = a fixed seed.
 	Seed uint64
-	// Limited starts every pool (at New, and each one Reconfigure adds) with
+	// Limited starts every GPU (at New, and each one Reconfigure adds) with
 	// a limit of 0 instead of none, so that nothing is admitted to it until
-	// SetLimit opens it: the pool of a budget shared with other processes
+	// SetLimit opens it: the GPU of a budget shared with other processes
 	// must not admit a whole budget of its own before its share is known.
 	// Fixed at New: Reconfigure ignores it. See limit.go.
 	Limited bool
-	// OnDemand, if set, is called with a pool's name when a request queues
+	// OnDemand, if set, is called with a GPU's name when a request queues
 	// for lack of room on it and when weight held on it is given back: the
 	// moments an external limiter (SetLimit) may want to grow or shrink. It
 	// is called after the scheduler's lock is released, from the goroutine
 	// that caused it (a request's), so it must return at once (a
 	// non-blocking channel send). Fixed at New: Reconfigure ignores it.
-	OnDemand func(pool string)
+	OnDemand func(gpu string)
 }
 
 // DefaultClasses are critical, standard and sheddable, in that order.
@@ -285,13 +285,13 @@ type policySpec struct {
 
 type queueSpec struct {
 	name   string
-	pools  []string
+	gpus   []string
 	maxLen int
 }
 
 // settings is a validated Config with every default filled in.
 type settings struct {
-	pools         []GPUConfig
+	gpus          []GPUConfig
 	queues        []queueSpec
 	classes       []classSpec
 	defaultClass  int
@@ -346,9 +346,9 @@ func (r *resolver) fraction(field string, v, def float64, openTop bool) float64 
 func resolve(cfg Config) (settings, error) {
 	var r resolver
 	var s settings
-	var poolSeen map[string]int
-	s.pools, poolSeen = r.gpus(cfg.GPUs)
-	s.queues = r.queues(cfg.Queues, poolSeen)
+	var gpuSeen map[string]int
+	s.gpus, gpuSeen = r.gpus(cfg.GPUs)
+	s.queues = r.queues(cfg.Queues, gpuSeen)
 	s.classes, s.defaultClass = r.classes(cfg)
 	s.defaultShare, s.tenants = r.tenants(cfg)
 	s.pressure = r.fraction("pressure_threshold", cfg.PressureThreshold, DefaultPressureThreshold, false)
@@ -365,20 +365,20 @@ func resolve(cfg Config) (settings, error) {
 // gpus checks the budgets; it returns them and their indices by name.
 func (r *resolver) gpus(gpus []GPUConfig) ([]GPUConfig, map[string]int) {
 	if len(gpus) == 0 {
-		r.badf("pools: at least one pool is required")
+		r.badf("GPUs: at least one GPU is required")
 	}
 	var out []GPUConfig
 	seen := make(map[string]int, len(gpus))
 	for i, p := range gpus {
 		switch j, dup := seen[p.Name]; {
 		case p.Name == "":
-			r.badf("pools[%d].name: must not be empty", i)
+			r.badf("GPUs[%d].name: must not be empty", i)
 		case dup:
-			r.badf("pools[%d].name: %q already names pools[%d]", i, p.Name, j)
+			r.badf("GPUs[%d].name: %q already names GPUs[%d]", i, p.Name, j)
 		}
 		seen[p.Name] = i
 		if p.Capacity <= 0 {
-			r.badf("pools[%d].capacity: %d must be > 0", i, p.Capacity)
+			r.badf("GPUs[%d].capacity: %d must be > 0", i, p.Capacity)
 		}
 		out = append(out, p)
 	}
@@ -388,8 +388,8 @@ func (r *resolver) gpus(gpus []GPUConfig) ([]GPUConfig, map[string]int) {
 // defaultMaxLen is a queue's MaxLen when it gives none.
 const defaultMaxLen = 1 << 17
 
-// queues checks the queues against the budgets (pools, by name).
-func (r *resolver) queues(queues []QueueConfig, pools map[string]int) []queueSpec {
+// queues checks the queues against the budgets (GPUs, by name).
+func (r *resolver) queues(queues []QueueConfig, gpus map[string]int) []queueSpec {
 	if len(queues) == 0 {
 		r.badf("queues: at least one queue is required")
 	}
@@ -400,8 +400,8 @@ func (r *resolver) queues(queues []QueueConfig, pools map[string]int) []queueSpe
 			r.badf("queues[%d].name: %q already names queues[%d]", i, q.Name, j)
 		}
 		seen[q.Name] = i
-		r.queuePools(i, q.GPUs, pools)
-		qs := queueSpec{name: q.Name, pools: append([]string(nil), q.GPUs...), maxLen: q.MaxLen}
+		r.queueGPUs(i, q.GPUs, gpus)
+		qs := queueSpec{name: q.Name, gpus: append([]string(nil), q.GPUs...), maxLen: q.MaxLen}
 		switch {
 		case qs.maxLen == 0:
 			qs.maxLen = defaultMaxLen
@@ -414,17 +414,17 @@ func (r *resolver) queues(queues []QueueConfig, pools map[string]int) []queueSpe
 }
 
 // queuePools checks queue i's list of budgets: known ones, each once.
-func (r *resolver) queuePools(i int, list []string, pools map[string]int) {
+func (r *resolver) queueGPUs(i int, list []string, gpus map[string]int) {
 	if len(list) == 0 {
-		r.badf("queues[%d].pools: at least one pool is required", i)
+		r.badf("queues[%d].GPUs: at least one GPU is required", i)
 	}
 	seen := map[string]bool{}
 	for j, p := range list {
-		if _, ok := pools[p]; !ok {
-			r.badf("queues[%d].pools[%d]: %q is not one of the pools", i, j, p)
+		if _, ok := gpus[p]; !ok {
+			r.badf("queues[%d].GPUs[%d]: %q is not one of the GPUs", i, j, p)
 		}
 		if seen[p] {
-			r.badf("queues[%d].pools[%d]: %q is listed twice", i, j, p)
+			r.badf("queues[%d].GPUs[%d]: %q is listed twice", i, j, p)
 		}
 		seen[p] = true
 	}

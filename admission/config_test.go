@@ -16,14 +16,14 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		cfg  admission.Config
 		want string
 	}{
-		{"no pools", admission.Config{}, "pools: at least one pool is required"},
-		{"zero capacity", oneGPU(0, admission.Config{}), "pools[0].capacity: 0 must be > 0"},
-		{"negative capacity", oneGPU(-5, admission.Config{}), "pools[0].capacity: -5"},
-		{"pool name", admission.Config{GPUs: []admission.GPUConfig{{Capacity: 1}}}, "pools[0].name: must not be empty"},
-		{"duplicate pool", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}, {Name: "a", Capacity: 1}}}, `pools[1].name: "a" already names pools[0]`},
+		{"no GPUs", admission.Config{}, "GPUs: at least one GPU is required"},
+		{"zero capacity", oneGPU(0, admission.Config{}), "GPUs[0].capacity: 0 must be > 0"},
+		{"negative capacity", oneGPU(-5, admission.Config{}), "GPUs[0].capacity: -5"},
+		{"GPU name", admission.Config{GPUs: []admission.GPUConfig{{Capacity: 1}}}, "GPUs[0].name: must not be empty"},
+		{"duplicate GPU", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}, {Name: "a", Capacity: 1}}}, `GPUs[1].name: "a" already names GPUs[0]`},
 		{"no queues", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}}}, "queues: at least one queue is required"},
-		{"queue without pools", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m"}}}, "queues[0].pools: at least one pool is required"},
-		{"queue's unknown pool", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m", GPUs: []string{"a", "b"}}}}, `queues[0].pools[1]: "b" is not one of the pools`},
+		{"queue without GPUs", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m"}}}, "queues[0].GPUs: at least one GPU is required"},
+		{"queue's unknown GPU", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m", GPUs: []string{"a", "b"}}}}, `queues[0].GPUs[1]: "b" is not one of the GPUs`},
 		{"duplicate queue", admission.Config{GPUs: []admission.GPUConfig{{Name: "a", Capacity: 1}}, Queues: []admission.QueueConfig{{Name: "m", GPUs: []string{"a"}}, {Name: "m", GPUs: []string{"a"}}}}, `queues[1].name: "m" already names queues[0]`},
 		{"reservation", oneGPU(1, admission.Config{Policy: admission.PolicyConfig{Reservation: "optimistic"}}), `policy.reservation: "optimistic" is not worst_case or predicted`},
 		{"epsilon", oneGPU(1, admission.Config{Policy: admission.PolicyConfig{Epsilon: 0.5}}), "policy.epsilon: 0.5 is not in (0, 0.5)"},
@@ -54,7 +54,7 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 	}
 	// Every problem is reported at once.
 	_, err := admission.New(admission.Config{Classes: []admission.ClassConfig{{}}, PressureThreshold: 3})
-	for _, want := range []string{"pools", "classes[0].name", "pressure_threshold"} {
+	for _, want := range []string{"GPUs", "classes[0].name", "pressure_threshold"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("joined error %v lacks %q", err, want)
 		}
@@ -181,12 +181,12 @@ func TestReconfigureDefaultShareAppliesToUnlistedTenants(t *testing.T) {
 	}
 }
 
-// Issue 26, R4: a pool removed by one Reconfigure and configured again by
-// the next is the same pool while tickets still run on it: its GPU holds
+// Issue 26, R4: a GPU removed by one Reconfigure and configured again by
+// the next is the same GPU while tickets still run on it: its GPU holds
 // them, so it must not count from zero and admit them a second time. Once
 // they have ended it starts afresh; a limit it had (a lease given back on
 // removal) is not trusted again.
-func TestReconfigureReaddedPoolKeepsItsTickets(t *testing.T) {
+func TestReconfigureReaddedGPUKeepsItsTickets(t *testing.T) {
 	two := func(c admission.Config) admission.Config {
 		return fleet([]admission.GPUConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
 			map[string][]string{"onlyA": {"a"}, "onlyB": {"b"}}, c)
@@ -224,7 +224,7 @@ func TestReconfigureReaddedPoolKeepsItsTickets(t *testing.T) {
 			if err := f.b.Reconfigure(two(admission.Config{Limited: tc.limited})); err != nil {
 				t.Fatal(err)
 			}
-			if got := f.poolsHeld(); got != tc.wantHeld {
+			if got := f.gpusHeld(); got != tc.wantHeld {
 				t.Fatalf("held after re-adding b: %s, want %s", got, tc.wantHeld)
 			}
 			st, _ := f.b.GPU("b")

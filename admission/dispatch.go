@@ -8,7 +8,7 @@ import (
 )
 
 // maxBackfillScan bounds how many waiters a dispatch pass looks at past the
-// first one that did not fit: each look costs a forecast per pool, and a
+// first one that did not fit: each look costs a forecast per GPU, and a
 // request that deep in the queue is rarely the one that fits.
 const maxBackfillScan = 256
 
@@ -16,15 +16,15 @@ type resKind uint8
 
 const (
 	resNone  resKind = iota
-	resBlock         // strict order: nobody else may start on the pool
+	resBlock         // strict order: nobody else may start on the GPU
 	resEasy          // EASY backfilling: others may start if they do not delay head
 )
 
 // reservation is what the first waiter of a queue that did not fit anywhere
-// holds on the pool where it is expected to start first: at is that start,
+// holds on the GPU where it is expected to start first: at is that start,
 // in steps from now (a step is one generated token per running sequence),
 // and spare is the charge that will still be free then, after head. Another
-// request may start on the pool only if it is expected to finish before
+// request may start on the GPU only if it is expected to finish before
 // at, or if it fits in spare — so that, as far as the forecasts go, it does
 // not delay head. A Block reservation lets nobody start.
 type reservation struct {
@@ -36,7 +36,7 @@ type reservation struct {
 
 // allowsLocked says whether w may start on p now without delaying the
 // waiter p is reserved for; spare says it does so by taking spare room.
-func (s *Scheduler) allowsLocked(p *pool, w *waiter) (ok, spare bool) {
+func (s *Scheduler) allowsLocked(p *gpu, w *waiter) (ok, spare bool) {
 	r := &p.res
 	if r.kind == resNone || r.head == w || r.head.state != waiting {
 		return true, false
@@ -48,14 +48,14 @@ func (s *Scheduler) allowsLocked(p *pool, w *waiter) (ok, spare bool) {
 		return true, false
 	}
 	// Still running when head starts: it must fit beside head then — in the
-	// pool, and under their tenant's cap if they share one.
+	// GPU, and under their tenant's cap if they share one.
 	if t := w.tenant; t == r.head.tenant && t.share < 1 && t.heldOn(p)+r.head.charge+w.charge > t.capOn(p) {
 		return false, false
 	}
 	return w.charge <= r.spare, true
 }
 
-// dispatchLocked admits every waiter that may go now and leaves on each pool
+// dispatchLocked admits every waiter that may go now and leaves on each GPU
 // the reservation of the first waiter that may not (see doc.go, "Order").
 //
 // A grant changes the room and the reservations the waiters before it were
@@ -74,17 +74,17 @@ func (s *Scheduler) dispatchLocked() {
 
 // passLocked is one dispatch pass. Classes go by priority; within a class
 // the waiters of every queue go by arrival. A waiter over its tenant's cap
-// on every pool is passed over, and so are its tenant's later waiters in
+// on every GPU is passed over, and so are its tenant's later waiters in
 // that queue. The first waiter of a queue that fits nowhere else reserves
-// the pool where it is expected to start first (or, without backfilling or
-// once it is older than MaxHeadAge, blocks its queue and all its pools);
+// the GPU where it is expected to start first (or, without backfilling or
+// once it is older than MaxHeadAge, blocks its queue and all its GPUs);
 // those behind it may start only where that does not delay it.
 //
 // It returns how many waiters it granted. With dry set it grants nothing
 // and returns the first waiter it would grant: tests check that a settled
 // scheduler has none.
 func (s *Scheduler) passLocked(dry bool) (grantable *waiter, granted int) {
-	for _, p := range s.pools {
+	for _, p := range s.gpus {
 		p.res = reservation{}
 	}
 	if s.queued == 0 {
@@ -168,25 +168,25 @@ func (s *Scheduler) passLocked(dry bool) (grantable *waiter, granted int) {
 	return nil, granted
 }
 
-// eligible says whether w may be bound to the pool of route r at all.
+// eligible says whether w may be bound to the GPU of route r at all.
 func eligible(w *waiter, r route) bool {
 	return r.up && r.p.index >= 0 && r.p != w.exclude
 }
 
 var affinitySeed = maphash.MakeSeed()
 
-// pickLocked chooses the pool w starts on now, or nil: among the pools that
+// pickLocked chooses the GPU w starts on now, or nil: among the GPUs that
 // have room for it (forecast, tenant cap, the backend's own report) and
 // whose reservation allows it, the one w's Affinity prefers if any, else the
-// one with the most room left after it. spare says the chosen pool's
+// one with the most room left after it. spare says the chosen GPU's
 // reservation let it in on its spare room.
-func (s *Scheduler) pickLocked(w *waiter) (best *pool, spare bool) {
+func (s *Scheduler) pickLocked(w *waiter) (best *gpu, spare bool) {
 	s.runs.of = nil // what the views said at an earlier look no longer stands
 	var bestRoom float64
-	var pref *pool
+	var pref *gpu
 	var prefScore uint64
 	if w.affinity != 0 {
-		// Rendezvous hashing: the preferred pool moves only when pools come
+		// Rendezvous hashing: the preferred GPU moves only when GPUs come
 		// or go, and then only for the requests that preferred it.
 		for _, r := range w.line.q.routes {
 			if !eligible(w, r) {
@@ -205,7 +205,7 @@ func (s *Scheduler) pickLocked(w *waiter) (best *pool, spare bool) {
 		c = s.waiterCurveLocked(w)
 	}
 	// A request costs least where its prompt's leading blocks are held
-	// already: among the pools with room, the one it adds the least to
+	// already: among the GPUs with room, the one it adds the least to
 	// comes first; then its affinity's; then the most room.
 	var bestAdds int64
 	prefFits, prefSpare := false, false
@@ -247,7 +247,7 @@ func (s *Scheduler) pickLocked(w *waiter) (best *pool, spare bool) {
 }
 
 // tenantRoomLocked says whether w's tenant may take w's charge on one of
-// its pools: otherwise it is the tenant's cap, not the pools, that holds w.
+// its GPUs: otherwise it is the tenant's cap, not the GPUs, that holds w.
 func (s *Scheduler) tenantRoomLocked(w *waiter) bool {
 	for _, r := range w.line.q.routes {
 		if eligible(w, r) && w.tenant.fitsOn(r.p, w.charge) {
@@ -258,11 +258,11 @@ func (s *Scheduler) tenantRoomLocked(w *waiter) bool {
 }
 
 // shadowLocked is where and when head is expected to start: on each of
-// its pools, the step at which enough of the running requests are expected
+// its GPUs, the step at which enough of the running requests are expected
 // to have finished for its charge to fit, and the charge spare then; the
 // earliest wins. Running requests release at their median remaining length
 // (their cap under WorstCase).
-func (s *Scheduler) shadowLocked(head *waiter) (best *pool, at float64, spare int64) {
+func (s *Scheduler) shadowLocked(head *waiter) (best *gpu, at float64, spare int64) {
 	type release struct {
 		at     int
 		charge int64
@@ -285,7 +285,7 @@ func (s *Scheduler) shadowLocked(head *waiter) (best *pool, at float64, spare in
 			when = rs[i].at
 		}
 		if free < head.charge {
-			continue // not even with everything released (a shrunk pool): no reservation here
+			continue // not even with everything released (a shrunk GPU): no reservation here
 		}
 		if best == nil || float64(when) < at {
 			best, at, spare = p, float64(when), free-head.charge
@@ -294,7 +294,7 @@ func (s *Scheduler) shadowLocked(head *waiter) (best *pool, at float64, spare in
 	return best, at, spare
 }
 
-// needLocked is how much charge must drain from w's pools before w can be
+// needLocked is how much charge must drain from w's GPUs before w can be
 // admitted: what it and the waiters ahead of it lack of the room left, or
 // of its tenant's caps, whichever is more. arriving counts its whole line
 // as ahead of it.
@@ -332,7 +332,7 @@ func (s *Scheduler) needLocked(w *waiter, arriving bool) int64 {
 	return need
 }
 
-// expectedWaitLocked is the time for need to drain from w's pools at their
+// expectedWaitLocked is the time for need to drain from w's GPUs at their
 // measured rates; known is false until they have seen enough releases
 // (then nobody is shed early: a cold start is not evidence of a long wait).
 func (s *Scheduler) expectedWaitLocked(now time.Time, w *waiter, need int64) (time.Duration, bool) {
@@ -367,7 +367,7 @@ const maxPromises = 4096
 // come back before it — to drain, jittered by ±10% so that a burst refused
 // together does not return together, never below MinRetryAfter nor above
 // MaxRetryAfter or the class's queue timeout. Without a measurement it is
-// between one and two seconds: soon enough not to leave the pool idle,
+// between one and two seconds: soon enough not to leave the GPU idle,
 // spread enough not to return as one wave.
 func (s *Scheduler) retryLocked(now time.Time, w *waiter, need int64) time.Duration {
 	q := w.line.q

@@ -11,10 +11,10 @@ import (
 	"github.com/kvgate/kvgate/admission/admissiontest"
 )
 
-// fleet is a config of pools (name → capacity, in order) and queues (name →
-// its pools).
-func fleet(pools []admission.GPUConfig, queues map[string][]string, c admission.Config) admission.Config {
-	c.GPUs = pools
+// fleet is a config of GPUs (name → capacity, in order) and queues (name →
+// its GPUs).
+func fleet(gpus []admission.GPUConfig, queues map[string][]string, c admission.Config) admission.Config {
+	c.GPUs = gpus
 	c.Queues = nil
 	for _, name := range sortedKeys(queues) {
 		c.Queues = append(c.Queues, admission.QueueConfig{Name: name, GPUs: queues[name]})
@@ -39,8 +39,8 @@ func sortedKeys(m map[string][]string) []string {
 
 func in(queue string, w int64) admission.Request { return admission.Request{Queue: queue, Weight: w} }
 
-// poolsHeld is each pool's held weight, "a=3 b=0".
-func (f *fixture) poolsHeld() string {
+// poolsHeld is each GPU's held weight, "a=3 b=0".
+func (f *fixture) gpusHeld() string {
 	var parts []string
 	for _, p := range f.b.Scheduler.Stats().GPUs {
 		parts = append(parts, fmt.Sprintf("%s=%d", p.Name, p.Held))
@@ -50,14 +50,14 @@ func (f *fixture) poolsHeld() string {
 
 func (f *fixture) held(want string) {
 	f.t.Helper()
-	if got := f.poolsHeld(); got != want {
+	if got := f.gpusHeld(); got != want {
 		f.t.Fatalf("held %s, want %s", got, want)
 	}
 }
 
-// A waiter is bound to whichever of its queue's pools frees room first, not
+// A waiter is bound to whichever of its queue's GPUs frees room first, not
 // to the one it would have been routed to on arrival.
-func TestLateBindingToWhicheverPoolFreesFirst(t *testing.T) {
+func TestLateBindingToWhicheverGPUFreesFirst(t *testing.T) {
 	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
 		map[string][]string{"m": {"a", "b"}}, admission.Config{}))
 	x := f.acquire(in("m", 10))
@@ -69,16 +69,16 @@ func TestLateBindingToWhicheverPoolFreesFirst(t *testing.T) {
 	y.Release()
 	tw := f.admitted(w)
 	if tw.GPU() != y.GPU() {
-		t.Fatalf("waiter bound to %q, the pool that freed room is %q", tw.GPU(), y.GPU())
+		t.Fatalf("waiter bound to %q, the GPU that freed room is %q", tw.GPU(), y.GPU())
 	}
 	x.Release()
 	tw.Release()
 	f.held("a=0 b=0")
 }
 
-// Least loaded: the pool with the most room after the request; several
-// models on one pool share it; a request of one model never waits behind
-// another model's waiter on a pool it does not use.
+// Least loaded: the GPU with the most room after the request; several
+// models on one GPU share it; a request of one model never waits behind
+// another model's waiter on a GPU it does not use.
 func TestRoutingSharingAndIndependentQueues(t *testing.T) {
 	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 20}, {Name: "c", Capacity: 10}},
 		map[string][]string{"m": {"a", "b"}, "n": {"b"}, "o": {"c"}}, admission.Config{}))
@@ -92,7 +92,7 @@ func TestRoutingSharingAndIndependentQueues(t *testing.T) {
 		t.Fatalf("second m on %q, want a", m2.GPU())
 	}
 	nw := f.enqueue(context.Background(), in("n", 5)) // waits for b
-	o1 := f.acquire(in("o", 10))                      // o's pool c is untouched by n's waiter
+	o1 := f.acquire(in("o", 10))                      // o's GPU c is untouched by n's waiter
 	f.held("a=5 b=20 c=10")
 	m1.Release()
 	f.admitted(nw).Release()
@@ -102,9 +102,9 @@ func TestRoutingSharingAndIndependentQueues(t *testing.T) {
 	f.held("a=0 b=0 c=0")
 }
 
-// Pools of different sizes behind one model are each filled to their own
+// GPUs of different sizes behind one model are each filled to their own
 // capacity.
-func TestHeterogeneousPoolsFillToTheirOwnCapacity(t *testing.T) {
+func TestHeterogeneousGPUsFillToTheirOwnCapacity(t *testing.T) {
 	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "small", Capacity: 24}, {Name: "large", Capacity: 80}},
 		map[string][]string{"m": {"small", "large"}}, admission.Config{}))
 	var tks []*admission.Ticket
@@ -120,9 +120,9 @@ func TestHeterogeneousPoolsFillToTheirOwnCapacity(t *testing.T) {
 	}
 }
 
-// A pool that becomes unavailable takes no new binds; its queue's waiters
-// go to the others, and when no pool is left they are refused at once.
-func TestUnavailablePoolsAndNoRoute(t *testing.T) {
+// A GPU that becomes unavailable takes no new binds; its queue's waiters
+// go to the others, and when no GPU is left they are refused at once.
+func TestUnavailableGPUsAndNoRoute(t *testing.T) {
 	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
 		map[string][]string{"m": {"a", "b"}}, admission.Config{}))
 	s := f.b.Scheduler
@@ -158,7 +158,7 @@ func TestUnavailablePoolsAndNoRoute(t *testing.T) {
 		t.Fatalf("no route: %+v", re)
 	}
 	f.reject(in("m", 1), admission.ErrNoRoute)
-	// Tickets bound to a pool that went down still release into it.
+	// Tickets bound to a GPU that went down still release into it.
 	for _, tk := range []*admission.Ticket{x, t1, t2} {
 		tk.Release()
 	}
@@ -170,7 +170,7 @@ func TestUnavailablePoolsAndNoRoute(t *testing.T) {
 	}
 }
 
-// Move takes a ticket off a pool whose backend failed and binds it to
+// Move takes a ticket off a GPU whose backend failed and binds it to
 // another at its old place in the queue: held once, never twice.
 func TestMoveRebindsElsewhereOnce(t *testing.T) {
 	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
@@ -185,7 +185,7 @@ func TestMoveRebindsElsewhereOnce(t *testing.T) {
 		t.Fatalf("after Move: %v weight %d", x, x.Weight())
 	}
 	f.held(map[string]string{"a": "a=0 b=6", "b": "a=6 b=0"}[from])
-	// Moving again excludes the pool it leaves: it goes back to the first.
+	// Moving again excludes the GPU it leaves: it goes back to the first.
 	if err := x.Move(context.Background()); err != nil || x.GPU() != from {
 		t.Fatalf("second Move: %v, on %q", err, x.GPU())
 	}
@@ -203,7 +203,7 @@ func TestMoveFailuresHoldNothing(t *testing.T) {
 		map[string][]string{"m": {"a", "b"}, "solo": {"a"}}, admission.Config{}))
 	solo := f.acquire(in("solo", 3))
 	if err := solo.Move(context.Background()); !errors.Is(err, admission.ErrNoRoute) {
-		t.Fatalf("Move with no other pool: %v", err)
+		t.Fatalf("Move with no other GPU: %v", err)
 	}
 	if solo.Weight() != 0 {
 		t.Fatalf("refused move still holds %d", solo.Weight())
@@ -223,14 +223,14 @@ func TestMoveFailuresHoldNothing(t *testing.T) {
 	f.held("a=0 b=0")
 }
 
-// Affinity picks the same pool for the same key while it fits, and the
+// Affinity picks the same GPU for the same key while it fits, and the
 // least loaded one when it does not.
 func TestAffinity(t *testing.T) {
 	f := newFixture(t, fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}, {Name: "c", Capacity: 10}},
 		map[string][]string{"m": {"a", "b", "c"}}, admission.Config{}))
 	sticky := admission.Request{Queue: "m", Weight: 3, Affinity: 42}
 	first := f.acquire(sticky)
-	second := f.acquire(sticky) // its pool has 7 left, the others 10: affinity wins the tie-break
+	second := f.acquire(sticky) // its GPU has 7 left, the others 10: affinity wins the tie-break
 	if first.GPU() != second.GPU() {
 		t.Fatalf("same key on %q and %q", first.GPU(), second.GPU())
 	}
@@ -246,16 +246,16 @@ func TestAffinity(t *testing.T) {
 		tk.Release()
 	}
 	if len(spread) != 3 {
-		t.Fatalf("64 keys used pools %v", spread)
+		t.Fatalf("64 keys used GPUs %v", spread)
 	}
 	for _, tk := range []*admission.Ticket{first, second, third, fourth} {
 		tk.Release()
 	}
 }
 
-// A queue's waiters that can never fit any pool after a resize are refused
+// A queue's waiters that can never fit any GPU after a resize are refused
 // at once; a reload that removes a queue refuses its waiters with
-// ErrNoRoute and keeps the tickets of the pools that stay.
+// ErrNoRoute and keeps the tickets of the GPUs that stay.
 func TestReconfigureFleet(t *testing.T) {
 	cfg := fleet([]admission.GPUConfig{{Name: "a", Capacity: 10}, {Name: "b", Capacity: 10}},
 		map[string][]string{"m": {"a", "b"}, "n": {"b"}}, admission.Config{})

@@ -14,10 +14,10 @@ const drainBuckets = 10
 // start, so nobody is shed early on it.
 const minDrainReleases = 8
 
-// drainEstimator measures the rate at which a pool gives back charge
+// drainEstimator measures the rate at which a GPU gives back charge
 // (releases, and sequences that finish), over a sliding window of
 // drainBuckets buckets, per second of *busy* time: time during which the
-// pool held at least one ticket. Idle time is not a slow drain, so a burst
+// GPU held at least one ticket. Idle time is not a slow drain, so a burst
 // after a quiet spell is estimated from how fast the burst itself drains.
 // It has no lock of its own: Scheduler.mu guards it.
 //
@@ -37,7 +37,7 @@ type drainEstimator struct {
 	pendingN     int       // releases in pending
 	pendingSince time.Time // when the first of them was released
 
-	busySince time.Time // zero while the pool is idle
+	busySince time.Time // zero while the GPU is idle
 }
 
 func newDrainEstimator(now time.Time, window time.Duration) drainEstimator {
@@ -61,7 +61,7 @@ func (d *drainEstimator) add(n int64, clock Clock) {
 	d.pendingN++
 }
 
-// busy notes that the pool became busy (on) or idle at now.
+// busy notes that the GPU became busy (on) or idle at now.
 func (d *drainEstimator) busy(now time.Time, on bool) {
 	switch {
 	case on && d.busySince.IsZero():

@@ -14,7 +14,7 @@ var drainBase = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func at(d time.Duration) time.Time { return drainBase.Add(d) }
 
-// The rate is charge per second of busy time: a pool idle for a minute
+// The rate is charge per second of busy time: a GPU idle for a minute
 // whose burst drains 300 in its first 2 s of work drains 150/s, not 300 over
 // the whole window (30/s), which would shed the burst for nothing.
 func TestDrainRateIsPerBusySecond(t *testing.T) {

@@ -40,7 +40,7 @@ import (
 //     (a stop) and an overflow still distrust the whole queue: they are
 //     the evidence that scoping was not enough.
 //
-// Why the floor is a quarter of the capacity: a pool the forecast packs
+// Why the floor is a quarter of the capacity: a GPU the forecast packs
 // leaves the guard a few percent of room by design, with the tail the
 // forecast expects already priced in; weighed against that alone (floors
 // of 1/32 and 1/8 were tried), three long answers of a steady lognormal
@@ -149,7 +149,7 @@ func (q *queue) detectorLocked(k scopeKey) *trustState {
 
 // driftRoomLocked is the room the guard still has on p, as the detector
 // weighs it.
-func driftRoomLocked(p *pool) float64 {
+func driftRoomLocked(p *gpu) float64 {
 	line := p.guardLine()
 	return float64(max(line-(p.now-p.stopping), line/driftRoomFloor, 1))
 }
@@ -186,7 +186,7 @@ func (s *Scheduler) scoreLocked(t *Ticket, bytes float64) {
 			tr = &q.trust
 		}
 	}
-	tr.score = max(tr.score+bytes/driftRoomLocked(t.pool), 0)
+	tr.score = max(tr.score+bytes/driftRoomLocked(t.gpu), 0)
 	if tr.score >= driftTrip {
 		tr.score = 0
 		s.distrustScopeLocked(q, k, TripDrift)

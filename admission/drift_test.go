@@ -121,12 +121,12 @@ func drive(f *fixture, steps int, flows ...flow) flowRun {
 
 // stopFlag is a Stopper the driver looks at at its next step (it is
 // called after the scheduler's lock is released, on the goroutine of the
-// Progress that found the pool over its line: the driver's own).
+// Progress that found the GPU over its line: the driver's own).
 type stopFlag struct{ set bool }
 
 func (s *stopFlag) StopForMemory() { s.set = true }
 
-// contended is a predicted scheduler on a pool of 750 blocks of 16 bytes:
+// contended is a predicted scheduler on a GPU of 750 blocks of 16 bytes:
 // the flows below send several times what it holds.
 func contended(t *testing.T) *fixture {
 	cfg := predicted(750*16, 100)
@@ -137,7 +137,7 @@ func contended(t *testing.T) *fixture {
 // The change detector trips on danger, not on change: tenants joining or
 // leaving, classes changing their mix and outputs turning shorter are
 // ordinary events of a shared gateway, and none trips it, however much
-// more than the pool holds is sent.
+// more than the GPU holds is sent.
 //
 // Each case drives a thousand steps of a hundred clients with every
 // invariant checked after every operation: the cases run in parallel, with
@@ -222,7 +222,7 @@ func TestDriftTripsOnAShiftToLongOutputs(t *testing.T) {
 	})
 	t.Run("one tenant", func(t *testing.T) {
 		t.Parallel()
-		// Tenant batch turns to 300-400 tokens, which the pool can hold
+		// Tenant batch turns to 300-400 tokens, which the GPU can hold
 		// (48 × 29 blocks) once its requests are held at their worst case:
 		// the guard need not act, and only that tenant is distrusted.
 		f := newFixture(t, func() admission.Config {

@@ -10,11 +10,11 @@ import (
 // The reasons for refusing a request. Every refusal is a *RejectError whose
 // Reason is exactly one of these, so errors.Is matches exactly one of them.
 var (
-	// ErrTooLarge: the weight exceeds the nominal capacity of every pool of
+	// ErrTooLarge: the weight exceeds the nominal capacity of every GPU of
 	// the queue; it could never be admitted, so RetryAfter is 0.
 	ErrTooLarge = errors.New("request larger than the whole budget")
 	// ErrTenantQuota: the request exceeds what its tenant may hold at once on
-	// any pool of the queue (its share of the capacity); retrying never
+	// any GPU of the queue (its share of the capacity); retrying never
 	// helps, RetryAfter is 0.
 	ErrTenantQuota = errors.New("request larger than the tenant's quota")
 	// ErrQueueFull: the class's line, or the tenant's share of it, is full
@@ -24,13 +24,13 @@ var (
 	// ErrQueueTimeout: the deadline passed while queued, or the expected wait
 	// (from the measured drain rate) exceeds the time left before it.
 	ErrQueueTimeout = errors.New("admission queue timeout")
-	// ErrOverloaded: a sheddable class was refused because every pool that
+	// ErrOverloaded: a sheddable class was refused because every GPU that
 	// could serve it is above the pressure threshold.
 	ErrOverloaded = errors.New("overloaded: sheddable request refused")
-	// ErrNoRoute: no pool of the queue is available (SetAvailable), or the
+	// ErrNoRoute: no GPU of the queue is available (SetAvailable), or the
 	// queue was removed by Reconfigure. Waiters are refused with it the
-	// moment the last pool goes, not at their deadline.
-	ErrNoRoute = errors.New("no pool available")
+	// moment the last GPU goes, not at their deadline.
+	ErrNoRoute = errors.New("no GPU available")
 )
 
 // RejectError is a refusal. It carries what the gateway needs to answer:

@@ -20,7 +20,7 @@ func SetCheck(s *Scheduler, f func(op string, err error)) {
 }
 
 // invariantsLocked checks everything that must hold after op: the capacity
-// bound at admissions, the bookkeeping sums of pools, tickets, tenants,
+// bound at admissions, the bookkeeping sums of GPUs, tickets, tenants,
 // lines and forecasts, the lines' links — and, where the state is settled
 // (after a dispatch pass or an immediate admission), that no waiter could
 // be admitted.
@@ -28,7 +28,7 @@ func (s *Scheduler) invariantsLocked(op string) error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(op+": "+format, a...)) }
 
-	tenantCharge := map[*pool]int64{}
+	tenantCharge := map[*gpu]int64{}
 	for name, t := range s.tenants {
 		if t.name != name {
 			bad("tenant map key %q holds %q", name, t.name)
@@ -44,12 +44,12 @@ func (s *Scheduler) invariantsLocked(op string) error {
 		bad("%d tenants tracked, the sweep bound is %d", len(s.tenants), s.sweepAt)
 	}
 
-	for i, p := range s.pools {
+	for i, p := range s.gpus {
 		if p.index != i {
-			bad("pool %q index %d at %d", p.name, p.index, i)
+			bad("GPU %q index %d at %d", p.name, p.index, i)
 		}
 		if p.effective < 1 || p.effective > p.nominal {
-			bad("pool %q effective %d outside [1, nominal %d]", p.name, p.effective, p.nominal)
+			bad("GPU %q effective %d outside [1, nominal %d]", p.name, p.effective, p.nominal)
 		}
 		var held, charge, now, stopping int64
 		n := 0
@@ -59,8 +59,8 @@ func (s *Scheduler) invariantsLocked(op string) error {
 		}
 		for t := p.first; t != nil; t = t.next {
 			n++
-			if t.pool != p || t.weight <= 0 || t.charge <= 0 || t.charge > t.weight {
-				bad("ticket %v on %q: pool %q weight %d charge %d", t, p.name, t.pool.name, t.weight, t.charge)
+			if t.gpu != p || t.weight <= 0 || t.charge <= 0 || t.charge > t.weight {
+				bad("ticket %v on %q: GPU %q weight %d charge %d", t, p.name, t.gpu.name, t.weight, t.charge)
 			}
 			held += t.weight
 			charge += t.charge
@@ -97,35 +97,35 @@ func (s *Scheduler) invariantsLocked(op string) error {
 			}
 		}
 		if len(refs) != p.table.n || table != p.tableBytes || refBytes != p.sharedRefs {
-			bad("pool %q table has %d blocks, %d bytes, %d referenced; its tickets hold %d, %d, %d",
+			bad("GPU %q table has %d blocks, %d bytes, %d referenced; its tickets hold %d, %d, %d",
 				p.name, p.table.n, p.tableBytes, p.sharedRefs, len(refs), table, refBytes)
 		}
 		for h, n := range refs {
 			if p.table.get(h) != n {
-				bad("pool %q table counts %d holders of a block its tickets hold %d times", p.name, p.table.get(h), n)
+				bad("GPU %q table counts %d holders of a block its tickets hold %d times", p.name, p.table.get(h), n)
 				break
 			}
 		}
 		listed := 0
 		p.table.each(func(uint64, int32) { listed++ })
 		if listed != p.table.n {
-			bad("pool %q table lists %d names, counts %d", p.name, listed, p.table.n)
+			bad("GPU %q table lists %d names, counts %d", p.name, listed, p.table.n)
 		}
 		held, charge, now = held+table, charge+table, now+table
 		if s.set.policy.predicted && table != 0 {
 			want.addConst(float64(table), 0, float64(table))
 		}
 		if n != p.tickets || held != p.held || charge != p.charge {
-			bad("pool %q counts %d tickets, %d held, %d charge; its list has %d, %d, %d",
+			bad("GPU %q counts %d tickets, %d held, %d charge; its list has %d, %d, %d",
 				p.name, p.tickets, p.held, p.charge, n, held, charge)
 		}
 		if now != p.now || stopping != p.stopping {
-			bad("pool %q counts now %d, stopping %d; its tickets %d, %d", p.name, p.now, p.stopping, now, stopping)
+			bad("GPU %q counts now %d, stopping %d; its tickets %d, %d", p.name, p.now, p.stopping, now, stopping)
 		}
 		if (op == opProgress || op == opResize) && s.set.policy.predicted && p.now-p.stopping > p.guardLine() {
 			for t := p.first; t != nil; t = t.next {
 				if t.guard.stopper != nil && !t.guard.stopped && !t.guard.lingering && t.guard.now > 0 {
-					bad("pool %q: what is not stopped may hold %d > its line %d, and ticket %v could have been stopped", p.name, p.now-p.stopping, p.guardLine(), t)
+					bad("GPU %q: what is not stopped may hold %d > its line %d, and ticket %v could have been stopped", p.name, p.now-p.stopping, p.guardLine(), t)
 					break
 				}
 			}
@@ -135,18 +135,18 @@ func (s *Scheduler) invariantsLocked(op string) error {
 		}
 		if s.set.policy.predicted && p.fc.mean != nil {
 			if k := pastExtent(p.fc); k >= 0 {
-				bad("pool %q forecast has point %d non-zero past its extent %d", p.name, k, p.fc.n)
+				bad("GPU %q forecast has point %d non-zero past its extent %d", p.name, k, p.fc.n)
 			}
 			for k := range want.mean {
 				w, got := want.at(k), p.fc.at(k)
 				if d := math.Abs(w.mean - got.mean); d > 1e-6*max(1, math.Abs(w.mean)) {
-					bad("pool %q forecast mean[%d] %v, its tickets sum to %v", p.name, k, got.mean, w.mean)
+					bad("GPU %q forecast mean[%d] %v, its tickets sum to %v", p.name, k, got.mean, w.mean)
 					break
 				}
 			}
 		}
 		if (op == opAdmit || op == opGrant) && p == s.lastHold && s.committedLocked(p) > p.admitCap() {
-			bad("pool %q committed %d > effective %d (limit %d) at an admission", p.name, s.committedLocked(p), p.effective, p.limitOrNone())
+			bad("GPU %q committed %d > effective %d (limit %d) at an admission", p.name, s.committedLocked(p), p.effective, p.limitOrNone())
 		}
 	}
 
@@ -214,15 +214,15 @@ func (s *Scheduler) invariantsLocked(op string) error {
 	}
 
 	if op == opDispatch || op == opAdmit {
-		saved := make([]reservation, len(s.pools))
-		for i, p := range s.pools {
+		saved := make([]reservation, len(s.gpus))
+		for i, p := range s.gpus {
 			saved[i] = p.res
 		}
 		if w, _ := s.passLocked(true); w != nil {
 			bad("waiter of weight %d (queue %q, class %q, tenant %q) could be admitted but waits",
 				w.weight, w.line.q.name, w.line.name, w.tenant.name)
 		}
-		for i, p := range s.pools {
+		for i, p := range s.gpus {
 			p.res = saved[i]
 		}
 	}

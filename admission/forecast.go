@@ -9,18 +9,18 @@ import (
 
 // The Predicted policy: how a request's hold is forecast (see doc.go).
 //
-// A pool's forecast fc is Σ over its tickets of each ticket's own curve
+// A GPU's forecast fc is Σ over its tickets of each ticket's own curve
 // (mean and variance of its bytes at every point of predict's grid of
 // future steps), kept incrementally: a ticket keeps the curve it added, so
 // that taking it away is exact whatever its predictor learned since. A
-// candidate fits a pool while the peak of fc + its curve, at z standard
+// candidate fits a GPU while the peak of fc + its curve, at z standard
 // deviations (z from Policy.Epsilon), stays within the effective capacity.
 
 // curve is a forecast over predict's grid: at each point the mean and
 // variance of the bytes held, and hi, what they would be if every request
 // still running were alive (none finishing before its cap): a hard bound
 // that the normal bound, with few large requests, can exceed. set says it
-// has been added to its pool's (tickets only). Every point from n on is
+// has been added to its GPU's (tickets only). Every point from n on is
 // zero: a request has ended by some point of the grid (a short one within
 // its first few), and what is added, taken away, copied or searched stops
 // there. Zeros added are exact, so the extent changes no sum.
@@ -116,7 +116,7 @@ func (c curve) peakWith(o curve, z float64) float64 {
 	return peak
 }
 
-// rebuildEvery is how many incremental updates a pool's forecast takes
+// rebuildEvery is how many incremental updates a GPU's forecast takes
 // before it is summed again from its tickets, so that rounding cannot
 // accumulate.
 const rebuildEvery = 1 << 12
@@ -126,7 +126,7 @@ const maxTenantLengths = 256
 
 // forecastAddLocked computes t's curve and adds it to p's forecast
 // (Predicted only).
-func (s *Scheduler) forecastAddLocked(p *pool, t *Ticket) {
+func (s *Scheduler) forecastAddLocked(p *gpu, t *Ticket) {
 	if !s.set.policy.predicted {
 		return
 	}
@@ -170,7 +170,7 @@ func (s *Scheduler) freshLocked(t *Ticket) bool {
 }
 
 // forecastSubLocked takes t's curve out of p's forecast and recycles it.
-func (s *Scheduler) forecastSubLocked(p *pool, t *Ticket) {
+func (s *Scheduler) forecastSubLocked(p *gpu, t *Ticket) {
 	if !t.fc.set {
 		return
 	}
@@ -179,7 +179,7 @@ func (s *Scheduler) forecastSubLocked(p *pool, t *Ticket) {
 	s.forecastChangedLocked(p)
 }
 
-func (s *Scheduler) forecastChangedLocked(p *pool) {
+func (s *Scheduler) forecastChangedLocked(p *gpu) {
 	p.boundOK = false
 	if p.fcOps++; p.fcOps >= rebuildEvery {
 		p.fc.n = predict.GridLen // what left may have left residues anywhere
@@ -247,7 +247,7 @@ func (s *Scheduler) groupCurveLocked(c *curve, g Group, held int64, live, gen in
 // than the curve says), plus what the backend has computed and the gateway
 // not yet seen (leadTokens). Without it a forecast whose lengths are known
 // exactly — outputs pinned to max_tokens, all samples cut by their cap —
-// has no margin at all, and the staleness alone overflowed a pool.
+// has no margin at all, and the staleness alone overflowed a GPU.
 func forecastLead(g Group) int { return g.BlockTokens + leadTokens - 1 }
 
 // finalSizeMoments are the mean and variance of a group's final size when
@@ -277,7 +277,7 @@ func finalSizeMoments(g Group, held int64, live int, lens *predict.Lengths) (mea
 
 // waiterCurveLocked is w's curve as it would start now, in the scheduler's
 // scratch curve. It is computed once per request and predictor state: an
-// admission reads it for the charge, to choose the pool, and as the new
+// admission reads it for the charge, to choose the GPU, and as the new
 // ticket's own curve.
 func (s *Scheduler) waiterCurveLocked(w *waiter) curve {
 	c := &s.scratch
@@ -327,7 +327,7 @@ func curveCharge(c curve, weight int64) int64 {
 
 // boundLocked is the peak of p's forecast, or its worst case if that is
 // less.
-func (s *Scheduler) boundLocked(p *pool) float64 {
+func (s *Scheduler) boundLocked(p *gpu) float64 {
 	if !p.boundOK {
 		p.bound = 0
 		if p.fc.mean != nil {
@@ -340,7 +340,7 @@ func (s *Scheduler) boundLocked(p *pool) float64 {
 
 // fitsLocked says whether w (whose curve is c under Predicted) fits p now,
 // and, when needRoom, the room p would have left.
-func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve, needRoom bool) (room float64, adds int64, fits bool) {
+func (s *Scheduler) fitsLocked(p *gpu, w *waiter, c curve, needRoom bool) (room float64, adds int64, fits bool) {
 	adds = w.weight
 	var extra float64 // what p's table would gain: held throughout
 	if p.sharing && w.shared > 0 {
@@ -360,7 +360,7 @@ func (s *Scheduler) fitsLocked(p *pool, w *waiter, c curve, needRoom bool) (room
 	// forecast or the backend's report says: no forecast to compute (an
 	// eighth of the gateway's CPU against an instant backend with a budget
 	// that never fills), and no headroom gate to wait for, which would hold a
-	// request that the worst-case policy admits. Not so for a pool whose
+	// request that the worst-case policy admits. Not so for a GPU whose
 	// part of the GPU is a lease: the gate is what stops it when another
 	// replica's batch outgrows its forecast.
 	if !needRoom && !p.limited && worst <= p.admitCap() {

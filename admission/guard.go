@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// The guard: what keeps a pool inside its capacity when the forecast is
+// The guard: what keeps a GPU inside its capacity when the forecast is
 // wrong (see doc.go, "When the forecast is wrong").
 //
 // A forecast bounds overflow only while traffic looks like its history.
@@ -16,15 +16,15 @@ import (
 //     the forecast's lead and the next block (what the backend may have
 //     taken before the gateway sees it, and will take before the next
 //     report); for any other, its worst case, since nothing bounds it
-//     better. A pool's now is their sum. When a Progress takes it past the
-//     pool's capacity (guardLine), the scheduler stops running requests — those that can be
+//     better. A GPU's now is their sum. When a Progress takes it past the
+//     GPU's capacity (guardLine), the scheduler stops running requests — those that can be
 //     resumed first (ResumableStopper), then predicted ones, lowest class first, then the tenant holding the most for its
 //     share, then the newest — until what is left fits, through their
 //     Stopper, before the backend has to fail them all. A stopped request
 //     still holds until it is released: its blocks are the backend's until
 //     it notices the abort.
 //   - Exposure is bounded before anything is learned: the worst cases a
-//     pool holds never sum past MaxOvercommit × its capacity, nor a
+//     GPU holds never sum past MaxOvercommit × its capacity, nor a
 //     tenant's past that times its share.
 //   - A forecast is distrusted, for CoolDown, when it is shown wrong: a
 //     tenant's or a class's by the change detector (drift.go), when its
@@ -40,7 +40,7 @@ import (
 // Stopper stops a running request: the caller ends its stream and closes
 // its exchange with the backend, then releases (or lingers) its ticket. It
 // is called once, after the scheduler's lock is released, from the
-// goroutine whose progress report found the pool over its line, so it must
+// goroutine whose progress report found the GPU over its line, so it must
 // return at once.
 type Stopper interface{ StopForMemory() }
 
@@ -64,11 +64,11 @@ func (t *Ticket) resumable() bool {
 	return ok && rs.Resumable()
 }
 
-// guardState is a ticket's part of its pool's now.
+// guardState is a ticket's part of its GPU's now.
 type guardState struct {
 	now       int64 // what it may hold on the backend now, in bytes
 	stopper   Stopper
-	stopped   bool // the guard stopped it: its now counts in the pool's stopping
+	stopped   bool // the guard stopped it: its now counts in the GPU's stopping
 	lingering bool // given up, held until the backend has let its blocks go
 }
 
@@ -108,8 +108,8 @@ func (s *Scheduler) guardNowLocked(t *Ticket) int64 {
 	return min(n, t.weight)
 }
 
-// guardSetLocked makes t's now its current value, moving its pool's sums.
-func (s *Scheduler) guardSetLocked(p *pool, t *Ticket, now int64) {
+// guardSetLocked makes t's now its current value, moving its GPU's sums.
+func (s *Scheduler) guardSetLocked(p *gpu, t *Ticket, now int64) {
 	d := now - t.guard.now
 	p.now += d
 	if t.guard.stopped {
@@ -118,16 +118,16 @@ func (s *Scheduler) guardSetLocked(p *pool, t *Ticket, now int64) {
 	t.guard.now = now
 }
 
-// Holding is what the tickets admitted to pool may hold on its backend at
+// Holding is what the tickets admitted to GPU may hold on its backend at
 // this moment (the guard's now: GPUStats.Now), a bound that cannot be
-// below the truth, and how many they are; 0, 0 for a pool it does not
+// below the truth, and how many they are; 0, 0 for a GPU it does not
 // know. A fleet publishes them with its lease.
-func (s *Scheduler) Holding(pool string) (bytes int64, tickets int) {
+func (s *Scheduler) Holding(gpu string) (bytes int64, tickets int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.poolByName[pool]
+	p := s.gpuByName[gpu]
 	if p == nil {
-		p = s.retired[pool]
+		p = s.retired[gpu]
 	}
 	if p == nil {
 		return 0, 0
@@ -140,11 +140,11 @@ func (s *Scheduler) Holding(pool string) (bytes int64, tickets int) {
 // lease of a GPU shared with other replicas: a lease that falls (Redis
 // lost, the fleet's shares moved) stops admissions, and stopping running
 // requests for it is the lease protocol's business, not the guard's.
-func (p *pool) guardLine() int64 { return p.nominal }
+func (p *gpu) guardLine() int64 { return p.nominal }
 
-// exposureLine is the capacity the exposure bound multiplies: the pool's,
+// exposureLine is the capacity the exposure bound multiplies: the GPU's,
 // or its lease.
-func (p *pool) exposureLine() int64 {
+func (p *gpu) exposureLine() int64 {
 	if p.limited {
 		return min(p.nominal, max(p.limit, 0))
 	}
@@ -154,7 +154,7 @@ func (p *pool) exposureLine() int64 {
 // guardCheckLocked stops running requests on p until what the others may
 // hold fits its line (Predicted only: under WorstCase what is held bounds
 // it already).
-func (s *Scheduler) guardCheckLocked(p *pool) {
+func (s *Scheduler) guardCheckLocked(p *gpu) {
 	if !s.set.policy.predicted || s.inGuard {
 		return
 	}
@@ -222,7 +222,7 @@ func (s *Scheduler) guardCheckLocked(p *pool) {
 	}
 }
 
-// stoppingPart is what of t's now its pool counts as stopping.
+// stoppingPart is what of t's now its GPU counts as stopping.
 func stoppingPart(t *Ticket) int64 {
 	if t.guard.stopped {
 		return t.guard.now
@@ -237,13 +237,13 @@ const (
 	TripOverflow = "overflow" // a backend ran out of KV blocks (an out-of-memory error, preemptions)
 )
 
-// Overflowed tells the scheduler that a backend of pool ran out of KV
+// Overflowed tells the scheduler that a backend of GPU ran out of KV
 // memory (it answered with an out-of-memory error, or its preemptions
 // rose): the forecast of every queue served there is distrusted for the
-// cool-down. Unknown pools are ignored.
-func (s *Scheduler) Overflowed(pool string) {
+// cool-down. Unknown GPUs are ignored.
+func (s *Scheduler) Overflowed(gpu string) {
 	s.mu.Lock()
-	if p := s.poolByName[pool]; p != nil {
+	if p := s.gpuByName[gpu]; p != nil {
 		for _, q := range s.queues {
 			for _, r := range q.routes {
 				if r.p == p {
@@ -263,13 +263,13 @@ func (t *Ticket) fixed() bool { return t.noResume || t.guard.stopper == nil }
 // exposureFitsLocked says whether w's worst case fits beside the worst
 // cases p and its tenant hold within MaxOvercommit (Predicted only), and,
 // for a request that cannot be resumed, beside the worst cases of every
-// such request and every one that cannot be stopped within the pool's
+// such request and every one that cannot be stopped within the GPU's
 // line: whatever the traffic does then, stopping the streams that can be
 // resumed (the guard's first victims) is enough, and none that cannot is
 // ever stopped. It costs such traffic what worst_case would; a forecast
 // cannot buy it more, since a shift it does not foresee would have the
 // guard fail it.
-func (s *Scheduler) exposureFitsLocked(p *pool, w *waiter) bool {
+func (s *Scheduler) exposureFitsLocked(p *gpu, w *waiter) bool {
 	line := float64(p.exposureLine()) * s.set.policy.overcommit
 	if float64(satAdd64(p.held, w.weight)) > line {
 		return false

@@ -50,10 +50,10 @@ func guarded(t *testing.T, capacity int64, edit func(*admission.Config)) *fixtur
 }
 
 // When requests outgrow the forecast they were admitted on, the guard stops
-// running ones before what the rest may hold passes the pool — predicted
+// running ones before what the rest may hold passes the GPU — predicted
 // ones first, the lowest class, then the tenant holding the most for its
 // share, then the newest — and the forecast is distrusted.
-func TestGuardStopsBeforeThePoolIsExceeded(t *testing.T) {
+func TestGuardStopsBeforeTheGPUIsExceeded(t *testing.T) {
 	type running struct {
 		name, class, tenant string
 	}
@@ -68,7 +68,7 @@ func TestGuardStopsBeforeThePoolIsExceeded(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Four requests of a 1024-token cap, 65 blocks of 16 bytes at
-			// worst, on a pool of 160 blocks: admitted on their forecast
+			// worst, on a GPU of 160 blocks: admitted on their forecast
 			// (20 tokens), they would need 260 if they all ran long.
 			f := guarded(t, 160*16, nil)
 			log := &stops{}
@@ -94,7 +94,7 @@ func TestGuardStopsBeforeThePoolIsExceeded(t *testing.T) {
 			st := f.b.Scheduler.Stats()
 			// The queue is distrusted: by the guard, or by the change
 			// detector just before it (its requests outgrew their
-			// forecast in a pool with little room).
+			// forecast in a GPU with little room).
 			if st.GuardStops != int64(len(got)) || st.Trips[admission.TripGuard]+st.Trips[admission.TripDrift] < 1 || !st.Queues[0].Distrusted {
 				t.Fatalf("guard stops %d (stopped %v), trips %v, distrusted %v", st.GuardStops, got, st.Trips, st.Queues[0].Distrusted)
 			}
@@ -179,7 +179,7 @@ func TestOverflowedDistrusts(t *testing.T) {
 	}
 }
 
-// Exposure is bounded before anything is learned: a pool's worst cases sum
+// Exposure is bounded before anything is learned: a GPU's worst cases sum
 // to at most MaxOvercommit × its capacity, a tenant's to that times its
 // share.
 func TestGuardExposure(t *testing.T) {
@@ -304,11 +304,11 @@ func TestNoResumeKeepsItsWorstCaseAfterTheWarmUp(t *testing.T) {
 }
 
 // The worst cases of the requests that cannot be resumed, with those of
-// the requests that cannot be stopped, never sum past the pool: whatever
+// the requests that cannot be stopped, never sum past the GPU: whatever
 // they grow to, stopping the resumable streams makes room, so the guard
 // never has to fail one. Resumable ones are admitted on their forecast
 // beside them as before.
-func TestNoResumeWorstCasesFitThePool(t *testing.T) {
+func TestNoResumeWorstCasesFitTheGPU(t *testing.T) {
 	f := guarded(t, 160*16, nil) // each request's worst case is 65 blocks: two fit
 	log := &stops{}
 	fixed := func(name string) admission.Request {
@@ -361,9 +361,9 @@ func (s flagStopper) StopForMemory() { *s.stopped = true }
 // the guard's margin), and each stopped one goes on generating, its blocks
 // still the engine's, until its abort takes effect 16 steps later — the
 // gateway holds it meanwhile (Linger). What the engine really holds never
-// passes the pool, whatever the prompts' phase against the blocks. (With
+// passes the GPU, whatever the prompts' phase against the blocks. (With
 // a lead of 8 tokens instead, it passed it once an abort took 10 steps.)
-func TestGuardStopsTakeEffectBeforeThePoolIsExceeded(t *testing.T) {
+func TestGuardStopsTakeEffectBeforeTheGPUIsExceeded(t *testing.T) {
 	const (
 		capacity = 400 // blocks of 16 tokens, 16 bytes each
 		step     = 10 * time.Millisecond

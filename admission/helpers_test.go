@@ -13,18 +13,18 @@ import (
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
-// gpu is the pool of a one-GPU scheduler; its one queue is "".
+// gpu is the GPU of a one-GPU scheduler; its one queue is "".
 const gpu = "gpu"
 
-// oneGPU is c for one pool of the given capacity and one queue.
+// oneGPU is c for one GPU of the given capacity and one queue.
 func oneGPU(capacity int64, c admission.Config) admission.Config {
 	c.GPUs = []admission.GPUConfig{{Name: gpu, Capacity: capacity}}
 	c.Queues = []admission.QueueConfig{{Name: "", GPUs: []string{gpu}}}
 	return c
 }
 
-// budget is a one-GPU scheduler seen as one budget: the pool's figures
-// flattened into its stats, and its pool named for it.
+// budget is a one-GPU scheduler seen as one budget: the GPU's figures
+// flattened into its stats, and its GPU named for it.
 type budget struct{ *admission.Scheduler }
 
 type flatStats struct {

@@ -6,11 +6,11 @@ import (
 	"time"
 )
 
-// An external limit on a pool: the part of a GPU's budget this process may
+// An external limit on a GPU: the part of a GPU's budget this process may
 // use when several processes (gateway replicas) share the GPU. Something
 // outside the package — a lessee of package admission/fleet — leases that
-// part from a shared store, reads the pool's Demand to know how much to
-// lease, and sets the pool's limit to what it holds. The pool never revokes:
+// part from a shared store, reads the GPU's Demand to know how much to
+// lease, and sets the GPU's limit to what it holds. The GPU never revokes:
 // a lower limit only stops admissions, exactly as a shrink of the effective
 // capacity does (see doc.go, "Invariants"); a higher one dispatches waiters
 // at once.
@@ -24,10 +24,10 @@ import (
 
 // limitState is the scheduler's part of the limits: fixed at New.
 type limitState struct {
-	limited  bool              // new pools start limited at 0 (Config.Limited)
-	onDemand func(pool string) // Config.OnDemand; nil = none
-	notes    []*pool           // pools whose OnDemand is due at the next unlockNotify; guarded by mu
-	// horizons counts the pools whose limit has a horizon (guarded by mu):
+	limited  bool             // new GPUs start limited at 0 (Config.Limited)
+	onDemand func(gpu string) // Config.OnDemand; nil = none
+	notes    []*gpu           // GPUs whose OnDemand is due at the next unlockNotify; guarded by mu
+	// horizons counts the GPUs whose limit has a horizon (guarded by mu):
 	// while it is 0 no admission reads the clock for them.
 	horizons int
 }
@@ -48,7 +48,7 @@ func (s *Scheduler) expireLimitsLocked() {
 		return
 	}
 	now := s.clock.Now()
-	for _, p := range s.pools {
+	for _, p := range s.gpus {
 		if !p.limitUntil.IsZero() && !now.Before(p.limitUntil) {
 			p.limit, p.limitUntil = 0, time.Time{}
 			s.limits.horizons--
@@ -60,7 +60,7 @@ func (s *Scheduler) expireLimitsLocked() {
 // capacity less the memory nobody admitted (SetUnaccounted), or its
 // external limit if that is lower. Each input that takes room off a GPU is
 // its own term here, so that they neither hide nor double one another.
-func (p *pool) admitCap() int64 {
+func (p *gpu) admitCap() int64 {
 	c := max(0, p.effective-p.unaccounted)
 	if p.limited && p.limit < c {
 		return p.limit
@@ -69,36 +69,36 @@ func (p *pool) admitCap() int64 {
 }
 
 // limitOrNone is p's limit for Stats: -1 when it has none.
-func (p *pool) limitOrNone() int64 {
+func (p *gpu) limitOrNone() int64 {
 	if !p.limited {
 		return -1
 	}
 	return p.limit
 }
 
-// SetLimit caps what the pool may commit (Stats' Committed: the held worst
+// SetLimit caps what the GPU may commit (Stats' Committed: the held worst
 // case, or under Predicted the forecast peak) at limit, on top of the
 // effective capacity: admissions are measured against the smaller of the
 // two. A negative limit removes the cap (the default, unless
-// Config.Limited). Lowering it revokes nothing: admissions to the pool stop
+// Config.Limited). Lowering it revokes nothing: admissions to the GPU stop
 // until its commitments are back under it. Raising it admits the waiters
 // that fit before it returns. The limit is in force when SetLimit returns,
 // so that a caller that then reads Demand sees every admission made under
 // the old one.
-func (s *Scheduler) SetLimit(pool string, limit int64) error {
-	return s.SetLimitUntil(pool, limit, time.Time{})
+func (s *Scheduler) SetLimit(gpu string, limit int64) error {
+	return s.SetLimitUntil(gpu, limit, time.Time{})
 }
 
 // SetLimitUntil is SetLimit with a horizon: from until on (by the
-// scheduler's Clock) the pool admits as if its limit were 0, until the next
+// scheduler's Clock) the GPU admits as if its limit were 0, until the next
 // SetLimit or SetLimitUntil. A zero until is no horizon; so is a negative
 // limit (no cap).
-func (s *Scheduler) SetLimitUntil(pool string, limit int64, until time.Time) error {
+func (s *Scheduler) SetLimitUntil(gpu string, limit int64, until time.Time) error {
 	s.mu.Lock()
-	p := s.poolByName[pool]
+	p := s.gpuByName[gpu]
 	if p == nil {
 		s.mu.Unlock()
-		return fmt.Errorf("admission: limit: unknown pool %q", pool)
+		return fmt.Errorf("admission: limit: unknown GPU %q", gpu)
 	}
 	s.expireLimitsLocked()
 	old := p.admitCap()
@@ -130,22 +130,22 @@ const opLimit = "limit"
 // opUnaccounted names SetUnaccounted in the invariant checks.
 const opUnaccounted = "unaccounted"
 
-// Demand is what the pool is asked for, in the units of its commitments:
+// Demand is what the GPU is asked for, in the units of its commitments:
 // held is what it has committed now (Stats' Committed), queued the Σ charge
 // of the requests waiting in every queue that may be bound to it (an
 // available route, not excluded by a Move). A waiter whose queue has
-// several pools counts in full on each of them — it is not known which will
-// take it — so the queued demand of pools that share queues is
+// several GPUs counts in full on each of them — it is not known which will
+// take it — so the queued demand of GPUs that share queues is
 // over-counted: a limiter leases ahead of what will be bound, never behind.
-// A pool a Reconfigure removed is asked for what its running tickets still
+// A GPU a Reconfigure removed is asked for what its running tickets still
 // hold, and nothing queued: its lessee must not give back what they hold.
-// An unknown pool has no demand.
-func (s *Scheduler) Demand(pool string) (held, queued int64) {
+// An unknown GPU has no demand.
+func (s *Scheduler) Demand(gpu string) (held, queued int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.poolByName[pool]
+	p := s.gpuByName[gpu]
 	if p == nil {
-		if r := s.retired[pool]; r != nil {
+		if r := s.retired[gpu]; r != nil {
 			return s.committedLocked(r), 0
 		}
 		return 0, 0
@@ -161,7 +161,7 @@ func (s *Scheduler) Demand(pool string) (held, queued int64) {
 // waitersForLocked calls each for the waiters that may be bound to p (in
 // a queue that may use it, not excluded from it), each line in its order,
 // moving to the next line when each returns false.
-func (s *Scheduler) waitersForLocked(p *pool, each func(*waiter) bool) {
+func (s *Scheduler) waitersForLocked(p *gpu, each func(*waiter) bool) {
 	for _, q := range s.queues {
 		if !q.mayUseLocked(p) {
 			continue
@@ -177,14 +177,14 @@ func (s *Scheduler) waitersForLocked(p *pool, each func(*waiter) bool) {
 }
 
 // Head is the request that has waited longest among those that may be
-// bound to pool (as Demand counts them): its charge, and how long it has
+// bound to GPU (as Demand counts them): its charge, and how long it has
 // waited by the scheduler's clock; 0, 0 when none waits. A fleet gives the
 // replica whose head has waited longest, and cannot fit at its fair part of
 // the GPU, a turn at the lease that head needs.
-func (s *Scheduler) Head(pool string) (charge int64, waited time.Duration) {
+func (s *Scheduler) Head(gpu string) (charge int64, waited time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.poolByName[pool]
+	p := s.gpuByName[gpu]
 	if p == nil {
 		return 0, 0
 	}
@@ -202,7 +202,7 @@ func (s *Scheduler) Head(pool string) (charge int64, waited time.Duration) {
 }
 
 // mayUseLocked says whether q's waiters may be bound to p now.
-func (q *queue) mayUseLocked(p *pool) bool {
+func (q *queue) mayUseLocked(p *gpu) bool {
 	for _, r := range q.routes {
 		if r.p == p {
 			return r.up
@@ -212,7 +212,7 @@ func (q *queue) mayUseLocked(p *pool) bool {
 }
 
 // noteDemandLocked makes OnDemand due for p at the next unlockNotify.
-func (s *Scheduler) noteDemandLocked(p *pool) {
+func (s *Scheduler) noteDemandLocked(p *gpu) {
 	if s.limits.onDemand == nil || p.noted {
 		return
 	}
@@ -220,7 +220,7 @@ func (s *Scheduler) noteDemandLocked(p *pool) {
 	s.limits.notes = append(s.limits.notes, p)
 }
 
-// noteWaitingLocked makes OnDemand due for every pool w may use, if w is
+// noteWaitingLocked makes OnDemand due for every GPU w may use, if w is
 // still waiting after the dispatch that followed its arrival: none had room.
 func (s *Scheduler) noteWaitingLocked(w *waiter) {
 	if s.limits.onDemand == nil || w.state != waiting {
@@ -233,7 +233,7 @@ func (s *Scheduler) noteWaitingLocked(w *waiter) {
 	}
 }
 
-// unlockNotify releases mu, then calls OnDemand for every pool noted since
+// unlockNotify releases mu, then calls OnDemand for every GPU noted since
 // the last call, each once. Notes made before a plain mu.Unlock wait for the
 // next unlockNotify: OnDemand hurries a limiter that also runs on its own
 // timers, so a late call costs time, not safety.
@@ -247,7 +247,7 @@ func (s *Scheduler) unlockNotify() {
 		s.mu.Unlock()
 		return
 	}
-	var buf [8]string // a pool per GPU: a handful, kept off the heap
+	var buf [8]string // a GPU per GPU: a handful, kept off the heap
 	names := buf[:0]
 	for i, p := range s.limits.notes {
 		p.noted = false
@@ -261,7 +261,7 @@ func (s *Scheduler) unlockNotify() {
 	}
 }
 
-// SetMargin scales the safety margin of the pool's forecast (Predicted
+// SetMargin scales the safety margin of the GPU's forecast (Predicted
 // only): its bound is the forecast mean plus scale × z(epsilon) standard
 // deviations. A process that runs one of k independent batches on a GPU —
 // a replica of a fleet sharing its budget — keeps ε for the GPU as a whole
@@ -272,16 +272,16 @@ func (s *Scheduler) unlockNotify() {
 // is clamped to [1/16, 1], 1 being the default. A lower margin dispatches
 // the waiters that now fit before it returns; a higher one revokes
 // nothing.
-func (s *Scheduler) SetMargin(pool string, scale float64) error {
+func (s *Scheduler) SetMargin(gpu string, scale float64) error {
 	if math.IsNaN(scale) {
-		return fmt.Errorf("admission: margin of %q: scale is NaN", pool)
+		return fmt.Errorf("admission: margin of %q: scale is NaN", gpu)
 	}
 	scale = min(max(scale, minMargin), 1)
 	s.mu.Lock()
-	p := s.poolByName[pool]
+	p := s.gpuByName[gpu]
 	if p == nil {
 		s.mu.Unlock()
-		return fmt.Errorf("admission: margin: unknown pool %q", pool)
+		return fmt.Errorf("admission: margin: unknown GPU %q", gpu)
 	}
 	old := p.marginOrOne()
 	p.margin = scale
@@ -302,7 +302,7 @@ const minMargin = 1.0 / 16
 const opMargin = "margin"
 
 // marginOrOne is p's margin scale; the zero value is the default, 1.
-func (p *pool) marginOrOne() float64 {
+func (p *gpu) marginOrOne() float64 {
 	if p.margin == 0 {
 		return 1
 	}

@@ -10,17 +10,17 @@ import (
 	"github.com/kvgate/kvgate/admission"
 )
 
-func (f *fixture) setLimit(pool string, limit int64) {
+func (f *fixture) setLimit(gpu string, limit int64) {
 	f.t.Helper()
-	if err := f.b.SetLimit(pool, limit); err != nil {
+	if err := f.b.SetLimit(gpu, limit); err != nil {
 		f.t.Fatal(err)
 	}
 }
 
-func (f *fixture) demand(pool string, held, queued int64) {
+func (f *fixture) demand(gpu string, held, queued int64) {
 	f.t.Helper()
-	if h, q := f.b.Demand(pool); h != held || q != queued {
-		f.t.Fatalf("Demand(%q) = %d held, %d queued; want %d, %d", pool, h, q, held, queued)
+	if h, q := f.b.Demand(gpu); h != held || q != queued {
+		f.t.Fatalf("Demand(%q) = %d held, %d queued; want %d, %d", gpu, h, q, held, queued)
 	}
 }
 
@@ -41,7 +41,7 @@ func TestSetLimitCapsAdmissions(t *testing.T) {
 		{name: "limit binds", limit: 50, held: []int64{30}, w: 30, atOnce: false, wantFree: 20},
 		{name: "fits the limit exactly", limit: 50, held: []int64{30}, w: 20, atOnce: true, wantFree: 20},
 		{name: "effective binds", over: 1, limit: 80, held: []int64{40}, w: 20, atOnce: false, wantFree: 10},
-		{name: "limit zero closes the pool", limit: 0, w: 1, atOnce: false, wantFree: 0},
+		{name: "limit zero closes the GPU", limit: 0, w: 1, atOnce: false, wantFree: 0},
 		{name: "a limit above capacity changes nothing", limit: 1000, held: []int64{90}, w: 20, atOnce: false, wantFree: 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -104,13 +104,13 @@ func TestSetLimitRaisesAtOnceAndNeverRevokes(t *testing.T) {
 		t.Fatalf("limit after SetLimit(-1) = %d, want -1 (none)", st.Limit)
 	}
 	if err := f.b.SetLimit("nope", 1); err == nil {
-		t.Fatal("SetLimit on an unknown pool: no error")
+		t.Fatal("SetLimit on an unknown GPU: no error")
 	}
 }
 
-// Demand is held (what the pool has committed) and queued (the charge of
-// every waiter that may be bound to it). A waiter of a queue with two pools
-// counts on both; a queue whose route to the pool is down counts on none.
+// Demand is held (what the GPU has committed) and queued (the charge of
+// every waiter that may be bound to it). A waiter of a queue with two GPUs
+// counts on both; a queue whose route to the GPU is down counts on none.
 func TestDemand(t *testing.T) {
 	f := newFixture(t, fleet(
 		[]admission.GPUConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
@@ -129,7 +129,7 @@ func TestDemand(t *testing.T) {
 		}
 	}
 	check("empty", want{})
-	// Limited: both pools start closed, so everything queues.
+	// Limited: both GPUs start closed, so everything queues.
 	both := f.enqueue(context.Background(), in("both", 10))
 	f.clock.Advance(time.Second)
 	onlyA := f.enqueue(context.Background(), in("onlyA", 20))
@@ -137,11 +137,11 @@ func TestDemand(t *testing.T) {
 	f.clock.Advance(time.Second)
 	check("three waiters", want{0, 30, 0, 50})
 	// Head: the request that has waited longest among those that may bind
-	// to the pool.
-	head := func(pool string, charge int64, waited time.Duration) {
+	// to the GPU.
+	head := func(gpu string, charge int64, waited time.Duration) {
 		t.Helper()
-		if c, w := f.b.Head(pool); c != charge || w != waited {
-			t.Fatalf("Head(%q) = %d, %v; want %d, %v", pool, c, w, charge, waited)
+		if c, w := f.b.Head(gpu); c != charge || w != waited {
+			t.Fatalf("Head(%q) = %d, %v; want %d, %v", gpu, c, w, charge, waited)
 		}
 	}
 	head("a", 10, 2*time.Second)
@@ -161,7 +161,7 @@ func TestDemand(t *testing.T) {
 	f.admitted(onlyA)
 	check("everything bound", want{30, 0, 0, 0})
 	if h, q := f.b.Demand("nope"); h != 0 || q != 0 {
-		t.Fatalf("Demand of an unknown pool = %d, %d", h, q)
+		t.Fatalf("Demand of an unknown GPU = %d, %d", h, q)
 	}
 }
 
@@ -181,7 +181,7 @@ func TestDemandIsCommittedUnderPredicted(t *testing.T) {
 }
 
 // OnDemand runs outside the lock (the hook below calls back into the
-// scheduler, which would deadlock under it), once per pool per event: when
+// scheduler, which would deadlock under it), once per GPU per event: when
 // a request queues for lack of room there, and when weight is given back —
 // not when a request is admitted at once.
 func TestOnDemand(t *testing.T) {
@@ -189,9 +189,9 @@ func TestOnDemand(t *testing.T) {
 	var s *admission.Scheduler
 	cfg := fleet([]admission.GPUConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
 		map[string][]string{"both": {"a", "b"}}, admission.Config{Limited: true})
-	cfg.OnDemand = func(pool string) {
-		s.Demand(pool) // deadlocks if called under the scheduler's lock
-		calls <- pool
+	cfg.OnDemand = func(gpu string) {
+		s.Demand(gpu) // deadlocks if called under the scheduler's lock
+		calls <- gpu
 	}
 	f := newFixture(t, cfg)
 	s = f.b.Scheduler
@@ -216,7 +216,7 @@ func TestOnDemand(t *testing.T) {
 		}
 	}
 	w := f.enqueue(context.Background(), in("both", 30))
-	take("a request queued on two closed pools", "a", "b")
+	take("a request queued on two closed GPUs", "a", "b")
 	f.setLimit("a", 50)
 	tk := f.admitted(w)
 	take("SetLimit: the limiter's own call") // nothing: it knows
@@ -229,28 +229,28 @@ func TestOnDemand(t *testing.T) {
 	take("the last release", "a")
 }
 
-// With Limited, a pool that Reconfigure adds starts closed too; pools that
+// With Limited, a GPU that Reconfigure adds starts closed too; GPUs that
 // stay keep their limit.
-func TestLimitedPoolsAddedByReconfigure(t *testing.T) {
+func TestLimitedGPUsAddedByReconfigure(t *testing.T) {
 	cfg := fleet([]admission.GPUConfig{{Name: "a", Capacity: 100}}, map[string][]string{"q": {"a"}}, admission.Config{Limited: true})
 	f := newFixture(t, cfg)
 	if st, _ := f.b.GPU("a"); st.Limit != 0 {
-		t.Fatalf("a new pool of a Limited scheduler has limit %d, want 0", st.Limit)
+		t.Fatalf("a new GPU of a Limited scheduler has limit %d, want 0", st.Limit)
 	}
 	f.setLimit("a", 60)
 	if err := f.b.Reconfigure(fleet([]admission.GPUConfig{{Name: "a", Capacity: 100}, {Name: "b", Capacity: 100}},
 		map[string][]string{"q": {"a", "b"}}, admission.Config{})); err != nil {
 		t.Fatal(err)
 	}
-	for pool, want := range map[string]int64{"a": 60, "b": 0} {
-		if st, _ := f.b.GPU(pool); st.Limit != want {
-			t.Errorf("after Reconfigure: pool %q limit %d, want %d", pool, st.Limit, want)
+	for gpu, want := range map[string]int64{"a": 60, "b": 0} {
+		if st, _ := f.b.GPU(gpu); st.Limit != want {
+			t.Errorf("after Reconfigure: GPU %q limit %d, want %d", gpu, st.Limit, want)
 		}
 	}
 }
 
 // A replica running one of k equal, independent batches on a GPU keeps the
-// GPU's ε with a margin of 1/√k: the same pool admits more at a lower
+// GPU's ε with a margin of 1/√k: the same GPU admits more at a lower
 // margin, a waiter that fits under the lower margin is admitted by
 // SetMargin itself, and raising the margin back revokes nothing.
 func TestSetMarginScalesTheForecastMargin(t *testing.T) {
@@ -305,7 +305,7 @@ func TestSetMarginScalesTheForecastMargin(t *testing.T) {
 		}
 	}
 	if err := f.b.SetMargin("nope", 0.5); err == nil {
-		t.Error("SetMargin on an unknown pool: no error")
+		t.Error("SetMargin on an unknown GPU: no error")
 	}
 	if err := f.b.SetMargin(gpu, math.NaN()); err == nil {
 		t.Error("SetMargin(NaN): no error")

@@ -39,7 +39,7 @@ type Stats struct {
 	Backfilled        int64            // admitted past an earlier waiter that did not fit
 	Rejected          map[string]int64 // by reason label (all of Reasons(), zeros included)
 	Canceled          int64            // contexts done before admission
-	// GuardStops counts running requests the guard stopped to keep a pool
+	// GuardStops counts running requests the guard stopped to keep a GPU
 	// within its capacity; Trips the times a forecast was distrusted, by
 	// reason (TripDrift, TripGuard, TripOverflow): a queue's, or for drift
 	// a tenant's or class's of a queue. DriftTrips splits the drift trips
@@ -54,7 +54,7 @@ type Stats struct {
 	Tenants []TenantStats // sorted by name; listed tenants always, others while active
 }
 
-// GPUStats is one pool in Stats.
+// GPUStats is one GPU in Stats.
 type GPUStats struct {
 	Name      string
 	Capacity  int64 // nominal
@@ -134,13 +134,13 @@ type ClassStats struct {
 	Held        int64
 }
 
-// RouteStats is one pool of a queue and whether it is available to it.
+// RouteStats is one GPU of a queue and whether it is available to it.
 type RouteStats struct {
 	GPU string
 	Up  bool
 }
 
-// TenantStats is one tenant in Stats: the charge it holds, all pools
+// TenantStats is one tenant in Stats: the charge it holds, all GPUs
 // together, and what it has queued.
 type TenantStats struct {
 	Name        string
@@ -166,7 +166,7 @@ func (s *Scheduler) Stats() Stats {
 		Trips: map[string]int64{TripDrift: 0, TripGuard: 0, TripOverflow: 0}}
 	maps.Copy(st.Trips, s.trips)
 	st.DriftTrips = s.driftTripsLocked()
-	for _, p := range s.pools {
+	for _, p := range s.gpus {
 		ps := GPUStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Margin: p.marginOrOne(), Held: p.held,
 			Committed: s.committedLocked(p), Charge: p.charge, Tickets: p.tickets,
 			Used: p.used, UsedKnown: p.usedKnown, Unaccounted: p.unaccounted, Gated: s.gatedLocked(p), Now: p.now, Stopping: p.stopping,
@@ -215,7 +215,7 @@ func (s *Scheduler) Stats() Stats {
 	return st
 }
 
-// GPU returns one pool's stats, and false if there is no such pool.
+// GPU returns one GPU's stats, and false if there is no such GPU.
 func (s *Scheduler) GPU(name string) (GPUStats, bool) {
 	for _, p := range s.Stats().GPUs {
 		if p.Name == name {

@@ -46,7 +46,7 @@ func (f *fixture) fillAtOnce(r admission.Request) []*admission.Ticket {
 
 // Until a queue has WarmupSamples finished sequences its requests are held
 // at their worst case; once it has learned that outputs stop early, the
-// same pool admits several times as many, while its forecast stays within
+// same GPU admits several times as many, while its forecast stays within
 // the capacity at every admission (the fixture checks that invariant).
 func TestPredictedAdmitsByLearnedLengths(t *testing.T) {
 	const capacity = 64 * 1040 // 64 requests' worst case: 16-token prompt + 1024 output
@@ -121,7 +121,7 @@ func TestPredictedOpaqueRequests(t *testing.T) {
 	f.state(0, 0)
 }
 
-// The backend's own report is ground truth: while it says the pool is
+// The backend's own report is ground truth: while it says the GPU is
 // fuller than (1 − headroom) × capacity, nothing new gets in on the
 // forecast's word; when it says otherwise, the waiters go.
 func TestPredictedUsageGate(t *testing.T) {
@@ -155,13 +155,13 @@ func TestPredictedUsageGate(t *testing.T) {
 	}
 	f.acquire(chat(16, 100)).Release()
 	if err := s.SetUsage("nope", 1, true); err == nil {
-		t.Fatal("SetUsage of an unknown pool accepted")
+		t.Fatal("SetUsage of an unknown GPU accepted")
 	}
 }
 
 // A request whose worst case fits beside every worst case held is safe
 // whatever the backend reports, as under WorstCase: the gate does not hold
-// it. A pool whose part of the GPU is a lease (a shared budget) is gated
+// it. A GPU whose part of the GPU is a lease (a shared budget) is gated
 // all the same: the report is the whole GPU's, other replicas' forecasts
 // included.
 func TestPredictedWorstCaseFitPassesTheGate(t *testing.T) {
@@ -218,7 +218,7 @@ func TestPredictedPerTenantLengths(t *testing.T) {
 
 // When every output runs to its cap (max_tokens pinned), the learned
 // lengths are all censored at the caps and the forecast is exact: it has no
-// margin of variance. The real memory must still never pass the pool,
+// margin of variance. The real memory must still never pass the GPU,
 // although a ticket's curve is recomputed only when a sequence enters a new
 // block (so it is up to a block stale) — a step by step engine checks it.
 func TestPredictedExactLengthsNeverOverflow(t *testing.T) {
@@ -259,7 +259,7 @@ func exactLengths(t *testing.T, taught, capAt int) {
 		e.settle()
 		e.admitted = nil
 		if b := realBlocks(); b > blocks {
-			t.Fatalf("step %d: %d requests really hold %d blocks of the pool's %d", step, len(e.running), b, blocks)
+			t.Fatalf("step %d: %d requests really hold %d blocks of the GPU's %d", step, len(e.running), b, blocks)
 		} else {
 			peak = max(peak, b)
 		}
@@ -267,7 +267,7 @@ func exactLengths(t *testing.T, taught, capAt int) {
 	}
 	t.Logf("peak %d of %d blocks", peak, blocks)
 	if peak < blocks*8/10 {
-		t.Fatalf("the pool was never filled: peak %d of %d blocks", peak, blocks)
+		t.Fatalf("the GPU was never filled: peak %d of %d blocks", peak, blocks)
 	}
 }
 

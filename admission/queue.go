@@ -7,12 +7,12 @@ import (
 	"github.com/kvgate/kvgate/admission/predict"
 )
 
-// queue is one line of waiting requests (a model) and the pools that may
+// queue is one line of waiting requests (a model) and the GPUs that may
 // serve it. Fields are guarded by Scheduler.mu; name never changes.
 type queue struct {
 	name    string
 	spec    queueSpec
-	routes  []route // the pools it may be bound to, in configuration order
+	routes  []route // the GPUs it may be bound to, in configuration order
 	lines   []*line // one per class, in priority order
 	removed bool    // by Reconfigure: no new requests; its waiters were refused
 
@@ -50,7 +50,7 @@ type queue struct {
 }
 
 type route struct {
-	p  *pool
+	p  *gpu
 	up bool
 }
 
@@ -203,8 +203,8 @@ type waiter struct {
 	stop     Stopper
 	lens     *predict.Lengths // the predictor of its forecast; nil = worst case
 	seq      uint64           // arrival order; a moved ticket keeps its own
-	// exclude is the pool a moved ticket must leave; nil otherwise.
-	exclude  *pool
+	// exclude is the GPU a moved ticket must leave; nil otherwise.
+	exclude  *gpu
 	affinity uint64
 	deadline time.Time
 
@@ -214,7 +214,7 @@ type waiter struct {
 	prev, next *waiter
 	state      waiterState
 	err        *RejectError // when refused
-	boundTo    string       // the pool it was granted on
+	boundTo    string       // the GPU it was granted on
 	backfilled bool         // granted past an earlier waiter that did not fit
 }
 
@@ -339,7 +339,7 @@ func (s *Scheduler) refuseLocked(w *waiter, now time.Time, reason error, limit i
 }
 
 // grantLocked admits w on p: it leaves the queue and its ticket holds.
-func (s *Scheduler) grantLocked(w *waiter, p *pool, now time.Time, backfill bool) {
+func (s *Scheduler) grantLocked(w *waiter, p *gpu, now time.Time, backfill bool) {
 	s.dequeueLocked(w)
 	s.holdLocked(w, p, now.Sub(w.enqueued))
 	w.state, w.boundTo, w.backfilled = granted, p.name, backfill

@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// Reconciliation: a GPU's backends report what they hold (KV usage × pool,
+// Reconciliation: a GPU's backends report what they hold (KV usage × KV pool,
 // running requests); the requests admitted there account for at most the
-// pool's now (what each ticket may hold at this moment: guard.go), and, in
+// GPU's now (what each ticket may hold at this moment: guard.go), and, in
 // a fleet, for the other replicas' leases. What the backends hold beyond
 // that is memory nobody admitted: a second client of the backend, another
 // gateway, or a count that went wrong. It is as real as the admitted part,
@@ -29,7 +29,7 @@ import (
 
 // ReconcileConfig tunes a Reconciler. Zero values take the defaults.
 type ReconcileConfig struct {
-	// Tolerance is the fraction of the pool that unaccounted memory may
+	// Tolerance is the fraction of the GPU that unaccounted memory may
 	// reach without counting (default DefaultReconcileTolerance); the
 	// backend's reserved block and one block per running request come on
 	// top of it.
@@ -52,7 +52,7 @@ type Reading struct {
 	Pool int64 // the backends' KV pool
 	Used int64 // the part they report in use
 	// Accounted is what the requests admitted to the GPU may hold now (a
-	// bound: the pool's Now, plus in a fleet the other replicas' leases).
+	// bound: the GPU's Now, plus in a fleet the other replicas' leases).
 	Accounted int64
 	// Running is how many requests the backends report running;
 	// BlockBytes the size of one of their KV blocks.
@@ -159,20 +159,20 @@ func (r *Reconciler) Observe(in Reading) Reconciled {
 	return r.last
 }
 
-// SetUnaccounted tells the scheduler how much of a pool its backends hold
+// SetUnaccounted tells the scheduler how much of a GPU its backends hold
 // that no admitted request accounts for (a Reconciler's Unaccounted):
 // admissions to it are measured against its effective capacity less that,
 // for as long as it is set. Like every shrink it revokes nothing; a lower
 // figure admits the waiters that now fit.
-func (s *Scheduler) SetUnaccounted(pool string, bytes int64) error {
+func (s *Scheduler) SetUnaccounted(gpu string, bytes int64) error {
 	if bytes < 0 {
 		return fmt.Errorf("admission: unaccounted: %d bytes is negative", bytes)
 	}
 	s.mu.Lock()
-	p := s.poolByName[pool]
+	p := s.gpuByName[gpu]
 	if p == nil {
 		s.mu.Unlock()
-		return fmt.Errorf("admission: unaccounted: unknown pool %q", pool)
+		return fmt.Errorf("admission: unaccounted: unknown GPU %q", gpu)
 	}
 	old := p.admitCap()
 	p.unaccounted = bytes

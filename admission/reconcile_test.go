@@ -11,7 +11,7 @@ import (
 // A Reconciler's figure counts only once it has lasted Sustain, above the
 // tolerance, less the backend's own blocks; a lower figure replaces it only
 // once that has lasted too.
-// Readings come once a second; the pool is 1000 bytes, blocks 10 bytes, so
+// Readings come once a second; the GPU is 1000 bytes, blocks 10 bytes, so
 // with no request running the tolerance is 3 % of 1000 + 1 block = 40.
 func TestReconcilerSustainedTransientRecovery(t *testing.T) {
 	type step struct {
@@ -103,7 +103,7 @@ func TestReconcilerEdges(t *testing.T) {
 	}
 }
 
-// Unaccounted memory comes off what a pool admits against, beside its
+// Unaccounted memory comes off what a GPU admits against, beside its
 // limit; lowering it admits the waiters that fit; it revokes nothing.
 func TestSetUnaccountedShrinksAdmissions(t *testing.T) {
 	f := newFixture(t, oneGPU(100, admission.Config{}))
@@ -138,6 +138,6 @@ func TestSetUnaccountedShrinksAdmissions(t *testing.T) {
 		t.Fatal("a negative figure: no error")
 	}
 	if err := f.b.SetUnaccounted("nope", 1); err == nil {
-		t.Fatal("an unknown pool: no error")
+		t.Fatal("an unknown GPU: no error")
 	}
 }

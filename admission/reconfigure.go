@@ -3,16 +3,16 @@ package admission
 import "time"
 
 // Applying a configuration: at New and on Reconfigure, one step under mu
-// that keeps what persists (pools and queues matched by name, with their
+// that keeps what persists (GPUs and queues matched by name, with their
 // tickets) and refuses at once what the new configuration can never admit.
 
 // Reconfigure applies a new configuration (Clock, Observer and Seed
-// excepted) as one step. Pools and queues are matched by name: a pool that
+// excepted) as one step. GPUs and queues are matched by name: a GPU that
 // stays keeps its tickets, its drain measurement and its AIMD ratio (its
-// capacity follows the new one as Resize would); a removed pool takes no new
+// capacity follows the new one as Resize would); a removed GPU takes no new
 // admissions, and its tickets stay valid until released; configured again
-// while any of them runs, it is that same pool (they still hold its GPU),
-// with its limit reset as a new pool's. A queue that stays
+// while any of them runs, it is that same GPU (they still hold its GPU),
+// with its limit reset as a new GPU's. A queue that stays
 // keeps its waiters, their places and deadlines, and what it has learned;
 // the waiters of a removed queue are refused with ErrNoRoute, those of a
 // removed class with ErrQueueFull, and those that can no longer ever fit
@@ -37,34 +37,34 @@ func (s *Scheduler) applyLocked(set settings, now time.Time) {
 		s.scratch = newCurve()
 	}
 
-	// Pools, by name.
-	pools := make([]*pool, len(set.pools))
-	byName := make(map[string]*pool, len(set.pools))
-	for i, pc := range set.pools {
-		p := s.poolByName[pc.Name]
+	// GPUs, by name.
+	gpus := make([]*gpu, len(set.gpus))
+	byName := make(map[string]*gpu, len(set.gpus))
+	for i, pc := range set.gpus {
+		p := s.gpuByName[pc.Name]
 		if p == nil {
 			if r := s.retired[pc.Name]; r != nil {
 				// Back after a reload removed it: its running tickets
 				// still hold its GPU. A limit it had was its old lease's,
-				// given back when it was removed: it starts as a new pool.
+				// given back when it was removed: it starts as a new GPU.
 				p = r
 				delete(s.retired, pc.Name)
 				p.limited, p.limit = s.limits.limited, 0
 				if pc.Capacity != p.nominal {
-					s.resizePoolLocked(p, pc.Capacity)
+					s.resizeGPULocked(p, pc.Capacity)
 				}
 			} else {
-				p = newPool(pc.Name, pc.Capacity, now, set.drainWindow)
+				p = newGPU(pc.Name, pc.Capacity, now, set.drainWindow)
 				p.limited = s.limits.limited
 			}
 		} else if pc.Capacity != p.nominal {
-			s.resizePoolLocked(p, pc.Capacity)
+			s.resizeGPULocked(p, pc.Capacity)
 		}
 		p.index = i
-		pools[i] = p
+		gpus[i] = p
 		byName[pc.Name] = p
 	}
-	for name, p := range s.poolByName {
+	for name, p := range s.gpuByName {
 		if byName[name] == nil {
 			p.index = -1 // removed: its tickets release into it, nothing binds to it
 			if !p.limitUntil.IsZero() {
@@ -72,19 +72,19 @@ func (s *Scheduler) applyLocked(set settings, now time.Time) {
 				s.limits.horizons--
 			}
 			if s.retired == nil {
-				s.retired = map[string]*pool{}
+				s.retired = map[string]*gpu{}
 			}
 			s.retired[name] = p
 		}
 	}
 	for name, p := range s.retired {
 		if p.tickets == 0 {
-			delete(s.retired, name) // nothing runs on it: a pool of this name may start afresh
+			delete(s.retired, name) // nothing runs on it: a GPU of this name may start afresh
 		}
 	}
-	s.pools, s.poolByName = pools, byName
+	s.gpus, s.gpuByName = gpus, byName
 	if set.drainWindow != oldWindow {
-		for _, p := range pools {
+		for _, p := range gpus {
 			p.drain = newDrainEstimator(now, set.drainWindow)
 		}
 	}
@@ -118,7 +118,7 @@ func (s *Scheduler) applyLocked(set settings, now time.Time) {
 		q.spec = qs
 		old := q.routes
 		q.routes = q.routes[:0:0]
-		for _, name := range qs.pools {
+		for _, name := range qs.gpus {
 			up := true
 			for _, r := range old {
 				if r.p.name == name {

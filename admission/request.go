@@ -10,7 +10,7 @@ import (
 
 // Request is one request for admission.
 type Request struct {
-	// Queue names a configured queue (the gateway: the model). Its pools are
+	// Queue names a configured queue (the gateway: the model). Its GPUs are
 	// the ones the request may be bound to.
 	Queue string
 	// Class names a configured class; "" = Config.DefaultClass.
@@ -40,7 +40,7 @@ type Request struct {
 	// nothing of how long the model's answers run.
 	Pinned bool
 	// Stopper, if set, is how the scheduler stops the running request to
-	// keep its pool's memory within its capacity when the forecast was
+	// keep its GPU's memory within its capacity when the forecast was
 	// wrong (see guard.go). Only requests that report their progress are
 	// ever stopped.
 	Stopper Stopper
@@ -57,9 +57,9 @@ type Request struct {
 	// order, not behind everything that came since — its client has been
 	// waiting all along.
 	Resumes *Ticket
-	// Affinity, when not 0, names the pool the request prefers among those
+	// Affinity, when not 0, names the GPU the request prefers among those
 	// that fit (routing by session or prompt prefix): the same value picks
-	// the same pool while it fits.
+	// the same GPU while it fits.
 	Affinity uint64
 }
 

@@ -13,10 +13,10 @@ import (
 	"github.com/kvgate/kvgate/admission/predict"
 )
 
-// Scheduler admits requests to pools (GPU budgets) from queues (one per
+// Scheduler admits requests to GPUs (GPU budgets) from queues (one per
 // model): see the package documentation for its model.
 //
-// Locking: mu guards every field below it and the state of every pool,
+// Locking: mu guards every field below it and the state of every GPU,
 // queue, line, tenant, waiter and Ticket of the scheduler. It is a leaf lock
 // except for the Clock: the scheduler calls Clock.AfterFunc and Timer.Stop
 // with mu held, so a Clock must never call back into the scheduler while
@@ -28,17 +28,17 @@ type Scheduler struct {
 	observer Observer // fixed at New; nil = none
 	count    counters // atomics; no lock
 
-	mu         sync.Mutex
-	set        settings
-	cacheView  CacheView // nil: binding ignores what GPUs hold cached (cacheview.go)
-	costs      []int64   // scratch of cacheCostsLocked, by pool index
-	runs       shareRuns // what a candidate's fits counted shared, by pool (cacheview.go)
-	pools      []*pool   // configured, in configuration order
-	poolByName map[string]*pool
-	// retired are pools a Reconfigure removed while tickets still held
-	// weight in them, by name: a pool configured again under its name is
-	// the same pool, so what its GPU still runs counts from the start.
-	retired     map[string]*pool
+	mu        sync.Mutex
+	set       settings
+	cacheView CacheView // nil: binding ignores what GPUs hold cached (cacheview.go)
+	costs     []int64   // scratch of cacheCostsLocked, by GPU index
+	runs      shareRuns // what a candidate's fits counted shared, by GPU (cacheview.go)
+	gpus      []*gpu    // configured, in configuration order
+	gpuByName map[string]*gpu
+	// retired are GPUs a Reconfigure removed while tickets still held
+	// weight in them, by name: a GPU configured again under its name is
+	// the same GPU, so what its GPU still runs counts from the start.
+	retired     map[string]*gpu
 	queues      []*queue
 	queueByName map[string]*queue
 	tenants     map[string]*tenantState // includes "" (anon)
@@ -70,7 +70,7 @@ type Scheduler struct {
 	scratchOpaque bool
 	freeCurves    []curve   // released tickets' curve arrays, for reuse
 	cursors       []*waiter // a dispatch pass's positions, one per queue
-	lastHold      *pool     // the pool of the latest admission, for the invariant checks
+	lastHold      *gpu      // the GPU of the latest admission, for the invariant checks
 	knobs         testingKnobs
 	limits        limitState // see limit.go
 
@@ -125,7 +125,7 @@ func New(cfg Config) (*Scheduler, error) {
 	if seed == 0 {
 		seed = 0x6b76676174650a // any fixed value: jitter needs spread, not secrecy
 	}
-	s := &Scheduler{clock: cfg.Clock, observer: cfg.Observer, poolByName: map[string]*pool{},
+	s := &Scheduler{clock: cfg.Clock, observer: cfg.Observer, gpuByName: map[string]*gpu{},
 		queueByName: map[string]*queue{}, tenants: map[string]*tenantState{}, trips: map[string]int64{},
 		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 	if s.clock == nil {
@@ -141,7 +141,7 @@ func New(cfg Config) (*Scheduler, error) {
 	return s, nil
 }
 
-// Acquire admits r at once if a pool of its queue has room for it and
+// Acquire admits r at once if a GPU of its queue has room for it and
 // nobody it must not pass is waiting, else queues it until it is admitted,
 // refused, or ctx is done. A refusal is a *RejectError; a ctx that ends
 // first gives an error wrapping ctx.Err(). Either way nothing stays held. An
@@ -243,8 +243,8 @@ func (s *Scheduler) acquire(ctx context.Context, r Request, into *Ticket) (*Tick
 }
 
 // refusalLocked says why w must be refused at once, if it must: it could
-// never fit any of its pools (ErrTooLarge, ErrTenantQuota), none of them is
-// available (ErrNoRoute), or it is sheddable and every pool is under
+// never fit any of its GPUs (ErrTooLarge, ErrTenantQuota), none of them is
+// available (ErrNoRoute), or it is sheddable and every GPU is under
 // pressure (ErrOverloaded). limit is the capacity it was measured against.
 func (s *Scheduler) refusalLocked(w *waiter) (reason error, limit int64) {
 	var largest, largestCap int64
@@ -285,7 +285,7 @@ func (s *Scheduler) refusalLocked(w *waiter) (reason error, limit int64) {
 	return nil, 0
 }
 
-// pressureNeedLocked is how much must drain before one of w's pools is
+// pressureNeedLocked is how much must drain before one of w's GPUs is
 // back under the pressure threshold.
 func (s *Scheduler) pressureNeedLocked(w *waiter) int64 {
 	need := int64(-1)
@@ -467,7 +467,7 @@ func (s *Scheduler) classNamesLocked() string {
 
 // refuseImpossibleLocked refuses the waiters that can never be admitted
 // under the current capacities and tenant caps (after a resize or a
-// reconfiguration lowered them) or that have no available pool left, so that
+// reconfiguration lowered them) or that have no available GPU left, so that
 // none of them holds the queue until its deadline.
 func (s *Scheduler) refuseImpossibleLocked(now time.Time) {
 	for _, q := range s.queues {
@@ -483,12 +483,12 @@ func (s *Scheduler) refuseImpossibleLocked(now time.Time) {
 	}
 }
 
-// SetAvailable says whether the queue may be bound to the pool now (the
+// SetAvailable says whether the queue may be bound to the GPU now (the
 // gateway: whether a healthy backend of the model runs on that GPU). When
-// no pool of a queue is available its waiters are refused at once with
+// no GPU of a queue is available its waiters are refused at once with
 // ErrNoRoute; when one becomes available the waiters are dispatched to it.
 // Unknown names are an error.
-func (s *Scheduler) SetAvailable(queue, pool string, up bool) error {
+func (s *Scheduler) SetAvailable(queue, gpu string, up bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q := s.queueByName[queue]
@@ -497,7 +497,7 @@ func (s *Scheduler) SetAvailable(queue, pool string, up bool) error {
 	}
 	for i := range q.routes {
 		r := &q.routes[i]
-		if r.p.name != pool {
+		if r.p.name != gpu {
 			continue
 		}
 		if r.up == up {
@@ -511,5 +511,5 @@ func (s *Scheduler) SetAvailable(queue, pool string, up bool) error {
 		s.dispatchLocked()
 		return nil
 	}
-	return fmt.Errorf("admission: SetAvailable: queue %q has no pool %q", queue, pool)
+	return fmt.Errorf("admission: SetAvailable: queue %q has no GPU %q", queue, gpu)
 }

@@ -54,7 +54,7 @@ func (g *tgroup) final() int64 { return g.size(g.Seqs, g.Cap) }
 func (s *Scheduler) SetSharing(gpu string, on bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.poolByName[gpu]
+	p := s.gpuByName[gpu]
 	if p == nil {
 		return fmt.Errorf("admission: set sharing: unknown GPU %q", gpu)
 	}
@@ -65,7 +65,7 @@ func (s *Scheduler) SetSharing(gpu string, on bool) error {
 // shareLocked enters t's shareable blocks, runs[i] of its group i (as the
 // fit counted them: shareRunsLocked), into p's table and makes t's weight
 // its own; the blocks new to the table are held by p once.
-func (s *Scheduler) shareLocked(p *pool, t *Ticket, runs []int) {
+func (s *Scheduler) shareLocked(p *gpu, t *Ticket, runs []int) {
 	var added, counted int64
 	for i := range t.groups {
 		g := &t.groups[i]
@@ -102,7 +102,7 @@ func (s *Scheduler) shareLocked(p *pool, t *Ticket, runs []int) {
 
 // unshareLocked takes t's blocks out of p's table; those it held last
 // leave p.
-func (s *Scheduler) unshareLocked(p *pool, t *Ticket) {
+func (s *Scheduler) unshareLocked(p *gpu, t *Ticket) {
 	var freed int64
 	for i := range t.groups {
 		g := &t.groups[i]
@@ -126,7 +126,7 @@ func (s *Scheduler) unshareLocked(p *pool, t *Ticket) {
 // what it may hold now (the guard) and, under Predicted, its forecast, in
 // which a block is held throughout — until its last holder ends, which
 // comes no sooner than any one holder's end.
-func (s *Scheduler) tableLocked(p *pool, d int64) {
+func (s *Scheduler) tableLocked(p *gpu, d int64) {
 	p.tableBytes += d
 	p.held += d
 	p.charge += d
@@ -164,7 +164,7 @@ func sharedOf(shape []Group) int64 {
 // those no ticket of p holds now. The blocks of a prompt that p holds are
 // a leading run (a ticket holds a leading run of its blocks, and a name
 // stands for its whole prefix), so a binary search finds where it ends.
-func (s *Scheduler) shareOnLocked(p *pool, w *waiter) (shared, fresh int64, runs []int) {
+func (s *Scheduler) shareOnLocked(p *gpu, w *waiter) (shared, fresh int64, runs []int) {
 	runs = s.shareRunsLocked(p, w)
 	for i, g := range w.shape {
 		m := runs[i]

@@ -180,7 +180,7 @@ func TestOverloadedShedsSheddableAbovePressure(t *testing.T) {
 }
 
 // measured is a scheduler that has seen enough releases to trust its drain
-// rate: from t0 to t0+2s the pool was busy, and at t0+2s ten requests of 5
+// rate: from t0 to t0+2s the GPU was busy, and at t0+2s ten requests of 5
 // were released, so the drain rate is 50 / 2s = 25/s; 50 is held (30 by
 // tenant "t", 20 anonymous).
 func measured(t *testing.T, cfg admission.Config) *fixture {
@@ -245,7 +245,7 @@ func TestEarlyShedFromMeasuredDrainRate(t *testing.T) {
 	})
 }
 
-// Before the pools have seen enough releases, nothing is shed early: the
+// Before the GPUs have seen enough releases, nothing is shed early: the
 // first burst after a start (or a reload) must not be refused for a wait
 // nobody has measured.
 func TestColdStartDoesNotShedEarly(t *testing.T) {

@@ -63,8 +63,8 @@ func stressConfig(capacity int64, policy string, r *rand.Rand) admission.Config 
 
 // TestStress hammers a scheduler from many goroutines with random shapes,
 // queues, classes, tenants, progress, finished sequences, moves,
-// cancellations and deadlines, while another goroutine resizes pools, feeds
-// the AIMD loop and the usage gate, turns pools off and on, and reloads the
+// cancellations and deadlines, while another goroutine resizes GPUs, feeds
+// the AIMD loop and the usage gate, turns GPUs off and on, and reloads the
 // config — under both policies. After every change of state the
 // scheduler's invariants are checked under its lock (the capacity bound at
 // every admission, all the bookkeeping sums, no waiter left that could be
@@ -231,9 +231,9 @@ func stress(t *testing.T, policy string) {
 	go func() {
 		defer close(chaosDone)
 		r := rand.New(rand.NewPCG(seed, 0))
-		pools := []string{"a", "b", "c"}
+		gpus := []string{"a", "b", "c"}
 		for time.Now().Before(stop) {
-			p := pools[r.IntN(3)]
+			p := gpus[r.IntN(3)]
 			switch r.IntN(12) {
 			case 0:
 				if err := s.Resize(p, capacity/2+r.Int64N(capacity)); err != nil {
@@ -263,10 +263,10 @@ func stress(t *testing.T, policy string) {
 			}
 			time.Sleep(time.Duration(r.IntN(500)) * time.Microsecond)
 		}
-		// Everything available again, so that nothing waits for a pool
+		// Everything available again, so that nothing waits for a GPU
 		// that stays off.
 		for _, q := range []string{"m", "n"} {
-			for _, p := range pools {
+			for _, p := range gpus {
 				_ = s.SetAvailable(q, p, true)
 			}
 		}
@@ -283,7 +283,7 @@ func stress(t *testing.T, policy string) {
 	}
 	for _, p := range st.GPUs {
 		if p.Held != 0 || p.Charge != 0 || p.Tickets != 0 || p.Committed != 0 {
-			t.Fatalf("pool left behind: %+v", p)
+			t.Fatalf("GPU left behind: %+v", p)
 		}
 	}
 	for _, q := range st.Queues {

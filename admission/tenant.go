@@ -18,7 +18,7 @@ type tenantState struct {
 	share      float64
 	queueShare float64
 
-	holds       []tenantHold // charge held per pool; a handful of pools at most
+	holds       []tenantHold // charge held per GPU; a handful of GPUs at most
 	queued      int
 	queuedBytes int64
 
@@ -31,21 +31,21 @@ type tenantState struct {
 }
 
 type tenantHold struct {
-	p      *pool
+	p      *gpu
 	charge int64
 	worst  int64 // Σ worst cases, for the exposure bound (guard.go)
 }
 
 // capOn is the most the tenant may hold on p: its share of p's nominal
 // capacity.
-func (t *tenantState) capOn(p *pool) int64 {
+func (t *tenantState) capOn(p *gpu) int64 {
 	if t.share >= 1 {
 		return p.nominal
 	}
 	return int64(t.share * float64(p.nominal))
 }
 
-func (t *tenantState) heldOn(p *pool) int64 {
+func (t *tenantState) heldOn(p *gpu) int64 {
 	for _, h := range t.holds {
 		if h.p == p {
 			return h.charge
@@ -56,17 +56,17 @@ func (t *tenantState) heldOn(p *pool) int64 {
 
 // fitsOn says whether the tenant may hold charge more on p, what other
 // replicas hold for it there included.
-func (t *tenantState) fitsOn(p *pool, charge int64) bool {
+func (t *tenantState) fitsOn(p *gpu, charge int64) bool {
 	return t.share >= 1 || t.heldOn(p)+p.elsewhere[t.name]+charge <= t.capOn(p)
 }
 
-// TenantHolds is what each tenant whose share caps it holds on pool (the
+// TenantHolds is what each tenant whose share caps it holds on GPU (the
 // charge of its tickets there), those holding nothing left out: what a
 // fleet publishes so that a tenant's share holds across its replicas.
-func (s *Scheduler) TenantHolds(pool string) map[string]int64 {
+func (s *Scheduler) TenantHolds(gpu string) map[string]int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.poolByName[pool]
+	p := s.gpuByName[gpu]
 	if p == nil {
 		return nil
 	}
@@ -79,17 +79,17 @@ func (s *Scheduler) TenantHolds(pool string) map[string]int64 {
 	return out
 }
 
-// SetTenantsElsewhere says what the other replicas sharing pool's GPU hold
+// SetTenantsElsewhere says what the other replicas sharing GPU's GPU hold
 // for each tenant there (nil: nothing): it counts against the tenant's
 // share as its own holds do, so that a tenant spread over replicas holds
 // its share of the GPU, not its share on each. Like every shrink it
 // revokes nothing; a lower figure admits the waiters that now fit.
-func (s *Scheduler) SetTenantsElsewhere(pool string, held map[string]int64) error {
+func (s *Scheduler) SetTenantsElsewhere(gpu string, held map[string]int64) error {
 	s.mu.Lock()
-	p := s.poolByName[pool]
+	p := s.gpuByName[gpu]
 	if p == nil {
 		s.mu.Unlock()
-		return fmt.Errorf("admission: tenants elsewhere: unknown pool %q", pool)
+		return fmt.Errorf("admission: tenants elsewhere: unknown GPU %q", gpu)
 	}
 	lower := false
 	for name, n := range p.elsewhere {
@@ -103,7 +103,7 @@ func (s *Scheduler) SetTenantsElsewhere(pool string, held map[string]int64) erro
 	return nil
 }
 
-func (t *tenantState) holdLocked(p *pool, charge, worst int64) {
+func (t *tenantState) holdLocked(p *gpu, charge, worst int64) {
 	for i := range t.holds {
 		if t.holds[i].p == p {
 			t.holds[i].charge += charge
@@ -114,7 +114,7 @@ func (t *tenantState) holdLocked(p *pool, charge, worst int64) {
 	t.holds = append(t.holds, tenantHold{p, charge, worst})
 }
 
-func (t *tenantState) unholdLocked(p *pool, charge, worst int64) {
+func (t *tenantState) unholdLocked(p *gpu, charge, worst int64) {
 	for i := range t.holds {
 		if t.holds[i].p != p {
 			continue
@@ -128,7 +128,7 @@ func (t *tenantState) unholdLocked(p *pool, charge, worst int64) {
 }
 
 // worstOn is the sum of the worst cases the tenant holds on p.
-func (t *tenantState) worstOn(p *pool) int64 {
+func (t *tenantState) worstOn(p *gpu) int64 {
 	for _, h := range t.holds {
 		if h.p == p {
 			return h.worst

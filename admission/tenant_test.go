@@ -182,6 +182,6 @@ func TestTenantShareCountsWhatOtherReplicasHold(t *testing.T) {
 	b1.Release()
 	f.state(0, 0)
 	if err := f.b.SetTenantsElsewhere("nope", nil); err == nil {
-		t.Error("an unknown pool was accepted")
+		t.Error("an unknown GPU was accepted")
 	}
 }

@@ -14,7 +14,7 @@ import (
 // add the staleness of the last Progress: see forecastLead.)
 const leadTokens = 2
 
-// Ticket is an admission: a request bound to a pool. Give it back exactly
+// Ticket is an admission: a request bound to a GPU. Give it back exactly
 // once with Release (further calls are no-ops); report its progress with
 // Progress and its finished sequences with Done as they happen, so that its
 // hold follows what it really uses. A nil or zero Ticket holds nothing.
@@ -36,7 +36,7 @@ type Ticket struct {
 // binding is what a Ticket's admission sets, all of it at each (the first,
 // and each Move's).
 type binding struct {
-	pool   *pool
+	gpu    *gpu
 	line   *line
 	tenant *tenantState
 	// weight is its worst case now (0 once released); charge what it counts
@@ -48,14 +48,14 @@ type binding struct {
 	noResume       bool             // Request.NoResume
 	lens           *predict.Lengths // its forecast's predictor; nil = worst case
 	guard          guardState       // what it holds now, and whether it was stopped (guard.go)
-	fc             curve            // its share of the pool's forecast (Predicted only)
+	fc             curve            // its share of the GPU's forecast (Predicted only)
 	seq            uint64
 	affinity       uint64
 	predicted      int // output tokens it was expected to generate, all sequences
 	waited         time.Duration
 	queue, class   string
-	poolName       string
-	prev, next     *Ticket // in its pool's list
+	gpuName        string
+	prev, next     *Ticket // in its GPU's list
 }
 
 // tgroup is a Group as it runs.
@@ -84,12 +84,12 @@ func (g *tgroup) blocksAt(generated int) int64 {
 	return blocks(satAdd(satAdd(g.Prompt, generated), leadTokens), g.BlockTokens)
 }
 
-// GPU is the pool the ticket is bound to ("" for the zero Ticket).
+// GPU is the GPU the ticket is bound to ("" for the zero Ticket).
 func (t *Ticket) GPU() string {
 	if t == nil {
 		return ""
 	}
-	return t.poolName
+	return t.gpuName
 }
 
 // Waited is the time the request spent queued before admission (0 if it was
@@ -171,7 +171,7 @@ func (t *Ticket) Progress(gi, generated int) {
 	}
 	s.updateLocked(t, func() { g.gen, g.blk = generated, b })
 	s.noteGrowthLocked(t, g)
-	s.guardCheckLocked(t.pool)
+	s.guardCheckLocked(t.gpu)
 	s.settleUnlock(opProgress)
 }
 
@@ -199,10 +199,10 @@ func (t *Ticket) Done(gi, generated int, capped bool) {
 }
 
 // updateLocked applies change to t's groups and moves every account that
-// depends on them: the pool's forecast, held weight and charge, the
+// depends on them: the GPU's forecast, held weight and charge, the
 // tenant's and the line's holdings, and the drain rate for what it gave up.
 func (s *Scheduler) updateLocked(t *Ticket, change func()) {
-	p := t.pool
+	p := t.gpu
 	s.forecastSubLocked(p, t)
 	change()
 	if t.lens == nil && len(t.groups) > 0 && !t.opaque && !t.pinned && !t.noResume {
@@ -251,13 +251,13 @@ func (s *Scheduler) updateLocked(t *Ticket, change func()) {
 // ErrNotHeld is Move's error for a ticket that holds nothing.
 var ErrNotHeld = errors.New("admission: the ticket holds nothing")
 
-// Move gives up the ticket's pool (its backend failed before answering)
+// Move gives up the ticket's GPU (its backend failed before answering)
 // and waits, at the request's place in its queue, to be bound to another
-// of its queue's pools; the one it leaves is excluded. The request starts
+// of its queue's GPUs; the one it leaves is excluded. The request starts
 // over: its progress is forgotten. On success the ticket is bound again
-// (Pool says where); on failure — a refusal (ErrNoRoute when no other pool
+// (GPU says where); on failure — a refusal (ErrNoRoute when no other GPU
 // is available), or ctx ending — it holds nothing. It is never held twice:
-// the old pool is given back before the new one is sought.
+// the old GPU is given back before the new one is sought.
 func (t *Ticket) Move(ctx context.Context) error {
 	if t == nil || t.s == nil {
 		return ErrNotHeld
@@ -268,7 +268,7 @@ func (t *Ticket) Move(ctx context.Context) error {
 		s.mu.Unlock()
 		return ErrNotHeld
 	}
-	old := t.pool
+	old := t.gpu
 	w := &waiter{t: t, line: t.line, tenant: t.tenant, opaque: t.opaque, pinned: t.pinned, noResume: t.noResume, stop: t.guard.stopper,
 		lens: t.lens, seq: t.seq, exclude: old, affinity: t.affinity}
 	for _, g := range t.groups {
@@ -317,5 +317,5 @@ func (t *Ticket) String() string {
 	if t == nil || t.s == nil {
 		return "ticket{}"
 	}
-	return fmt.Sprintf("ticket{queue %q, class %q, pool %q, waited %v}", t.queue, t.class, t.poolName, t.waited)
+	return fmt.Sprintf("ticket{queue %q, class %q, GPU %q, waited %v}", t.queue, t.class, t.gpuName, t.waited)
 }

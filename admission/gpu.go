@@ -5,11 +5,11 @@ import (
 	"time"
 )
 
-// pool is one budget (one GPU). Fields are guarded by Scheduler.mu; name
+// gpu is one budget (one GPU). Fields are guarded by Scheduler.mu; name
 // never changes.
-type pool struct {
+type gpu struct {
 	name      string
-	index     int   // position in Scheduler.pools; -1 once removed by Reconfigure
+	index     int   // position in Scheduler.GPUs; -1 once removed by Reconfigure
 	nominal   int64 // configured capacity, or as resized
 	effective int64 // nominal after AIMD; what admissions are measured against
 	held      int64 // Σ worst-case weight of its tickets
@@ -61,47 +61,47 @@ type pool struct {
 	limit   int64
 	noted   bool
 	// limitUntil is when limit stops being trusted (SetLimitUntil); zero:
-	// never. Past it the pool admits as if its limit were 0.
+	// never. Past it the GPU admits as if its limit were 0.
 	limitUntil time.Time
 	// margin scales the forecast's safety margin (SetMargin); 0 means 1.
 	margin float64
 
 	drain drainEstimator
-	// res is the reservation the last dispatch pass left on the pool for
+	// res is the reservation the last dispatch pass left on the GPU for
 	// the first waiter that did not fit (see dispatch.go).
 	res reservation
 }
 
-func newPool(name string, capacity int64, now time.Time, window time.Duration) *pool {
-	return &pool{name: name, nominal: capacity, effective: capacity, drain: newDrainEstimator(now, window)}
+func newGPU(name string, capacity int64, now time.Time, window time.Duration) *gpu {
+	return &gpu{name: name, nominal: capacity, effective: capacity, drain: newDrainEstimator(now, window)}
 }
 
-// Resize sets a pool's nominal capacity (its backend reported a new pool
+// Resize sets a GPU's nominal capacity (its backend reported a new KV pool
 // size). The effective capacity keeps its ratio to the nominal one. Held
 // weight is never revoked: after a shrink, admissions to it stop until what
 // it holds is under the new capacity. Waiters that can no longer ever fit
 // anywhere are refused (ErrTooLarge, or ErrTenantQuota when their tenant's
 // cap shrank below them).
-func (s *Scheduler) Resize(pool string, capacity int64) error {
+func (s *Scheduler) Resize(gpu string, capacity int64) error {
 	if capacity <= 0 {
-		return fmt.Errorf("admission: resize %q: capacity %d must be > 0", pool, capacity)
+		return fmt.Errorf("admission: resize %q: capacity %d must be > 0", gpu, capacity)
 	}
 	s.mu.Lock()
-	p := s.poolByName[pool]
+	p := s.gpuByName[gpu]
 	if p == nil {
 		s.mu.Unlock()
-		return fmt.Errorf("admission: resize: unknown pool %q", pool)
+		return fmt.Errorf("admission: resize: unknown GPU %q", gpu)
 	}
-	s.resizePoolLocked(p, capacity)
+	s.resizeGPULocked(p, capacity)
 	s.refuseImpossibleLocked(s.clock.Now())
-	s.guardCheckLocked(p) // a backend that reports a smaller pool has less room now
+	s.guardCheckLocked(p) // a backend that reports a smaller KV pool has less room now
 	s.checkLocked(opResize)
 	s.dispatchLocked()
 	s.unlockNotify()
 	return nil
 }
 
-func (s *Scheduler) resizePoolLocked(p *pool, capacity int64) {
+func (s *Scheduler) resizeGPULocked(p *gpu, capacity int64) {
 	old := p.nominal
 	p.nominal = capacity
 	if p.effective >= old {
@@ -115,17 +115,17 @@ func (s *Scheduler) resizePoolLocked(p *pool, capacity int64) {
 
 // Feedback closes the loop with a backend's own measurement of its KV
 // cache. over = true (the backend uses more than the budget, or preempted:
-// the predictions were low) multiplies the pool's effective capacity by
+// the predictions were low) multiplies the GPU's effective capacity by
 // AIMD.Decrease, never below AIMD.MinFraction of the nominal capacity; false
 // adds back AIMD.Increase of the nominal capacity (at least 1), never above
 // it. Shrinking revokes nothing already held; growing admits waiters at
 // once.
-func (s *Scheduler) Feedback(pool string, over bool) error {
+func (s *Scheduler) Feedback(gpu string, over bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.poolByName[pool]
+	p := s.gpuByName[gpu]
 	if p == nil {
-		return fmt.Errorf("admission: feedback: unknown pool %q", pool)
+		return fmt.Errorf("admission: feedback: unknown GPU %q", gpu)
 	}
 	old := p.effective
 	if over {
@@ -142,21 +142,21 @@ func (s *Scheduler) Feedback(pool string, over bool) error {
 }
 
 // minEffectiveLocked is the floor the AIMD loop never shrinks below.
-func (s *Scheduler) minEffectiveLocked(p *pool) int64 {
+func (s *Scheduler) minEffectiveLocked(p *gpu) int64 {
 	return max(1, int64(s.set.aimd.minFraction*float64(p.nominal)))
 }
 
-// SetUsage tells the scheduler how much of a pool its backends report in
+// SetUsage tells the scheduler how much of a GPU its backends report in
 // use (bytes): the ground truth behind Predicted's forecast. While it is
 // above (1 − Policy.Headroom) × the effective capacity, nothing new is
-// admitted to the pool under Predicted. known = false forgets it (the
+// admitted to the GPU under Predicted. known = false forgets it (the
 // backend stopped reporting).
-func (s *Scheduler) SetUsage(pool string, used int64, known bool) error {
+func (s *Scheduler) SetUsage(gpu string, used int64, known bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.poolByName[pool]
+	p := s.gpuByName[gpu]
 	if p == nil {
-		return fmt.Errorf("admission: usage: unknown pool %q", pool)
+		return fmt.Errorf("admission: usage: unknown GPU %q", gpu)
 	}
 	wasGated := s.gatedLocked(p)
 	p.used, p.usedKnown = used, known
@@ -170,21 +170,21 @@ func (s *Scheduler) SetUsage(pool string, used int64, known bool) error {
 // gatedLocked says whether the backend's own report closes p to new
 // admissions (Predicted only: under WorstCase what is held bounds what can
 // be used).
-func (s *Scheduler) gatedLocked(p *pool) bool {
+func (s *Scheduler) gatedLocked(p *gpu) bool {
 	h := s.set.policy.headroom
 	return s.set.policy.predicted && h > 0 && p.usedKnown && float64(p.used) > (1-h)*float64(p.effective)
 }
 
 // committedLocked is what p has promised: under WorstCase the weight held,
 // under Predicted the peak of its forecast (rounded up).
-func (s *Scheduler) committedLocked(p *pool) int64 {
+func (s *Scheduler) committedLocked(p *gpu) int64 {
 	if !s.set.policy.predicted {
 		return p.held
 	}
 	return int64(s.boundLocked(p) + 0.5)
 }
 
-// queueEffectiveLocked is the effective capacity of the queue's pools, for
+// queueEffectiveLocked is the effective capacity of the queue's GPUs, for
 // the Capacity of a refusal.
 func (s *Scheduler) queueEffectiveLocked(q *queue) int64 {
 	var e int64
@@ -195,7 +195,7 @@ func (s *Scheduler) queueEffectiveLocked(q *queue) int64 {
 }
 
 // holdLocked binds w's ticket to p, holding its weight.
-func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket {
+func (s *Scheduler) holdLocked(w *waiter, p *gpu, waited time.Duration) *Ticket {
 	t := w.t
 	if t == nil {
 		t = s.newTicketLocked()
@@ -204,9 +204,9 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 	if t.s != s {
 		t.s = s // never rewritten when a moved ticket binds again: see Ticket
 	}
-	t.binding = binding{pool: p, line: w.line, tenant: w.tenant, weight: w.weight, charge: w.charge,
+	t.binding = binding{gpu: p, line: w.line, tenant: w.tenant, weight: w.weight, charge: w.charge,
 		opaque: w.opaque, pinned: w.pinned, noResume: w.noResume, lens: w.lens, waited: waited, seq: w.seq, affinity: w.affinity,
-		class: w.line.name, queue: w.line.q.name, poolName: p.name, guard: guardState{stopper: w.stop}}
+		class: w.line.name, queue: w.line.q.name, gpuName: p.name, guard: guardState{stopper: w.stop}}
 	if len(w.shape) > 0 {
 		if len(w.shape) == 1 {
 			t.groups = t.oneGroup[:]
@@ -255,10 +255,10 @@ func (s *Scheduler) holdLocked(w *waiter, p *pool, waited time.Duration) *Ticket
 	return t
 }
 
-// unholdLocked unbinds t from its pool; drained says whether the weight
+// unholdLocked unbinds t from its GPU; drained says whether the weight
 // counts as released for the drain rate.
 func (s *Scheduler) unholdLocked(t *Ticket, drained bool) {
-	p := t.pool
+	p := t.gpu
 	s.forecastSubLocked(p, t)
 	s.recycleCurveLocked(t)
 	s.unshareLocked(p, t)
@@ -308,13 +308,13 @@ func (s *Scheduler) newTicketLocked() *Ticket {
 	return t
 }
 
-// Free is what a pool could still take: its effective capacity minus what
+// Free is what a GPU could still take: its effective capacity minus what
 // it has committed (negative after a shrink below it; 0 for an unknown
-// pool).
-func (s *Scheduler) Free(pool string) int64 {
+// GPU).
+func (s *Scheduler) Free(gpu string) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.poolByName[pool]
+	p := s.gpuByName[gpu]
 	if p == nil {
 		return 0
 	}
