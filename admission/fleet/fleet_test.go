@@ -338,7 +338,7 @@ func TestTenantHoldsAreSharedAcrossReplicas(t *testing.T) {
 	}
 	a, b, c := start("a", map[string]int64{"t1": 100, "t2": 50}), start("b", map[string]int64{"t1": 200}), start("c", nil)
 	for _, r := range []replica{a, b, c, a} {
-		r.f.shareTenants(ctx, r.pl)
+		r.f.fairStep(ctx, r.pl)
 	}
 	sa, sb, sc := a.sched, b.sched, c.sched
 	for _, c := range []struct {
