@@ -11,6 +11,14 @@ import "encoding/json"
 // round trip as its demand (fairScript). A replica that falls silent
 // leaves the board with its TTL. While the board cannot be read, the last
 // figures stay: a tenant keeps within what it was allowed.
+//
+// The others' figures are one fair-share step old, and each replica admits
+// up to the share less them: replicas that find room for a tenant in the
+// same step each fill all of it, so the tenant can hold more than its share
+// until the next step shows them over (never more than the replicas' count
+// times it, since each one's own holds are exact). A bound would split the
+// room the board shows among the replicas by the tenant's demand on each,
+// as the fair levels split the budget.
 
 // tenantPost is what pl's capped tenants hold on its GPU, as posted:
 // fairScript carries it on the same round trip as the demand.
