@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"log/slog"
 	"os"
@@ -23,7 +24,8 @@ func lengthsFileConfig(url, path, maxLen string) string {
 // A gateway alone keeps what it learned of a model's output lengths in
 // its lengths file, written every interval on its clock (atomically), and a
 // gateway that starts from that file predicts at once — unless the file is
-// too old, or learned under another config of the model, which it says.
+// too old, learned under another config of the model, or of another model,
+// which it says.
 func TestLengthsFileRestart(t *testing.T) {
 	_, url := startSim(t, func(c *sim.Config) { c.OutputLen = "fixed:24" })
 	path := filepath.Join(t.TempDir(), "lengths.json")
@@ -54,20 +56,27 @@ func TestLengthsFileRestart(t *testing.T) {
 		t.Fatalf("temporary files left: %v", left)
 	}
 
+	// another model: the file's entry is of a model this config lacks.
+	otherModel := bytes.Replace(b, []byte(`"llama-3-8b"`), []byte(`"mistral-7b"`), 1)
+	if bytes.Equal(otherModel, b) {
+		t.Fatalf("file %s: no entry of llama-3-8b to rename", b)
+	}
 	cases := []struct {
 		name    string
+		file    []byte
 		maxLen  string
 		age     time.Duration
 		warm    bool
 		warning string // in the log, when the file is ignored
 	}{
-		{"fresh", "8192", 20 * time.Minute, true, ""},
-		{"stale", "8192", 2 * time.Hour, false, "older than max_age"},
-		{"another config", "4096", time.Minute, false, "learned under another config of the model"},
+		{"fresh", b, "8192", 20 * time.Minute, true, ""},
+		{"stale", b, "8192", 2 * time.Hour, false, "older than max_age"},
+		{"another config", b, "4096", time.Minute, false, "learned under another config of the model"},
+		{"another model", otherModel, "8192", time.Minute, false, "no such model in the config"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if err := os.WriteFile(path, b, 0o600); err != nil { // as the first gateway left it
+			if err := os.WriteFile(path, c.file, 0o600); err != nil { // as the first gateway left it
 				t.Fatal(err)
 			}
 			var logs syncBuffer

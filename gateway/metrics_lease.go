@@ -28,12 +28,12 @@ var (
 	descLeaseResidual = def{"kvgate_lease_residual_bytes", "Silent replicas' residual holds on a GPU's shared budget (leases past their TTL that still count), at this replica's last call to Redis.", []string{"gpu"}}.desc()
 	descLeaseOthers   = def{"kvgate_lease_others_hold_bytes", "What the other live replicas published that their requests may hold on a GPU, at this replica's last call to Redis.", []string{"gpu"}}.desc()
 	descFallback      = def{"kvgate_shared_budget_fallback", "1 while this replica cannot reach Redis and admits on its static share of a GPU's budget (budget / replicas), 0 otherwise.", []string{"gpu"}}.desc()
-	defRedisRTT       = def{"kvgate_redis_round_trip_seconds", "Round trips to Redis for the shared budget, by operation (acquire, renew, release, drop, list, demand, tenants, lengths) and result (ok, error).", []string{"op", "result"}}
+	defRedisRTT       = def{"kvgate_redis_round_trip_seconds", "Round trips to Redis for the shared budget, by operation (acquire, renew, release, drop, list, demand, lengths) and result (ok, error).", []string{"op", "result"}}
 )
 
 // Label values of kvgate_redis_round_trip_seconds, which exist from the start.
 var (
-	redisOps     = []string{"acquire", "renew", "release", "drop", "list", "demand", "tenants", "lengths"}
+	redisOps     = []string{"acquire", "renew", "release", "drop", "list", "demand", "lengths"}
 	redisResults = []string{"ok", "error"}
 )
 

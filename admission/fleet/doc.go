@@ -18,10 +18,10 @@
 // (metrics) and Status (/status). Per GPU, a Lessee (below) holds the
 // lease and sets it as the pool's limit; a fair-share loop keeps saturated
 // replicas at even parts of the budget, and gives a request larger than
-// its replica's part a turn at the lease it needs (fair.go), and tenants'
-// holds are shared so that a share holds across the fleet (tenants.go); a
-// lengths sharer
-// exchanges the output lengths the replicas learn (lengths.go).
+// its replica's part a turn at the lease it needs (fair.go), and posts
+// and reads tenants' holds on the same round trip, so that a tenant's
+// share counts across the fleet (tenants.go); a lengths sharer exchanges
+// the output lengths the replicas learn (lengths.go).
 //
 // Time: the lessees, the periodic loops and the round-trip timings run on
 // Deps.Clock, so that tests drive them by hand; the leases themselves are

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -46,13 +47,16 @@ import (
 // leaves the queue (its deadline): bounded in time by the queue's timeout.
 // Small requests on that replica are its scheduler's to backfill.
 
-// fairScript posts one replica's demand and head on a GPU's board and
-// returns the live entries, each as replica, demand, held, charge, since
-// (ms on Redis's clock; 0: no head waits). Time is Redis's own, as for the
-// leases.
+// fairScript posts one replica's demand and head on a GPU's board, and its
+// tenants' holds on the GPU's tenant board (tenants.go), in one round
+// trip. It returns two lists: the board's live entries, each as replica,
+// demand, held, charge, since (ms on Redis's clock; 0: no head waits), and
+// the other replicas' live tenant posts. Time is Redis's own, as for the
+// leases. Both keys carry the GPU's hash tag, so they share a slot.
 //
-// KEYS[1] hash replica -> "demand expiry_ms held charge since_ms"; ARGV:
-// replica, demand, ttl ms, held, the head's charge, how long it waited, ms.
+// KEYS[1] hash replica -> "demand expiry_ms held charge since_ms"; KEYS[2]
+// (optional) hash replica -> "expiry_ms json"; ARGV: replica, demand, ttl
+// ms, held, the head's charge, how long it waited, ms, the tenants' json.
 var fairScript = redis.NewScript(boardPrelude + `
 local held, charge, waited = tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
 local since = 0
@@ -75,7 +79,21 @@ for i = 1, #all, 2 do
     table.insert(out, f[5] or '0')
   end
 end
-return out
+local tenants = {}
+if KEYS[2] then
+  redis.call('HSET', KEYS[2], ARGV[1], fmt(now + ttl) .. ' ' .. (ARGV[7] or '{}'))
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  local posts = redis.call('HGETALL', KEYS[2])
+  for i = 1, #posts, 2 do
+    local e, v = string.match(posts[i + 1], '^(%d+) (.*)$')
+    if e == nil or tonumber(e) <= now then
+      redis.call('HDEL', KEYS[2], posts[i])
+    elseif posts[i] ~= ARGV[1] then
+      table.insert(tenants, v)
+    end
+  end
+end
+return {out, tenants}
 `)
 
 // boardEntry is one replica's post on a GPU's board.
@@ -169,6 +187,34 @@ local ttl = tonumber(ARGV[3])
 
 func (f *Fleet) boardKey(gpu string) string { return f.cfg.KeyPrefix + "{" + gpu + "}:demand" }
 
+func (f *Fleet) tenantKey(gpu string) string { return f.cfg.KeyPrefix + "{" + gpu + "}:tenants" }
+
+// boardReply splits fairScript's answer into the board's fields and the
+// tenant posts.
+func boardReply(v []any) (board, tenants []string, err error) {
+	if len(v) != 2 {
+		return nil, nil, fmt.Errorf("fair board: %d lists in the answer, want 2", len(v))
+	}
+	if board, err = stringList(v[0]); err == nil {
+		tenants, err = stringList(v[1])
+	}
+	return board, tenants, err
+}
+
+func stringList(v any) ([]string, error) {
+	l, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("fair board: %T in the answer, want a list", v)
+	}
+	out := make([]string, len(l))
+	for i, x := range l {
+		if out[i], ok = x.(string); !ok {
+			return nil, fmt.Errorf("fair board: %T in a list, want a string", x)
+		}
+	}
+	return out, nil
+}
+
 // fairLevel is the max-min fair level of budget over demands: the largest
 // L with Σ min(d, L) ≤ budget, or -1 (none) when they all fit.
 func fairLevel(budget int64, demands []int64) int64 {
@@ -192,13 +238,13 @@ func (f *Fleet) runFair(ctx context.Context, period time.Duration) {
 	for t.wait(ctx) {
 		for _, pl := range *f.byPool.Load() {
 			f.fairStep(ctx, pl)
-			f.shareTenants(ctx, pl)
 		}
 		f.reapDrained()
 	}
 }
 
-// fairStep posts pl's demand and applies the level the board gives.
+// fairStep posts pl's demand and its tenants' holds, applies the level the
+// board gives, and counts what the other replicas hold for each tenant.
 func (f *Fleet) fairStep(ctx context.Context, pl *poolLease) {
 	held, queued := f.sched.Demand(pl.pool)
 	budget := pl.budget.Load()
@@ -213,13 +259,18 @@ func (f *Fleet) fairStep(ctx context.Context, pl *poolLease) {
 	charge, waited := f.sched.Head(pl.pool)
 	cctx, cancel := context.WithTimeout(ctx, f.cfg.LeaseTTL.D/3)
 	start := f.clock.Now()
-	v, err := fairScript.Run(cctx, f.client, []string{f.boardKey(pl.gpu)},
-		f.cfg.Replica, demand, f.cfg.LeaseTTL.D.Milliseconds(), held, charge, waited.Milliseconds()).StringSlice()
+	res, err := fairScript.Run(cctx, f.client, []string{f.boardKey(pl.gpu), f.tenantKey(pl.gpu)},
+		f.cfg.Replica, demand, f.cfg.LeaseTTL.D.Milliseconds(), held, charge, waited.Milliseconds(), f.tenantPost(pl)).Slice()
 	cancel()
+	var v, tenants []string
+	if err == nil {
+		v, tenants, err = boardReply(res)
+	}
 	f.observe("demand", f.clock.Now().Sub(start), err)
 	level := int64(-1)
 	var board []int64
 	if err == nil {
+		_ = f.sched.SetTenantsElsewhere(pl.pool, sumTenants(tenants)) // a pool a reload removed has none to set
 		b := parseBoard(v)
 		var turn string
 		level, turn = turnLevel(budget, pl.chunk, b, f.cfg.Replica)
@@ -298,8 +349,9 @@ func (pl *poolLease) recentDemand(d int64) int64 {
 	return slices.Max(pl.recent[:])
 }
 
-// leaveBoard takes this replica off pl's board (at shutdown), so that the
-// others need not wait for its entry's TTL.
+// leaveBoard takes this replica off pl's boards (at shutdown, its lease
+// given back), so that the others need not wait for its entries' TTL.
 func (f *Fleet) leaveBoard(ctx context.Context, pl *poolLease) {
 	_ = f.client.HDel(ctx, f.boardKey(pl.gpu), f.cfg.Replica).Err()
+	_ = f.client.HDel(ctx, f.tenantKey(pl.gpu), f.cfg.Replica).Err()
 }

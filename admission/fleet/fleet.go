@@ -43,7 +43,7 @@ type Deps struct {
 	// gateway's request timeout): see LesseeConfig.FallbackGrace.
 	FallbackGrace time.Duration
 	// Observe, if set, is called after every round trip to Redis with its
-	// operation (acquire, renew, release, drop, list, demand, tenants, lengths), how long
+	// operation (acquire, renew, release, drop, list, demand, lengths), how long
 	// it took and its error: the hook for a latency histogram. It runs on
 	// the caller's goroutine and must be quick.
 	Observe func(op string, took time.Duration, err error)

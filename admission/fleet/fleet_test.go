@@ -338,7 +338,7 @@ func TestTenantHoldsAreSharedAcrossReplicas(t *testing.T) {
 	}
 	a, b, c := start("a", map[string]int64{"t1": 100, "t2": 50}), start("b", map[string]int64{"t1": 200}), start("c", nil)
 	for _, r := range []replica{a, b, c, a} {
-		r.f.shareTenants(ctx, r.pl)
+		r.f.fairStep(ctx, r.pl)
 	}
 	sa, sb, sc := a.sched, b.sched, c.sched
 	for _, c := range []struct {
@@ -361,6 +361,32 @@ func TestTenantHoldsAreSharedAcrossReplicas(t *testing.T) {
 				t.Errorf("%s: elsewhere %v, want %v", c.name, got, c.want)
 			}
 		}
+	}
+}
+
+// A replica that shuts down takes its tenants' holds off the board with its
+// demand: the others stop counting them at their next step, not a TTL later.
+func TestTenantHoldsLeaveWithTheReplica(t *testing.T) {
+	srv := fleettest.StartRedis(t)
+	clock := admissiontest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	a := startReplica(t, srv.URL(), clock, "a", func(s *fakeSched) { s.tenants["p0"] = map[string]int64{"t1": 100} })
+	b := startReplica(t, srv.URL(), clock, "b", func(s *fakeSched) { s.tenants["p0"] = map[string]int64{"t1": 200} })
+	for _, r := range []replica{a, b, a} {
+		r.f.fairStep(ctx, r.pl)
+	}
+	elsewhere := func() map[string]int64 {
+		a.sched.mu.Lock()
+		defer a.sched.mu.Unlock()
+		return a.sched.elsewhere["p0"]
+	}
+	if got := elsewhere(); got["t1"] != 200 {
+		t.Fatalf("a counts %v elsewhere, want t1 200 (b's)", got)
+	}
+	b.f.Close()
+	a.f.fairStep(ctx, a.pl)
+	if got := elsewhere(); len(got) != 0 {
+		t.Errorf("a counts %v elsewhere after b shut down, want nothing", got)
 	}
 }
 

@@ -39,7 +39,7 @@ func (b *bench) bigRequests(ctx context.Context, l *load) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(i), 99))
 			start := time.Now()
-			status, _, _, err := post(ctx, b.replicas[0], chatBody(rng, prompt, maxTokens))
+			status, _, _, err := post(ctx, b.replicas[0], bulkKey, chatBody(rng, prompt, maxTokens))
 			if err != nil {
 				status = -1
 			}

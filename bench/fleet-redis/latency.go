@@ -28,7 +28,7 @@ func (b *bench) latency(targets [2]string, n int) ([2][]time.Duration, error) {
 				body, _ := json.Marshal(map[string]any{"model": "llama-3-8b", "max_tokens": 4,
 					"messages": []map[string]string{{"role": "user", "content": "hello" + strconv.Itoa(rng.IntN(1<<20))}}})
 				start := time.Now()
-				status, text, _, err := post(context.Background(), targets[i], string(body))
+				status, text, _, err := post(context.Background(), targets[i], bulkKey, string(body))
 				took := time.Since(start)
 				mu.Lock()
 				if err == nil && status != 200 {

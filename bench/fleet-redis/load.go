@@ -48,6 +48,16 @@ func (l *load) recorded() [][]time.Duration {
 var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0}}
 
 func (b *bench) startLoad(targets []string, clients int) *load {
+	return b.startLoadAs(targets, clients, tenantLoad{key: bulkKey, prompt: b.o.promptTokens, maxTokens: b.o.maxTokens})
+}
+
+// tenantLoad is whose requests a load sends (its API key) and their size.
+type tenantLoad struct {
+	key               string
+	prompt, maxTokens int
+}
+
+func (b *bench) startLoadAs(targets []string, clients int, t tenantLoad) *load {
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &load{targets: targets, dead: make([]atomic.Bool, len(targets)), ok: make([]atomic.Int64, len(targets)), cancel: cancel,
 		lat: make([][]time.Duration, len(targets))}
@@ -62,9 +72,9 @@ func (b *bench) startLoad(targets []string, clients int) *load {
 					n++
 					i = n % len(targets)
 				}
-				body := chatBody(rng, b.o.promptTokens, b.o.maxTokens)
+				body := chatBody(rng, t.prompt, t.maxTokens)
 				sent := time.Now()
-				status, text, retry, err := post(ctx, targets[i], body)
+				status, text, retry, err := post(ctx, targets[i], t.key, body)
 				if status == 200 && l.record.Load() {
 					l.latMu.Lock()
 					l.lat[i] = append(l.lat[i], time.Since(sent))
@@ -129,12 +139,14 @@ func chatBody(rng *rand.Rand, prompt, maxTokens int) string {
 	return string(b)
 }
 
-func post(ctx context.Context, url, body string) (status int, text string, retry time.Duration, err error) {
+// post sends body as the tenant whose API key is key.
+func post(ctx context.Context, url, key, body string) (status int, text string, retry time.Duration, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		return 0, "", 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, "", 0, err

@@ -9,15 +9,20 @@
 //  1. saturation through the in-process gateway alone, then through the
 //     three replicas: the real KV use the fleet reaches against one
 //     gateway on the same load;
-//  2. four requests of 40% of the budget each at r1 while the load keeps
+//  2. a second tenant, capped at a share of the budget (-tenant-share) and
+//     of a higher class, sends its own load through all three replicas
+//     beside the saturating one (tenant bulk, uncapped): what it holds on
+//     the three together, read from their /status, never passes share ×
+//     budget and comes close to it (tenants.go);
+//  3. four requests of 40% of the budget each at r1 while the load keeps
 //     all three busy: every one served, r1's small requests within 2x the
 //     others' p99;
-//  3. silent replicas under load: r1 paused (SIGSTOP) 10 s past its lease's
+//  4. silent replicas under load: r1 paused (SIGSTOP) 10 s past its lease's
 //     TTL and r2 cut off from Redis as long (no overflow), then r3 killed
 //     with SIGKILL (the others bring real KV use back to 70% within 5 s);
-//  4. redis-server stopped: the replicas serve on static shares; started
+//  5. redis-server stopped: the replicas serve on static shares; started
 //     again: their leases resume;
-//  5. light load, alternating between a shared replica and the in-process
+//  6. light load, alternating between a shared replica and the in-process
 //     gateway: the p50 latency the shared budget adds (last, so that its
 //     short answers, all cut by max_tokens, are a small part of what the
 //     predictors learned).
@@ -52,6 +57,7 @@ type options struct {
 	outputLen           string
 	reservation         string
 	keep, trace         bool
+	tenants             tenantOptions
 }
 
 func main() {
@@ -71,6 +77,13 @@ func main() {
 	// numbers; -reservation predicted runs the same phases with it.
 	flag.StringVar(&o.reservation, "reservation", "worst_case", "admission.reservation of every gateway: worst_case or predicted")
 	flag.BoolVar(&o.keep, "keep", false, "keep the working directory (configs and logs)")
+	flag.Float64Var(&o.tenants.share, "tenant-share", 0.25, "the capped tenant's share of the budget")
+	flag.IntVar(&o.tenants.clients, "tenant-clients", 48, "the capped tenant's closed-loop clients, spread over the three replicas")
+	flag.IntVar(&o.tenants.promptTokens, "tenant-prompt-tokens", 256, "prompt tokens of each of the capped tenant's requests")
+	flag.IntVar(&o.tenants.maxTokens, "tenant-max-tokens", 256, "max_tokens of each of the capped tenant's requests (small, so that its share holds several)")
+	flag.DurationVar(&o.tenants.warmup, "tenant-warmup", 10*time.Second, "the capped tenant's load before its holds are sampled")
+	flag.DurationVar(&o.tenants.measure, "tenant-measure", 20*time.Second, "how long the capped tenant's holds are sampled")
+	flag.BoolVar(&o.tenants.only, "tenants-only", false, "run the tenants phase alone (after the fleet's warm-up), not the others")
 	flag.BoolVar(&o.trace, "trace", false, "print each replica's lease and commitments every 2 s while the fleet saturates")
 	flag.Parse()
 	benchkit.Main("fleet-redis", func(ctx context.Context) error { return run(ctx, o) })
@@ -137,8 +150,8 @@ func (b *bench) startGateway(ctx context.Context, name, shared string) (*benchki
 	if err != nil {
 		return nil, err
 	}
-	path, err := b.kit.WriteConfig(name, fmt.Sprintf("listen: %s\nadmission: {reservation: %s}\n%sbackends:\n  - {name: gpu0, url: %q, models: [llama-3-8b], gpu_memory: 24GiB}\n%s",
-		addr, b.o.reservation, benchkit.ModelsYAMLBackendTokenizer, b.simURL, shared))
+	path, err := b.kit.WriteConfig(name, fmt.Sprintf("listen: %s\nadmission: {reservation: %s}\n%s%sbackends:\n  - {name: gpu0, url: %q, models: [llama-3-8b], gpu_memory: 24GiB}\n%s",
+		addr, b.o.reservation, b.tenantsYAML(), benchkit.ModelsYAMLBackendTokenizer, b.simURL, shared))
 	if err != nil {
 		return nil, err
 	}

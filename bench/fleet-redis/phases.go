@@ -10,10 +10,13 @@ import (
 	"time"
 )
 
-// phases runs the four phases the package comment lists, in order, and
+// phases runs the phases the package comment lists, in order, and
 // prints the table and the verdicts.
 func (b *bench) phases(ctx context.Context) error {
 	o := b.o
+	if o.tenants.only {
+		return b.tenantsOnly()
+	}
 	// 1a. Saturation through the in-process gateway alone.
 	mean1 := b.saturate("saturation, one gateway", []string{b.single}, "in-process")
 	b.baselineOOM = b.oomSince()
@@ -58,16 +61,19 @@ func (b *bench) phases(ctx context.Context) error {
 		fmt.Sprintf("%.1f req/s; served per replica %s", float64(ok3)/o.measure.Seconds(), strings.Join(per, "/")))
 	b.check(mean1-mean3 <= 0.10, "real KV use at saturation: three replicas %s vs one gateway %s (within 10 points: %+.1f)", pct(mean3), pct(mean1), 100*(mean3-mean1))
 
-	// 2. Big requests at one replica while all three are busy.
+	// 2. A capped tenant beside the bulk one, on all three replicas.
+	b.tenantPhase(fleetLoad)
+
+	// 3. Big requests at one replica while all three are busy.
 	b.bigRequests(ctx, fleetLoad)
 
-	// 3. Silent replicas: r1 paused, r2 cut off from Redis, r3 killed.
+	// 4. Silent replicas: r1 paused, r2 cut off from Redis, r3 killed.
 	b.paused(fleetLoad)
 	b.cutOff(fleetLoad)
 	b.killed(fleetLoad)
 	st3 := gpuStatus{budget: b.budgetBlocks * b.blockBytes}
 
-	// 4. Redis stopped, then started again.
+	// 5. Redis stopped, then started again.
 	okB, shedB, failB, _ := fleetLoad.counts()
 	oomB = b.oomSince()
 	fmt.Fprintln(os.Stderr, "stopping redis-server...")
@@ -117,7 +123,7 @@ func (b *bench) phases(ctx context.Context) error {
 	b.check(back, "Redis restarted: leases resumed after %.1f s", tookBack.Seconds())
 	fleetLoad.halt()
 
-	// 5. Light load: the latency a shared replica adds. Last, so that its
+	// 6. Light load: the latency a shared replica adds. Last, so that its
 	// short answers (all cut by max_tokens) are a small part of what the
 	// predictors learned.
 	fmt.Fprintf(os.Stderr, "light load: %d requests to each of a shared replica and the in-process gateway...\n", o.latencyRequests)
@@ -134,10 +140,26 @@ func (b *bench) phases(ctx context.Context) error {
 		b.check(added <= time.Millisecond, "p50 latency added by the shared budget %+.2f ms (≤ 1 ms)", float64(added)/float64(time.Millisecond))
 	}
 
+	return b.finish()
+}
+
+// tenantsOnly is the tenants phase alone, after the fleet's warm-up.
+func (b *bench) tenantsOnly() error {
+	fmt.Fprintf(os.Stderr, "warm-up: %d clients across three replicas...\n", b.o.clients)
+	fleetLoad := b.startLoad(b.replicas, b.o.clients)
+	time.Sleep(b.o.warmup)
+	b.tenantPhase(fleetLoad)
+	fleetLoad.halt()
+	return b.finish()
+}
+
+// finish checks the overflow over the whole run, prints the table and the
+// verdicts, and fails if a bar was missed.
+func (b *bench) finish() error {
 	oom := b.oomSince() - b.baselineOOM
 	b.check(oom == 0, "zero overflow behind the replicas: %d out-of-memory events in the simulator from the fleet's first request to the end", oom)
 	if b.baselineOOM > 0 {
-		b.note("the in-process gateway alone overflowed the simulator %d times on the same load: a limit of its %s policy, not of the shared budget", b.baselineOOM, o.reservation)
+		b.note("the in-process gateway alone overflowed the simulator %d times on the same load: a limit of its %s policy, not of the shared budget", b.baselineOOM, b.o.reservation)
 	}
 	b.print()
 	for _, v := range b.verdicts {

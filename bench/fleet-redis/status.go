@@ -16,6 +16,7 @@ type gpuStatus struct {
 	leased                   int64
 	fallback                 bool
 	fleet                    map[string]int64
+	tenants                  map[string]int64 // held bytes by tenant
 }
 
 func (b *bench) status(url string) (gpuStatus, error) {
@@ -25,6 +26,10 @@ func (b *bench) status(url string) (gpuStatus, error) {
 			Committed int64  `json:"committed_bytes"`
 			Limit     *int64 `json:"limit_bytes"`
 		} `json:"gpus"`
+		Tenants []struct {
+			Name string `json:"name"`
+			Held int64  `json:"held_bytes"`
+		} `json:"tenants"`
 		SharedBudget *struct {
 			GPUs []struct {
 				Leased   int64 `json:"leased_bytes"`
@@ -42,9 +47,12 @@ func (b *bench) status(url string) (gpuStatus, error) {
 	if len(v.GPUs) != 1 {
 		return gpuStatus{}, fmt.Errorf("%s/status: %d GPUs", url, len(v.GPUs))
 	}
-	s := gpuStatus{budget: v.GPUs[0].Capacity, committed: v.GPUs[0].Committed, limit: -1, fleet: map[string]int64{}}
+	s := gpuStatus{budget: v.GPUs[0].Capacity, committed: v.GPUs[0].Committed, limit: -1, fleet: map[string]int64{}, tenants: map[string]int64{}}
 	if v.GPUs[0].Limit != nil {
 		s.limit = *v.GPUs[0].Limit
+	}
+	for _, t := range v.Tenants {
+		s.tenants[t.Name] = t.Held
 	}
 	if sb := v.SharedBudget; sb != nil && len(sb.GPUs) == 1 {
 		s.leased, s.fallback = sb.GPUs[0].Leased, sb.GPUs[0].Fallback
