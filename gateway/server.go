@@ -95,6 +95,12 @@ type Server struct {
 
 	reloadMu  sync.Mutex // serialises Reload and Shutdown; guards probeStop and closed
 	probeStop context.CancelFunc
+
+	// budgetMu makes a runtime's budget update (setBudget) and a reload's
+	// swap of the runtime one step each: a KV report of the runtime being
+	// replaced, read before the swap, must not resize the scheduler after
+	// the new runtime's Reconfigure gave it the new budget.
+	budgetMu sync.Mutex
 	// kv runs the backends' KV-event subscribers (kvevents.go).
 	kv     kvWatch
 	closed bool
@@ -345,14 +351,18 @@ func (s *Server) Reload(cfg *Config) error {
 		cfg.GPUWatch.Source = old.cfg.GPUWatch.Source
 	}
 	rt, commit, err := buildRuntime(cfg, old, &s.opt, s.sched)
+	s.budgetMu.Lock()
 	if err == nil {
 		_, err = commit()
 	}
+	if err == nil {
+		s.rt.Store(rt)
+	}
+	s.budgetMu.Unlock()
 	if err != nil {
 		s.m.reloaded(false, s.now())
 		return err
 	}
-	s.rt.Store(rt)
 	s.m.reloaded(true, s.now())
 	if err := s.tracing.apply(cfg.Tracing, s.log); err != nil {
 		s.log.Error("tracing: keeping the running exporter", "err", err)
@@ -500,6 +510,11 @@ func (s *Server) applyBudget(rt *runtime, g *gpu) {
 // input (reconcile); a fleet announces the budget less it, since that
 // memory is the whole GPU's and every replica's lease must make room.
 func (s *Server) setBudget(rt *runtime, g *gpu, pool, want int64) {
+	s.budgetMu.Lock()
+	defer s.budgetMu.Unlock()
+	if s.rt.Load() != rt {
+		return // replaced since its report was read: the new runtime's budget stands
+	}
 	if s.fleet != nil {
 		cut := int64(0)
 		if v, ok := rt.reconciled.view(g.id); ok && rt.cfg.Admission.Reconcile.on() {
