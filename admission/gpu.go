@@ -13,10 +13,11 @@ type gpu struct {
 	nominal   int64 // configured capacity, or as resized
 	effective int64 // nominal after AIMD; what admissions are measured against
 	held      int64 // Σ worst-case weight of its tickets
-	// elsewhere is what other gateway replicas sharing the GPU hold for
-	// each tenant there (SetTenantsElsewhere): it counts against the
-	// tenant's share as its own holds do.
-	elsewhere map[string]int64
+	// elsewhere is what other gateway replicas sharing the GPU hold and
+	// want for each tenant there (SetTenantsElsewhere): their holds count
+	// against the tenant's share as its own do, and their demand sets this
+	// replica's part of it (tenant.go).
+	elsewhere map[string]TenantLoad
 	// fixedHeld is the part of held whose tickets the guard cannot stop
 	// expecting a resume: NoResume ones, and those with no Stopper.
 	fixedHeld int64

@@ -55,48 +55,95 @@ func (t *tenantState) heldOn(p *gpu) int64 {
 }
 
 // fitsOn says whether the tenant may hold charge more on p, what other
-// replicas hold for it there included.
+// replicas hold for it there included. In a fleet the others' figures are
+// a fair-share step old, so replicas that find the same room at once would
+// each fill all of it: each takes only its part of the share instead, in
+// proportion to the tenant's demand here against its demand on the others
+// (as the fair levels split the budget), so that the parts add up to the
+// share. A replica holding nothing for the tenant may still take one
+// request while the share has room, so that none starves behind the
+// others' parts: the tenant passes its share by at most a request a
+// replica, and only while its demand moves between them.
 func (t *tenantState) fitsOn(p *gpu, charge int64) bool {
-	return t.share >= 1 || t.heldOn(p)+p.elsewhere[t.name]+charge <= t.capOn(p)
+	if t.share >= 1 {
+		return true
+	}
+	held, other, limit := t.heldOn(p), p.elsewhere[t.name], t.capOn(p)
+	if held+other.Held+charge > limit {
+		return false
+	}
+	if held == 0 || other.Demand <= 0 {
+		return true
+	}
+	// The request asking counts in the demand, whether it queued first or
+	// not.
+	own := max(t.demandOn(p), held+charge)
+	return held+charge <= tenantPart(limit, own, other.Demand)
 }
 
-// TenantHolds is what each tenant whose share caps it holds on GPU (the
-// charge of its tickets there), those holding nothing left out: what a
-// fleet publishes so that a tenant's share holds across its replicas.
-func (s *Scheduler) TenantHolds(gpu string) map[string]int64 {
+// tenantPart is one replica's part of a tenant's limit: in proportion to
+// its demand (own) against the others' (others > 0).
+func tenantPart(limit, own, others int64) int64 {
+	return int64(float64(limit) * float64(own) / float64(own+others))
+}
+
+// demandOn is what the tenant wants on p: what it holds there and what it
+// has queued (a queued request may go to any of its queue's GPUs, so it
+// counts on each).
+func (t *tenantState) demandOn(p *gpu) int64 {
+	return t.heldOn(p) + t.queuedBytes
+}
+
+// TenantLoad is what a tenant holds on a GPU and what it wants there (its
+// holds and its queued requests' weight): what a fleet's replicas tell
+// each other so that a tenant's share holds across them.
+type TenantLoad struct {
+	Held, Demand int64
+}
+
+// TenantHolds is each tenant's load on GPU, for tenants whose share caps
+// them and that hold or want something there: what a fleet publishes so
+// that a tenant's share holds across its replicas.
+func (s *Scheduler) TenantHolds(gpu string) map[string]TenantLoad {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := s.gpuByName[gpu]
 	if p == nil {
 		return nil
 	}
-	out := map[string]int64{}
+	out := map[string]TenantLoad{}
 	for name, t := range s.tenants {
-		if h := t.heldOn(p); h > 0 && t.share < 1 {
-			out[name] = h
+		if t.share >= 1 {
+			continue
+		}
+		if l := (TenantLoad{Held: t.heldOn(p), Demand: t.demandOn(p)}); l.Demand > 0 {
+			out[name] = l
 		}
 	}
 	return out
 }
 
-// SetTenantsElsewhere says what the other replicas sharing GPU's GPU hold
-// for each tenant there (nil: nothing): it counts against the tenant's
-// share as its own holds do, so that a tenant spread over replicas holds
-// its share of the GPU, not its share on each. Like every shrink it
-// revokes nothing; a lower figure admits the waiters that now fit.
-func (s *Scheduler) SetTenantsElsewhere(gpu string, held map[string]int64) error {
+// SetTenantsElsewhere says what the other replicas sharing GPU hold and
+// want for each tenant there (nil: nothing): their holds count against the
+// tenant's share as its own holds do, and their demand sets this replica's
+// part of it (fitsOn). Like every shrink it revokes nothing; a change that
+// may leave room admits the waiters that now fit.
+func (s *Scheduler) SetTenantsElsewhere(gpu string, others map[string]TenantLoad) error {
 	s.mu.Lock()
 	p := s.gpuByName[gpu]
 	if p == nil {
 		s.mu.Unlock()
 		return fmt.Errorf("admission: tenants elsewhere: unknown GPU %q", gpu)
 	}
-	lower := false
-	for name, n := range p.elsewhere {
-		lower = lower || held[name] < n
+	// Fewer holds or less demand elsewhere, or a tenant gone from the
+	// others' posts, can each make room here.
+	room := false
+	for name, l := range p.elsewhere {
+		n := others[name]
+		room = room || n.Held < l.Held || n.Demand < l.Demand
 	}
-	p.elsewhere = held
-	if lower {
+	p.elsewhere = others
+	if room {
 		s.dispatchLocked()
 	}
 	s.unlockNotify()

@@ -2,6 +2,7 @@ package admission_test
 
 import (
 	"context"
+	"reflect"
 	"testing"
 
 	"github.com/kvgate/kvgate/admission"
@@ -160,21 +161,23 @@ func TestSkippedWaiterAheadOfItsTenantsBlockerUnblocksOthers(t *testing.T) {
 // What other replicas of a fleet hold for a tenant on the GPU counts
 // against its share here: a at 0.5 of 10, holding 3 elsewhere, gets 2 here;
 // b is not held back; when a's holds elsewhere fall its waiter is admitted.
-// TenantHolds publishes what each capped tenant holds.
+// TenantHolds publishes what each capped tenant holds and wants.
 func TestTenantShareCountsWhatOtherReplicasHold(t *testing.T) {
 	f := newFixture(t, twoTenants(0.5, 0.5))
 	gpu := f.b.Stats().GPUs[0].Name
-	if err := f.b.SetTenantsElsewhere(gpu, map[string]int64{"a": 3}); err != nil {
+	if err := f.b.SetTenantsElsewhere(gpu, map[string]admission.TenantLoad{"a": {Held: 3, Demand: 3}}); err != nil {
 		t.Fatal(err)
 	}
 	a1 := f.acquire(req("", "a", 2))
 	a2 := f.enqueue(context.Background(), req("", "a", 1))
 	b1 := f.acquire(req("", "b", 5))
 	f.state(7, 1)
-	if got := f.b.TenantHolds(gpu); got["a"] != 2 || got["b"] != 5 || len(got) != 2 {
-		t.Errorf("TenantHolds = %v, want a 2, b 5", got)
+	want := map[string]admission.TenantLoad{"a": {Held: 2, Demand: 3}, "b": {Held: 5, Demand: 5}}
+	if got := f.b.TenantHolds(gpu); !reflect.DeepEqual(got, want) {
+		t.Errorf("TenantHolds = %v, want %v", got, want)
 	}
-	if err := f.b.SetTenantsElsewhere(gpu, map[string]int64{"a": 2}); err != nil {
+	// a's part here is now 5 × 3/(3+2) = 3: room for its waiter.
+	if err := f.b.SetTenantsElsewhere(gpu, map[string]admission.TenantLoad{"a": {Held: 2, Demand: 2}}); err != nil {
 		t.Fatal(err)
 	}
 	f.admitted(a2).Release()
@@ -183,5 +186,52 @@ func TestTenantShareCountsWhatOtherReplicasHold(t *testing.T) {
 	f.state(0, 0)
 	if err := f.b.SetTenantsElsewhere("nope", nil); err == nil {
 		t.Error("an unknown GPU was accepted")
+	}
+}
+
+// Replicas that see the same room at once each take their part of it, in
+// proportion to the tenant's demand on each, not all of it: a (share 0.5
+// of 10) holding nothing elsewhere yet but wanting there as much as here
+// fills half its share here, and the rest when the others' demand ends. A
+// replica holding nothing for the tenant takes one request whatever its
+// part, so that none starves.
+func TestTenantPartsSplitTheRoomByDemand(t *testing.T) {
+	cases := []struct {
+		name        string
+		others      admission.TenantLoad
+		wantHolding int64 // of a's five requests of 1 queued here
+	}{
+		{"alone", admission.TenantLoad{}, 5},
+		{"as much demand elsewhere", admission.TenantLoad{Demand: 5}, 2},
+		{"four times as much elsewhere", admission.TenantLoad{Demand: 20}, 1},
+		{"held elsewhere", admission.TenantLoad{Held: 3, Demand: 3}, 2},
+		{"its share held elsewhere", admission.TenantLoad{Held: 5, Demand: 5}, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, twoTenants(0.5, 1))
+			gpu := f.b.Stats().GPUs[0].Name
+			if err := f.b.SetTenantsElsewhere(gpu, map[string]admission.TenantLoad{"a": c.others}); err != nil {
+				t.Fatal(err)
+			}
+			// A blocker of b's keeps a's requests queued until all five are.
+			blocker := f.acquire(req("", "b", 10))
+			var waits []<-chan result
+			for range 5 {
+				waits = append(waits, f.enqueue(context.Background(), req("", "a", 1)))
+			}
+			blocker.Release()
+			if st := f.b.Stats(); st.Held != c.wantHolding || st.Queued != 5-int(c.wantHolding) {
+				t.Fatalf("a holds %d with %d queued, want %d", st.Held, st.Queued, c.wantHolding)
+			}
+			// The others' demand ends: the rest of the share is a's here.
+			if err := f.b.SetTenantsElsewhere(gpu, nil); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range waits {
+				f.admitted(w).Release()
+			}
+			f.state(0, 0)
+		})
 	}
 }

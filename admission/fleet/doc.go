@@ -19,8 +19,8 @@
 // lease and sets it as the pool's limit; a fair-share loop keeps saturated
 // replicas at even parts of the budget, and gives a request larger than
 // its replica's part a turn at the lease it needs (fair.go), and posts
-// and reads tenants' holds on the same round trip, so that a tenant's
-// share counts across the fleet (tenants.go); a lengths sharer exchanges
+// and reads tenants' holds and demand on the same round trip, so that a
+// tenant's share holds across the fleet (tenants.go); a lengths sharer exchanges
 // the output lengths the replicas learn (lengths.go).
 //
 // Time: the lessees, the periodic loops and the round-trip timings run on

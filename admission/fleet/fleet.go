@@ -23,8 +23,8 @@ type Scheduler interface {
 	Demand(pool string) (held, queued int64)
 	Head(pool string) (charge int64, waited time.Duration)
 	Holding(pool string) (bytes int64, tickets int)
-	TenantHolds(pool string) map[string]int64
-	SetTenantsElsewhere(pool string, held map[string]int64) error
+	TenantHolds(pool string) map[string]admission.TenantLoad
+	SetTenantsElsewhere(pool string, others map[string]admission.TenantLoad) error
 	SetLimitUntil(pool string, limit int64, until time.Time) error
 	SetMargin(pool string, scale float64) error
 	LengthsDelta(queue string) (d admission.LengthsDelta, ok bool, err error)

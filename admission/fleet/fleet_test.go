@@ -2,10 +2,14 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/admission/admissiontest"
@@ -21,7 +25,7 @@ type fakeSched struct {
 	head   map[string]fakeHead // pool -> its longest-waiting request
 	// tenants is what the test says each pool's tenants hold; elsewhere
 	// what the fleet set the others hold for them.
-	tenants, elsewhere map[string]map[string]int64
+	tenants, elsewhere map[string]map[string]admission.TenantLoad
 	changed            chan struct{} // a limit was set (non-blocking, capacity 1)
 }
 
@@ -29,7 +33,7 @@ var _ Scheduler = (*fakeSched)(nil)
 
 func newFakeSched() *fakeSched {
 	return &fakeSched{demand: map[string][2]int64{}, limits: map[string]int64{}, head: map[string]fakeHead{},
-		tenants: map[string]map[string]int64{}, elsewhere: map[string]map[string]int64{}, changed: make(chan struct{}, 1)}
+		tenants: map[string]map[string]admission.TenantLoad{}, elsewhere: map[string]map[string]admission.TenantLoad{}, changed: make(chan struct{}, 1)}
 }
 
 func (s *fakeSched) setDemand(pool string, held, queued int64) {
@@ -60,15 +64,15 @@ func (s *fakeSched) setHead(pool string, charge int64, waited time.Duration) {
 	s.head[pool] = fakeHead{charge, waited}
 }
 
-func (s *fakeSched) TenantHolds(pool string) map[string]int64 {
+func (s *fakeSched) TenantHolds(pool string) map[string]admission.TenantLoad {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.tenants[pool]
 }
 
-func (s *fakeSched) SetTenantsElsewhere(pool string, held map[string]int64) error {
+func (s *fakeSched) SetTenantsElsewhere(pool string, others map[string]admission.TenantLoad) error {
 	s.mu.Lock()
-	s.elsewhere[pool] = held
+	s.elsewhere[pool] = others
 	s.mu.Unlock()
 	return nil
 }
@@ -327,39 +331,43 @@ func TestABigRequestGetsATurn(t *testing.T) {
 }
 
 // A tenant's share holds across the fleet: each replica posts what its
-// capped tenants hold on a GPU, and counts what the others posted against
-// those tenants' shares there.
+// capped tenants hold and want on a GPU, and hands the sum of what the
+// others posted to its scheduler. A post of holds alone (a number, as a
+// replica without demand posts) counts its holds as its demand.
 func TestTenantHoldsAreSharedAcrossReplicas(t *testing.T) {
 	srv := fleettest.StartRedis(t)
 	clock := admissiontest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
 	ctx := context.Background()
-	start := func(name string, tenants map[string]int64) replica {
+	start := func(name string, tenants map[string]admission.TenantLoad) replica {
 		return startReplica(t, srv.URL(), clock, name, func(s *fakeSched) { s.tenants["p0"] = tenants })
 	}
-	a, b, c := start("a", map[string]int64{"t1": 100, "t2": 50}), start("b", map[string]int64{"t1": 200}), start("c", nil)
+	a := start("a", map[string]admission.TenantLoad{"t1": {Held: 100, Demand: 150}, "t2": {Held: 50, Demand: 50}})
+	b := start("b", map[string]admission.TenantLoad{"t1": {Held: 200, Demand: 400}})
+	c := start("c", nil)
 	for _, r := range []replica{a, b, c, a} {
 		r.f.fairStep(ctx, r.pl)
 	}
+	// A replica of the earlier format posts holds alone.
+	if err := redis.NewClient(&redis.Options{Addr: srv.Addr()}).HSet(ctx, a.f.tenantKey(a.pl.gpu), "old",
+		fmt.Sprintf("%d %s", time.Now().Add(time.Hour).UnixMilli(), `{"t1":10}`)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.f.fairStep(ctx, c.pl)
 	sa, sb, sc := a.sched, b.sched, c.sched
 	for _, c := range []struct {
 		name string
 		s    *fakeSched
-		want map[string]int64
+		want map[string]admission.TenantLoad
 	}{
-		{"a", sa, map[string]int64{"t1": 200}},
-		{"b", sb, map[string]int64{"t1": 100, "t2": 50}},
-		{"c", sc, map[string]int64{"t1": 300, "t2": 50}},
+		{"a", sa, map[string]admission.TenantLoad{"t1": {Held: 200, Demand: 400}}},
+		{"b", sb, map[string]admission.TenantLoad{"t1": {Held: 100, Demand: 150}, "t2": {Held: 50, Demand: 50}}},
+		{"c", sc, map[string]admission.TenantLoad{"t1": {Held: 310, Demand: 560}, "t2": {Held: 50, Demand: 50}}},
 	} {
 		c.s.mu.Lock()
 		got := c.s.elsewhere["p0"]
 		c.s.mu.Unlock()
-		if len(got) != len(c.want) {
+		if !reflect.DeepEqual(got, c.want) {
 			t.Errorf("%s: elsewhere %v, want %v", c.name, got, c.want)
-		}
-		for k, v := range c.want {
-			if got[k] != v {
-				t.Errorf("%s: elsewhere %v, want %v", c.name, got, c.want)
-			}
 		}
 	}
 }
@@ -370,17 +378,17 @@ func TestTenantHoldsLeaveWithTheReplica(t *testing.T) {
 	srv := fleettest.StartRedis(t)
 	clock := admissiontest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
 	ctx := context.Background()
-	a := startReplica(t, srv.URL(), clock, "a", func(s *fakeSched) { s.tenants["p0"] = map[string]int64{"t1": 100} })
-	b := startReplica(t, srv.URL(), clock, "b", func(s *fakeSched) { s.tenants["p0"] = map[string]int64{"t1": 200} })
+	a := startReplica(t, srv.URL(), clock, "a", func(s *fakeSched) { s.tenants["p0"] = map[string]admission.TenantLoad{"t1": {Held: 100, Demand: 100}} })
+	b := startReplica(t, srv.URL(), clock, "b", func(s *fakeSched) { s.tenants["p0"] = map[string]admission.TenantLoad{"t1": {Held: 200, Demand: 200}} })
 	for _, r := range []replica{a, b, a} {
 		r.f.fairStep(ctx, r.pl)
 	}
-	elsewhere := func() map[string]int64 {
+	elsewhere := func() map[string]admission.TenantLoad {
 		a.sched.mu.Lock()
 		defer a.sched.mu.Unlock()
 		return a.sched.elsewhere["p0"]
 	}
-	if got := elsewhere(); got["t1"] != 200 {
+	if got := elsewhere(); got["t1"].Held != 200 {
 		t.Fatalf("a counts %v elsewhere, want t1 200 (b's)", got)
 	}
 	b.f.Close()

@@ -1,48 +1,66 @@
 package fleet
 
-import "encoding/json"
+import (
+	"encoding/json"
+
+	"github.com/kvgate/kvgate/admission"
+)
 
 // Tenants' shares across the fleet. A tenant's share caps what it holds on
 // a GPU; each replica enforces it on what it admitted, so a tenant spread
 // over k replicas could hold k shares. So each replica also posts, per
-// GPU, what each capped tenant holds there (Scheduler.TenantHolds), and
-// counts what the others posted against those tenants' shares
-// (Scheduler.SetTenantsElsewhere), every fair-share step, in the same
-// round trip as its demand (fairScript). A replica that falls silent
-// leaves the board with its TTL. While the board cannot be read, the last
-// figures stay: a tenant keeps within what it was allowed.
-//
-// The others' figures are one fair-share step old, and each replica admits
-// up to the share less them: replicas that find room for a tenant in the
-// same step each fill all of it, so the tenant can hold more than its share
-// until the next step shows them over (never more than the replicas' count
-// times it, since each one's own holds are exact). A bound would split the
-// room the board shows among the replicas by the tenant's demand on each,
-// as the fair levels split the budget.
+// GPU, what each capped tenant holds and wants there
+// (Scheduler.TenantHolds), and hands the sum of the others' posts to its
+// scheduler (Scheduler.SetTenantsElsewhere), every fair-share step, in the
+// same round trip as its demand (fairScript). Their holds count against
+// the tenant's share; their demand sets this replica's part of it, so that
+// replicas finding room in the same step, each reading the others a step
+// late, take their parts of it rather than all of it each (admission's
+// tenant.go). A replica that falls silent leaves the board with its TTL.
+// While the board cannot be read, the last figures stay: a tenant keeps
+// within what it was allowed.
 
-// tenantPost is what pl's capped tenants hold on its GPU, as posted:
-// fairScript carries it on the same round trip as the demand.
+// tenantPost is what pl's capped tenants hold and want on its GPU, as
+// posted: a JSON object of tenant -> [held, demand]. fairScript carries it
+// on the same round trip as the demand.
 func (f *Fleet) tenantPost(pl *poolLease) string {
-	own, err := json.Marshal(f.sched.TenantHolds(pl.pool))
+	loads := f.sched.TenantHolds(pl.pool)
+	post := make(map[string][2]int64, len(loads))
+	for name, l := range loads {
+		post[name] = [2]int64{l.Held, l.Demand}
+	}
+	own, err := json.Marshal(post)
 	if err != nil {
-		return "{}" // a map of strings to ints always encodes
+		return "{}" // a map of strings to pairs of ints always encodes
 	}
 	return string(own)
 }
 
-// sumTenants adds up the others' posts; an unreadable one counts for
-// nothing.
-func sumTenants(posts []string) map[string]int64 {
-	sum := map[string]int64{}
+// sumTenants adds up the others' posts; an unreadable entry counts for
+// nothing. A bare number is a post of a replica that sends its holds
+// alone: its demand is taken as its holds.
+func sumTenants(posts []string) map[string]admission.TenantLoad {
+	sum := map[string]admission.TenantLoad{}
 	for _, p := range posts {
-		var m map[string]int64
+		var m map[string]json.RawMessage
 		if json.Unmarshal([]byte(p), &m) != nil {
 			continue
 		}
-		for tenant, n := range m {
-			if n > 0 {
-				sum[tenant] += n
+		for tenant, raw := range m {
+			var l admission.TenantLoad
+			var pair [2]int64
+			if json.Unmarshal(raw, &pair) == nil {
+				l = admission.TenantLoad{Held: pair[0], Demand: pair[1]}
+			} else if json.Unmarshal(raw, &l.Held) == nil {
+				l.Demand = l.Held
 			}
+			if l.Held < 0 || l.Demand <= 0 {
+				continue
+			}
+			s := sum[tenant]
+			s.Held += l.Held
+			s.Demand += max(l.Demand, l.Held)
+			sum[tenant] = s
 		}
 	}
 	return sum
