@@ -171,7 +171,7 @@
 // # Sharing a GPU with other processes
 //
 // Several gateway replicas in front of one GPU each run a scheduler. An
-// external limiter (package admission/fleet) leases each replica's part of
+// external limiter (package admission/sharedbudget) leases each replica's part of
 // the GPU's budget and sets it as the GPU's limit (SetLimit): admissions
 // are measured against min(E, limit), and a lower limit revokes nothing,
 // like a shrink. It reads what to lease from Demand (what the GPU has

@@ -8,7 +8,7 @@ import (
 
 // An external limit on a GPU: the part of a GPU's budget this process may
 // use when several processes (gateway replicas) share the GPU. Something
-// outside the package — a lessee of package admission/fleet — leases that
+// outside the package — a lessee of package admission/sharedbudget — leases that
 // part from a shared store, reads the GPU's Demand to know how much to
 // lease, and sets the GPU's limit to what it holds. The GPU never revokes:
 // a lower limit only stops admissions, exactly as a shrink of the effective

@@ -23,7 +23,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/kvgate/kvgate/admission/fleet/fleettest"
+	"github.com/kvgate/kvgate/admission/sharedbudget/sharedbudgettest"
 	"github.com/kvgate/kvgate/backends/gpuinfo"
 	"github.com/kvgate/kvgate/backends/sim"
 	"github.com/kvgate/kvgate/gateway"
@@ -43,7 +43,7 @@ const (
 // is over by then), so that the lease and fallback series the rules use
 // are served too.
 func live(t testing.TB) (map[string]bool, error) {
-	liveOnce.Do(func() { liveNames, liveErr = scrapeUnderLoad(fleettest.StartRedis(t).URL()) })
+	liveOnce.Do(func() { liveNames, liveErr = scrapeUnderLoad(sharedbudgettest.StartRedis(t).URL()) })
 	return liveNames, liveErr
 }
 

@@ -10,7 +10,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/kvgate/kvgate/admission/fleet"
+	"github.com/kvgate/kvgate/admission/sharedbudget"
 	"github.com/kvgate/kvgate/internal/confval"
 )
 
@@ -25,7 +25,7 @@ import (
 // with its validate: config_server.go (listen, server),
 // config_admission.go (admission, tenants), config_models.go,
 // config_backends.go; the top level, log and admin are here, shared_budget
-// in package fleet (its defaults there).
+// in package sharedbudget (its defaults there).
 type Config struct {
 	// Listen is the address to serve on. Default 127.0.0.1:8080. A reload
 	// cannot change it.
@@ -51,9 +51,9 @@ type Config struct {
 	// Admin guards the operators' views. A reload may change it.
 	Admin AdminConfig `yaml:"admin"`
 	// SharedBudget shares each GPU's budget with other gateway replicas
-	// through Redis (package fleet). Default: none, the budget is this
+	// through Redis (package sharedbudget). Default: none, the budget is this
 	// process's alone.
-	SharedBudget *fleet.Config `yaml:"shared_budget"`
+	SharedBudget *sharedbudget.Config `yaml:"shared_budget"`
 	// Passthrough lists the routes forwarded to a backend as they are
 	// (passthrough.go): paths, or prefixes ending in /*. Default: vLLM's
 	// /detokenize, /tokenizer_info, /version and /v1/audio/*; [] for none.

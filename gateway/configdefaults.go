@@ -95,7 +95,7 @@ var configDefaults = []configDefault{
 	{path: "routing", value: routingLeastLoaded, doc: "least_loaded or affinity"},
 	{path: "session_header", value: defaultSessionHeader, doc: "a client's session key for affinity"},
 	{path: "admin.api_keys", shown: "none", doc: "keys that open /status and /metrics"},
-	{path: "shared_budget", shown: "none", whole: true, doc: "share each GPU's budget with other replicas (fleet.Config)"},
+	{path: "shared_budget", shown: "none", whole: true, doc: "share each GPU's budget with other replicas (sharedbudget.Config)"},
 	{path: "tracing", shown: "off", doc: "a span per proxied request over OTLP/HTTP"},
 	{path: "gpu_watch", shown: "NVML where this host has it", doc: "each GPU's memory and its processes"},
 	{path: "passthrough", value: defaultPassthrough, by: "passthrough.go", doc: "routes forwarded as they are"},

@@ -122,7 +122,7 @@
 // (configdefaults.go, which the README's reference is held to), and Check
 // (check.go) reports what a configuration builds; the operator's /status view is status.go and the
 // Prometheus series metrics.go (fed as requests pass), metrics_collect.go
-// (seeded and read at scrape time) and metrics_lease.go (a replica's
+// (seeded and read at scrape time) and metrics_sharedbudget.go (a replica's
 // shared budget, whose leases and fair shares are the fleet code's). Secrets
 // never reach a client or a log (secrets.go). On SIGTERM (Drain, drain.go)
 // readiness turns first and the listener serves on for server.drain_delay,

@@ -107,12 +107,12 @@ func (s *Server) setBudget(rt *runtime, g *gpu, pool, want int64) {
 	if s.rt.Load() != rt {
 		return // replaced since its report was read: the new runtime's budget stands
 	}
-	if s.fleet != nil {
+	if s.shared != nil {
 		cut := int64(0)
 		if v, ok := rt.reconciled.view(g.id); ok && rt.cfg.Admission.Reconcile.on() {
 			cut = min(v.Unaccounted, want-1)
 		}
-		s.fleet.SetBudget(g.id, want-cut)
+		s.shared.SetBudget(g.id, want-cut)
 	}
 	resized := true
 	if st, _ := rt.sched.GPU(g.id); st.Capacity != want {

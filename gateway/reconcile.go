@@ -5,7 +5,7 @@ import (
 	"sync"
 
 	"github.com/kvgate/kvgate/admission"
-	"github.com/kvgate/kvgate/admission/fleet"
+	"github.com/kvgate/kvgate/admission/sharedbudget"
 )
 
 // reconcilers hold, per GPU budget (its scheduler id, which a reload
@@ -94,7 +94,7 @@ type reconcileView struct {
 func (s *Server) reconcile(rt *runtime, g *gpu, pool, used int64) {
 	cfg := rt.cfg.Admission.Reconcile
 	if !cfg.on() {
-		if s.fleet == nil {
+		if s.shared == nil {
 			_ = rt.sched.SetUnaccounted(g.id, 0)
 		}
 		return
@@ -108,8 +108,8 @@ func (s *Server) reconcile(rt *runtime, g *gpu, pool, used int64) {
 		return
 	}
 	in := admission.Reading{At: s.opt.Clock.Now(), Pool: pool, Used: used, Accounted: st.Now}
-	if s.fleet != nil {
-		in.Accounted += othersLeased(s.fleet.Leases(), g.id)
+	if s.shared != nil {
+		in.Accounted += othersLeased(s.shared.Leases(), g.id)
 	}
 	var waiting int64
 	for _, be := range g.backends {
@@ -140,7 +140,7 @@ func (s *Server) reconcile(rt *runtime, g *gpu, pool, used int64) {
 	case recovered:
 		s.log.Info("a GPU's unaccounted KV memory is gone; its budget is whole again", slog.String("gpu", g.name))
 	}
-	if s.fleet == nil {
+	if s.shared == nil {
 		if err := rt.sched.SetUnaccounted(g.id, got.Unaccounted); err != nil {
 			s.log.Error("take unaccounted memory off a GPU's budget", "gpu", g.name, "err", err)
 		}
@@ -148,14 +148,14 @@ func (s *Server) reconcile(rt *runtime, g *gpu, pool, used int64) {
 	}
 	// The same report tells the fleet whether a silent replica's requests
 	// still run on the GPU (its residual hold ends when they do not).
-	s.fleet.Observe(g.id, fleet.Report{Used: used, Own: st.Now, Tolerance: got.Tolerance,
+	s.shared.Observe(g.id, sharedbudget.Report{Used: used, Own: st.Now, Tolerance: got.Tolerance,
 		Running: int64(in.Running) + waiting, OwnRunning: int64(st.Tickets)})
 }
 
 // othersLeased is what the other replicas of a fleet lease on the GPU
 // whose pool is id, their residual holds included: what their requests may
 // hold there.
-func othersLeased(leases []fleet.LeaseStatus, id string) int64 {
+func othersLeased(leases []sharedbudget.LeaseStatus, id string) int64 {
 	for _, ls := range leases {
 		if ls.ID == id {
 			return max(0, ls.Stats.FleetLeased-ls.Stats.Leased)

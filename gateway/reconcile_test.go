@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/admission/fleet/fleettest"
+	"github.com/kvgate/kvgate/admission/sharedbudget/sharedbudgettest"
 )
 
 // metricsFake is a backend whose /metrics says what the test sets: a pool
@@ -205,7 +205,7 @@ func TestReconcileSteadyTrafficShowsNone(t *testing.T) {
 // then fits, and not off this replica's own pool a second time.
 func TestReconcileUnderASharedBudget(t *testing.T) {
 	be := startMetricsFake(t)
-	srv := fleettest.StartRedis(t)
+	srv := sharedbudgettest.StartRedis(t)
 	clock := newClock()
 	s, _ := startGateway(t, replicaConfig(be.URL+" 80GiB", srv.URL(), "a"), Options{Clock: clock, DisableProbes: true})
 	const (

@@ -321,7 +321,7 @@ func (s *Server) serveReady(ctx *fasthttp.RequestCtx, _ string) {
 		(&apiError{status: 503, typ: typeServer, code: "draining", message: "The gateway is shutting down."}).write(ctx)
 	case !s.rt.Load().upstreams.Ready():
 		(&apiError{status: 503, typ: typeServer, code: "no_healthy_backend", message: "no backend is healthy"}).write(ctx)
-	case s.fleet != nil && !s.fleet.Usable():
+	case s.shared != nil && !s.shared.Usable():
 		(&apiError{status: 503, typ: typeServer, code: "no_capacity",
 			message: "this replica cannot reach the shared budget's Redis and has no capacity to admit on"}).write(ctx)
 	default:

@@ -20,7 +20,7 @@ import (
 	"github.com/valyala/fastjson"
 
 	"github.com/kvgate/kvgate/admission"
-	"github.com/kvgate/kvgate/admission/fleet"
+	"github.com/kvgate/kvgate/admission/sharedbudget"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/backends/gpuinfo"
 	"github.com/kvgate/kvgate/internal/connwatch"
@@ -89,9 +89,9 @@ type Server struct {
 	tokenizeWarn warnLimit
 	// sched is the admission scheduler every runtime shares; set once by New.
 	sched *admission.Scheduler
-	// fleet shares the budgets with other replicas (shared_budget); nil
+	// shared shares the budgets with other replicas (shared_budget); nil
 	// when the budget is this process's alone. Set once by New.
-	fleet *fleet.Fleet
+	shared *sharedbudget.Replica
 
 	reloadMu  sync.Mutex // serialises Reload and Shutdown; guards probeStop and closed
 	probeStop context.CancelFunc
@@ -167,10 +167,10 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	}
 	if sb := cfg.SharedBudget; sb != nil {
 		rtt := newRedisRTT()
-		s.fleet = fleet.New(sb, fleet.Deps{Clock: s.opt.Clock, Logger: s.log, FallbackGrace: cfg.Server.requestTimeout(),
+		s.shared = sharedbudget.New(sb, sharedbudget.Deps{Clock: s.opt.Clock, Logger: s.log, FallbackGrace: cfg.Server.requestTimeout(),
 			Observe: rtt.observe})
-		s.opt.onDemand = s.fleet.Wake
-		s.m.reg.MustRegister(rtt.h, fleetCollector{f: s.fleet})
+		s.opt.onDemand = s.shared.Wake
+		s.m.reg.MustRegister(rtt.h, sharedBudgetCollector{f: s.shared})
 	}
 	rt, commit, err := buildRuntime(cfg, nil, &s.opt, nil)
 	if err == nil {
@@ -186,8 +186,8 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		}
 	}
 	if err != nil {
-		if s.fleet != nil {
-			s.fleet.Close()
+		if s.shared != nil {
+			s.shared.Close()
 		}
 		s.gpuWatch.closeOnce()
 		return nil, err
@@ -200,9 +200,9 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	go s.sweepLoop(s.sweepStop)
 	s.rt.Store(rt)
 	s.lengths = s.startLengthsFile(cfg, rt) // before anything is admitted
-	if s.fleet != nil {
-		if err := s.fleet.Start(s.sched, func() []string { return s.rt.Load().modelOrder }, rt.fleetGPUs()); err != nil {
-			s.fleet.Close()
+	if s.shared != nil {
+		if err := s.shared.Start(s.sched, func() []string { return s.rt.Load().modelOrder }, rt.sharedGPUs()); err != nil {
+			s.shared.Close()
 			w.Close()
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
@@ -298,8 +298,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for deadline := time.Now().Add(2 * time.Second); s.active.Load() > 0 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if s.fleet != nil {
-		s.fleet.Close() // drained: give the leases back
+	if s.shared != nil {
+		s.shared.Close() // drained: give the leases back
 	}
 	s.stopOnce.Do(func() {
 		close(s.sweepStop)
@@ -373,8 +373,8 @@ func (s *Server) Reload(cfg *Config) error {
 		s.log.Info("serving the reloaded TLS certificate to new connections", "certificate", leaf.Subject.String(),
 			"serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter)
 	}
-	if s.fleet != nil {
-		if err := s.fleet.Sync(rt.fleetGPUs()); err != nil {
+	if s.shared != nil {
+		if err := s.shared.Sync(rt.sharedGPUs()); err != nil {
 			s.log.Error("shared budget: a new GPU's lease could not start; it admits nothing", "err", err)
 		}
 	}

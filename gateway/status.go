@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/admission"
-	"github.com/kvgate/kvgate/admission/fleet"
+	"github.com/kvgate/kvgate/admission/sharedbudget"
 	"github.com/kvgate/kvgate/kvbudget"
 )
 
@@ -24,8 +24,8 @@ type statusView struct {
 	Counters  counterView      `json:"admission"`
 
 	// SharedBudget is this replica's part of a fleet sharing the budgets
-	// (package fleet); absent when the budget is this process's alone.
-	SharedBudget *fleet.Status `json:"shared_budget,omitempty"`
+	// (package sharedbudget); absent when the budget is this process's alone.
+	SharedBudget *sharedbudget.Status `json:"shared_budget,omitempty"`
 	// GPUWatch is the GPU memory watch's source, or why there is none
 	// (gpuwatch.go); each GPU's memory is in its gpus entry.
 	GPUWatch *gpuWatchView `json:"gpu_watch"`
@@ -267,8 +267,8 @@ func (s *Server) status() statusView {
 	for _, t := range st.Tenants {
 		v.Tenants = append(v.Tenants, tenantView{Name: t.Name, HeldBytes: t.Held, Queued: t.Queued, QueuedBytes: t.QueuedBytes})
 	}
-	if s.fleet != nil {
-		v.SharedBudget = s.fleet.Status()
+	if s.shared != nil {
+		v.SharedBudget = s.shared.Status()
 	}
 	v.GPUWatch = s.gpuWatch.status(v.GPUs)
 	v.Counters = counterView{Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Backfilled: st.Backfilled,
