@@ -27,7 +27,7 @@ import (
 // is kept with the access log off; with it on, the client's strings are
 // copied into one pooled buffer, given back when the line is written.
 func (x *exchange) noteAccess(ctx *fasthttp.RequestCtx, route string) {
-	if !x.rt.cfg.Log.access() {
+	if !*x.rt.cfg.Log.Access {
 		return
 	}
 	a := &x.access

@@ -86,9 +86,6 @@ type LogConfig struct {
 	Access *bool `yaml:"access"`
 }
 
-// access is the resolved log.access.
-func (l LogConfig) access() bool { return *l.Access }
-
 // AdminConfig guards /status and /metrics.
 type AdminConfig struct {
 	// APIKeys, when any is set, are required (Authorization: Bearer KEY) on

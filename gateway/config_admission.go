@@ -355,9 +355,6 @@ func (c *Config) validateTenants(p *problems, classes map[string]bool) (keys map
 	return keys
 }
 
-// abortHold is the resolved admission.abort_hold.
-func (a AdmissionConfig) abortHold() time.Duration { return a.AbortHold.D }
-
 // epsilon is the resolved admission.epsilon: admission's default when the
 // file gives none.
 func (a AdmissionConfig) epsilon() float64 {

@@ -102,13 +102,6 @@ func (s ServerConfig) sameAs(o ServerConfig) bool {
 		s.ShutdownTimeout.D == o.ShutdownTimeout.D && s.DrainDelay.D == o.DrainDelay.D
 }
 
-// The resolved limits, for the code that applies them (defaults has filled
-// each in).
-func (s ServerConfig) requestTimeout() time.Duration { return s.RequestTimeout.D }
-func (s ServerConfig) writeTimeout() time.Duration   { return s.WriteTimeout.D }
-func (s ServerConfig) drainDelay() time.Duration     { return s.DrainDelay.D }
-func (s ServerConfig) maxConns() int                 { return s.MaxConnections }
-
 // DrainTimeout is how long a shutdown waits for in-flight requests
 // (server.shutdown_timeout).
 func (s ServerConfig) DrainTimeout() time.Duration { return s.ShutdownTimeout.D }

@@ -36,7 +36,7 @@ func TestConfigDefaults(t *testing.T) {
 	if m.TP != 1 || m.BlockSize != 16 || m.Tokenizer != "backend" || m.Estimate.TemplateTokens != 32 || m.Estimate.Margin != 0.05 {
 		t.Errorf("model defaults: %+v", m)
 	}
-	if c.Backends[0].GPU != "b" || c.Server.MaxBodyBytes.Bytes != 8<<20 || c.Server.requestTimeout() != 10*time.Minute || c.Server.writeTimeout() != 11*time.Minute {
+	if c.Backends[0].GPU != "b" || c.Server.MaxBodyBytes.Bytes != 8<<20 || c.Server.RequestTimeout.D != 10*time.Minute || c.Server.WriteTimeout.D != 11*time.Minute {
 		t.Errorf("server/backend defaults: %+v %+v", c.Server, c.Backends[0])
 	}
 	// The model's context length comes from its config.json.
@@ -208,27 +208,27 @@ func TestConfigSectionDefaults(t *testing.T) {
 		{"server", "", func(c *Config) bool {
 			s := c.Server
 			return s.ReadTimeout.D == 30*time.Second && s.IdleTimeout.D == 2*time.Minute && s.MaxConnections == 10000 &&
-				s.DrainTimeout() == 30*time.Second && s.drainDelay() == 5*time.Second && s.MaxHeaderBytes.Bytes == 16<<10 &&
+				s.DrainTimeout() == 30*time.Second && s.DrainDelay.D == 5*time.Second && s.MaxHeaderBytes.Bytes == 16<<10 &&
 				s.MaxSSELineBytes.Bytes == 4<<20
 		}},
-		{"drain_delay 0s is none", "server: {drain_delay: 0s}\n", func(c *Config) bool { return c.Server.drainDelay() == 0 }},
+		{"drain_delay 0s is none", "server: {drain_delay: 0s}\n", func(c *Config) bool { return c.Server.DrainDelay.D == 0 }},
 		{"request timeout 0s is the default", "server: {request_timeout: 0s}\n", func(c *Config) bool {
-			return c.Server.requestTimeout() == 10*time.Minute && c.Server.writeTimeout() == 11*time.Minute
+			return c.Server.RequestTimeout.D == 10*time.Minute && c.Server.WriteTimeout.D == 11*time.Minute
 		}},
-		{"write timeout follows request timeout", "server: {request_timeout: 1m}\n", func(c *Config) bool { return c.Server.writeTimeout() == 2*time.Minute }},
+		{"write timeout follows request timeout", "server: {request_timeout: 1m}\n", func(c *Config) bool { return c.Server.WriteTimeout.D == 2*time.Minute }},
 		{"admission", "", func(c *Config) bool {
 			a := c.Admission
-			return a.Mode == modeKV && a.MaxConcurrency == 16 && a.Reservation == "predicted" && a.resumeStopped() && a.abortHold() == time.Second &&
+			return a.Mode == modeKV && a.MaxConcurrency == 16 && a.Reservation == "predicted" && a.resumeStopped() && a.AbortHold.D == time.Second &&
 				*a.Backfill.Enabled && a.epsilon() == 1e-4
 		}},
-		{"abort_hold 0s is none", "admission: {abort_hold: 0s}\n", func(c *Config) bool { return c.Admission.abortHold() == 0 }},
+		{"abort_hold 0s is none", "admission: {abort_hold: 0s}\n", func(c *Config) bool { return c.Admission.AbortHold.D == 0 }},
 		{"default class without standard", "admission: {classes: [{name: a}, {name: b}, {name: c}]}\n", func(c *Config) bool {
 			return c.Admission.DefaultClass == "b" && !*c.Admission.Classes[0].Sheddable
 		}},
 		{"tenant class", "tenants: [{name: t, api_keys: [k]}]\n", func(c *Config) bool { return c.Tenants[0].Class == "standard" }},
 		{"routing and log", "", func(c *Config) bool {
 			return c.Routing == routingLeastLoaded && c.SessionHeader == "X-Session-Id" && c.Log.Level == "info" &&
-				c.Log.Format == "text" && c.Log.access()
+				c.Log.Format == "text" && *c.Log.Access
 		}},
 		{"model", "", func(c *Config) bool {
 			m := c.Models[0]

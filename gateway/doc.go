@@ -17,13 +17,13 @@
 //
 // Every admitted request then runs the loop (loop.go): arrival → count →
 // admit → forward → answer. serveAdmitted authenticates the client
-// (auth.go) and reads only the fields that decide admission (parse.go:
+// (arrival.go) and reads only the fields that decide admission (parse.go:
 // model, messages or prompt, max_tokens / max_completion_tokens, n /
 // best_of, stream, stream_options), exactly as vLLM will read them — a body
 // parsers could read two ways (a repeated field, a length field the
 // endpoint does not have, a number past int64, what JSON forbids in a
 // string; the grammar's checks are package jsonscan's) is refused or
-// rewritten to the backend's reading (rewrite.go) — and forwards the body
+// rewritten to the backend's reading (forward.go) — and forwards the body
 // otherwise byte for byte.
 //
 // It counts the prompt's tokens (reservation.go: a backend's /tokenize,
@@ -46,10 +46,10 @@
 // Retry-After before the stream (refuse.go, in the shape errors.go
 // writes), an error event in it.
 //
-// A non-streamed answer is passed whole (answer.go); a streamed one is
-// relayed event by event (relay.go: events cut by stream.go, told apart
-// without a parse by eventscan.go, written by fasthttp through
-// streambody.go), flushed as they arrive, while the relay reports each
+// A non-streamed answer is passed whole (exchange.go); a streamed one is
+// relayed event by event (relay.go: events cut by package internal/sse,
+// told apart without a parse by eventscan.go, written on fasthttp's
+// connection goroutine by the relay's body), flushed as they arrive, while the relay reports each
 // choice's progress and end to its ticket (tally.go). A stream is a
 // success once [DONE] reached the client; one that ends otherwise gets a
 // final error event and is a failure. A stream the admission guard stops
@@ -57,7 +57,7 @@
 // the relay reports it stopped, and the continuation — sent again from
 // where it was — takes another turn of the same loop once it fits, its
 // client seeing a pause (resume.go). What an answer reports it used
-// (usage.go) calibrates the estimate, checks the tokenize cache, teaches
+// (tally.go) calibrates the estimate, checks the tokenize cache, teaches
 // the output-length predictor and feeds the metrics.
 //
 // The exchange (exchange.go) is the request's life: its ticket, its
@@ -101,7 +101,7 @@
 // never held twice; forward.go). After every probe the gateway tells the
 // scheduler which GPUs may take each model's requests (runtime.go). A
 // backend that answers out of memory puts its GPU on worst-case admission
-// for the cool-down (answer.go).
+// for the cool-down (exchange.go).
 //
 // # What else is on the GPU
 //

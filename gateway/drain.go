@@ -27,7 +27,7 @@ func (s *Server) Drain() <-chan error {
 		return out
 	}
 	sc := s.rt.Load().cfg.Server
-	delay := sc.drainDelay()
+	delay := sc.DrainDelay.D
 	// Durations as text ("30s"): a JSON log would write nanoseconds.
 	s.log.Info("shutting down: /readyz answers 503 while the listener serves on for drain_delay, then requests in flight get shutdown_timeout",
 		"drain_delay", delay.String(), "shutdown_timeout", sc.DrainTimeout().String())

@@ -44,8 +44,8 @@ func requests(gw *Server, outcome, reason string) int {
 // onlyBackend is the gateway's one backend.
 func onlyBackend(gw *Server) *backends.Backend { return gw.rt.Load().upstreams.Backends()[0] }
 
-// sse writes SSE events to w, flushing after each.
-func sse(w http.ResponseWriter, events ...string) {
+// writeSSE writes SSE events to w, flushing after each.
+func writeSSE(w http.ResponseWriter, events ...string) {
 	for _, e := range events {
 		io.WriteString(w, e)
 		w.(http.Flusher).Flush()
@@ -296,17 +296,17 @@ func TestStreamEndings(t *testing.T) {
 		streamHeaders(w)
 		switch {
 		case bytes.Contains(body, []byte("done-then-linger")):
-			sse(w, tokenEvent, lastEvent, doneEvent)
+			writeSSE(w, tokenEvent, lastEvent, doneEvent)
 			select { // keep the stream open until the gateway lets go
 			case <-r.Context().Done():
 			case <-quit:
 			}
 		case bytes.Contains(body, []byte("no-done")):
-			sse(w, tokenEvent, lastEvent)
+			writeSSE(w, tokenEvent, lastEvent)
 		case bytes.Contains(body, []byte("mid-event")):
-			sse(w, tokenEvent, `data: {"id":"c","object":"chat.comp`)
+			writeSSE(w, tokenEvent, `data: {"id":"c","object":"chat.comp`)
 		case bytes.Contains(body, []byte("huge-line")):
-			sse(w, tokenEvent, "data: ")
+			writeSSE(w, tokenEvent, "data: ")
 			chunk := bytes.Repeat([]byte("a"), 64<<10)
 			for range 256 { // 16 MiB without a newline, unless the gateway hangs up
 				if _, err := w.Write(chunk); err != nil {

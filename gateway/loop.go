@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/sse"
 )
 
 // The loop: arrival → count → admit → forward → answer. An admitted
@@ -38,7 +39,7 @@ func (s *Server) serveAdmitted(ctx *fasthttp.RequestCtx, kind endpoint) {
 	}
 	texts := a.texts
 	if a.typed && x.m.converted.Load() {
-		texts = nil // its backend counts them above their chat: estimated (usage.go)
+		texts = nil // its backend counts them above their chat: estimated (tally.go)
 	}
 	prompts, exact, ok := x.count(ctx, tn, texts)
 	if !ok || !a.reserve(x, ctx, prompts, exact) {
@@ -170,14 +171,14 @@ func (x *exchange) reserved(ctx *fasthttp.RequestCtx, e *apiError) bool {
 // stream, its reader and first event.
 type upstream struct {
 	resp  *backends.Response
-	er    *eventReader // nil: a whole answer
+	er    *sse.Reader // nil: a whole answer
 	first []byte
 }
 
 // release gives the response back; the upstream is empty after.
 func (u *upstream) release() {
 	if u.er != nil {
-		u.er.release()
+		u.er.Release()
 	}
 	if u.resp != nil {
 		u.resp.Release()
@@ -209,13 +210,13 @@ func (x *exchange) turn(areq admission.Request, body []byte, hdr headerSource) (
 	}
 	// The client is promised a 200 for a stream only once its first
 	// event is here: until then a backend that hangs can still get a 504.
-	er := newEventReader(resp, x.rt.cfg.Server.MaxSSELineBytes.Bytes)
-	first, err := er.next()
+	er := sse.NewReader(resp, x.rt.cfg.Server.MaxSSELineBytes.Bytes)
+	first, err := er.Next()
 	if err != nil {
-		er.release()
+		er.Release()
 		resp.Release()
 		if errors.Is(err, io.EOF) {
-			err = errStreamTruncated
+			err = sse.ErrTruncated
 		}
 		return upstream{}, err
 	}

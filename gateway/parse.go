@@ -61,7 +61,7 @@ type request struct {
 	// the model counts through its backend (see promptTexts); they point
 	// into the body.
 	prompts []promptText
-	// Affinity keys (affinity.go): the user field and a hash of the
+	// Affinity keys (prefix.go): the user field and a hash of the
 	// prompt's beginning.
 	user   string
 	prefix uint64

@@ -16,7 +16,7 @@ func (x *exchange) ended() (outcome, reason string, e *apiError) {
 		return "", "", nil
 	case errors.Is(cause, errRequestTimeout):
 		return outcomeFailed, "request_timeout", &apiError{status: 504, typ: typeServer, code: "upstream_timeout",
-			message: fmt.Sprintf("The request did not complete within %s.", x.rt.cfg.Server.requestTimeout())}
+			message: fmt.Sprintf("The request did not complete within %s.", x.rt.cfg.Server.RequestTimeout.D)}
 	case errors.Is(cause, errFirstByteTimeout):
 		name, d := "", time.Duration(0)
 		if x.backend != nil {

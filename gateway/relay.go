@@ -5,10 +5,16 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
+
+	"github.com/kvgate/kvgate/internal/sse"
 )
 
 // stream relays a streamed answer to the client, the loop's turns after
@@ -88,8 +94,8 @@ type relay struct {
 func (r *relay) events(up *upstream) error {
 	r.shape, r.x.merges = tokenShape{}, nil // each upstream's backend may be another
 	ev, err := up.first, error(nil)
-	for ; err == nil; ev, err = up.er.next() {
-		if !r.event(ev, up.er.buffered()) {
+	for ; err == nil; ev, err = up.er.Next() {
+		if !r.event(ev, up.er.Buffered()) {
 			return nil
 		}
 	}
@@ -138,14 +144,14 @@ func (r *relay) hungUp() bool {
 // error event, which says why.
 func (r *relay) end(err error) {
 	if errors.Is(err, io.EOF) {
-		err = errStreamTruncated
+		err = sse.ErrTruncated
 	}
 	e, outcome, reason := r.x.failure(err)
 	if reason == "upstream_error" {
 		switch {
-		case errors.Is(err, errEventTooLarge):
+		case errors.Is(err, sse.ErrTooLarge):
 			reason = "upstream_event_too_large"
-		case errors.Is(err, errStreamTruncated):
+		case errors.Is(err, sse.ErrTruncated):
 			reason = "upstream_incomplete"
 		}
 	}
@@ -169,7 +175,7 @@ func (r *relay) fail(e *apiError, outcome, reason string) {
 // without the usage the gateway asked for on the client's behalf). shape
 // is the stream's, to tell its token events by.
 func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (keep, failed, last bool, repl []byte) {
-	data := sseData(ev)
+	data := sse.Data(ev)
 	if data == nil {
 		return true, false, false, nil
 	}
@@ -203,7 +209,7 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 }
 
 // inspectOnly reads a chunk about the only choice and nothing else without
-// a parse, the chunk's usage (the backend's count so far: tokencount.go)
+// a parse, the chunk's usage (the backend's count so far: tally.go)
 // cut off first; ok is false for a chunk it cannot read so.
 func (x *exchange) inspectOnly(shape *tokenShape, data []byte) (keep bool, repl []byte, ok bool) {
 	rs := x.resume
@@ -299,30 +305,6 @@ func writeStreamError(w *bufio.Writer, e *apiError) {
 	w.Flush()
 }
 
-// sseData is the payload of an event's data line(s); nil for comments and
-// events without data.
-func sseData(ev []byte) []byte {
-	var out []byte
-	for len(ev) > 0 {
-		line := ev
-		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
-			line, ev = ev[:i], ev[i+1:]
-		} else {
-			ev = nil
-		}
-		line = bytes.TrimRight(line, "\r")
-		if d, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			d = bytes.TrimPrefix(d, []byte(" "))
-			if out != nil {
-				out = append(append(append([]byte(nil), out...), '\n'), d...)
-			} else {
-				out = d
-			}
-		}
-	}
-	return out
-}
-
 // The stages of an exchange, as hangUp reads them.
 const (
 	stageBefore    int32 = iota // no stream under way
@@ -361,4 +343,108 @@ func (x *exchange) relayedDone() {
 	if x.stage.Swap(stageDone) == stageHungUp {
 		x.clientGone()
 	}
+}
+
+// sseBody is a streamed answer as fasthttp writes it. fasthttp's
+// SetBodyStreamWriter runs the writer in a goroutine of its own that feeds
+// a pipe, which the connection's goroutine copies to the client: two
+// goroutine hand-offs and a copy per event. sseBody instead lets fasthttp
+// call WriteTo on the connection's goroutine (fasthttp.BodyWriterTo), where
+// every flush of the relay's writer is one chunk on the wire. The relay
+// itself — what is kept, when it flushes, how the exchange finishes — is
+// the same either way.
+//
+// Exactly one of WriteTo, Read (a fallback should fasthttp ever read the
+// body instead) or Close starts the relay or, when the body is never
+// written (the client went away before the headers), finishes the exchange.
+type sseBody struct {
+	x       *exchange
+	up      upstream // the stream, its first event already read
+	started bool
+	pipe    io.ReadCloser // the fallback's pipe, once Read was called
+}
+
+var (
+	_ fasthttp.BodyWriterTo = (*sseBody)(nil)
+	_ io.ReadCloser         = (*sseBody)(nil)
+)
+
+// sseWriters buffer events between flushes, as fasthttp's own stream
+// writers do.
+var sseWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
+
+func (b *sseBody) SupportsBodyWriteTo() bool { return true }
+
+// WriteTo runs the relay; w frames each write as one chunk and flushes it.
+func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
+	if b.started {
+		return 0, io.ErrClosedPipe
+	}
+	b.started = true
+	cw := &countWriter{w: w}
+	b.x.access.sent = cw // the access line's bytes_out
+	bw := sseWriters.Get().(*bufio.Writer)
+	bw.Reset(cw)
+	b.x.stream(bw, b.up)
+	bw.Reset(nil)
+	sseWriters.Put(bw)
+	return cw.n, nil // a failed write was the relay's to handle (the client went away)
+}
+
+func (b *sseBody) Read(p []byte) (int, error) {
+	if b.pipe == nil {
+		if b.started {
+			return 0, io.ErrClosedPipe
+		}
+		b.started = true
+		b.pipe = fasthttp.NewStreamReader(func(w *bufio.Writer) { b.x.stream(w, b.up) })
+	}
+	return b.pipe.Read(p)
+}
+
+// closeDelimited relays the stream to an HTTP/1.0 client, which cannot
+// read chunked transfer coding (RFC 9112 §6.1): the answer has no length
+// and ends when the connection closes. fasthttp frames every body stream of
+// unknown length as chunks, so the connection is hijacked and the head and
+// events are written to it here; fasthttp closes it after. The hijacked
+// connection has no deadline of fasthttp's, so writeTimeout bounds the
+// writes as fasthttp's would.
+func (b *sseBody) closeDelimited(ctx *fasthttp.RequestCtx, writeTimeout time.Duration) {
+	ctx.Response.Header.SetContentLength(-2) // neither Content-Length nor Transfer-Encoding; Connection: close
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		if c.SetWriteDeadline(time.Now().Add(writeTimeout)) != nil { // a socket deadline is on wall time, not the server's clock
+			_ = b.Close()
+			return
+		}
+		if _, err := c.Write(ctx.Response.Header.Header()); err != nil {
+			_ = b.Close()
+			return
+		}
+		_, _ = b.WriteTo(c)
+	})
+}
+
+// Close ends the body after fasthttp wrote it, or instead of writing it.
+func (b *sseBody) Close() error {
+	switch {
+	case b.pipe != nil:
+		return b.pipe.Close() // the relay's next write fails and it finishes
+	case !b.started:
+		b.started = true
+		b.up.release()
+		b.x.finish(outcomeCanceled, "client_disconnect")
+	}
+	return nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }

@@ -9,13 +9,14 @@ import (
 	"github.com/valyala/fastjson"
 
 	"github.com/kvgate/kvgate/internal/jsonscan"
+	"github.com/kvgate/kvgate/internal/sse"
 )
 
 // The streams of the Responses and Messages APIs are typed events: each
 // an "event:" line and a JSON object whose "type" names it. The relay
 // reads them as it reads chat's chunks: each piece of generated text (a
 // Responses ".delta" event, a Messages content_block_delta) is at least
-// one token of the only sequence, counted as tokencount.go says (these
+// one token of the only sequence, counted as tally.go says (these
 // APIs put no usage on their deltas: events, or bytes of text once the
 // backend's final usage has shown its events short); the event that
 // carries the usage finishes it; the
@@ -25,7 +26,7 @@ import (
 // inspectTyped is inspect for a typed stream: what the relay acts on in
 // one event (see inspect).
 func (x *exchange) inspectTyped(p *fastjson.Parser, ev []byte) (keep, failed, last bool) {
-	data := sseData(ev)
+	data := sse.Data(ev)
 	if data == nil {
 		return true, false, false
 	}

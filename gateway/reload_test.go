@@ -158,7 +158,7 @@ func TestReloadKeepsTheServerSection(t *testing.T) {
 	if err := gw.Reload(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if got := gw.rt.Load().cfg.Server.requestTimeout(); got != time.Minute {
+	if got := gw.rt.Load().cfg.Server.RequestTimeout.D; got != time.Minute {
 		t.Errorf("request_timeout after reload %s, want the running 1m", got)
 	}
 }

@@ -37,7 +37,7 @@ import (
 // only while it streams — tool calls or a reasoning model's reasoning. A
 // request that sets its own length goes on with it: ignore_eos as it was,
 // min_tokens less what was generated. What was generated is the relay's
-// count (tokencount.go): the backend's own where its chunks report it, or
+// count (tally.go): the backend's own where its chunks report it, or
 // a bound never below it, so that the continuation never runs past the
 // client's max_tokens (it may stop short of it under the bound).
 

@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/sse"
 )
 
 // Secrets never leave: an API key is not echoed to a client nor written to
@@ -47,9 +48,9 @@ func upstreamProblem(backend string, err error) string {
 	var what string
 	var ne net.Error
 	switch {
-	case errors.Is(err, errStreamTruncated):
+	case errors.Is(err, sse.ErrTruncated):
 		what = "ended its stream before it was complete (no [DONE])"
-	case errors.Is(err, errEventTooLarge):
+	case errors.Is(err, sse.ErrTooLarge):
 		what = "sent a stream event larger than this gateway relays (server.max_sse_line_bytes)"
 	case errors.Is(err, backends.ErrTLS):
 		// The certificate's detail is the operator's (in the log): it

@@ -82,7 +82,7 @@ type Server struct {
 
 	rt atomic.Pointer[runtime]
 	// counting remembers the backends that stream several tokens an
-	// event (tokencount.go).
+	// event (tally.go).
 	counting eventCounting
 	// tokenizeWarn limits the warning of a /tokenize that failed (the
 	// prompt estimated) to one a minute.
@@ -167,7 +167,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	}
 	if sb := cfg.SharedBudget; sb != nil {
 		rtt := newRedisRTT()
-		s.shared = sharedbudget.New(sb, sharedbudget.Deps{Clock: s.opt.Clock, Logger: s.log, FallbackGrace: cfg.Server.requestTimeout(),
+		s.shared = sharedbudget.New(sb, sharedbudget.Deps{Clock: s.opt.Clock, Logger: s.log, FallbackGrace: cfg.Server.RequestTimeout.D,
 			Observe: rtt.observe})
 		s.opt.onDemand = s.shared.Wake
 		s.m.reg.MustRegister(rtt.h, sharedBudgetCollector{f: s.shared})
@@ -212,7 +212,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	}
 	s.metricsHandler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	sc := cfg.Server
-	s.conns = &connLimit{limit: int64(sc.maxConns())}
+	s.conns = &connLimit{limit: int64(sc.MaxConnections)}
 	if sc.TLS != nil {
 		s.tls = newListenerTLS(sc.TLS)
 	}
@@ -223,9 +223,9 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		MaxRequestBodySize:            int(sc.MaxBodyBytes.Bytes),
 		ReadBufferSize:                int(sc.MaxHeaderBytes.Bytes), // fasthttp's bound on a request's line and headers
 		ReadTimeout:                   sc.ReadTimeout.D,
-		WriteTimeout:                  sc.writeTimeout(),
+		WriteTimeout:                  sc.WriteTimeout.D,
 		IdleTimeout:                   sc.IdleTimeout.D,
-		Concurrency:                   sc.maxConns() + probeHeadroom(sc.maxConns()),
+		Concurrency:                   sc.MaxConnections + probeHeadroom(sc.MaxConnections),
 		ConnState:                     s.conns.state,
 		CloseOnShutdown:               true,
 		NoDefaultContentType:          true,

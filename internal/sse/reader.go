@@ -1,4 +1,4 @@
-package gateway
+package sse
 
 import (
 	"bufio"
@@ -12,32 +12,34 @@ import (
 // How an upstream event stream can end badly, told apart for the client's
 // final error event and for the outcome's reason.
 var (
-	// errStreamTruncated: the backend closed the stream in the middle of an
+	// ErrTruncated: the backend closed the stream in the middle of an
 	// event, or after its last complete event without sending [DONE].
-	errStreamTruncated = errors.New("the backend's stream ended before [DONE]")
-	// errEventTooLarge: a line (or event) past server.max_sse_line_bytes.
-	errEventTooLarge = errors.New("the backend sent an event larger than the gateway's bound")
+	ErrTruncated = errors.New("the backend's stream ended before [DONE]")
+	// ErrTooLarge: a line (or event) past the reader's bound (the gateway's
+	// server.max_sse_line_bytes).
+	ErrTooLarge = errors.New("the backend sent an event larger than the gateway's bound")
 )
 
 var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
 
-// eventReader cuts an upstream SSE stream into events (the lines up to and
+// Reader cuts an upstream SSE stream into events (the lines up to and
 // including a blank line), holding at most max bytes of one event: a line
 // that never ends cannot grow the gateway's memory past that.
-type eventReader struct {
+type Reader struct {
 	br  *bufio.Reader
 	max int
 	ev  []byte // the event being read; reused
 }
 
-func newEventReader(r io.Reader, max int64) *eventReader {
+// NewReader reads r, holding at most max bytes of one event.
+func NewReader(r io.Reader, max int64) *Reader {
 	br := readerPool.Get().(*bufio.Reader)
 	br.Reset(r)
-	return &eventReader{br: br, max: int(max)}
+	return &Reader{br: br, max: int(max)}
 }
 
-// release returns the buffer; the reader is unusable after.
-func (er *eventReader) release() {
+// Release returns the buffer; the reader is unusable after.
+func (er *Reader) Release() {
 	if er.br != nil {
 		er.br.Reset(nil)
 		readerPool.Put(er.br)
@@ -45,22 +47,22 @@ func (er *eventReader) release() {
 	}
 }
 
-// buffered says whether more of the stream is already in memory (so a
+// Buffered says whether more of the stream is already in memory (so a
 // flush can wait for it).
-func (er *eventReader) buffered() bool { return er.br.Buffered() > 0 }
+func (er *Reader) Buffered() bool { return er.br.Buffered() > 0 }
 
-// next returns the next complete event, valid until the following call.
+// Next returns the Next complete event, valid until the following call.
 // At the stream's end it returns io.EOF — or, with a partial event left
 // over, errStreamTruncated, except that a final "data: [DONE]" whose blank
 // line never came is completed and returned (it is what every client waits
 // for, and nothing about it is uncertain).
-func (er *eventReader) next() ([]byte, error) {
+func (er *Reader) Next() ([]byte, error) {
 	er.ev = er.ev[:0]
 	lineStart := 0
 	for {
 		chunk, err := er.br.ReadSlice('\n')
 		if len(er.ev)+len(chunk) > er.max {
-			return nil, fmt.Errorf("%w (%d bytes)", errEventTooLarge, er.max)
+			return nil, fmt.Errorf("%w (%d bytes)", ErrTooLarge, er.max)
 		}
 		er.ev = append(er.ev, chunk...)
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -80,11 +82,11 @@ func (er *eventReader) next() ([]byte, error) {
 		switch {
 		case len(rest) == 0:
 			return nil, io.EOF
-		case bytes.Equal(sseData(rest), []byte("[DONE]")):
+		case bytes.Equal(Data(rest), []byte("[DONE]")):
 			er.ev = append(append(er.ev[:0], rest...), "\n\n"...)
 			return er.ev, nil
 		}
-		return nil, errStreamTruncated
+		return nil, ErrTruncated
 	}
 }
 

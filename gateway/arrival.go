@@ -1,13 +1,157 @@
 package gateway
 
 import (
+	"bytes"
+	"crypto/subtle"
+	"encoding/hex"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
+
+// connLimit enforces server.max_connections in the handler rather than
+// through fasthttp's Concurrency alone. fasthttp refuses a connection past
+// Concurrency before reading it, with a plain-text 503 and no Retry-After,
+// and refuses probes the same way: an orchestrator would then restart a
+// gateway that is merely busy. So fasthttp's limit is set above this one
+// (probeHeadroom), and a connection opened past this limit is read: a probe
+// (/healthz, /readyz, /health) is answered as usual, anything else gets an
+// OpenAI-shaped 503 with Retry-After and the connection is closed.
+//
+// Only connections past the limit are refused, never one opened under it:
+// fasthttp's ConnState reports each connection's opening and end, in order
+// for one connection, so the count at opening decides.
+type connLimit struct {
+	limit int64
+	open  atomic.Int64
+	nOver atomic.Int64 // entries in over: the hot path skips the map while 0
+	over  sync.Map     // net.Conn → struct{}: opened past the limit
+}
+
+// refusedRetryAfter is what a refused client is told to wait: connections
+// turn over in well under a second when the gateway is merely busy.
+const refusedRetryAfter = time.Second
+
+// probeHeadroom is how many connections past max_connections fasthttp
+// still serves, to answer probes and refuse the rest politely: a quarter
+// of the limit, at least 64.
+func probeHeadroom(limit int) int { return max(64, limit/4) }
+
+// state is fasthttp's ConnState hook.
+func (l *connLimit) state(c net.Conn, st fasthttp.ConnState) {
+	switch st {
+	case fasthttp.StateNew:
+		if l.open.Add(1) > l.limit {
+			l.over.Store(c, struct{}{})
+			l.nOver.Add(1)
+		}
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		l.open.Add(-1)
+		if l.nOver.Load() > 0 {
+			if _, ok := l.over.LoadAndDelete(c); ok {
+				l.nOver.Add(-1)
+			}
+		}
+	}
+}
+
+// past says whether c was opened past the limit.
+func (l *connLimit) past(c net.Conn) bool {
+	if l.nOver.Load() == 0 {
+		return false
+	}
+	_, ok := l.over.Load(c)
+	return ok
+}
+
+// refuse answers a request on a connection past the limit, and closes it.
+func (l *connLimit) refuse(ctx *fasthttp.RequestCtx) {
+	(&apiError{status: 503, typ: typeServer, code: "too_many_connections", retryAfter: refusedRetryAfter,
+		message: fmt.Sprintf("The gateway is serving its maximum of %d connections; retry after %s.", l.limit, retryAfterText(refusedRetryAfter))}).write(ctx)
+	ctx.SetConnectionClose()
+}
+
+// isProbe says whether path is a health or readiness probe, answered past
+// the limit.
+func isProbe(path []byte) bool {
+	switch string(path) {
+	case "/healthz", "/readyz", "/health":
+		return true
+	}
+	return false
+}
+
+// Request ids: every answer carries X-Request-Id, and the access line, the
+// span and the backend (vLLM takes the header as its own request id) carry
+// the same, so that a client's id finds its request in the operator's log
+// and the backend's. A client's id is kept when it is sane — 1 to
+// maxRequestID visible ASCII bytes, as Envoy and nginx expect of the
+// header — and replaced otherwise, so that nothing a client sends is
+// logged raw; a request without one gets a random (version 4) UUID, unique
+// across replicas and restarts where a counter is not.
+
+const (
+	headerRequestID = "X-Request-Id"
+	// maxRequestID bounds a client's X-Request-Id.
+	maxRequestID = 128
+)
+
+// stampRequestID makes the request's X-Request-Id the one the gateway uses
+// and puts it on the answer. It runs before routing, so every answer and
+// refusal carries it; an error's reset of the answer keeps it (errors.go).
+func stampRequestID(ctx *fasthttp.RequestCtx) {
+	id := ctx.Request.Header.Peek(headerRequestID)
+	if !saneRequestID(id) {
+		var b [36]byte
+		id = appendUUID(b[:0])
+		ctx.Request.Header.SetBytesV(headerRequestID, id)
+	}
+	ctx.Response.Header.SetBytesV(headerRequestID, id)
+}
+
+// saneRequestID says whether a client's id may be kept as it is.
+func saneRequestID(id []byte) bool {
+	if len(id) == 0 || len(id) > maxRequestID {
+		return false
+	}
+	for _, c := range id {
+		if c <= ' ' || c > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// appendUUID appends a random version 4 UUID. math/rand/v2's generator is
+// seeded from the system's entropy and is per-thread: no lock, no syscall.
+func appendUUID(dst []byte) []byte {
+	var u [16]byte
+	hi, lo := rand.Uint64(), rand.Uint64()
+	for i := range 8 {
+		u[i], u[8+i] = byte(hi>>(56-8*i)), byte(lo>>(56-8*i))
+	}
+	u[6] = u[6]&0x0f | 0x40 // version 4
+	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
+	var s [36]byte
+	hex.Encode(s[0:8], u[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], u[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], u[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], u[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:36], u[10:16])
+	return append(dst, s[:]...)
+}
 
 // CORS, for browser apps that call the gateway directly (vLLM's
 // --allowed-origins, --allowed-methods, --allowed-headers are the model).
@@ -182,4 +326,48 @@ func refuseUnconfiguredPreflight(ctx *fasthttp.RequestCtx) {
 		message: fmt.Sprintf("Browser pages from other origins may not call this gateway: CORS is off. "+
 			"To allow %q, list it in server.cors.allowed_origins (in the demo: kvgate serve --cors-origin %s).",
 			ctx.Request.Header.Peek("Origin"), ctx.Request.Header.Peek("Origin"))}).write(ctx)
+}
+
+// authenticate finds the tenant of a request. With no keys configured every
+// request is anonymous (nil tenant).
+func (rt *runtime) authenticate(ctx *fasthttp.RequestCtx) (*tenant, bool) {
+	if !rt.auth {
+		return nil, true
+	}
+	key := bearer(ctx)
+	if key == nil {
+		return nil, false
+	}
+	t := rt.tenants[string(key)]
+	return t, t != nil
+}
+
+// bearer is the key of an Authorization: Bearer header, nil without one.
+func bearer(ctx *fasthttp.RequestCtx) []byte {
+	auth := ctx.Request.Header.Peek("Authorization")
+	if len(auth) < 7 || !bytes.EqualFold(auth[:7], []byte("bearer ")) {
+		return nil
+	}
+	return bytes.TrimSpace(auth[7:])
+}
+
+// adminAllowed says whether a request may read an operator's view: always
+// without admin keys, else only with one of them. Keys are compared in
+// constant time.
+func (rt *runtime) adminAllowed(ctx *fasthttp.RequestCtx) bool {
+	keys := rt.cfg.Admin.APIKeys
+	if len(keys) == 0 {
+		return true
+	}
+	got := bearer(ctx)
+	ok := 0
+	for _, k := range keys {
+		ok |= subtle.ConstantTimeCompare(got, []byte(k))
+	}
+	return ok == 1
+}
+
+func unauthorized() *apiError {
+	return &apiError{status: 401, typ: typeAuthentication, code: "invalid_api_key",
+		message: "Incorrect or missing API key. Send it as: Authorization: Bearer <key>."}
 }

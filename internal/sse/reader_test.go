@@ -1,4 +1,4 @@
-package gateway
+package sse
 
 import (
 	"bytes"
@@ -10,10 +10,10 @@ import (
 
 // eventsOf cuts a stream with a bound of max bytes.
 func eventsOf(stream string, max int64) (events []string, err error) {
-	er := newEventReader(strings.NewReader(stream), max)
-	defer er.release()
+	er := NewReader(strings.NewReader(stream), max)
+	defer er.Release()
 	for {
-		ev, err := er.next()
+		ev, err := er.Next()
 		if err != nil {
 			return events, err
 		}
@@ -31,11 +31,11 @@ func TestEventReader(t *testing.T) {
 		{"multi-line event", "event: x\ndata: 1\ndata: 2\n\n", []string{"event: x\ndata: 1\ndata: 2\n\n"}, io.EOF},
 		{"a comment is an event", ": ping\n\ndata: a\n\n", []string{": ping\n\n", "data: a\n\n"}, io.EOF},
 		{"ends after an event, no [DONE]", "data: a\n\n", []string{"data: a\n\n"}, io.EOF},
-		{"ends mid-event", "data: a\n\ndata: {\"par", []string{"data: a\n\n"}, errStreamTruncated},
-		{"ends mid-event after a full line", "data: a\n\ndata: b\n", []string{"data: a\n\n"}, errStreamTruncated},
+		{"ends mid-event", "data: a\n\ndata: {\"par", []string{"data: a\n\n"}, ErrTruncated},
+		{"ends mid-event after a full line", "data: a\n\ndata: b\n", []string{"data: a\n\n"}, ErrTruncated},
 		{"[DONE] without its blank line", "data: a\n\ndata: [DONE]", []string{"data: a\n\n", "data: [DONE]\n\n"}, io.EOF},
-		{"a line past the bound", "data: a\n\ndata: " + strings.Repeat("x", 70<<10) + "\n\n", []string{"data: a\n\n"}, errEventTooLarge},
-		{"an event past the bound in short lines", "data: a\n\n" + strings.Repeat("data: xxxxxxxxxx\n", 8<<10), []string{"data: a\n\n"}, errEventTooLarge},
+		{"a line past the bound", "data: a\n\ndata: " + strings.Repeat("x", 70<<10) + "\n\n", []string{"data: a\n\n"}, ErrTooLarge},
+		{"an event past the bound in short lines", "data: a\n\n" + strings.Repeat("data: xxxxxxxxxx\n", 8<<10), []string{"data: a\n\n"}, ErrTooLarge},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -70,7 +70,7 @@ func FuzzEventReader(f *testing.F) {
 	const bound = 256
 	f.Fuzz(func(t *testing.T, stream []byte) {
 		events, err := eventsOf(string(stream), bound)
-		if !errors.Is(err, io.EOF) && !errors.Is(err, errStreamTruncated) && !errors.Is(err, errEventTooLarge) {
+		if !errors.Is(err, io.EOF) && !errors.Is(err, ErrTruncated) && !errors.Is(err, ErrTooLarge) {
 			t.Fatalf("unexpected error %v", err)
 		}
 		rest := stream
@@ -96,4 +96,4 @@ func FuzzEventReader(f *testing.F) {
 }
 
 // isDone says whether ev is the stream's terminator.
-func isDone(ev []byte) bool { return bytes.Equal(sseData(ev), []byte("[DONE]")) }
+func isDone(ev []byte) bool { return bytes.Equal(Data(ev), []byte("[DONE]")) }
