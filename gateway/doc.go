@@ -86,7 +86,7 @@
 // its spans (trace.go). A
 // client hang-up (noticed through package connwatch even while the request
 // is queued or waiting for a non-streamed answer), a request timeout and a
-// shutdown all end the request's context (reqctx.go; its deadlines are
+// shutdown all end the request's context (reqCtx in exchange.go; its deadlines are
 // checked by the sweep of the requests in flight, inflight.go), and an
 // ended context closes the upstream connection, which is how the backend
 // learns to abort. A choice that finishes early gives its blocks back at
