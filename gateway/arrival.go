@@ -371,3 +371,27 @@ func unauthorized() *apiError {
 	return &apiError{status: 401, typ: typeAuthentication, code: "invalid_api_key",
 		message: "Incorrect or missing API key. Send it as: Authorization: Bearer <key>."}
 }
+
+// classFor picks the admission class of a request: the tenant's class, or
+// a lower one the client asked for in the priority header. A request never
+// rises above its tenant's class.
+func (rt *runtime) classFor(t *tenant, asked []byte) (string, error) {
+	own := rt.cfg.Admission.DefaultClass
+	if t != nil {
+		own = t.class
+	}
+	if len(asked) == 0 {
+		return own, nil
+	}
+	rank, ok := rt.classRank[string(asked)]
+	if !ok {
+		return "", fmt.Errorf("unknown priority class %q", asked)
+	}
+	if t == nil && !rt.auth {
+		return string(asked), nil // no tenants: clients are trusted to choose
+	}
+	if rank < rt.classRank[own] {
+		return own, nil
+	}
+	return string(asked), nil
+}

@@ -282,3 +282,18 @@ func keyIs(raw []byte, want string) bool {
 	var k string
 	return json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &k) == nil && k == want
 }
+
+// backendFor picks an available backend of g for model, other than those
+// in skip, rotating among them so that several backends of one GPU share
+// its pool's load.
+func (g *gpu) backendFor(model string, skip map[*backends.Backend]bool) *backends.Backend {
+	n := len(g.backends)
+	start := int(g.rr.Add(1) % uint64(n))
+	for i := range n {
+		be := g.backends[(start+i)%n]
+		if !skip[be] && be.Serves(model) && be.Available() {
+			return be
+		}
+	}
+	return nil
+}

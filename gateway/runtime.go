@@ -114,21 +114,6 @@ func (g *gpu) capacity(count bool) int64 {
 	return g.nominal
 }
 
-// backendFor picks an available backend of g for model, other than those
-// in skip, rotating among them so that several backends of one GPU share
-// its pool's load.
-func (g *gpu) backendFor(model string, skip map[*backends.Backend]bool) *backends.Backend {
-	n := len(g.backends)
-	start := int(g.rr.Add(1) % uint64(n))
-	for i := range n {
-		be := g.backends[(start+i)%n]
-		if !skip[be] && be.Serves(model) && be.Available() {
-			return be
-		}
-	}
-	return nil
-}
-
 // buildRuntime turns a validated config into a runtime, reusing what prev
 // holds for backends that did not change. It has no effect on prev or on
 // the scheduler: the returned commit reconfigures the scheduler (or, with
@@ -553,28 +538,4 @@ func gpuMemory(s string, probe func() ([]gpuinfo.Device, error)) (int64, error) 
 		return 0, fmt.Errorf("nvml: GPU %d not found (%d visible)", idx, len(devs))
 	}
 	return devs[idx].Total, nil
-}
-
-// classFor picks the admission class of a request: the tenant's class, or
-// a lower one the client asked for in the priority header. A request never
-// rises above its tenant's class.
-func (rt *runtime) classFor(t *tenant, asked []byte) (string, error) {
-	own := rt.cfg.Admission.DefaultClass
-	if t != nil {
-		own = t.class
-	}
-	if len(asked) == 0 {
-		return own, nil
-	}
-	rank, ok := rt.classRank[string(asked)]
-	if !ok {
-		return "", fmt.Errorf("unknown priority class %q", asked)
-	}
-	if t == nil && !rt.auth {
-		return string(asked), nil // no tenants: clients are trusted to choose
-	}
-	if rank < rt.classRank[own] {
-		return own, nil
-	}
-	return string(asked), nil
 }
