@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +15,11 @@ import (
 
 	"github.com/valyala/fasthttp"
 )
+
+// What a request meets at the door, in order: the connection limit (a
+// connection opened past server.max_connections is refused before its
+// request is read), its request id, CORS for a browser's preflight, and
+// its key, which names its tenant and so the highest class it may ask for.
 
 // connLimit enforces server.max_connections in the handler rather than
 // through fasthttp's Concurrency alone. fasthttp refuses a connection past
@@ -158,53 +162,10 @@ func appendUUID(dst []byte) []byte {
 // Off unless server.cors is configured: a gateway is usually called by
 // servers, and a browser calling it holds an API key the page exposes.
 
-// CORSConfig is server.cors.
-type CORSConfig struct {
-	// AllowedOrigins are the origins (scheme://host[:port]) whose pages may
-	// call the gateway, or "*" for any. Required.
-	AllowedOrigins []string `yaml:"allowed_origins"`
-	// AllowedMethods a preflight may ask for. Default GET, POST, OPTIONS.
-	AllowedMethods []string `yaml:"allowed_methods"`
-	// AllowedHeaders a preflight may ask for, or "*" for any; a trailing *
-	// is a prefix. Default Authorization, Content-Type, X-Request-Id, the
-	// OpenAI SDKs' own (OpenAI-Organization, OpenAI-Project, X-Stainless-*)
-	// and the default priority and session headers.
-	AllowedHeaders []string `yaml:"allowed_headers"`
-}
-
 // corsExposed are the answer's headers a page's script may read: what
 // tells it when to retry and which request it was. (The allowed methods
 // and headers' defaults are configdefaults.go's.)
 const corsExposed = "Retry-After, Retry-After-Ms, X-Should-Retry, X-Request-Id, X-Kvgate-Backend, X-Kvgate-Queue-Ms"
-
-// validate checks c (field is its config path) and fills its defaults.
-func (c *CORSConfig) validate(field string, bad func(field, format string, a ...any)) {
-	if len(c.AllowedOrigins) == 0 {
-		bad(field+".allowed_origins", "list at least one origin (scheme://host[:port]) or \"*\"")
-	}
-	for i, o := range c.AllowedOrigins {
-		if o == "*" {
-			continue
-		}
-		u, err := url.Parse(o)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
-			bad(fmt.Sprintf("%s.allowed_origins[%d]", field, i), "%q is not an origin: want scheme://host[:port], no path, or \"*\"", o)
-		}
-		c.AllowedOrigins[i] = strings.TrimSuffix(o, "/")
-	}
-	if len(c.AllowedMethods) == 0 {
-		c.AllowedMethods = defaultCORSMethods
-	}
-	for i, m := range c.AllowedMethods {
-		if m == "" || strings.ContainsAny(m, " ,") {
-			bad(fmt.Sprintf("%s.allowed_methods[%d]", field, i), "%q is not an HTTP method", m)
-		}
-		c.AllowedMethods[i] = strings.ToUpper(m)
-	}
-	if len(c.AllowedHeaders) == 0 {
-		c.AllowedHeaders = defaultCORSHeaders
-	}
-}
 
 // corsPolicy is a validated CORSConfig, ready for the request path.
 type corsPolicy struct {

@@ -1,7 +1,10 @@
 package gateway
 
 import (
+	"fmt"
 	"net"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/kvbudget"
@@ -105,3 +108,46 @@ func (s ServerConfig) sameAs(o ServerConfig) bool {
 // DrainTimeout is how long a shutdown waits for in-flight requests
 // (server.shutdown_timeout).
 func (s ServerConfig) DrainTimeout() time.Duration { return s.ShutdownTimeout.D }
+
+// CORSConfig is server.cors.
+type CORSConfig struct {
+	// AllowedOrigins are the origins (scheme://host[:port]) whose pages may
+	// call the gateway, or "*" for any. Required.
+	AllowedOrigins []string `yaml:"allowed_origins"`
+	// AllowedMethods a preflight may ask for. Default GET, POST, OPTIONS.
+	AllowedMethods []string `yaml:"allowed_methods"`
+	// AllowedHeaders a preflight may ask for, or "*" for any; a trailing *
+	// is a prefix. Default Authorization, Content-Type, X-Request-Id, the
+	// OpenAI SDKs' own (OpenAI-Organization, OpenAI-Project, X-Stainless-*)
+	// and the default priority and session headers.
+	AllowedHeaders []string `yaml:"allowed_headers"`
+}
+
+// validate checks c (field is its config path) and fills its defaults.
+func (c *CORSConfig) validate(field string, bad func(field, format string, a ...any)) {
+	if len(c.AllowedOrigins) == 0 {
+		bad(field+".allowed_origins", "list at least one origin (scheme://host[:port]) or \"*\"")
+	}
+	for i, o := range c.AllowedOrigins {
+		if o == "*" {
+			continue
+		}
+		u, err := url.Parse(o)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+			bad(fmt.Sprintf("%s.allowed_origins[%d]", field, i), "%q is not an origin: want scheme://host[:port], no path, or \"*\"", o)
+		}
+		c.AllowedOrigins[i] = strings.TrimSuffix(o, "/")
+	}
+	if len(c.AllowedMethods) == 0 {
+		c.AllowedMethods = defaultCORSMethods
+	}
+	for i, m := range c.AllowedMethods {
+		if m == "" || strings.ContainsAny(m, " ,") {
+			bad(fmt.Sprintf("%s.allowed_methods[%d]", field, i), "%q is not an HTTP method", m)
+		}
+		c.AllowedMethods[i] = strings.ToUpper(m)
+	}
+	if len(c.AllowedHeaders) == 0 {
+		c.AllowedHeaders = defaultCORSHeaders
+	}
+}

@@ -63,7 +63,7 @@ const (
 	defaultSessionHeader  = "X-Session-Id"
 )
 
-// The defaults of server.cors, which arrival.go fills when the section is
+// The defaults of server.cors, which config_server.go fills when the section is
 // given.
 var (
 	defaultCORSMethods = []string{"GET", "POST", "OPTIONS"}
@@ -116,8 +116,8 @@ var configDefaults = []configDefault{
 	{path: "server.drain_delay", value: 5 * time.Second, keepZero: true, doc: "serving on after SIGTERM while /readyz answers 503"},
 	{path: "server.shutdown_timeout", value: 30 * time.Second, doc: "SIGTERM's wait for in-flight requests"},
 	{path: "server.cors.allowed_origins", shown: "off", doc: "origins whose pages may call the gateway"},
-	{path: "server.cors.allowed_methods", value: defaultCORSMethods, by: "arrival.go", doc: "methods a preflight may ask for"},
-	{path: "server.cors.allowed_headers", value: defaultCORSHeaders, by: "arrival.go", doc: "headers a preflight may ask for"},
+	{path: "server.cors.allowed_methods", value: defaultCORSMethods, by: "config_server.go", doc: "methods a preflight may ask for"},
+	{path: "server.cors.allowed_headers", value: defaultCORSHeaders, by: "config_server.go", doc: "headers a preflight may ask for"},
 	{path: "server.tls.cert_file", shown: "none: plain HTTP", doc: "the served certificate (chain)"},
 	{path: "server.tls.key_file", shown: "none: plain HTTP", doc: "the served certificate's key"},
 	{path: "server.tls.client_ca_file", shown: "none", doc: "CA of clients' certificates (mutual TLS)"},
