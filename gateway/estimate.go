@@ -61,7 +61,8 @@ type estimator struct {
 
 // refitEvery is how many answers below the line may come before the line
 // is fitted again to the window (at most a fit's cost per that many
-// answers: the fit reads the window about a hundred times).
+// answers: the fit sorts the window and reads its hull about a hundred
+// times).
 const refitEvery = 32
 
 // point is one answer: its prompt's size u and the backend's count.
