@@ -151,6 +151,10 @@ func (e *lineEncoder) num(k string, v int64) {
 
 func (e *lineEncoder) float(k string, v float64) {
 	e.key(k)
+	if b, ok := appendMillis(e.buf, v); ok {
+		e.buf = b
+		return
+	}
 	if e.json {
 		e.buf = appendJSONFloat(e.buf, v)
 		return
@@ -285,6 +289,34 @@ func appendJSONFloat(b []byte, f float64) []byte {
 		}
 	}
 	return b
+}
+
+// appendMillis appends v, a count of milliseconds to the microsecond
+// (ms), as both of slog's handlers write it, without strconv's search for
+// the shortest digits: below 10⁶ a whole number of microseconds over a
+// thousand is written with its three decimals, trailing zeros cut, which
+// is what the shortest form of such a value is, in 'f' and 'g' alike. ok
+// is false for any other value, which strconv writes.
+func appendMillis(b []byte, v float64) (_ []byte, ok bool) {
+	if !(v >= 0 && v < 1e6) || math.Signbit(v) { // -0 is written "-0"
+		return b, false
+	}
+	us := int64(math.Round(v * 1000))
+	if float64(us)/1000 != v {
+		return b, false
+	}
+	b = strconv.AppendInt(b, us/1000, 10)
+	frac := us % 1000
+	if frac == 0 {
+		return b, true
+	}
+	digits := [3]byte{byte('0' + frac/100), byte('0' + frac/10%10), byte('0' + frac%10)}
+	n := 3
+	for digits[n-1] == '0' {
+		n--
+	}
+	b = append(b, '.')
+	return append(b, digits[:n]...), true
 }
 
 // appendAddr appends a client's address as its String method writes it,

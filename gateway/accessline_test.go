@@ -155,3 +155,19 @@ func TestAccessWriter(t *testing.T) {
 		t.Errorf("%v allocations a line", n)
 	}
 }
+
+// A duration in milliseconds to the microsecond is written as slog writes
+// it, whichever way the encoder takes: its own digits below 10⁶ ms,
+// strconv's above, around the edges and for values that are not whole
+// microseconds.
+func TestAccessLineMillisAsSlog(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 6e6, time.UTC)
+	vals := []float64{0, 0.001, 0.01, 0.1, 0.5, 1, 1.25, 10, 99.999, 100000, 999999.999, 1e6, 1e6 + 0.001, 123456789.5, 1e21, 1e-7, 0.0004, math.Copysign(0, -1), 1.0 / 3, math.Nextafter(2, 3), -1}
+	for us := int64(0); us < 3_000_000; us += 997 {
+		vals = append(vals, ms(time.Duration(us)*time.Microsecond))
+	}
+	for _, v := range vals {
+		l := accessLine{queueWaitMS: v, ttftMS: v, upstreamMS: v, durationMS: v}
+		checkSameLine(t, at, &l)
+	}
+}

@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"sync"
 	"unicode/utf8"
 )
@@ -53,12 +55,14 @@ type estimator struct {
 	next    int        // where the next point goes once ring is full
 	a, b    float64    // the envelope a·u + b over ring
 	unfit   int        // answers added to ring since a and b were fitted
+	hull    []point    // envelope's scratch: the window's upper hull
 	widened int64      // answers that passed their estimate
 }
 
 // refitEvery is how many answers below the line may come before the line
 // is fitted again to the window (at most a fit's cost per that many
-// answers: the fit reads the window about a hundred times).
+// answers: the fit sorts the window and reads its hull about a hundred
+// times).
 const refitEvery = 32
 
 // point is one answer: its prompt's size u and the backend's count.
@@ -263,7 +267,7 @@ func (e *estimator) observe(s promptShape, actual int) (widened bool) {
 	}
 	e.unfit++
 	if len(e.ring) == 1 || p.real > e.a*p.u+e.b || len(e.ring) <= e.cfg.CalibrationMin || e.unfit >= refitEvery {
-		e.a, e.b = envelope(e.ring)
+		e.a, e.b, e.hull = envelope(e.ring, e.hull)
 		e.unfit = 0
 	}
 	return widened
@@ -272,31 +276,66 @@ func (e *estimator) observe(s promptShape, actual int) (widened bool) {
 // envelope is the line a·u + b on or above every point with the least
 // mean room above them: it minimises f(a) = a·ū + max(real − a·u), which
 // is convex in a, over a in [0, the largest real/u]; b is then that max.
-func envelope(ps []point) (a, b float64) {
+// The search reads only the points on the window's upper hull (hull), as
+// the max of real − a·u over them is the max over every point; b is read
+// over every point, so that the line covers each exactly as computed.
+func envelope(ps []point, hull []point) (a, b float64, scratch []point) {
 	var mean, hi float64
 	for _, p := range ps {
 		mean += p.u
 		hi = max(hi, p.real/max(p.u, 1))
 	}
 	mean /= float64(len(ps))
-	above := func(a float64) float64 {
-		m := math.Inf(-1)
-		for _, p := range ps {
-			m = max(m, p.real-a*p.u)
-		}
-		return m
-	}
+	hull = upperHull(append(hull[:0], ps...))
 	lo := 0.0
 	for range 48 {
 		m1, m2 := lo+(hi-lo)/3, hi-(hi-lo)/3
-		if m1*mean+above(m1) <= m2*mean+above(m2) {
+		if m1*mean+above(hull, m1) <= m2*mean+above(hull, m2) {
 			hi = m2
 		} else {
 			lo = m1
 		}
 	}
 	a = (lo + hi) / 2
-	return a, above(a)
+	return a, above(ps, a), hull
+}
+
+// above is the most any point lies above the line a·u (max real − a·u).
+func above(ps []point, a float64) float64 {
+	m := math.Inf(-1)
+	for _, p := range ps {
+		m = max(m, p.real-a*p.u)
+	}
+	return m
+}
+
+// upperHull sorts ps by u and keeps the vertices of their upper convex
+// hull, in place: whatever the slope a, the point that lies most above
+// the line a·u is one of them.
+func upperHull(ps []point) []point {
+	slices.SortFunc(ps, func(p, q point) int {
+		if c := cmp.Compare(p.u, q.u); c != 0 {
+			return c
+		}
+		return cmp.Compare(q.real, p.real) // the highest of one u first
+	})
+	h := ps[:0]
+	for i, p := range ps {
+		if i > 0 && p.u == ps[i-1].u {
+			continue // below the first of its u
+		}
+		// Drop the last vertex while it lies on or below the chord from
+		// the one before it to p.
+		for len(h) >= 2 {
+			o, m := h[len(h)-2], h[len(h)-1]
+			if (m.u-o.u)*(p.real-o.real)-(m.real-o.real)*(p.u-o.u) < 0 {
+				break
+			}
+			h = h[:len(h)-1]
+		}
+		h = append(h, p)
+	}
+	return h
 }
 
 // estimateState is the estimator's state for /status and the metrics.

@@ -11,6 +11,7 @@ import (
 	"github.com/kvgate/kvgate/backends/sim"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"unicode"
@@ -426,4 +427,52 @@ func TestEstimatorLineCoversTheWindow(t *testing.T) {
 		}
 		e.mu.Unlock()
 	}
+}
+
+// The fit searches the window's upper hull alone: it finds the line the
+// search over every point finds.
+func TestEnvelopeOverTheHullIsTheWindows(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	var hull []point
+	for i := range 500 {
+		ps := make([]point, 1+r.IntN(256))
+		for j := range ps {
+			u := float64(1 + r.IntN(1+i*8))
+			if i%5 == 0 {
+				u = float64(1 + r.IntN(4)) // many points on one u
+			}
+			ps[j] = point{u, math.Floor(u*(0.5+r.Float64())) + float64(r.IntN(40))}
+		}
+		want := slices.Clone(ps)
+		a, b, h := envelope(ps, hull)
+		hull = h
+		if !slices.Equal(ps, want) {
+			t.Fatalf("set %d: the window was reordered", i)
+		}
+		wa, wb := envelopeOverAll(ps)
+		if math.Abs(a-wa) > 1e-9*max(1, wa) || math.Abs(b-wb) > 1e-9*max(1, math.Abs(wb)) {
+			t.Fatalf("set %d (%d points): line %v·u + %v, want %v·u + %v", i, len(ps), a, b, wa, wb)
+		}
+	}
+}
+
+// envelopeOverAll is the fit searching every point of the window.
+func envelopeOverAll(ps []point) (a, b float64) {
+	var mean, hi float64
+	for _, p := range ps {
+		mean += p.u
+		hi = max(hi, p.real/max(p.u, 1))
+	}
+	mean /= float64(len(ps))
+	lo := 0.0
+	for range 48 {
+		m1, m2 := lo+(hi-lo)/3, hi-(hi-lo)/3
+		if m1*mean+above(ps, m1) <= m2*mean+above(ps, m2) {
+			hi = m2
+		} else {
+			lo = m1
+		}
+	}
+	a = (lo + hi) / 2
+	return a, above(ps, a)
 }
