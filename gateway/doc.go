@@ -48,11 +48,12 @@
 //
 // A non-streamed answer is passed whole (exchange.go); a streamed one is
 // relayed event by event (relay.go: events cut by package internal/sse,
-// told apart without a parse by eventscan.go, written on fasthttp's
-// connection goroutine by the relay's body), flushed as they arrive, while the relay reports each
-// choice's progress and end to its ticket (tally.go). A stream is a
-// success once [DONE] reached the client; one that ends otherwise gets a
-// final error event and is a failure. A stream the admission guard stops
+// told apart without a parse by package internal/chunkscan, written on
+// fasthttp's connection goroutine by the relay's body), flushed as they
+// arrive, while the relay reports each choice's progress and end to its
+// ticket (tally.go). A stream is a success once [DONE] reached the
+// client; one that ends otherwise gets a final error event and is a
+// failure. A stream the admission guard stops
 // (the GPU's running requests outgrew their forecast) is cut upstream;
 // the relay reports it stopped, and the continuation — sent again from
 // where it was — takes another turn of the same loop once it fits, its

@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 
+	"github.com/kvgate/kvgate/internal/chunkscan"
 	"github.com/kvgate/kvgate/internal/sse"
 )
 
@@ -82,9 +83,9 @@ type relay struct {
 	x       *exchange
 	w       *bufio.Writer
 	p       *fastjson.Parser
-	shape   tokenShape // the upstream's, to tell its token events by
-	relayed bool       // [DONE] reached the client: nothing after changes the outcome
-	gone    bool       // the client is gone: the relay stops
+	shape   chunkscan.Shape // the upstream's, to tell its token events by
+	relayed bool            // [DONE] reached the client: nothing after changes the outcome
+	gone    bool            // the client is gone: the relay stops
 	// outcome and reason are the request's, as finish records them.
 	outcome, reason string
 }
@@ -92,7 +93,7 @@ type relay struct {
 // events relays an upstream's events, from its first, until its stream
 // ends or the client is gone; the error is the stream's end.
 func (r *relay) events(up *upstream) error {
-	r.shape, r.x.merges = tokenShape{}, nil // each upstream's backend may be another
+	r.shape, r.x.merges = chunkscan.Shape{}, nil // each upstream's backend may be another
 	ev, err := up.first, error(nil)
 	for ; err == nil; ev, err = up.er.Next() {
 		if !r.event(ev, up.er.Buffered()) {
@@ -174,7 +175,7 @@ func (r *relay) fail(e *apiError, outcome, reason string) {
 // relay instead (a resumed stream's usage, told as one exchange's; a chunk
 // without the usage the gateway asked for on the client's behalf). shape
 // is the stream's, to tell its token events by.
-func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (keep, failed, last bool, repl []byte) {
+func (x *exchange) inspect(p *fastjson.Parser, shape *chunkscan.Shape, ev []byte) (keep, failed, last bool, repl []byte) {
 	data := sse.Data(ev)
 	if data == nil {
 		return true, false, false, nil
@@ -211,26 +212,26 @@ func (x *exchange) inspect(p *fastjson.Parser, shape *tokenShape, ev []byte) (ke
 // inspectOnly reads a chunk about the only choice and nothing else without
 // a parse, the chunk's usage (the backend's count so far: tally.go)
 // cut off first; ok is false for a chunk it cannot read so.
-func (x *exchange) inspectOnly(shape *tokenShape, data []byte) (keep bool, repl []byte, ok bool) {
+func (x *exchange) inspectOnly(shape *chunkscan.Shape, data []byte) (keep bool, repl []byte, ok bool) {
 	rs := x.resume
 	d, reported := data, -1
 	if cut, n, ok := cutUsage(data, x.cutBuf); ok {
 		x.cutBuf, d, reported = cut, cut, n
 	}
-	c, ok := shape.choice0(d)
+	c, ok := shape.Choice0(d)
 	if !ok {
 		return false, nil, false
 	}
-	if c.text {
+	if c.Text {
 		if rs.capturing() {
-			rs.capture(d[c.start+1:c.end-1], c.reasoning)
+			rs.capture(d[c.Start+1:c.End-1], c.Reasoning)
 		}
-		x.token(0, textBytes(d[c.start+1:c.end-1]), reported)
+		x.token(0, textBytes(d[c.Start+1:c.End-1]), reported)
 	} else if reported >= 0 {
 		x.token(0, 0, reported)
 	}
-	if c.finish != nil {
-		x.finished(0, string(c.finish) == "length")
+	if c.Finish != nil {
+		x.finished(0, string(c.Finish) == "length")
 	}
 	if reported >= 0 && !x.req.continuousUsage {
 		repl = x.sseEvent(d)
@@ -238,7 +239,7 @@ func (x *exchange) inspectOnly(shape *tokenShape, data []byte) (keep bool, repl 
 	if rs != nil && rs.opening {
 		// A continuation's opening role chunk is not relayed again.
 		rs.opening = false
-		return c.text || c.finish != nil, repl, true
+		return c.Text || c.Finish != nil, repl, true
 	}
 	return true, repl, true
 }

@@ -1,17 +1,18 @@
-package gateway
+package chunkscan
 
 import (
 	"strings"
 	"testing"
-
-	"github.com/valyala/fastjson"
 )
+
+// vllmToken is one token event of a vLLM chat stream, as it sends them.
+var vllmToken = []byte(`{"id":"chatcmpl-46a01c94c88e6a44e53a518cfa44fc1c","object":"chat.completion.chunk","created":1796286500,"model":"llama-3-8b","choices":[{"index":0,"delta":{"content":" one"},"logprobs":null,"finish_reason":null,"stop_reason":null}]}`)
 
 // tokenOfChoice0 reports whether an event is one piece of text of choice 0
 // and nothing more.
 func tokenOfChoice0(data []byte) bool {
-	c, ok := scanChoice0(data)
-	return ok && c.tokenOnly()
+	c, ok := Scan(data)
+	return ok && c.TokenOnly()
 }
 
 func TestScanChoice0(t *testing.T) {
@@ -60,13 +61,13 @@ func TestScanChoice0(t *testing.T) {
 		{`{"choices":[{"index":0,"text":"x"}]} trailing`, false, false, none},
 		{`{"choices":[{"index":0,"text":"x"`, false, false, none},
 	} {
-		got, ok := scanChoice0([]byte(c.data))
+		got, ok := Scan([]byte(c.data))
 		finish := none
-		if got.finish != nil {
-			finish = string(got.finish)
+		if got.Finish != nil {
+			finish = string(got.Finish)
 		}
-		if ok != c.ok || ok && (got.text != c.text || finish != c.finish) {
-			t.Errorf("scanChoice0(%s) = text %v finish %s ok %v, want text %v finish %s ok %v", c.data, got.text, finish, ok, c.text, c.finish, c.ok)
+		if ok != c.ok || ok && (got.Text != c.text || finish != c.finish) {
+			t.Errorf("Scan(%s) = text %v finish %s ok %v, want text %v finish %s ok %v", c.data, got.Text, finish, ok, c.text, c.finish, c.ok)
 		}
 		if want := c.ok && c.text && c.finish == none; tokenOfChoice0([]byte(c.data)) != want {
 			t.Errorf("tokenOfChoice0(%s) = %v, want %v", c.data, !want, want)
@@ -74,65 +75,9 @@ func TestScanChoice0(t *testing.T) {
 	}
 }
 
-// Whatever scanChoice0 reads, the parse the relay would otherwise do reads
-// the same: one choice of index 0, with a token or not, finished or not,
-// and nothing more.
-func FuzzScanChoice0(f *testing.F) {
-	for _, s := range []string{
-		`{"choices":[{"index":0,"delta":{"content":" one"},"finish_reason":null}]}`,
-		`{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`,
-		`{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"length"}]}`,
-		`{"choices":[{"index":0,"finish_reason":"stop"}],"usage":{"prompt_tokens":3}}`,
-		`{"error":{"message":"x"}}`, `{"choices":[{"text":"\"finish_reason\":null"}]}`,
-		`{"choices":[{"index":0,"text":" one","finish_reason":null}],"usage":null}`,
-		`{"choices":[{"index":0,"delta":{"reasoning":"x","content":null},"finish_reason":null}]}`,
-		`{"choices":[{"index":0,"delta":{"reasoning_content":"","tool_calls":[]}}]}`,
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		c, ok := scanChoice0(data)
-		if !ok {
-			return
-		}
-		v, err := fastjson.ParseBytes(data)
-		if err != nil {
-			return // a malformed event: the parse would act on nothing, the scan on what it read
-		}
-		if v.Get("error") != nil {
-			t.Fatalf("read %s, which has an error", data)
-		}
-		if u := v.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
-			t.Fatalf("read %s, which has usage", data)
-		}
-		choices := v.GetArray("choices")
-		if len(choices) != 1 || choices[0].GetInt("index") != 0 {
-			t.Fatalf("read %s, which is not one choice of index 0", data)
-		}
-		ch := choices[0]
-		n := generatedBytes(ch)
-		if text := n > 0; text != c.text {
-			t.Fatalf("read %s as text %v; the parse says %v", data, c.text, text)
-		}
-		// The bytes the relay counts of the scanned text are the text's
-		// own (a delta may hold a reasoning beside its content: the scan
-		// counts one of them).
-		if c.text {
-			if b := textBytes(data[c.start+1 : c.end-1]); b < 1 || b > n {
-				t.Fatalf("read %s: %d bytes of text, the parse says %d", data, b, n)
-			}
-		}
-		fr := ch.Get("finish_reason")
-		if parsed := fr != nil && fr.Type() == fastjson.TypeString; parsed != (c.finish != nil) ||
-			parsed && string(fr.GetStringBytes()) != string(c.finish) {
-			t.Fatalf("read %s as finish %q; the parse says %s", data, c.finish, fr)
-		}
-	})
-}
-
 // A stream's token events are told by the shape of the last one passed:
 // the same bytes around another non-empty string. Anything else is
-// scanned, so the answer is always scanChoice0's.
+// scanned, so the answer is always Scan's.
 func TestTokenShape(t *testing.T) {
 	const pre, post = `{"id":"c1","created":7,"choices":[{"index":0,"delta":{"content":`, `},"finish_reason":null}]}`
 	for _, c := range []struct {
@@ -152,40 +97,40 @@ func TestTokenShape(t *testing.T) {
 		{"trailing bytes", pre + `"a"` + post + ` x`, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var shape tokenShape
-			if got, ok := shape.choice0([]byte(pre + `" one"` + post)); !ok || !got.text {
+			var shape Shape
+			if got, ok := shape.Choice0([]byte(pre + `" one"` + post)); !ok || !got.Text {
 				t.Fatal("the first event was not told")
 			}
 			if shape.pre != len(pre) || shape.post != len(post) {
 				t.Fatalf("learned %d bytes before the text and %d after, want %d and %d", shape.pre, shape.post, len(pre), len(post))
 			}
-			got, ok := shape.choice0([]byte(c.data))
-			want, wantOK := scanChoice0([]byte(c.data))
-			if token := ok && got.text && got.finish == nil; token != c.want {
+			got, ok := shape.Choice0([]byte(c.data))
+			want, wantOK := Scan([]byte(c.data))
+			if token := ok && got.Text && got.Finish == nil; token != c.want {
 				t.Errorf("choice0(%s): a token %v, want %v", c.data, token, c.want)
 			}
-			if ok != wantOK || got.text != want.text || string(got.finish) != string(want.finish) || !sameText([]byte(c.data), got, want) {
-				t.Errorf("choice0(%s) = %+v %v; scanChoice0 says %+v %v", c.data, got, ok, want, wantOK)
+			if ok != wantOK || got.Text != want.Text || string(got.Finish) != string(want.Finish) || !sameText([]byte(c.data), got, want) {
+				t.Errorf("choice0(%s) = %+v %v; Scan says %+v %v", c.data, got, ok, want, wantOK)
 			}
 		})
 	}
 }
 
 // Whatever event a stream's shape was learned from, the next is read as
-// scanChoice0 reads it.
+// Scan reads it.
 func FuzzTokenShape(f *testing.F) {
-	ev := cannedToken[len("data: ") : len(cannedToken)-2]
+	ev := vllmToken
 	f.Add(ev, []byte(strings.Replace(string(ev), `" one"`, `"\"two\""`, 1)))
 	f.Add(ev, []byte(strings.Replace(string(ev), `" one"`, `""`, 1)))
 	f.Add(ev, []byte(strings.Replace(string(ev), `" one"`, `"a"},"finish_reason":"stop","x":{"y":"b"`, 1)))
 	f.Add([]byte(`{"choices":[{"index":0,"text":"a"}]}`), []byte(`{"choices":[{"index":0,"text":"bc"}]}`))
 	f.Fuzz(func(t *testing.T, first, next []byte) {
-		var shape tokenShape
-		shape.choice0(first)
-		got, ok := shape.choice0(next)
-		want, wantOK := scanChoice0(next)
-		if ok != wantOK || ok && (got.text != want.text || string(got.finish) != string(want.finish) || !sameText(next, got, want)) {
-			t.Fatalf("after %s, choice0(%s) = %+v %v; scanChoice0 says %+v %v", first, next, got, ok, want, wantOK)
+		var shape Shape
+		shape.Choice0(first)
+		got, ok := shape.Choice0(next)
+		want, wantOK := Scan(next)
+		if ok != wantOK || ok && (got.Text != want.Text || string(got.Finish) != string(want.Finish) || !sameText(next, got, want)) {
+			t.Fatalf("after %s, choice0(%s) = %+v %v; Scan says %+v %v", first, next, got, ok, want, wantOK)
 		}
 	})
 }
@@ -193,12 +138,12 @@ func FuzzTokenShape(f *testing.F) {
 // BenchmarkTokenShape tells one vLLM token event of a stream whose shape
 // is known.
 func BenchmarkTokenShape(b *testing.B) {
-	ev := cannedToken[len("data: ") : len(cannedToken)-2]
-	var shape tokenShape
-	shape.choice0(ev)
+	ev := vllmToken
+	var shape Shape
+	shape.Choice0(ev)
 	b.ReportAllocs()
 	for b.Loop() {
-		if c, ok := shape.choice0(ev); !ok || !c.text {
+		if c, ok := shape.Choice0(ev); !ok || !c.Text {
 			b.Fatal("a token event was not told")
 		}
 	}
@@ -206,7 +151,7 @@ func BenchmarkTokenShape(b *testing.B) {
 
 // BenchmarkTokenOfChoice0 tells one vLLM token event from its bytes.
 func BenchmarkTokenOfChoice0(b *testing.B) {
-	ev := cannedToken[len("data: ") : len(cannedToken)-2]
+	ev := vllmToken
 	b.ReportAllocs()
 	for b.Loop() {
 		if !tokenOfChoice0(ev) {
@@ -217,9 +162,9 @@ func BenchmarkTokenOfChoice0(b *testing.B) {
 
 // sameText says two readings of data find the same text, of the same kind
 // (what a stream kept to be resumed copies).
-func sameText(data []byte, a, b choice0) bool {
-	if !a.text || !b.text {
-		return a.text == b.text
+func sameText(data []byte, a, b Choice0) bool {
+	if !a.Text || !b.Text {
+		return a.Text == b.Text
 	}
-	return string(data[a.start:a.end]) == string(data[b.start:b.end]) && a.reasoning == b.reasoning
+	return string(data[a.Start:a.End]) == string(data[b.Start:b.End]) && a.Reasoning == b.Reasoning
 }

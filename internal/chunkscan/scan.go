@@ -1,4 +1,4 @@
-package gateway
+package chunkscan
 
 import (
 	"bytes"
@@ -6,25 +6,25 @@ import (
 	"github.com/kvgate/kvgate/internal/jsonscan"
 )
 
-// choice0 is what the relay acts on in an event that scanChoice0 could
+// Choice0 is what a relay acts on in an event that Scan could
 // read: a piece of text (a completion's text, or a chat's delta.content or
 // reasoning, not empty: see generated) and a finish reason (nil: none).
-type choice0 struct {
-	text   bool
-	finish []byte
-	// start and end are where the text is in the event (its JSON string,
-	// quotes included) when there is one; reasoning says it is (or an
+type Choice0 struct {
+	Text   bool
+	Finish []byte
+	// Start and End are where the text is in the event (its JSON string,
+	// quotes included) when there is one; Reasoning says it is (or an
 	// event's texts include) a reasoning model's reasoning rather than the
 	// answer's content. A stream kept to be resumed copies the text.
-	start, end int
-	reasoning  bool
+	Start, End int
+	Reasoning  bool
 }
 
-// tokenOnly says the event is one piece of text and nothing more: most
+// TokenOnly says the event is one piece of text and nothing more: most
 // events of a stream, and the ones whose shape is learned.
-func (c choice0) tokenOnly() bool { return c.text && c.finish == nil }
+func (c Choice0) TokenOnly() bool { return c.Text && c.Finish == nil }
 
-// scanChoice0 reads an event's data when it is certainly about choice 0
+// Scan reads an event's data when it is certainly about choice 0
 // alone and holds nothing else the relay acts on: no error, no usage (null
 // is none), one choice, its index 0, its text strings, its finish_reason
 // null or a string. Nearly every event of a stream is such — the role, each
@@ -37,7 +37,7 @@ func (c choice0) tokenOnly() bool { return c.text && c.finish == nil }
 // only a broken backend sends, is acted on as its bytes say where the
 // parse would act on nothing. textStart and textEnd are where a non-empty
 // text is (the string, quotes included), when there is one.
-func scanChoice0(data []byte) (c choice0, ok bool) {
+func Scan(data []byte) (c Choice0, ok bool) {
 	s := eventScan{b: data}
 	choices := 0
 	ok = s.object(func(key []byte) bool {
@@ -55,33 +55,33 @@ func scanChoice0(data []byte) (c choice0, ok bool) {
 	return c, ok
 }
 
-// tokenShape is the JSON around the text of the last event of a stream that
-// scanChoice0 read as a token only. A stream's token events differ only in their text
+// Shape is the JSON around the text of the last event of a stream that
+// Scan read as a token only. A stream's token events differ only in their text
 // (vLLM repeats the id, creation time and model in each), and an event that
 // is those same bytes around another non-empty JSON string is one as
-// surely: every member scanChoice0 judges is the same but the text, which
+// surely: every member Scan judges is the same but the text, which
 // it asks only to be a string (a token when not empty). So two comparisons
 // and a scan of the text tell it, where walking its JSON took most of the
 // relay's own work on a stream.
-type tokenShape struct {
+type Shape struct {
 	b         [512]byte // b[:pre] comes before the text, b[pre:pre+post] after it
 	pre, post int
 	reasoning bool // the text is a reasoning's: its key is in b[:pre]
 }
 
-// choice0 is scanChoice0 for the next event of the stream.
-func (t *tokenShape) choice0(data []byte) (choice0, bool) {
+// Choice0 is Scan for the next event of the stream.
+func (t *Shape) Choice0(data []byte) (Choice0, bool) {
 	if t.matches(data) {
-		return choice0{text: true, start: t.pre, end: len(data) - t.post, reasoning: t.reasoning}, true
+		return Choice0{Text: true, Start: t.pre, End: len(data) - t.post, Reasoning: t.reasoning}, true
 	}
-	c, ok := scanChoice0(data)
-	if ok && c.tokenOnly() {
+	c, ok := Scan(data)
+	if ok && c.TokenOnly() {
 		t.learn(data, c)
 	}
 	return c, ok
 }
 
-func (t *tokenShape) matches(data []byte) bool {
+func (t *Shape) matches(data []byte) bool {
 	pre, post := t.b[:t.pre], t.b[t.pre:t.pre+t.post]
 	// Between them, room for a string of one character at least.
 	if t.pre == 0 || len(data) < len(pre)+len(post)+3 || !bytes.HasPrefix(data, pre) || !bytes.HasSuffix(data, post) {
@@ -92,16 +92,16 @@ func (t *tokenShape) matches(data []byte) bool {
 	return err == nil && data[len(pre)] == '"' && end == len(data)-len(post)
 }
 
-func (t *tokenShape) learn(data []byte, c choice0) {
+func (t *Shape) learn(data []byte, c Choice0) {
 	t.pre, t.post = 0, 0 // none, unless it fits
-	if c.start+len(data)-c.end <= len(t.b) {
-		t.pre = copy(t.b[:], data[:c.start])
-		t.post = copy(t.b[t.pre:], data[c.end:])
-		t.reasoning = c.reasoning
+	if c.Start+len(data)-c.End <= len(t.b) {
+		t.pre = copy(t.b[:], data[:c.Start])
+		t.post = copy(t.b[t.pre:], data[c.End:])
+		t.reasoning = c.Reasoning
 	}
 }
 
-// eventScan walks an SSE event's JSON by hand for scanChoice0; every
+// eventScan walks an SSE event's JSON by hand for Scan; every
 // method answers false when the bytes are not what it expects.
 type eventScan struct {
 	b []byte
@@ -202,13 +202,13 @@ func (s *eventScan) str() (nonEmpty, ok bool) {
 
 // text consumes a text string, noting where it is when it is not empty;
 // reasoning says whose it is (see choice0).
-func (s *eventScan) text(c *choice0, reasoning bool) bool {
+func (s *eventScan) text(c *Choice0, reasoning bool) bool {
 	start := s.i
 	nonEmpty, ok := s.str()
 	if nonEmpty {
-		c.text = true
-		c.start, c.end = start, s.i
-		c.reasoning = c.reasoning || reasoning
+		c.Text = true
+		c.Start, c.End = start, s.i
+		c.Reasoning = c.Reasoning || reasoning
 	}
 	return ok
 }
@@ -227,7 +227,7 @@ func once(seen *uint8, bit uint8) bool {
 }
 
 // choice0 consumes a choices array of one choice, of index 0, into c.
-func (s *eventScan) choice0(c *choice0) bool {
+func (s *eventScan) choice0(c *Choice0) bool {
 	if !s.eat('[') {
 		return false
 	}
@@ -264,7 +264,7 @@ func (s *eventScan) choice0(c *choice0) bool {
 // delta consumes a chat delta of strings — a content, a reasoning (either
 // name vLLM has given it) and a role — and nothing else but nulls (tool
 // calls are left to the parse).
-func (s *eventScan) delta(c *choice0) bool {
+func (s *eventScan) delta(c *Choice0) bool {
 	var seen uint8
 	return s.object(func(key []byte) bool {
 		switch string(key) {
@@ -284,7 +284,7 @@ func (s *eventScan) delta(c *choice0) bool {
 
 // finishReason consumes a finish_reason: null, or a string without
 // escapes.
-func (s *eventScan) finishReason(c *choice0) bool {
+func (s *eventScan) finishReason(c *Choice0) bool {
 	v, ok := s.value()
 	switch {
 	case !ok:
@@ -292,7 +292,7 @@ func (s *eventScan) finishReason(c *choice0) bool {
 	case string(v) == "null":
 		return true
 	case len(v) >= 2 && v[0] == '"' && bytes.IndexByte(v, '\\') < 0:
-		c.finish = v[1 : len(v)-1]
+		c.Finish = v[1 : len(v)-1]
 		return true
 	}
 	return false
