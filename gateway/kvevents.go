@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -166,17 +167,11 @@ func (v cacheView) Cached(gpuID string, prefix []uint64) (int, bool) {
 	return best, any
 }
 
-// hasKVEvents says whether a backend of model publishes KV events: then a
-// prompt's chain is worth its token ids even where no GPU shares.
-func (rt *runtime) hasKVEvents(model string) bool {
-	for _, bc := range rt.cfg.Backends {
-		if bc.KVEvents == nil {
-			continue
-		}
-		for _, m := range bc.Models {
-			if m == model {
-				return true
-			}
+// publishesKVEvents says whether a backend of model publishes KV events.
+func publishesKVEvents(c *Config, model string) bool {
+	for _, bc := range c.Backends {
+		if bc.KVEvents != nil && slices.Contains(bc.Models, model) {
+			return true
 		}
 	}
 	return false

@@ -27,6 +27,9 @@ type model struct {
 	// to, longer than that count: the backend converts otherwise than the
 	// gateway does, and such prompts are estimated from then on.
 	converted *atomic.Bool
+	// kvEvents says a backend of the model publishes KV events: then a
+	// prompt's chain is worth its token ids even where no GPU shares.
+	kvEvents bool
 }
 
 func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
@@ -59,7 +62,7 @@ func buildModel(c *Config, mc ModelConfig, prev *model) (*model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &model{name: mc.Name, layout: l, tokenizer: mc.Tokenizer, defaultMax: mc.DefaultMaxTokens}
+	m := &model{name: mc.Name, layout: l, tokenizer: mc.Tokenizer, defaultMax: mc.DefaultMaxTokens, kvEvents: publishesKVEvents(c, mc.Name)}
 	m.weights = mc.WeightsBytes.Bytes
 	if mc.adapterOf != "" {
 		// A LoRA adapter's weights are its own alone: its base's are

@@ -107,7 +107,7 @@ func (x *exchange) setChain(i int, chain []uint64) {
 // sharesAny says whether a GPU that may serve model holds shared prompt
 // blocks once now: only then is a prompt's chain worth its token ids.
 func (rt *runtime) sharesAny(model string) bool {
-	if rt.hasKVEvents(model) {
+	if m := rt.models[model]; m != nil && m.kvEvents {
 		return true // the index names a GPU's cached blocks alike
 	}
 	for _, g := range rt.gpus {
