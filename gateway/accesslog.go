@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/kvgate/kvgate/internal/accesslog"
 )
 
 // The access log: one line per proxied request, written by its finish, so
@@ -40,7 +42,7 @@ func (x *exchange) noteAccess(ctx *fasthttp.RequestCtx, route string) {
 	b := (*raw)[:0]
 	b = append(b, h.Peek(headerRequestID)...) // made sane by stampRequestID
 	ends := [4]int{len(b)}
-	b = appendAddr(b, ctx.RemoteAddr())
+	b = accesslog.AppendAddr(b, ctx.RemoteAddr())
 	ends[1] = len(b)
 	b = append(b, clip(h.Peek("X-Forwarded-For"))...)
 	ends[2] = len(b)
@@ -132,28 +134,26 @@ func (x *exchange) logAccess(outcome, reason string, total time.Duration) {
 		return
 	}
 	prompt, output := x.tokens()
-	l := accessLine{
-		id: a.id, method: a.method, route: a.route, client: a.client, forwardedFor: a.forwardedFor, userAgent: a.userAgent,
-		tenant: x.tenant, model: x.label, gpu: x.gpuName(), backend: x.backendName(),
-		retries: max(x.access.attempts-1, 0), status: x.answerStatus(a.rc, outcome), outcome: outcome, reason: reason,
-		queueWaitMS: ms(x.queueWait()), ttftMS: ms(a.ttft), durationMS: ms(total),
-		bytesIn: a.bytesIn, bytesOut: x.bytesOut(a.rc), promptTokens: prompt, outputTokens: output,
-		kvReservedBytes: x.res.weight(), traceID: a.traceID,
+	l := accesslog.Line{
+		ID: a.id, Method: a.method, Route: a.route, Client: a.client, ForwardedFor: a.forwardedFor, UserAgent: a.userAgent,
+		Tenant: x.tenant, Model: x.label, GPU: x.gpuName(), Backend: x.backendName(),
+		Retries: max(x.access.attempts-1, 0), Status: x.answerStatus(a.rc, outcome), Outcome: outcome, Reason: reason,
+		QueueWaitMS: accesslog.Millis(x.queueWait()), TTFTMS: accesslog.Millis(a.ttft), DurationMS: accesslog.Millis(total),
+		BytesIn: a.bytesIn, BytesOut: x.bytesOut(a.rc), PromptTokens: prompt, OutputTokens: output,
+		KVReservedBytes: x.res.weight(), TraceID: a.traceID,
 	}
 	if x.backend != nil {
-		l.upstreamAddr = x.backend.Addr()
-		l.upstreamMS = ms(x.start.Add(total).Sub(x.access.sentAt)) // to the same end as duration_ms
+		l.UpstreamAddr = x.backend.Addr()
+		l.UpstreamMS = accesslog.Millis(x.start.Add(total).Sub(x.access.sentAt)) // to the same end as duration_ms
 	}
 	if x.trace != nil {
-		l.traceID = x.trace.span.SpanContext().TraceID().String()
+		l.TraceID = x.trace.span.SpanContext().TraceID().String()
 	}
 	if w := x.s.access; w != nil {
-		w.write(x.s.now(), &l)
+		w.Add(x.s.now(), &l)
 		return
 	}
-	attrs := make(slogAttrs, 0, 25)
-	l.fields(&attrs)
-	x.s.log.LogAttrs(context.Background(), slog.LevelInfo, accessMsg, attrs...)
+	x.s.log.LogAttrs(context.Background(), slog.LevelInfo, accesslog.Msg, l.Attrs()...)
 }
 
 // release gives the record's buffer back; its views end with it.
@@ -225,6 +225,3 @@ func (x *exchange) tokens() (prompt, output int) {
 	}
 	return x.predicted, 0
 }
-
-// ms is d in milliseconds, to the microsecond.
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

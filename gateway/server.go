@@ -23,6 +23,7 @@ import (
 	"github.com/kvgate/kvgate/admission/sharedbudget"
 	"github.com/kvgate/kvgate/backends"
 	"github.com/kvgate/kvgate/backends/gpuinfo"
+	"github.com/kvgate/kvgate/internal/accesslog"
 	"github.com/kvgate/kvgate/internal/connwatch"
 )
 
@@ -31,7 +32,7 @@ type Options struct {
 	Logger *slog.Logger
 	// AccessLog, when set, takes the access lines (log.access) straight,
 	// buffered, in log.format: what Logger's TextHandler or JSONHandler
-	// would write to it, without their cost per line (accessline.go). nil:
+	// would write to it, without their cost per line (package internal/accesslog). nil:
 	// the lines go through Logger, whatever its handler.
 	AccessLog io.Writer
 	// Clock is the gateway's one source of time: admission deadlines and
@@ -67,8 +68,8 @@ func (o *Options) probeGPUs() ([]gpuinfo.Device, error) {
 type Server struct {
 	opt            Options
 	log            *slog.Logger
-	access         *accessWriter // nil: access lines go through log
-	lengths        *lengthsFile  // nil: admission.lengths_file is off
+	access         *accesslog.Writer // nil: access lines go through log
+	lengths        *lengthsFile      // nil: admission.lengths_file is off
 	now            func() time.Time
 	m              *metrics
 	srv            *fasthttp.Server
@@ -156,7 +157,7 @@ func New(cfg *Config, opt Options) (*Server, error) {
 	s := &Server{opt: opt, log: opt.Logger, now: opt.Clock.Now, backendLog: newBackendLog(opt.Logger), prefixSeed: maphash.MakeSeed(), tokenizeWarn: warnLimit{every: time.Minute},
 		routes: defaultRoutes}
 	if opt.AccessLog != nil {
-		s.access = newAccessWriter(opt.AccessLog, cfg.Log.Format, opt.Clock)
+		s.access = accesslog.NewWriter(opt.AccessLog, cfg.Log.Format, func(d time.Duration, f func()) { opt.Clock.AfterFunc(d, f) })
 	}
 	s.m = newMetrics(s.rt.Load, s.now)
 	s.m.reg.MustRegister(&kvEventsCollector{w: &s.kv})
@@ -309,7 +310,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.tracing.close() // the spans of the requests just drained
 	s.lengths.stop()  // with what the requests just drained taught
 	if s.access != nil {
-		s.access.flush() // the lines of the requests just drained
+		s.access.Flush() // the lines of the requests just drained
 	}
 	return err
 }

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/accesslog"
 )
 
 // Tracing (tracing.otlp_endpoint): a server span per proxied request,
@@ -331,7 +332,7 @@ func (r *reqTrace) end(x *exchange, outcome, reason string, took time.Duration) 
 		attribute.String("kvgate.outcome", outcome),
 		attribute.String("kvgate.reason", reason),
 		attribute.Int64("kvgate.kv_reserved_bytes", x.res.weight()),
-		attribute.Float64("kvgate.queue_wait_ms", ms(waited)),
+		attribute.Float64("kvgate.queue_wait_ms", accesslog.Millis(waited)),
 	)
 	// As for any server span, a 4xx (a refusal, a shed) is the client's
 	// to handle, not an error of the gateway's.

@@ -1,4 +1,4 @@
-package gateway
+package accesslog
 
 import (
 	"io"
@@ -12,30 +12,20 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/kvgate/kvgate/admission"
 )
 
-// The access line's encoding. A line is written, by default, straight into
-// a buffered writer in the format of the gateway's logger (log.format),
-// byte for byte what slog's TextHandler or JSONHandler would write for the
-// same record (TestAccessLineMatchesSlog holds it to that), but without a
-// record, an attribute slice or a write per line: a proxy that logs every
-// request pays for the line as nginx does, not more. Without such a writer
-// (Options.AccessLog nil) the line goes through the logger's handler.
-
-// accessLine is one access line's values, in the order they are written.
-type accessLine struct {
-	id, method, route, client, forwardedFor, userAgent string
-	tenant, model, gpu, backend, upstreamAddr          string
-	retries, status                                    int
-	outcome, reason                                    string
-	queueWaitMS, ttftMS, upstreamMS, durationMS        float64
-	bytesIn                                            int
-	bytesOut                                           int64
-	promptTokens, outputTokens                         int
-	kvReservedBytes                                    int64
-	traceID                                            string
+// Line is one access line's values, in the order they are written.
+type Line struct {
+	ID, Method, Route, Client, ForwardedFor, UserAgent string
+	Tenant, Model, GPU, Backend, UpstreamAddr          string
+	Retries, Status                                    int
+	Outcome, Reason                                    string
+	QueueWaitMS, TTFTMS, UpstreamMS, DurationMS        float64
+	BytesIn                                            int
+	BytesOut                                           int64
+	PromptTokens, OutputTokens                         int
+	KVReservedBytes                                    int64
+	TraceID                                            string
 }
 
 // fieldSink takes a line's fields one by one: an encoder, or the slog
@@ -48,36 +38,44 @@ type fieldSink interface {
 
 // fields gives the line's fields to f, in the line's order: the one place
 // that order and the keys are written down.
-func (l *accessLine) fields(f fieldSink) {
-	f.str("id", l.id)
-	f.str("method", l.method)
-	f.str("route", l.route)
-	f.str("client", l.client)
-	f.str("x_forwarded_for", l.forwardedFor)
-	f.str("user_agent", l.userAgent)
-	f.str("tenant", l.tenant)
-	f.str("model", l.model)
-	f.str("gpu", l.gpu)
-	f.str("backend", l.backend)
-	f.str("upstream_addr", l.upstreamAddr)
-	f.num("retries", int64(l.retries))
-	f.num("status", int64(l.status))
-	f.str("outcome", l.outcome)
-	f.str("reason", l.reason)
-	f.float("queue_wait_ms", l.queueWaitMS)
-	f.float("ttft_ms", l.ttftMS)
-	f.float("upstream_ms", l.upstreamMS)
-	f.float("duration_ms", l.durationMS)
-	f.num("bytes_in", int64(l.bytesIn))
-	f.num("bytes_out", l.bytesOut)
-	f.num("prompt_tokens", int64(l.promptTokens))
-	f.num("output_tokens", int64(l.outputTokens))
-	f.num("kv_reserved_bytes", l.kvReservedBytes)
-	f.str("trace_id", l.traceID)
+func (l *Line) fields(f fieldSink) {
+	f.str("id", l.ID)
+	f.str("method", l.Method)
+	f.str("route", l.Route)
+	f.str("client", l.Client)
+	f.str("x_forwarded_for", l.ForwardedFor)
+	f.str("user_agent", l.UserAgent)
+	f.str("tenant", l.Tenant)
+	f.str("model", l.Model)
+	f.str("gpu", l.GPU)
+	f.str("backend", l.Backend)
+	f.str("upstream_addr", l.UpstreamAddr)
+	f.num("retries", int64(l.Retries))
+	f.num("status", int64(l.Status))
+	f.str("outcome", l.Outcome)
+	f.str("reason", l.Reason)
+	f.float("queue_wait_ms", l.QueueWaitMS)
+	f.float("ttft_ms", l.TTFTMS)
+	f.float("upstream_ms", l.UpstreamMS)
+	f.float("duration_ms", l.DurationMS)
+	f.num("bytes_in", int64(l.BytesIn))
+	f.num("bytes_out", l.BytesOut)
+	f.num("prompt_tokens", int64(l.PromptTokens))
+	f.num("output_tokens", int64(l.OutputTokens))
+	f.num("kv_reserved_bytes", l.KVReservedBytes)
+	f.str("trace_id", l.TraceID)
 }
 
-// accessMsg is the access line's message.
-const accessMsg = "request"
+// Msg is the access line's message.
+const Msg = "request"
+
+// Attrs is the line as slog attributes, for a logger's own handler where
+// no Writer is set up.
+func (l *Line) Attrs() []slog.Attr {
+	attrs := make(slogAttrs, 0, 25)
+	l.fields(&attrs)
+	return attrs
+}
 
 // slogAttrs is the fallback's sink: the fields as slog attributes, the
 // strings copied (the record's views into the exchange's buffer are given
@@ -102,12 +100,12 @@ func (e *lineEncoder) begin(t time.Time) {
 	if e.json {
 		e.buf = append(e.buf, `{"time":"`...)
 		e.buf = t.AppendFormat(e.buf, time.RFC3339Nano)
-		e.buf = append(e.buf, `","level":"INFO","msg":"`+accessMsg+`"`...)
+		e.buf = append(e.buf, `","level":"INFO","msg":"`+Msg+`"`...)
 		return
 	}
 	e.buf = append(e.buf, "time="...)
 	e.buf = appendRFC3339Millis(e.buf, t)
-	e.buf = append(e.buf, " level=INFO msg="+accessMsg...)
+	e.buf = append(e.buf, " level=INFO msg="+Msg...)
 }
 
 // end closes the line.
@@ -163,14 +161,14 @@ func (e *lineEncoder) float(k string, v float64) {
 }
 
 // line appends l as one line written at t.
-func (e *lineEncoder) line(t time.Time, l *accessLine) {
+func (e *lineEncoder) line(t time.Time, l *Line) {
 	e.begin(t)
 	l.fields(e)
 	e.end()
 }
 
-// appendAccessLine appends l as one line written at t.
-func appendAccessLine(buf []byte, json bool, t time.Time, l *accessLine) []byte {
+// Append appends l as one line written at t.
+func Append(buf []byte, json bool, t time.Time, l *Line) []byte {
 	e := lineEncoder{buf: buf, json: json}
 	e.line(t, l)
 	return e.buf
@@ -319,9 +317,9 @@ func appendMillis(b []byte, v float64) (_ []byte, ok bool) {
 	return append(b, digits[:n]...), true
 }
 
-// appendAddr appends a client's address as its String method writes it,
+// AppendAddr appends a client's address as its String method writes it,
 // without allocating for a TCP address.
-func appendAddr(b []byte, a net.Addr) []byte {
+func AppendAddr(b []byte, a net.Addr) []byte {
 	t, ok := a.(*net.TCPAddr)
 	if !ok {
 		if a == nil {
@@ -340,19 +338,19 @@ func appendAddr(b []byte, a net.Addr) []byte {
 	return netip.AddrPortFrom(ip, uint16(t.Port)).AppendTo(b)
 }
 
-// accessFlushBytes and accessFlushEvery bound how long a line waits in the
+// FlushBytes and FlushEvery bound how long a line waits in the
 // access log's buffer: written when the buffer holds 32 KiB, or 100 ms
 // after the first line it holds, or when the server shuts down.
 const (
-	accessFlushBytes = 32 << 10
-	accessFlushEvery = 100 * time.Millisecond
+	FlushBytes = 32 << 10
+	FlushEvery = 100 * time.Millisecond
 )
 
-// accessWriter buffers access lines for an io.Writer: whole lines only, so
+// Writer buffers access lines for an io.Writer: whole lines only, so
 // that they interleave with the logger's other lines line by line.
-type accessWriter struct {
+type Writer struct {
 	out   io.Writer
-	clock admission.Clock
+	after func(d time.Duration, f func()) // the clock's AfterFunc, which the flush waits on
 
 	mu sync.Mutex // guards below
 	// enc holds the buffer (enc.buf); it lives here, not on the stack,
@@ -361,42 +359,48 @@ type accessWriter struct {
 	armed bool // a flush is scheduled
 }
 
-func newAccessWriter(out io.Writer, format string, clock admission.Clock) *accessWriter {
-	return &accessWriter{out: out, clock: clock, enc: lineEncoder{json: format == "json", buf: make([]byte, 0, accessFlushBytes+4096)}}
+// NewWriter writes lines to out in the logger's format ("text" or
+// "json"), a buffer's worth at a time or FlushEvery after a line, as
+// after (a clock's AfterFunc) counts it.
+func NewWriter(out io.Writer, format string, after func(d time.Duration, f func())) *Writer {
+	return &Writer{out: out, after: after, enc: lineEncoder{json: format == "json", buf: make([]byte, 0, FlushBytes+4096)}}
 }
 
-// write appends l's line, written at t.
-func (w *accessWriter) write(t time.Time, l *accessLine) {
+// Add appends l's line, written at t.
+func (w *Writer) Add(t time.Time, l *Line) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.enc.line(t, l)
 	switch {
-	case len(w.enc.buf) >= accessFlushBytes:
+	case len(w.enc.buf) >= FlushBytes:
 		w.flushLocked()
 	case !w.armed:
 		w.armed = true
-		w.clock.AfterFunc(accessFlushEvery, w.tick)
+		w.after(FlushEvery, w.tick)
 	}
 }
 
-func (w *accessWriter) tick() {
+func (w *Writer) tick() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.armed = false
 	w.flushLocked()
 }
 
-// flush writes what the buffer holds.
-func (w *accessWriter) flush() {
+// Flush writes what the buffer holds.
+func (w *Writer) Flush() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.flushLocked()
 }
 
-func (w *accessWriter) flushLocked() {
+func (w *Writer) flushLocked() {
 	if len(w.enc.buf) == 0 {
 		return
 	}
 	_, _ = w.out.Write(w.enc.buf) // as slog's handlers: a log that cannot be written is not the request's failure
 	w.enc.buf = w.enc.buf[:0]
 }
+
+// Millis is d in the line's milliseconds, to the microsecond.
+func Millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

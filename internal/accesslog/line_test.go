@@ -1,4 +1,4 @@
-package gateway
+package accesslog
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,14 +15,14 @@ import (
 )
 
 // slogLine is what slog's handler (JSON or text) writes for l at t.
-func slogLine(t testing.TB, json bool, at time.Time, l *accessLine) string {
+func slogLine(t testing.TB, json bool, at time.Time, l *Line) string {
 	t.Helper()
 	var out bytes.Buffer
 	var h slog.Handler = slog.NewTextHandler(&out, nil)
 	if json {
 		h = slog.NewJSONHandler(&out, nil)
 	}
-	r := slog.NewRecord(at, slog.LevelInfo, accessMsg, 0)
+	r := slog.NewRecord(at, slog.LevelInfo, Msg, 0)
 	var attrs slogAttrs
 	l.fields(&attrs)
 	r.AddAttrs(attrs...)
@@ -33,11 +34,11 @@ func slogLine(t testing.TB, json bool, at time.Time, l *accessLine) string {
 
 // checkSameLine fails unless the access line's encoder writes l exactly as
 // slog's handlers do, in both formats.
-func checkSameLine(t testing.TB, at time.Time, l *accessLine) {
+func checkSameLine(t testing.TB, at time.Time, l *Line) {
 	t.Helper()
 	for _, json := range []bool{false, true} {
 		want := slogLine(t, json, at, l)
-		if got := string(appendAccessLine(nil, json, at, l)); got != want {
+		if got := string(Append(nil, json, at, l)); got != want {
 			t.Fatalf("json %v:\n got %s\nwant %s", json, got, want)
 		}
 	}
@@ -48,24 +49,24 @@ func checkSameLine(t testing.TB, at time.Time, l *accessLine) {
 // numbers and time, so that a reader of the log cannot tell them apart.
 func TestAccessLineMatchesSlog(t *testing.T) {
 	at := time.Date(2026, 12, 6, 22, 16, 36, 123456789, time.UTC)
-	full := accessLine{
-		id: "req-42", method: "POST", route: "/v1/chat/completions", client: "127.0.0.1:51234",
-		forwardedFor: "203.0.113.7, 10.0.0.1", userAgent: "OpenAI/Python 1.99.0", tenant: "acme", model: "llama-3-8b",
-		gpu: "gpu0", backend: "gpu0", upstreamAddr: "127.0.0.1:8000", retries: 1, status: 200, outcome: "ok",
-		queueWaitMS: 0.125, ttftMS: 12.5, upstreamMS: 1234.567, durationMS: 1e-7, bytesIn: 512, bytesOut: 1 << 40,
-		promptTokens: 4096, outputTokens: 16, kvReservedBytes: 537395200, traceID: "4bf92f3577b34da6a3ce929d0e0e4736",
+	full := Line{
+		ID: "req-42", Method: "POST", Route: "/v1/chat/completions", Client: "127.0.0.1:51234",
+		ForwardedFor: "203.0.113.7, 10.0.0.1", UserAgent: "OpenAI/Python 1.99.0", Tenant: "acme", Model: "llama-3-8b",
+		GPU: "gpu0", Backend: "gpu0", UpstreamAddr: "127.0.0.1:8000", Retries: 1, Status: 200, Outcome: "ok",
+		QueueWaitMS: 0.125, TTFTMS: 12.5, UpstreamMS: 1234.567, DurationMS: 1e-7, BytesIn: 512, BytesOut: 1 << 40,
+		PromptTokens: 4096, OutputTokens: 16, KVReservedBytes: 537395200, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736",
 	}
 	odd := []string{"", "a b", "a=b", `quote"d`, `back\slash`, "tab\there", "nl\n", "ctl\x01\x7f", "ünïcødé", "\xff\xfe",
 		"line\u2028sep\u2029", "nbsp\u00a0", "zero\u200bwidth", "<html>&amp;", "emoji 🦙"}
-	cases := []accessLine{{}, full}
+	cases := []Line{{}, full}
 	for _, s := range odd {
 		l := full
-		l.id, l.userAgent, l.forwardedFor, l.reason = s, s, s, s
+		l.ID, l.UserAgent, l.ForwardedFor, l.Reason = s, s, s, s
 		cases = append(cases, l)
 	}
 	for _, f := range []float64{0, 1, -1, 0.001, 1e-6, 9.99e-7, 1e20, 1e21, 123456789.123, math.SmallestNonzeroFloat64} {
 		l := full
-		l.durationMS, l.queueWaitMS = f, -f
+		l.DurationMS, l.QueueWaitMS = f, -f
 		cases = append(cases, l)
 	}
 	for _, l := range cases {
@@ -83,7 +84,7 @@ func FuzzAccessLine(f *testing.F) {
 		if math.IsNaN(d) || math.IsInf(d, 0) {
 			return
 		}
-		l := accessLine{id: id, userAgent: agent, forwardedFor: xff, durationMS: d}
+		l := Line{ID: id, UserAgent: agent, ForwardedFor: xff, DurationMS: d}
 		checkSameLine(t, time.Unix(1796286500, 5e8), &l)
 	})
 }
@@ -99,13 +100,13 @@ func TestAppendAddr(t *testing.T) {
 		&net.TCPAddr{IP: nil, Port: 1},
 		&net.UnixAddr{Name: "/run/kvgate.sock", Net: "unix"},
 	} {
-		if got, want := string(appendAddr(nil, a)), a.String(); got != want {
+		if got, want := string(AppendAddr(nil, a)), a.String(); got != want {
 			t.Errorf("%#v: %q, want %q", a, got, want)
 		}
 	}
 	a := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 51234}
 	buf := make([]byte, 0, 64)
-	if n := testing.AllocsPerRun(100, func() { buf = appendAddr(buf[:0], a) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { buf = AppendAddr(buf[:0], a) }); n != 0 {
 		t.Errorf("%v allocations", n)
 	}
 }
@@ -116,18 +117,18 @@ func TestAppendAddr(t *testing.T) {
 func TestAccessWriter(t *testing.T) {
 	clock := admissiontest.NewClock(time.Unix(0, 0))
 	var out syncBuffer
-	w := newAccessWriter(&out, "text", clock)
-	l := accessLine{id: "a", outcome: "ok", status: 200}
-	w.write(clock.Now(), &l)
+	w := NewWriter(&out, "text", func(d time.Duration, f func()) { clock.AfterFunc(d, f) })
+	l := Line{ID: "a", Outcome: "ok", Status: 200}
+	w.Add(clock.Now(), &l)
 	if out.String() != "" {
 		t.Fatalf("written at once: %q", out.String())
 	}
-	clock.Advance(accessFlushEvery - time.Millisecond)
+	clock.Advance(FlushEvery - time.Millisecond)
 	if out.String() != "" {
 		t.Fatalf("written before accessFlushEvery: %q", out.String())
 	}
 	clock.Advance(time.Millisecond)
-	want := string(appendAccessLine(nil, false, time.Unix(0, 0), &l))
+	want := string(Append(nil, false, time.Unix(0, 0), &l))
 	if out.String() != want {
 		t.Fatalf("after accessFlushEvery: %q, want %q", out.String(), want)
 	}
@@ -136,22 +137,22 @@ func TestAccessWriter(t *testing.T) {
 		t.Fatalf("an empty flush wrote %q", out.String())
 	}
 	// A full buffer is written without waiting, in whole lines.
-	l.userAgent = strings.Repeat("x", 200)
+	l.UserAgent = strings.Repeat("x", 200)
 	var lines int
 	for len(out.String()) == len(want) {
-		w.write(clock.Now(), &l)
+		w.Add(clock.Now(), &l)
 		lines++
 	}
 	if got := out.String()[len(want):]; strings.Count(got, "\n") != lines || !strings.HasSuffix(got, "\n") {
 		t.Fatalf("%d lines written as %d newlines", lines, strings.Count(got, "\n"))
 	}
-	w.write(clock.Now(), &l)
-	w.flush()
+	w.Add(clock.Now(), &l)
+	w.Flush()
 	if n := strings.Count(out.String(), "\n"); n != lines+2 {
 		t.Fatalf("%d lines after flush, want %d", n, lines+2)
 	}
 	// A line costs no allocation once the buffer has grown.
-	if n := testing.AllocsPerRun(100, func() { w.write(clock.Now(), &l) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { w.Add(clock.Now(), &l) }); n != 0 {
 		t.Errorf("%v allocations a line", n)
 	}
 }
@@ -164,10 +165,28 @@ func TestAccessLineMillisAsSlog(t *testing.T) {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 6e6, time.UTC)
 	vals := []float64{0, 0.001, 0.01, 0.1, 0.5, 1, 1.25, 10, 99.999, 100000, 999999.999, 1e6, 1e6 + 0.001, 123456789.5, 1e21, 1e-7, 0.0004, math.Copysign(0, -1), 1.0 / 3, math.Nextafter(2, 3), -1}
 	for us := int64(0); us < 3_000_000; us += 997 {
-		vals = append(vals, ms(time.Duration(us)*time.Microsecond))
+		vals = append(vals, Millis(time.Duration(us)*time.Microsecond))
 	}
 	for _, v := range vals {
-		l := accessLine{queueWaitMS: v, ttftMS: v, upstreamMS: v, durationMS: v}
+		l := Line{QueueWaitMS: v, TTFTMS: v, UpstreamMS: v, DurationMS: v}
 		checkSameLine(t, at, &l)
 	}
+}
+
+// syncBuffer is an io.Writer that the flush's goroutine and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
