@@ -29,8 +29,10 @@ import (
 //   - A forecast is distrusted, for CoolDown, when it is shown wrong: a
 //     tenant's or a class's by the change detector (drift.go), when its
 //     sequences outgrew it by more than the guard's room allows; a queue's
-//     by a stop by the guard or an overflow a backend reports
-//     (Overflowed). Their requests are then held at their worst case —
+//     by a stop by the guard that cuts a request, or an overflow a backend
+//     reports (Overflowed). A stop of streams that will be resumed alone
+//     distrusts nothing: they were admitted on a looser bound
+//     (ResumableEpsilon) that prices such stops in. Their requests are then held at their worst case —
 //     those running too — and their learned lengths start over, so that
 //     warm-up follows on the new traffic.
 //   - Every request teaches: one released before its sequences finished
