@@ -24,6 +24,7 @@ const (
 	DefaultAIMDIncrease       = 0.01
 	DefaultAIMDMinFraction    = 0.25
 	DefaultEpsilon            = 1e-4
+	DefaultResumableEpsilon   = 1e-2
 	DefaultWarmupSamples      = 100
 	DefaultHeadroom           = 0.02
 	DefaultMaxHeadAge         = 10 * time.Second
@@ -122,6 +123,15 @@ type PolicyConfig struct {
 	// capacity, per admission decision, under Predicted. In (0, 0.5).
 	// 0 = DefaultEpsilon (1e-4).
 	Epsilon float64
+	// ResumableEpsilon is Epsilon for a request the guard can stop and
+	// resume (a ResumableStopper that says so, not NoResume): what its
+	// bound risks is a pause and the recompute of its tokens, never an
+	// error, since the guard stops such requests first and the worst cases
+	// of those it cannot resume fit within the line without them. A guard
+	// stop of such requests alone distrusts no forecast (the change
+	// detector judges those). In (0, 0.5); never tighter than Epsilon.
+	// 0 = DefaultResumableEpsilon (1e-2).
+	ResumableEpsilon float64
 	// WarmupSamples is how many finished sequences a queue (or a tenant in
 	// it) must have reported before its requests are predicted rather than
 	// held at their worst case. 0 = DefaultWarmupSamples (100); negative =
@@ -277,6 +287,7 @@ type policySpec struct {
 	predicted  bool
 	epsilon    float64
 	z          float64 // the normal quantile of 1 − epsilon
+	zResumable float64 // the same for a request the guard can stop and resume
 	warmup     float64
 	headroom   float64 // 0: no gate
 	overcommit float64
@@ -524,6 +535,15 @@ func (r *resolver) policy(p PolicyConfig) policySpec {
 		r.badf("policy.epsilon: %v is not in (0, 0.5) (0 = default %v)", p.Epsilon, DefaultEpsilon)
 	}
 	s.z = normalQuantile(1 - s.epsilon)
+	eps := p.ResumableEpsilon
+	switch {
+	case eps == 0:
+		eps = DefaultResumableEpsilon
+	case math.IsNaN(eps) || eps <= 0 || eps >= 0.5:
+		r.badf("policy.resumable_epsilon: %v is not in (0, 0.5) (0 = default %v)", eps, DefaultResumableEpsilon)
+		eps = DefaultResumableEpsilon
+	}
+	s.zResumable = normalQuantile(1 - max(eps, s.epsilon))
 	switch {
 	case p.WarmupSamples == 0:
 		s.warmup = DefaultWarmupSamples

@@ -46,6 +46,10 @@
 // within E. This is the future-peak admission of LightLLM's Past-Future
 // scheduler, with the per-request quantiles replaced by a bound on the
 // probability of overflow, which many independent requests make tight. A
+// stream the guard can stop and resume (a ResumableStopper that says so)
+// is admitted on ResumableEpsilon instead: what its looser bound risks is a
+// pause for it or another such stream, the guard's first victims, never an
+// error. A
 // request whose progress is not reported (Opaque: a non-streamed answer),
 // one of a queue still warming up (fewer than WarmupSamples) or
 // distrusted, and one without a Shape are held at their worst case; one
@@ -74,7 +78,10 @@
 // distrusts the tenant or class whose forecast was wrong (the queue, for
 // its anonymous traffic of one class) for CoolDown: their requests, running
 // ones too, go to their worst case and their own predictors start over. A
-// stop or Overflowed does that for the whole queue. A ticket released before its
+// stop that cuts a request (one that cannot be resumed) or Overflowed does
+// that for the whole queue; a stop of streams that will be resumed alone is
+// what their looser bound prices in, and distrusts nothing. A ticket
+// released before its
 // sequences finished teaches each as censored at the length it reached, and
 // so does every sequence still running when a warm-up ends (the first to
 // finish are the shortest); a ticket forecast only from then on takes no
@@ -115,7 +122,9 @@
 // # Invariants
 //
 //   - Under WorstCase, what a GPU holds never exceeds E at the moment of
-//     an admission; under Predicted, the peak of its forecast never does.
+//     an admission; under Predicted, the peak of its forecast (at the
+//     bound of the request admitted: ResumableEpsilon's for a resumable
+//     stream, Epsilon's for any other) never does.
 //     Shrinking E or C revokes nothing: nothing is admitted until it is
 //     back under.
 //   - Every admission is given back exactly once: Release is idempotent,

@@ -37,8 +37,11 @@ import (
 //     its own lengths start over; the rest of the queue is forecast as
 //     before. The anonymous traffic of a queue of one class has the
 //     queue's lengths as its own, so its trip distrusts the queue. The guard
-//     (a stop) and an overflow still distrust the whole queue: they are
-//     the evidence that scoping was not enough.
+//     (a stop that cuts a request) and an overflow still distrust the
+//     whole queue: they are the evidence that scoping was not enough. A
+//     stop of streams that will be resumed does not: their looser bound
+//     (ResumableEpsilon) prices it in, and whether the forecast was wrong
+//     is this detector's to judge.
 //
 // Why the floor is a quarter of the capacity: a GPU the forecast packs
 // leaves the guard a few percent of room by design, with the tail the

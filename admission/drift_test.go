@@ -19,6 +19,19 @@ type flow struct {
 	maxTokens     int
 	length        func(r *rand.Rand, step int) int // natural output length of a request sent at step
 	from, until   int
+	// resumable: its streams can be stopped and resumed (admitted on
+	// ResumableEpsilon, and a guard stop of them distrusts nothing).
+	resumable bool
+}
+
+// resumably is flows with every stream resumable.
+func resumably(flows []flow) []flow {
+	out := make([]flow, len(flows))
+	for i, fl := range flows {
+		fl.resumable = true
+		out[i] = fl
+	}
+	return out
 }
 
 // lognormal is a length drawn around median with log-spread sigma.
@@ -92,6 +105,9 @@ func drive(f *fixture, steps int, flows ...flow) flowRun {
 			r := chat(64, fl.maxTokens)
 			stop := &stopFlag{}
 			r.Tenant, r.Class, r.Deadline, r.Stopper = fl.tenant, fl.class, f.clock.Now(), stop
+			if fl.resumable {
+				r.Stopper = resumableFlag{stop}
+			}
 			tk, err := f.b.Acquire(context.Background(), r)
 			if err != nil {
 				refused[fl] = true
@@ -125,6 +141,12 @@ func drive(f *fixture, steps int, flows ...flow) flowRun {
 type stopFlag struct{ set bool }
 
 func (s *stopFlag) StopForMemory() { s.set = true }
+
+// resumableFlag is a stopFlag whose stream could be resumed (the driver
+// ends it all the same).
+type resumableFlag struct{ *stopFlag }
+
+func (resumableFlag) Resumable() bool { return true }
 
 // contended is a predicted scheduler on a GPU of 750 blocks of 16 bytes:
 // the flows below send several times what it holds.
@@ -173,21 +195,30 @@ func TestDriftIgnoresChangeThatIsNoDanger(t *testing.T) {
 				return lognormal(20, 0.5)(r, step)
 			}}}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			f := contended(t)
-			run := drive(f, 1000, tc.flows...)
-			st := f.b.Scheduler.Stats()
-			t.Logf("finished %d, peak now %d of %d, trips %v by scope %v, guard stops %d",
-				run.finished, run.peak, st.GPUs[0].Capacity, st.Trips, st.DriftTrips, st.GuardStops)
-			if st.Trips[admission.TripDrift] != 0 || st.Queues[0].Distrusted {
-				t.Fatalf("tripped (first at step %d): trips %v by scope %v", run.tripAt, st.Trips, st.DriftTrips)
+		// Streams that cannot be resumed, then ones that can: admitted on
+		// the looser bound, the guard may pause some, which distrusts
+		// nothing.
+		for _, resumable := range []bool{false, true} {
+			name, flows := tc.name, tc.flows
+			if resumable {
+				name, flows = name+", resumable", resumably(flows)
 			}
-			if !st.Queues[0].Predicting {
-				t.Fatalf("not predicting at the end: %+v", st.Queues[0])
-			}
-			f.state(0, 0)
-		})
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				f := contended(t)
+				run := drive(f, 1000, flows...)
+				st := f.b.Scheduler.Stats()
+				t.Logf("finished %d, peak now %d of %d, trips %v by scope %v, guard stops %d",
+					run.finished, run.peak, st.GPUs[0].Capacity, st.Trips, st.DriftTrips, st.GuardStops)
+				if st.Trips[admission.TripDrift] != 0 || st.Trips[admission.TripGuard] != 0 || st.Queues[0].Distrusted {
+					t.Fatalf("tripped (first at step %d): trips %v by scope %v", run.tripAt, st.Trips, st.DriftTrips)
+				}
+				if !st.Queues[0].Predicting {
+					t.Fatalf("not predicting at the end: %+v", st.Queues[0])
+				}
+				f.state(0, 0)
+			})
+		}
 	}
 }
 
@@ -207,19 +238,27 @@ func TestDriftTripsOnAShiftToLongOutputs(t *testing.T) {
 		}
 	}
 	const shift = 400
-	t.Run("every request", func(t *testing.T) {
-		t.Parallel()
-		f := contended(t)
-		run := drive(f, 800, flow{clients: 64, maxTokens: 2048, length: long(50, shift)})
-		st := f.b.Scheduler.Stats()
-		t.Logf("tripped at step %d (%v after the shift), trips %v by scope %v, guard stops %d",
-			run.tripAt, time.Duration(run.tripAt-shift)*100*time.Millisecond, st.Trips, st.DriftTrips, st.GuardStops)
-		// The long answers pass the old forecast's 0.9 quantile (about 140
-		// tokens) within 9 steps; the trip follows within seconds.
-		if run.tripAt < shift || run.tripAt > shift+50 || st.DriftTrips[admission.DriftQueue] != 1 {
-			t.Fatalf("tripped at step %d (shift at %d): trips %v by scope %v", run.tripAt, shift, st.Trips, st.DriftTrips)
+	// Streams that can be resumed too: the guard's stops of them distrust
+	// nothing, and the detector is what trips, as soon.
+	for _, resumable := range []bool{false, true} {
+		name := "every request"
+		if resumable {
+			name += ", resumable"
 		}
-	})
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := contended(t)
+			run := drive(f, 800, flow{clients: 64, maxTokens: 2048, length: long(50, shift), resumable: resumable})
+			st := f.b.Scheduler.Stats()
+			t.Logf("tripped at step %d (%v after the shift), trips %v by scope %v, guard stops %d",
+				run.tripAt, time.Duration(run.tripAt-shift)*100*time.Millisecond, st.Trips, st.DriftTrips, st.GuardStops)
+			// The long answers pass the old forecast's 0.9 quantile (about 140
+			// tokens) within 9 steps; the trip follows within seconds.
+			if run.tripAt < shift || run.tripAt > shift+50 || st.DriftTrips[admission.DriftQueue] != 1 {
+				t.Fatalf("tripped at step %d (shift at %d): trips %v by scope %v", run.tripAt, shift, st.Trips, st.DriftTrips)
+			}
+		})
+	}
 	t.Run("one tenant", func(t *testing.T) {
 		t.Parallel()
 		// Tenant batch turns to 300-400 tokens, which the GPU can hold

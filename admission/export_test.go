@@ -145,8 +145,10 @@ func (s *Scheduler) invariantsLocked(op string) error {
 				}
 			}
 		}
-		if (op == opAdmit || op == opGrant) && p == s.lastHold && s.committedLocked(p) > p.admitCap() {
-			bad("GPU %q committed %d > effective %d (limit %d) at an admission", p.name, s.committedLocked(p), p.effective, p.limitOrNone())
+		// Every admission keeps at least the looser bound, a resumable
+		// stream's (committedLocked is the stricter one).
+		if (op == opAdmit || op == opGrant) && p == s.lastHold && s.loosestCommittedLocked(p) > p.admitCap() {
+			bad("GPU %q committed %d > effective %d (limit %d) at an admission", p.name, s.loosestCommittedLocked(p), p.effective, p.limitOrNone())
 		}
 	}
 
@@ -263,4 +265,14 @@ func zeroBits(xs []float64) bool {
 	}
 	b := unsafe.Slice((*byte)(unsafe.Pointer(&xs[0])), 8*len(xs))
 	return bytes.Equal(b, zeros[:len(b)])
+}
+
+// loosestCommittedLocked is committedLocked at the bound a resumable
+// stream is admitted on.
+func (s *Scheduler) loosestCommittedLocked(p *gpu) int64 {
+	if !s.set.policy.predicted || p.fc.mean == nil {
+		return s.committedLocked(p)
+	}
+	b := min(max(p.fc.peakWith(curve{}, s.set.policy.zResumable*p.marginOrOne()), 0), float64(p.held))
+	return int64(b + 0.5)
 }

@@ -378,9 +378,20 @@ func (s *Scheduler) fitsLocked(p *gpu, w *waiter, c curve, needRoom bool) (room 
 	// requests the normal bound can exceed it.
 	// A constant moves every point of the bound alike: the table's growth
 	// adds to the peak as it is.
-	peak := min(base.peakWith(c, s.set.policy.z*p.marginOrOne())+extra, float64(worst))
+	peak := min(base.peakWith(c, s.zForLocked(w)*p.marginOrOne())+extra, float64(worst))
 	room = float64(p.admitCap()) - peak
 	return room, adds, room >= 0
+}
+
+// zForLocked is the bound w is admitted on: the policy's looser one when
+// the guard can stop and resume it, since what that bound risks is then a
+// pause for w or another such stream (the guard's first victims), never an
+// error.
+func (s *Scheduler) zForLocked(w *waiter) float64 {
+	if w.resumable() {
+		return s.set.policy.zResumable
+	}
+	return s.set.policy.z
 }
 
 // lengthsForLocked is the predictor a new request of tenant t and class

@@ -29,8 +29,10 @@ import (
 //   - A forecast is distrusted, for CoolDown, when it is shown wrong: a
 //     tenant's or a class's by the change detector (drift.go), when its
 //     sequences outgrew it by more than the guard's room allows; a queue's
-//     by a stop by the guard or an overflow a backend reports
-//     (Overflowed). Their requests are then held at their worst case —
+//     by a stop by the guard that cuts a request, or an overflow a backend
+//     reports (Overflowed). A stop of streams that will be resumed alone
+//     distrusts nothing: they were admitted on a looser bound
+//     (ResumableEpsilon) that prices such stops in. Their requests are then held at their worst case —
 //     those running too — and their learned lengths start over, so that
 //     warm-up follows on the new traffic.
 //   - Every request teaches: one released before its sequences finished
@@ -56,13 +58,20 @@ type ResumableStopper interface {
 }
 
 // resumable says whether the guard may stop t expecting it to be resumed.
-func (t *Ticket) resumable() bool {
-	if t.noResume {
+func (t *Ticket) resumable() bool { return canResume(t.noResume, t.guard.stopper) }
+
+// canResume says whether a request stopped through st can be resumed.
+func canResume(noResume bool, st Stopper) bool {
+	if noResume {
 		return false
 	}
-	rs, ok := t.guard.stopper.(ResumableStopper)
+	rs, ok := st.(ResumableStopper)
 	return ok && rs.Resumable()
 }
+
+// resumable says whether the guard could stop w, once admitted, expecting
+// it to be resumed.
+func (w *waiter) resumable() bool { return canResume(w.noResume, w.stop) }
 
 // guardState is a ticket's part of its GPU's now.
 type guardState struct {
@@ -205,6 +214,11 @@ func (s *Scheduler) guardCheckLocked(p *gpu) {
 			return int(int64(b.seq) - int64(a.seq))
 		}
 	})
+	// A stop of streams that will be resumed is what their looser bound
+	// (ResumableEpsilon) prices in: it distrusts nothing, and a forecast
+	// they outgrew is the change detector's to judge. One that cuts a
+	// stream is the evidence that the forecast was wrong: it distrusts
+	// the queue.
 	q := map[*queue]bool{}
 	for _, t := range victims {
 		if excess <= 0 {
@@ -215,7 +229,9 @@ func (s *Scheduler) guardCheckLocked(p *gpu) {
 		excess -= t.guard.now
 		s.guardStops++
 		s.pendingStops = append(s.pendingStops, t.guard.stopper)
-		q[t.line.q] = true
+		if !resumable[t] {
+			q[t.line.q] = true
+		}
 	}
 	for x := range q {
 		s.distrustLocked(x, TripGuard)

@@ -36,6 +36,11 @@ type AdmissionConfig struct {
 	// Epsilon bounds the probability that a GPU's real KV use passes its
 	// budget, per admission, under predicted. In (0, 0.5). Default 1e-4.
 	Epsilon float64 `yaml:"epsilon"`
+	// ResumableEpsilon is epsilon for a stream the guard can stop and
+	// resume (resume_stopped): what its bound risks is a pause and a
+	// recompute, never an error, and such a stop distrusts no forecast.
+	// In (0, 0.5), never tighter than epsilon. Default 1e-2.
+	ResumableEpsilon float64 `yaml:"resumable_epsilon"`
 	// WarmupSamples is how many finished sequences a model (or a tenant of
 	// it) must have before its requests are predicted; until then they are
 	// held at their worst case. Default 100; negative: from the first.
@@ -281,6 +286,9 @@ func (a *AdmissionConfig) checkPolicy(p *problems) {
 	}
 	if a.Epsilon < 0 || a.Epsilon >= 0.5 || math.IsNaN(a.Epsilon) {
 		p.bad("admission.epsilon", "%v is not in (0, 0.5)", a.Epsilon)
+	}
+	if a.ResumableEpsilon < 0 || a.ResumableEpsilon >= 0.5 || math.IsNaN(a.ResumableEpsilon) {
+		p.bad("admission.resumable_epsilon", "%v is not in (0, 0.5)", a.ResumableEpsilon)
 	}
 	if h := a.Headroom; h != nil && (*h < 0 || *h >= 0.5 || math.IsNaN(*h)) {
 		p.bad("admission.headroom", "%v is not in [0, 0.5)", *h)

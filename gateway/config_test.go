@@ -58,6 +58,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"unknown key", "listen: x:1\nlisten_addr: y\n" + minimal, "listen_addr: unknown key (line 2)"},
 		{"bad listen", "listen: nope\n" + minimal, "listen: \"nope\" is not host:port"},
 		{"ceiling", "admission: {ceiling: 1.5}\n" + minimal, "admission.ceiling"},
+		{"resumable epsilon", "admission: {resumable_epsilon: 0.5}\n" + minimal, "admission.resumable_epsilon: 0.5 is not in (0, 0.5)"},
 		{"queue timeout", "admission: {queue: {timeout: soon}}\n" + minimal, "admission.queue.timeout: invalid duration \"soon\""},
 		{"negative duration", "server: {read_timeout: -1s}\n" + minimal, "server.read_timeout: invalid duration"},
 		{"reserve", "admission: {reserve: lots}\n" + minimal, "admission.reserve: invalid memory size"},
@@ -275,6 +276,7 @@ func TestAdmissionConfigTranslation(t *testing.T) {
 			return !a.Backfill.IsEnabled() && a.Backfill.MaxHeadAge.D == 3*time.Second
 		}},
 		{"headroom 0 is none", "admission: {headroom: 0}\n", func(a admission.Config) bool { return a.Policy.Headroom < 0 }},
+		{"resumable epsilon reaches the scheduler", "admission: {resumable_epsilon: 0.003}\n", func(a admission.Config) bool { return a.Policy.ResumableEpsilon == 0.003 }},
 		{"headroom absent is admission's", "", func(a admission.Config) bool { return a.Policy.Headroom == 0 }},
 	}
 	for _, tt := range tests {

@@ -129,6 +129,7 @@ var configDefaults = []configDefault{
 	{path: "admission.max_concurrency", value: 16, doc: "each backend's limit in count mode"},
 	{path: "admission.reservation", value: admission.Predicted, doc: "predicted or worst_case"},
 	{path: "admission.epsilon", value: admission.DefaultEpsilon, by: byAdmission, doc: "overflow probability per admission, predicted"},
+	{path: "admission.resumable_epsilon", value: admission.DefaultResumableEpsilon, by: byAdmission, doc: "epsilon of a stream the guard can stop and resume"},
 	{path: "admission.warmup_samples", value: admission.DefaultWarmupSamples, by: byAdmission, doc: "finished sequences before a model is predicted"},
 	{path: "admission.headroom", value: admission.DefaultHeadroom, by: byAdmission, doc: "reported use that stops admission on the forecast"},
 	{path: "admission.max_overcommit", value: admission.DefaultMaxOvercommit, by: byAdmission, doc: "worst cases admitted, in budgets"},

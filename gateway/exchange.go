@@ -468,6 +468,14 @@ func (c *reqCtx) preempt() bool {
 	return true
 }
 
+// cutToResume says whether preempt cut the upstream exchange since
+// stopped was last asked, and leaves it so.
+func (c *reqCtx) cutToResume() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.resuming
+}
+
 // stopped says whether preempt cut the upstream exchange since it was
 // last asked, and forgets it.
 func (c *reqCtx) stopped() bool {

@@ -107,8 +107,8 @@ func (x *exchange) send(body []byte, hdr headerSource) (*backends.Response, erro
 		if err == nil {
 			return resp, nil
 		}
-		if x.rctx.Err() != nil {
-			return nil, err
+		if x.rctx.Err() != nil || x.rctx.cutToResume() {
+			return nil, err // ended, or the guard's cut: not the backend's failure
 		}
 		x.s.m.upstreamErrors.WithLabelValues(be.Name(), "transport").Inc()
 		x.s.log.Warn("backend failed before answering", "backend", be.Name(), "err", err)

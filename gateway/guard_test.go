@@ -126,6 +126,49 @@ func TestGuardResumesStoppedStreams(t *testing.T) {
 	eventually(t, "every reservation back", func() bool { return held(gw) == 0 })
 }
 
+// A stream the guard stops before its answer begins (the backend still
+// computing its prompt) is sent again as it was, once it fits: its client
+// gets the whole answer with a 200, not the cut exchange as a backend's
+// failure, and the backend is not counted as failing.
+func TestGuardResumesAStreamStoppedBeforeItsAnswer(t *testing.T) {
+	backend, url := startSim(t, func(c *sim.Config) { c.TimeScale, c.StepBase, c.OutputLen = 1, 100*time.Millisecond, "fixed:5" })
+	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{})
+	got := make(chan result, 1)
+	go func() {
+		got <- postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 50, true))
+	}()
+	eventually(t, "the backend to start", func() bool { return backend.Stats().Running == 1 })
+	stopped := 0
+	gw.flights.each(func(x *exchange) {
+		if x.resume == nil || !x.Resumable() {
+			t.Error("a chat stream not kept to be resumed")
+		}
+		x.StopForMemory()
+		stopped++
+	})
+	if stopped != 1 {
+		t.Fatalf("stopped %d requests, want 1", stopped)
+	}
+	r := <-got
+	if r.err != nil || r.status != 200 || strings.Contains(r.body, `"error"`) || !strings.HasSuffix(r.body, "data: [DONE]\n\n") {
+		t.Fatalf("%v %d %.300s; want the whole stream", r.err, r.status, r.body)
+	}
+	if n := strings.Count(r.body, `"content":"`) - 1; n != 5 {
+		t.Errorf("%d content events, want the 5 tokens once", n)
+	}
+	var m dto.Metric
+	if err := gw.m.resumed.WithLabelValues("llama-3-8b").Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if v := m.GetCounter().GetValue(); v != 1 {
+		t.Errorf("resumed %g, want 1", v)
+	}
+	if n := requestsTotal(gw, outcomeFailed, "upstream_error"); n != 0 {
+		t.Errorf("requests failed upstream: %g, want 0", n)
+	}
+	eventually(t, "every reservation back", func() bool { return held(gw) == 0 })
+}
+
 // taughtShortAnswers starts the small oom simulator and a gateway under
 // predicted reservations (with the admission keys in extra) that has
 // learned answers are 8 tokens long; pool is the backend's blocks. Its

@@ -197,6 +197,35 @@ func (r *refusal) Unwrap() error { return r.err }
 // is a stream: the steps of every sending of a request, the first and a
 // stopped stream's continuation alike.
 func (x *exchange) turn(areq admission.Request, body []byte, hdr headerSource) (upstream, error) {
+	for {
+		up, err := x.turnOnce(areq, body, hdr)
+		if err == nil || x.rctx.Err() != nil || !x.rctx.stopped() {
+			return up, err
+		}
+		areq = x.resendBeforeAnswer()
+	}
+}
+
+// resendBeforeAnswer is how a request the guard stopped to resume it
+// goes on when it was stopped before its answer began: nothing was
+// generated and nothing reached the client, so it is sent again as it
+// was, held at its worst case with no Stopper (never stopped twice) at
+// the stopped request's place in the queue, which lingers until the
+// backend has let its blocks go. Without it the cut exchange was a
+// backend's failure: a 502 for a stream that was to be resumed.
+func (x *exchange) resendBeforeAnswer() admission.Request {
+	x.stopFirstByte() // its clock restarts with the next sending
+	if rs := x.resume; rs != nil {
+		rs.resumed = true
+		rs.lost.Store(true)
+	}
+	stopped := x.ticket
+	x.ticket = nil
+	return admission.Request{Pinned: true, Resumes: stopped}
+}
+
+// turnOnce is one sending of turn's.
+func (x *exchange) turnOnce(areq admission.Request, body []byte, hdr headerSource) (upstream, error) {
 	if err := x.admit(areq); err != nil {
 		return upstream{}, &refusal{err}
 	}

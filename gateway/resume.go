@@ -26,7 +26,10 @@ import (
 // text as a final assistant message with vLLM's continue_final_message,
 // for completions the text appended to the prompt — and max_tokens less
 // what was generated. The client's stream pauses and goes on; it never
-// sees the cut.
+// sees the cut. One stopped before its answer began (the backend still on
+// its prompt) has generated nothing and sent the client nothing: it is
+// sent again as it was (loop.go's turn), the cut exchange being the
+// guard's, not the backend's failure.
 //
 // The continuation waits at the stopped request's place in the queue
 // (admission.Request.Resumes) and is held at its worst case, with no

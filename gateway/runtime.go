@@ -506,7 +506,7 @@ func admissionConfig(cfg *Config, opt *Options) admission.Config {
 		DefaultTenantShare: a.DefaultTenantShare, PressureThreshold: a.Pressure,
 		DrainWindow: a.DrainWindow.D, MaxRetryAfter: a.MaxRetryAfter.D, Clock: opt.Clock,
 		AIMD: admission.AIMDConfig{Decrease: a.Feedback.Decrease, Increase: a.Feedback.Increase, MinFraction: a.Feedback.MinFraction},
-		Policy: admission.PolicyConfig{Reservation: reservation, Epsilon: a.Epsilon, WarmupSamples: a.WarmupSamples, Headroom: headroom,
+		Policy: admission.PolicyConfig{Reservation: reservation, Epsilon: a.Epsilon, ResumableEpsilon: a.ResumableEpsilon, WarmupSamples: a.WarmupSamples, Headroom: headroom,
 			MaxOvercommit: a.MaxOvercommit, CoolDown: a.CoolDown.D},
 		Backfill: a.Backfill,
 	}
