@@ -32,7 +32,8 @@ import (
 //     by a stop by the guard that cuts a request, or an overflow a backend
 //     reports (Overflowed). A stop of streams that will be resumed alone
 //     distrusts nothing: they were admitted on a looser bound
-//     (ResumableEpsilon) that prices such stops in. Their requests are then held at their worst case —
+//     (ResumableEpsilon) that prices such stops in. A distrusted
+//     forecast's requests are then held at their worst case —
 //     those running too — and their learned lengths start over, so that
 //     warm-up follows on the new traffic.
 //   - Every request teaches: one released before its sequences finished

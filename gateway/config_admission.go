@@ -371,3 +371,11 @@ func (a AdmissionConfig) epsilon() float64 {
 	}
 	return a.Epsilon
 }
+
+// resumableEpsilon is the resolved admission.resumable_epsilon.
+func (a AdmissionConfig) resumableEpsilon() float64 {
+	if a.ResumableEpsilon == 0 {
+		return admission.DefaultResumableEpsilon
+	}
+	return a.ResumableEpsilon
+}

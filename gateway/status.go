@@ -35,8 +35,11 @@ type policyView struct {
 	Mode        string  `json:"mode"`
 	Reservation string  `json:"reservation"`
 	Epsilon     float64 `json:"epsilon,omitempty"`
-	Routing     string  `json:"routing"`
-	Backfill    bool    `json:"backfill"`
+	// ResumableEpsilon is the bound of a stream the guard can stop and
+	// resume (predicted only).
+	ResumableEpsilon float64 `json:"resumable_epsilon,omitempty"`
+	Routing          string  `json:"routing"`
+	Backfill         bool    `json:"backfill"`
 }
 
 type gpuView struct {
@@ -198,7 +201,7 @@ func (s *Server) status() statusView {
 	if a.Mode == modeCount {
 		v.Policy.Reservation = ""
 	} else if a.Reservation == admission.Predicted {
-		v.Policy.Epsilon = a.epsilon()
+		v.Policy.Epsilon, v.Policy.ResumableEpsilon = a.epsilon(), a.resumableEpsilon()
 	}
 	st := rt.sched.Stats()
 	for _, p := range st.GPUs {
