@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // accessLines are the access lines of a JSON log.
@@ -55,7 +57,7 @@ func TestAccessLog(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			var logs syncBuffer
+			var logs syncbuf.Buffer
 			logger := slog.New(slog.NewJSONHandler(&logs, nil))
 			_, gwURL := startGateway(t, baseConfig(simURL, extra+c.log), Options{Logger: logger})
 			r := postJSON(gwURL, c.path, c.body, c.header...)
@@ -113,7 +115,7 @@ func TestAccessLogHTTPFields(t *testing.T) {
 	// A backend that refuses connections, on a GPU of its own: a request
 	// bound there moves to the simulator's GPU, once.
 	dead := "http://127.0.0.1:1"
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	_, gwURL := startGateway(t, fleetConfig("", dead, simURL), Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil)), DisableProbes: true})
 	lineOf := func(id string) map[string]any {
 		t.Helper()

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvgate/kvgate/admission/admissiontest"
 	"github.com/kvgate/kvgate/backends/sim"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // The official OpenAI Go client works through the gateway: chat and
@@ -487,7 +488,7 @@ func TestModelsAndStatus(t *testing.T) {
 // OpenAI's shape; the server keeps serving.
 func TestPanicIsRecovered(t *testing.T) {
 	_, url := startSim(t, nil)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	gw, gwURL := startGateway(t, baseConfig(url, ""), Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	var once atomic.Bool
 	gw.testHookServe = func() {

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // Issue 26, R7: past server.max_connections fasthttp answered a plain-text
@@ -154,7 +156,7 @@ func TestRequestIDOnEveryAnswer(t *testing.T) {
 func TestRequestIDInAccessLineAndSpan(t *testing.T) {
 	_, simURL := startSim(t, nil)
 	rcv := startReceiver(t)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	gw, gwURL := startGateway(t, baseConfig(simURL, tracingYAML(rcv.url, "")), Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	seen := map[string]bool{}
 	for _, sent := range []string{"", "client-42"} {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // Each change of a backend's circuit is logged once, at info; repeating a
@@ -163,7 +164,7 @@ func TestQueueingOffNamesTheSetting(t *testing.T) {
 // reports follow.
 func TestKVBudgetBelowThePoolIsLoggedOnce(t *testing.T) {
 	_, simURL := startSim(t, nil) // vLLM's default --gpu-memory-utilization, 0.9
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	cfg := strings.Replace(baseConfig(simURL, ""), "gpu_memory: 24GiB", "kv_budget: 1GiB", 1)
 	gw, _ := startGateway(t, cfg, Options{Logger: logger})

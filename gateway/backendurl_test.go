@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // A backend url with user:password@ is refused where it is read, naming the
@@ -48,7 +50,7 @@ func TestBackendURLCredentialsRefused(t *testing.T) {
 	// error body.
 	s, simURL := startSim(t, nil)
 	rcv := startReceiver(t)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	gw, gwURL := startGateway(t, baseConfig(simURL, tracingYAML(rcv.url, "")), Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	err := gw.ReloadFrom(func() (*Config, error) { return Parse([]byte(baseConfig(withCreds(simURL), "")), ".") })
 	if err == nil || !strings.Contains(err.Error(), "backends[0].url: holds credentials") {

@@ -22,6 +22,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // Regression tests of issue 12 ("hard edges"), items 4 to 9: each names the
@@ -386,24 +387,6 @@ func TestHeaderLimit(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink for tests.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // Item 8: an API key is never echoed in an error body nor logged, whatever
 // the client sends; a 502 names the backend, not its address.
 func TestSecretsStayInside(t *testing.T) {
@@ -412,7 +395,7 @@ func TestSecretsStayInside(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	deadAddr := ln.Addr().String()
 	ln.Close()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	extra := "tenants: [{name: t, api_keys: [" + secret + "]}]\n"
 	_, gwURL := startGateway(t, baseConfig("http://"+deadAddr, extra), Options{DisableProbes: true, Logger: logger})

@@ -18,6 +18,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvgate/kvgate/internal/metricdoc"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 const gib = int64(1) << 30
@@ -151,7 +152,7 @@ func TestGPUWatchForeignProcess(t *testing.T) {
 	card := newFakeCard(80 * gib)
 	self := os.Getpid()
 	card.set(self, "vllm", 70*gib)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s, gwURL := startGateway(t, gpuWatchConfig(simURL, "source: nvml, free_floor: 4GiB"),
 		Options{DisableProbes: true, NVML: card.lib(nvml.SUCCESS), Clock: newClock(),
 			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -247,7 +248,7 @@ func TestGPUWatchSmallerPoolNamesTheHolder(t *testing.T) {
 	t.Cleanup(be.Close)
 	card := newFakeCard(80 * gib)
 	card.set(os.Getpid(), "vllm", 60*gib)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s, gwURL := startGateway(t, gpuWatchConfig(be.URL, "source: nvml, interval: 1h"),
 		Options{NVML: card.lib(nvml.SUCCESS), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	rt := s.rt.Load()
@@ -296,7 +297,7 @@ func TestGPUWatchFallsBackCleanly(t *testing.T) {
 		{"switched off", "off", nvml.SUCCESS, "gpu_watch.source is off"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var logs syncBuffer
+			var logs syncbuf.Buffer
 			card := newFakeCard(80 * gib)
 			s, gwURL := startGateway(t, gpuWatchConfig(simURL, "source: "+tc.source),
 				Options{DisableProbes: true, NVML: card.lib(tc.init), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -462,7 +463,7 @@ func TestGPUWatchAcrossReload(t *testing.T) {
 	_, simURL := startSim(t, nil)
 	card := newFakeCard(80 * gib)
 	card.set(4242, "python3", 78*gib) // 1.5 GiB free
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s, _ := startGateway(t, gpuWatchConfig(simURL, "source: nvml, free_floor: 2GiB"),
 		Options{DisableProbes: true, NVML: card.lib(nvml.SUCCESS), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	nominal := s.rt.Load().gpus["gpu0"].nominal

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/admission/admissiontest"
 	"github.com/kvgate/kvgate/backends/sim"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // lengthsFileConfig is a config that keeps its learned lengths in path,
@@ -79,7 +80,7 @@ func TestLengthsFileRestart(t *testing.T) {
 			if err := os.WriteFile(path, c.file, 0o600); err != nil { // as the first gateway left it
 				t.Fatal(err)
 			}
-			var logs syncBuffer
+			var logs syncbuf.Buffer
 			later := admissiontest.NewClock(start.Add(10*time.Second + c.age))
 			_, url2 := startGateway(t, lengthsFileConfig(url, path, c.maxLen), Options{Clock: later, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			q := getStatus(t, url2).Models[0]

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/admission/sharedbudget/sharedbudgettest"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // metricsFake is a backend whose /metrics says what the test sets: a pool
@@ -55,7 +56,7 @@ func (f *metricsFake) set(usage float64, running int64) {
 func TestReconcileUnaccountedMemory(t *testing.T) {
 	be := startMetricsFake(t)
 	clock := newClock()
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s, gwURL := startGateway(t, fleetConfig("admission: {reconcile: {tolerance: 0.03, sustain: 5s}}\n", be.URL+" 80GiB"),
 		Options{Clock: clock, DisableProbes: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	const (

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/backends/sim"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // The window of shareCheck: nothing is refuted before shareCheckBlocks
@@ -102,7 +103,7 @@ func TestSharingFromHits(t *testing.T) {
 func TestSharingOnIsRefutedByHits(t *testing.T) {
 	_, url := startSim(t, func(c *sim.Config) { c.TimeScale, c.DisablePrefixCaching = 1, true })
 	cfg := strings.Replace(baseConfig(url, ""), "    metrics: {interval: 50ms}\n", "    metrics: {interval: 50ms}\n    prefix_caching: on\n", 1)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s, gw := startGateway(t, cfg, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	g := s.rt.Load().gpus["gpu0"]
 	eventually(t, "sharing on the operator's word", func() bool { return g.sharing.Load() })

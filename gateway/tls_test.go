@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/backends/sim"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 	"github.com/kvgate/kvgate/internal/testcerts"
 )
 
@@ -72,7 +73,7 @@ func TestTLSBackendThroughGateway(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var logs syncBuffer
+			var logs syncbuf.Buffer
 			cfg := withBackendTLS(baseConfig(simURL, ""), simURL, "{ca_file: "+tt.caFile+"}")
 			// No probes: the request itself meets the backend first.
 			s, gw := startGateway(t, cfg, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), DisableProbes: true})
@@ -265,7 +266,7 @@ func TestTLSListenerReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s, err := New(parsed, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvgate/kvgate/admission/admissiontest"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // otlpReceiver is an OTLP/HTTP collector: it decodes what the gateway
@@ -548,7 +549,7 @@ func TestTracingReload(t *testing.T) {
 func TestTracingHeaders(t *testing.T) {
 	_, simURL := startSim(t, nil)
 	rcv := startReceiver(t)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	gw, gwURL := startGateway(t, baseConfig(simURL, tracingYAML(rcv.url, "  headers: {Authorization: Bearer collector-secret}\n")),
 		Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if r := postJSON(gwURL, "/v1/chat/completions", chatBody("hi", 3, false)); r.status != 200 {

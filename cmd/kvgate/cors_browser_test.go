@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // browserCall is what the test page reports of its cross-origin fetch.
@@ -119,9 +121,9 @@ func TestDemoCORSInHeadlessChromium(t *testing.T) {
 				args = append(args, "--cors-origin", o)
 			}
 			ctx, stop := context.WithCancel(context.Background())
-			var stderr syncBuffer
+			var stderr syncbuf.Buffer
 			exited := make(chan int, 1)
-			go func() { exited <- run(ctx, args, &syncBuffer{}, &stderr) }()
+			go func() { exited <- run(ctx, args, &syncbuf.Buffer{}, &stderr) }()
 			defer func() { stop(); <-exited }()
 			addrRe := regexp.MustCompile(`kvgate listening" addr=(\S+)`)
 			waitFor(t, "the demo to listen", func() bool { return addrRe.MatchString(stderr.String()) })
@@ -160,7 +162,7 @@ func runChromium(t *testing.T, browser, url string, reports <-chan browserCall) 
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
-	var out syncBuffer
+	var out syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting chromium: %v", err)

@@ -12,31 +12,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/backends/sim"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
-
-// syncBuffer is a bytes.Buffer safe for the server's log goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -95,7 +77,7 @@ backends:
 	}
 	write("0.75")
 	ctx, stop := context.WithCancel(context.Background())
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	exited := make(chan int, 1)
 	go func() {
 		exited <- run(ctx, []string{"serve", "--config", cfgPath, "--listen", "127.0.0.1:0"}, &stdout, &stderr)
@@ -210,7 +192,7 @@ func get(t *testing.T, url string) string {
 // field to set instead.
 func TestDemoCORSOrigin(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	exited := make(chan int, 1)
 	go func() {
 		exited <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--demo-sim-listen", "127.0.0.1:0",

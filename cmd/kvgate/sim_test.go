@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 func TestSimFlagErrors(t *testing.T) {
@@ -72,7 +74,7 @@ var simLine = regexp.MustCompile(`^kvgate sim: serving (\S+) on (http://\S+), KV
 func startSim(t *testing.T, args ...string) (base string, line []string, stop func() (int, string)) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var out, errOut syncBuffer
+	var out, errOut syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, append([]string{"sim", "--listen", "127.0.0.1:0"}, args...), &out, &errOut) }()
 	deadline := time.Now().Add(10 * time.Second)

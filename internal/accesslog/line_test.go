@@ -7,11 +7,11 @@ import (
 	"math"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/admission/admissiontest"
+	"github.com/kvgate/kvgate/internal/syncbuf"
 )
 
 // slogLine is what slog's handler (JSON or text) writes for l at t.
@@ -116,7 +116,7 @@ func TestAppendAddr(t *testing.T) {
 // and on flush; never a part of a line, and never without a line.
 func TestAccessWriter(t *testing.T) {
 	clock := admissiontest.NewClock(time.Unix(0, 0))
-	var out syncBuffer
+	var out syncbuf.Buffer
 	w := NewWriter(&out, "text", func(d time.Duration, f func()) { clock.AfterFunc(d, f) })
 	l := Line{ID: "a", Outcome: "ok", Status: 200}
 	w.Add(clock.Now(), &l)
@@ -171,22 +171,4 @@ func TestAccessLineMillisAsSlog(t *testing.T) {
 		l := Line{QueueWaitMS: v, TTFTMS: v, UpstreamMS: v, DurationMS: v}
 		checkSameLine(t, at, &l)
 	}
-}
-
-// syncBuffer is an io.Writer that the flush's goroutine and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
