@@ -238,16 +238,16 @@ func (s *Scheduler) noteWaitingLocked(w *waiter) {
 // next unlockNotify: OnDemand hurries a limiter that also runs on its own
 // timers, so a late call costs time, not safety.
 func (s *Scheduler) unlockNotify() {
-	stops := s.pendingStops
+	stops := s.stops.pending
 	if len(stops) > 0 {
-		s.pendingStops = nil
+		s.stops.pending = nil
 		defer flushStops(stops)
 	}
 	if len(s.limits.notes) == 0 {
 		s.mu.Unlock()
 		return
 	}
-	var buf [8]string // a GPU per GPU: a handful, kept off the heap
+	var buf [8]string // the names of the GPUs noted: a handful, kept off the heap
 	names := buf[:0]
 	for i, p := range s.limits.notes {
 		p.noted = false

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"time"
@@ -365,17 +366,9 @@ func (c *Config) validateTenants(p *problems, classes map[string]bool) (keys map
 
 // epsilon is the resolved admission.epsilon: admission's default when the
 // file gives none.
-func (a AdmissionConfig) epsilon() float64 {
-	if a.Epsilon == 0 {
-		return admission.DefaultEpsilon
-	}
-	return a.Epsilon
-}
+func (a AdmissionConfig) epsilon() float64 { return cmp.Or(a.Epsilon, admission.DefaultEpsilon) }
 
 // resumableEpsilon is the resolved admission.resumable_epsilon.
 func (a AdmissionConfig) resumableEpsilon() float64 {
-	if a.ResumableEpsilon == 0 {
-		return admission.DefaultResumableEpsilon
-	}
-	return a.ResumableEpsilon
+	return cmp.Or(a.ResumableEpsilon, admission.DefaultResumableEpsilon)
 }
