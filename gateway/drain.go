@@ -22,7 +22,7 @@ import (
 // and reports so at once.
 func (s *Server) Drain() <-chan error {
 	out := make(chan error, 1)
-	if !s.draining.CompareAndSwap(false, true) {
+	if !s.life.draining.CompareAndSwap(false, true) {
 		out <- errors.New("gateway: already draining")
 		return out
 	}

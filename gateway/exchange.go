@@ -84,12 +84,12 @@ func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {
 	x := &exchange{s: s, rt: rt, start: s.now(), label: "unknown"}
 	x.fl.watch.conn = ctx.Conn()
 	x.rctx.deadline = x.start.Add(rt.cfg.Server.RequestTimeout.D)
-	x.rctx.waiting = s.wake
+	x.rctx.waiting = s.flights.wake
 	x.rctx.linger = rt.cfg.Admission.AbortHold.D
 	s.m.inflight.Inc()
 	s.active.Add(1)
 	s.flights.add(x)
-	if s.stopping.Load() {
+	if s.life.stopping.Load() {
 		x.rctx.cancel(errShutdown)
 	}
 	s.wakeSweep()

@@ -63,6 +63,11 @@ type inflight struct {
 	// tick is the tick of the last sweep, which a request entering
 	// admission reads (it may be behind while the sweep sleeps).
 	tick atomic.Uint64
+
+	parked    atomic.Bool   // the sweep sleeps until wake
+	wake      chan struct{} // a request arrived while the sweep was parked, or began to wait
+	sweepStop chan struct{}
+	sweepDone chan struct{}
 }
 
 const (
@@ -295,7 +300,7 @@ func (f *inflight) each(fn func(*exchange)) {
 // clock, one timer at a time: a test holding a manual clock advances it
 // and the deadlines it passes fire.
 func (s *Server) sweepLoop(stop <-chan struct{}) {
-	defer close(s.sweepDone)
+	defer close(s.flights.sweepDone)
 	clock := s.opt.Clock
 	due := make(chan struct{}, 1)
 	fire := func() {
@@ -313,7 +318,7 @@ func (s *Server) sweepLoop(stop <-chan struct{}) {
 		case <-stop:
 			return
 		case <-due:
-		case <-s.wake: // a request began to wait
+		case <-s.flights.wake: // a request began to wait
 		}
 		t.Stop()
 		sleep, park := s.sweepStep(s.now(), &st, &w)
@@ -321,15 +326,15 @@ func (s *Server) sweepLoop(stop <-chan struct{}) {
 			// Nothing in flight for a while: sleep until a request comes
 			// (it wakes the loop when it sees parked; parked is set before
 			// active is read again, so one of the two sees the other).
-			s.parked.Store(true)
+			s.flights.parked.Store(true)
 			if s.active.Load() == 0 {
 				select {
-				case <-s.wake:
+				case <-s.flights.wake:
 				case <-stop:
 					return
 				}
 			}
-			s.parked.Store(false)
+			s.flights.parked.Store(false)
 			st = sweepState{}
 			sleep = 0
 		}
@@ -396,9 +401,9 @@ func (s *Server) act(w *sweepWork) {
 // wakeSweep wakes a parked sweep: a request has arrived. (A request that
 // begins to wait wakes it through reqCtx.waiting, parked or not.)
 func (s *Server) wakeSweep() {
-	if s.parked.Load() {
+	if s.flights.parked.Load() {
 		select {
-		case s.wake <- struct{}{}:
+		case s.flights.wake <- struct{}{}:
 		default:
 		}
 	}

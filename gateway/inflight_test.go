@@ -267,14 +267,14 @@ func TestSweepLoopSleepsOnTheClock(t *testing.T) {
 	clock := newClock()
 	s := &Server{opt: Options{Clock: clock}, now: clock.Now}
 	s.flights.epoch = clock.Now()
-	s.wake, s.sweepStop, s.sweepDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
-	go s.sweepLoop(s.sweepStop)
+	s.flights.wake, s.flights.sweepStop, s.flights.sweepDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	go s.sweepLoop(s.flights.sweepStop)
 	defer func() {
-		close(s.sweepStop)
-		<-s.sweepDone
+		close(s.flights.sweepStop)
+		<-s.flights.sweepDone
 	}()
 	eventually(t, "the sweep's first timer", func() bool { return clock.Pending() == 1 })
-	advanceUntil(t, clock, answerWatchTicks*sweepTick, "the idle sweep to park", s.parked.Load)
+	advanceUntil(t, clock, answerWatchTicks*sweepTick, "the idle sweep to park", s.flights.parked.Load)
 	if n := clock.Pending(); n != 0 {
 		t.Fatalf("%d timers on the clock with the sweep parked", n)
 	}
@@ -283,7 +283,7 @@ func TestSweepLoopSleepsOnTheClock(t *testing.T) {
 	s.flights.add(x)
 	s.active.Add(1)
 	s.wakeSweep()
-	eventually(t, "the sweep to wake and sleep on the clock again", func() bool { return !s.parked.Load() && clock.Pending() == 1 })
+	eventually(t, "the sweep to wake and sleep on the clock again", func() bool { return !s.flights.parked.Load() && clock.Pending() == 1 })
 	if x.rctx.Cause() != nil {
 		t.Fatalf("ended (%v) before the clock moved", x.rctx.Cause())
 	}

@@ -1,8 +1,18 @@
 package gateway
 
 import (
+	"sync"
+
 	"github.com/kvgate/kvgate/backends"
 )
+
+// reportMemo is what the server remembers of the backends' reports, to
+// log or count each change once.
+type reportMemo struct {
+	warnedBlocks sync.Map // *backends.Backend → true once its block size mismatch is logged
+	warnedPools  sync.Map // GPU name → true once its unusable memory is logged
+	preemptions  sync.Map // *backends.Backend → its last reported preemption counter
+}
 
 // A backend's KV reports (each probe of its /metrics) close the loop on
 // its own account of its KV cache: they set its GPU's budget, feed
@@ -31,13 +41,13 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 		return
 	}
 	if r.BlockSize != rt.models[b.Spec().Models[0]].layout.BlockSize {
-		if _, seen := s.warnedBlocks.LoadOrStore(b, true); !seen {
+		if _, seen := s.reports.warnedBlocks.LoadOrStore(b, true); !seen {
 			s.log.Warn("backend's KV block size differs from the model's block_size: reservations are rounded wrongly",
 				"backend", b.Name(), "reported", r.BlockSize, "configured", rt.models[b.Spec().Models[0]].layout.BlockSize)
 		}
 	}
 	if pool > g.nominal {
-		if _, seen := s.warnedPools.LoadOrStore(g.id, true); !seen {
+		if _, seen := s.reports.warnedPools.LoadOrStore(g.id, true); !seen {
 			s.log.Warn("the backends' KV pool is larger than the GPU's budget: the difference will never be used",
 				"gpu", g.name, "pool", pool, "budget", g.nominal, "unused", pool-g.nominal,
 				"fix", g.oversizeFix(pool))
@@ -126,6 +136,6 @@ func (s *Server) setBudget(rt *runtime, g *gpu, pool, want int64) {
 // preemptionsRose says whether b's preemption counter rose since its last
 // report (a restarted backend's counter starting over is not a rise).
 func (s *Server) preemptionsRose(b *backends.Backend, n float64) bool {
-	prev, seen := s.preemptions.Swap(b, n)
+	prev, seen := s.reports.preemptions.Swap(b, n)
 	return seen && n > prev.(float64)
 }

@@ -45,7 +45,7 @@ func (s *Server) lingerClose(ctx *fasthttp.RequestCtx, readTimeout time.Duration
 	if w.Flush() != nil || half.CloseWrite() != nil {
 		return
 	}
-	drain(s.lingerCtx, c, readTimeout)
+	drain(s.life.lingerCtx, c, readTimeout)
 }
 
 // drain reads c until it ends, fails, readTimeout passes or ctx ends. Its

@@ -255,7 +255,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.conns.refuse(ctx)
 		return
 	}
-	if s.draining.Load() {
+	if s.life.draining.Load() {
 		ctx.SetConnectionClose() // keep-alive clients reconnect to a replica that stays
 	}
 	if c := s.rt.Load().cors; c != nil && c.apply(ctx) {
@@ -317,7 +317,7 @@ func (s *Server) serveLive(ctx *fasthttp.RequestCtx, _ string) {
 // serveReady answers the readiness probe.
 func (s *Server) serveReady(ctx *fasthttp.RequestCtx, _ string) {
 	switch {
-	case s.draining.Load():
+	case s.life.draining.Load():
 		(&apiError{status: 503, typ: typeServer, code: "draining", message: "The gateway is shutting down."}).write(ctx)
 	case !s.rt.Load().upstreams.Ready():
 		(&apiError{status: 503, typ: typeServer, code: "no_healthy_backend", message: "no backend is healthy"}).write(ctx)

@@ -63,6 +63,31 @@ func (o *Options) probeGPUs() ([]gpuinfo.Device, error) {
 	return gpuinfo.Probe()
 }
 
+// reloadState is what Reload and Shutdown share: mu serialises them and
+// guards the rest.
+type reloadState struct {
+	mu        sync.Mutex
+	probeStop context.CancelFunc // ends the current runtime's probes
+	closed    bool               // Shutdown began: no reload after it
+	probes    sync.WaitGroup
+}
+
+// lifetime is the server's own: its contexts and the flags Drain and
+// Shutdown set.
+type lifetime struct {
+	// ctx parents the contexts of the rarer paths (POST /tokenize) and
+	// ends (errShutdown) with the server.
+	ctx context.Context
+	end context.CancelCauseFunc
+	// lingerCtx ends when Shutdown begins: a lingering close (linger.go)
+	// holds no shutdown up.
+	lingerCtx context.Context
+	endLinger context.CancelFunc
+	stopping  atomic.Bool // Shutdown ends the requests in flight
+	draining  atomic.Bool // Drain began: /readyz answers 503 (drain.go)
+	stopOnce  sync.Once
+}
+
 // Server is the gateway: an OpenAI-compatible reverse proxy that admits
 // requests by their predicted KV-cache bytes.
 type Server struct {
@@ -94,8 +119,7 @@ type Server struct {
 	// when the budget is this process's alone. Set once by New.
 	shared *sharedbudget.Replica
 
-	reloadMu  sync.Mutex // serialises Reload and Shutdown; guards probeStop and closed
-	probeStop context.CancelFunc
+	reloads reloadState
 
 	// budgetMu makes a runtime's budget update (setBudget) and a reload's
 	// swap of the runtime one step each: a KV report of the runtime being
@@ -103,40 +127,21 @@ type Server struct {
 	// the new runtime's Reconfigure gave it the new budget.
 	budgetMu sync.Mutex
 	// kv runs the backends' KV-event subscribers (kvevents.go).
-	kv     kvWatch
-	closed bool
-	probes sync.WaitGroup
+	kv kvWatch
 
 	// flights are the requests in flight, swept while there are any
 	// (inflight.go): their deadlines, their clients' watches, shutdown.
-	// stopping is set when Shutdown ends them.
-	flights   inflight
-	stopping  atomic.Bool
-	draining  atomic.Bool   // Drain began: /readyz answers 503 (drain.go)
-	parked    atomic.Bool   // the sweep sleeps until wake
-	wake      chan struct{} // a request arrived while the sweep was parked, or began to wait
-	sweepStop chan struct{}
-	sweepDone chan struct{}
-	stopOnce  sync.Once
-	// life parents the contexts of the rarer paths (POST /tokenize) and
-	// ends (errShutdown) with the server.
-	life    context.Context
-	endLife context.CancelCauseFunc
-	// lingerCtx ends when Shutdown begins: a lingering close (linger.go)
-	// holds no shutdown up.
-	lingerCtx context.Context
-	endLinger context.CancelFunc
+	flights inflight
+	life    lifetime
 
-	active       atomic.Int64 // exchanges between arrival and finish
-	warnedBlocks sync.Map     // *backends.Backend → true once its block size mismatch is logged
+	active atomic.Int64 // exchanges between arrival and finish
 	// prefixSeed seeds the names of prompt blocks (prefix.go): random per
 	// process, so that no client can aim a prompt at another's name.
-	prefixSeed  maphash.Seed
-	warnedPools sync.Map    // pool name → true once its unusable memory is logged
-	preemptions sync.Map    // *backends.Backend → its last reported preemption counter
-	backendLog  *backendLog // changes of backends' states and GPUs' budgets, logged once each
-	tracing     tracing     // span export (trace.go)
-	gpuWatch    *gpuWatch   // what else is on each GPU (gpuwatch.go); set once by New
+	prefixSeed maphash.Seed
+	reports    reportMemo
+	backendLog *backendLog // changes of backends' states and GPUs' budgets, logged once each
+	tracing    tracing     // span export (trace.go)
+	gpuWatch   *gpuWatch   // what else is on each GPU (gpuwatch.go); set once by New
 
 	// routes is the table of routes the dispatch reads (routes.go).
 	routes *routes
@@ -194,11 +199,11 @@ func New(cfg *Config, opt Options) (*Server, error) {
 		return nil, err
 	}
 	s.watch = w
-	s.life, s.endLife = context.WithCancelCause(context.Background())
-	s.lingerCtx, s.endLinger = context.WithCancel(context.Background())
-	s.wake, s.sweepStop, s.sweepDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	s.life.ctx, s.life.end = context.WithCancelCause(context.Background())
+	s.life.lingerCtx, s.life.endLinger = context.WithCancel(context.Background())
+	s.flights.wake, s.flights.sweepStop, s.flights.sweepDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
 	s.flights.epoch = s.now()
-	go s.sweepLoop(s.sweepStop)
+	go s.sweepLoop(s.flights.sweepStop)
 	s.rt.Store(rt)
 	s.lengths = s.startLengthsFile(cfg, rt) // before anything is admitted
 	if s.shared != nil {
@@ -272,24 +277,24 @@ func (s *Server) withTimeout(parent context.Context, d time.Duration) (context.C
 // endRequests ends every request in flight, and any that arrives after,
 // with errShutdown.
 func (s *Server) endRequests() {
-	s.stopping.Store(true)
+	s.life.stopping.Store(true)
 	s.flights.each(func(x *exchange) { x.rctx.cancel(errShutdown) })
-	s.endLife(errShutdown)
+	s.life.end(errShutdown)
 }
 
 // Shutdown stops accepting connections, waits for in-flight requests
 // (streams included) until ctx ends, then stops the background probes.
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.endLinger()
+	s.life.endLinger()
 	err := s.srv.ShutdownWithContext(ctx)
-	s.reloadMu.Lock()
-	s.closed = true
-	if s.probeStop != nil {
-		s.probeStop()
+	s.reloads.mu.Lock()
+	s.reloads.closed = true
+	if s.reloads.probeStop != nil {
+		s.reloads.probeStop()
 	}
-	s.probes.Wait()
+	s.reloads.probes.Wait()
 	s.stopKVEvents()
-	s.reloadMu.Unlock()
+	s.reloads.mu.Unlock()
 	s.gpuWatch.closeOnce()
 	s.endRequests()
 	// What was still running is cancelled now; give it a moment to answer
@@ -302,9 +307,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.shared != nil {
 		s.shared.Close() // drained: give the leases back
 	}
-	s.stopOnce.Do(func() {
-		close(s.sweepStop)
-		<-s.sweepDone
+	s.life.stopOnce.Do(func() {
+		close(s.flights.sweepStop)
+		<-s.flights.sweepDone
 	})
 	s.watch.Close()
 	s.tracing.close() // the spans of the requests just drained
@@ -319,9 +324,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // runtime they started with; budgets and backends that persist keep their
 // reservations, queues and connections. On error nothing changes.
 func (s *Server) Reload(cfg *Config) error {
-	s.reloadMu.Lock()
-	defer s.reloadMu.Unlock()
-	if s.closed {
+	s.reloads.mu.Lock()
+	defer s.reloads.mu.Unlock()
+	if s.reloads.closed {
 		return errors.New("gateway: reload after shutdown")
 	}
 	old := s.rt.Load()
@@ -384,35 +389,35 @@ func (s *Server) Reload(cfg *Config) error {
 }
 
 func (s *Server) startProbes(rt *runtime) {
-	s.reloadMu.Lock()
-	defer s.reloadMu.Unlock()
+	s.reloads.mu.Lock()
+	defer s.reloads.mu.Unlock()
 	s.startProbesLocked(rt)
 }
 
 func (s *Server) startProbesLocked(rt *runtime) {
 	s.syncKVEvents(rt)
-	if s.probeStop != nil {
+	if s.reloads.probeStop != nil {
 		// The old generation must be gone before the new one starts: a
 		// scrape finishing late would apply the old runtime's numbers to
 		// budgets the new one shares.
-		s.probeStop()
-		s.probes.Wait()
+		s.reloads.probeStop()
+		s.reloads.probes.Wait()
 	}
 	if s.opt.DisableProbes {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s.probeStop = cancel
+	s.reloads.probeStop = cancel
 	if s.gpuWatch.src != nil {
-		s.probes.Add(1)
+		s.reloads.probes.Add(1)
 		go func() {
-			defer s.probes.Done()
+			defer s.reloads.probes.Done()
 			s.runGPUWatch(ctx)
 		}()
 	}
-	s.probes.Add(1)
+	s.reloads.probes.Add(1)
 	go func() {
-		defer s.probes.Done()
+		defer s.reloads.probes.Done()
 		_ = rt.upstreams.Run(ctx, func(b *backends.Backend, r backends.KVReport, ok bool) { s.onKVReport(rt, b, r, ok) })
 	}()
 }

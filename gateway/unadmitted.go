@@ -63,7 +63,7 @@ func (rt *runtime) pick(ctx *fasthttp.RequestCtx, model string, body []byte, isJ
 // whole, up to limit bytes: its status, its content type (ct when it has
 // none) and its body.
 func (s *Server) relayWhole(ctx *fasthttp.RequestCtx, rt *runtime, be *backends.Backend, method, uri string, body []byte, limit int64, ct string) {
-	cctx, cancel := s.withTimeout(s.life, rt.cfg.Server.RequestTimeout.D)
+	cctx, cancel := s.withTimeout(s.life.ctx, rt.cfg.Server.RequestTimeout.D)
 	defer cancel()
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
