@@ -167,23 +167,35 @@ type settings struct {
 	maxNumSeqs    int
 	oom           bool
 	prefixCaching bool
-	// streamInterval and streamMerge: tokens per event (Config's).
+	api           apiSettings
+	pace          paceSettings
+	outputLen     lengthDist
+	outputWhen    []lengthRule
+	seed          uint64
+	logger        *slog.Logger
+	maxPositions  int
+	kvEvents      *KVEventsConfig
+}
+
+// apiSettings are how the server's answers read, where OpenAI-compatible
+// servers differ (Config's fields of the same names).
+type apiSettings struct {
+	// streamInterval and streamMerge: tokens per event.
 	streamInterval, streamMerge int
 	continuousUsage             bool
 	refuseContinuousUsage       bool
 	noTokenize                  bool
-	oomRestart                  time.Duration
-	stepBase                    time.Duration
-	stepPerSeq                  time.Duration
-	prefillPer                  time.Duration
-	timeScale                   float64
-	outputLen                   lengthDist
-	outputWhen                  []lengthRule
-	seed                        uint64
-	logger                      *slog.Logger
-	maxPositions                int
 	hideLabel                   bool // HidePrefixCachingLabel
-	kvEvents                    *KVEventsConfig
+}
+
+// paceSettings are the engine's timing: a step's cost and the wall time a
+// simulated second takes (timeScale; 0: none).
+type paceSettings struct {
+	oomRestart time.Duration
+	stepBase   time.Duration
+	stepPerSeq time.Duration
+	prefillPer time.Duration
+	timeScale  float64
 }
 
 func orDuration(d, def time.Duration) time.Duration {
@@ -282,14 +294,14 @@ func (c Config) resolve() (*settings, error) {
 	default:
 		return nil, fieldErr("OnOverflow", "must be %q or %q, got %q", OverflowPreempt, OverflowOOM, c.OnOverflow)
 	}
-	s.oomRestart = orDuration(c.OOMRestart, DefaultOOMRestart)
-	s.stepBase = orDuration(c.StepBase, DefaultStepBase)
-	s.stepPerSeq = orDuration(c.StepPerSeq, DefaultStepPerSeq)
-	s.prefillPer = orDuration(c.PrefillPerToken, DefaultPrefillPerToken)
+	s.pace.oomRestart = orDuration(c.OOMRestart, DefaultOOMRestart)
+	s.pace.stepBase = orDuration(c.StepBase, DefaultStepBase)
+	s.pace.stepPerSeq = orDuration(c.StepPerSeq, DefaultStepPerSeq)
+	s.pace.prefillPer = orDuration(c.PrefillPerToken, DefaultPrefillPerToken)
 	if !(c.TimeScale >= 0) || c.TimeScale > 1e6 {
 		return nil, fieldErr("TimeScale", "must be in [0, 1e6], got %g", c.TimeScale)
 	}
-	s.timeScale = c.TimeScale
+	s.pace.timeScale = c.TimeScale
 	switch {
 	case c.StreamInterval < 0:
 		return nil, fieldErr("StreamInterval", "must be >= 1 token an event (0: 1), got %d", c.StreamInterval)
@@ -298,9 +310,9 @@ func (c Config) resolve() (*settings, error) {
 	case c.StreamMerge > 0 && c.StreamInterval > 1:
 		return nil, fieldErr("StreamMerge", "cannot be set with StreamInterval %d: one or the other", c.StreamInterval)
 	}
-	s.streamInterval, s.streamMerge = max(c.StreamInterval, 1), c.StreamMerge
-	s.continuousUsage = !c.NoContinuousUsage && !c.RefuseContinuousUsage
-	s.refuseContinuousUsage = c.RefuseContinuousUsage
+	s.api.streamInterval, s.api.streamMerge = max(c.StreamInterval, 1), c.StreamMerge
+	s.api.continuousUsage = !c.NoContinuousUsage && !c.RefuseContinuousUsage
+	s.api.refuseContinuousUsage = c.RefuseContinuousUsage
 	if s.outputLen, err = parseLengthDist(c.OutputLen); err != nil {
 		return nil, &ConfigError{Field: "OutputLen", Err: err}
 	}
@@ -317,8 +329,8 @@ func (c Config) resolve() (*settings, error) {
 	}
 	s.seed = uint64(c.Seed)
 	s.prefixCaching = !c.DisablePrefixCaching
-	s.noTokenize = c.NoTokenize
-	s.hideLabel = c.HidePrefixCachingLabel
+	s.api.noTokenize = c.NoTokenize
+	s.api.hideLabel = c.HidePrefixCachingLabel
 	if c.KVEvents != nil {
 		if c.KVEvents.Endpoint == "" {
 			return nil, fieldErr("KVEvents", "an endpoint is needed to publish KV events on")
@@ -353,5 +365,5 @@ func (c Config) resolve() (*settings, error) {
 
 // scaled is d in wall time.
 func (s *settings) scaled(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * s.timeScale)
+	return time.Duration(float64(d) * s.pace.timeScale)
 }

@@ -18,10 +18,10 @@ func TestConfigDefaults(t *testing.T) {
 	if s.numBlocks != 2888 || s.watermark != 28 || s.blockSize != 16 || s.weights != 16060522496 || s.kvBytes != 6058559078 {
 		t.Fatalf("pool %d blocks (watermark %d, block %d, weights %d, kv %d)", s.numBlocks, s.watermark, s.blockSize, s.weights, s.kvBytes)
 	}
-	if s.model != "llama-3-8b" || s.maxModelLen != 8192 || s.maxNumSeqs != 256 || s.oom || s.timeScale != 0 {
+	if s.model != "llama-3-8b" || s.maxModelLen != 8192 || s.maxNumSeqs != 256 || s.oom || s.pace.timeScale != 0 {
 		t.Fatalf("defaults %+v", s)
 	}
-	if s.stepBase != DefaultStepBase || s.stepPerSeq != DefaultStepPerSeq || s.prefillPer != DefaultPrefillPerToken || s.oomRestart != DefaultOOMRestart {
+	if s.pace.stepBase != DefaultStepBase || s.pace.stepPerSeq != DefaultStepPerSeq || s.pace.prefillPer != DefaultPrefillPerToken || s.pace.oomRestart != DefaultOOMRestart {
 		t.Fatal("timing defaults not applied")
 	}
 	if d := DefaultConfig(); d.TimeScale != 1 {
@@ -29,7 +29,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	// Negative durations and reserve mean none.
 	s = testSettings(t, Config{StepBase: -1, StepPerSeq: -1, PrefillPerToken: -1, OOMRestart: -1, Reserve: -1})
-	if s.stepBase != 0 || s.stepPerSeq != 0 || s.prefillPer != 0 || s.oomRestart != 0 || s.reserve != 0 {
+	if s.pace.stepBase != 0 || s.pace.stepPerSeq != 0 || s.pace.prefillPer != 0 || s.pace.oomRestart != 0 || s.reserve != 0 {
 		t.Fatal("negative values did not mean none")
 	}
 }

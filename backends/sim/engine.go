@@ -283,7 +283,7 @@ func (e *engine) oomLocked(now time.Time, need int64) {
 		kvbudget.FormatBytes(need*e.s.layout.BytesPerBlock), kvbudget.FormatBytes(e.s.gpuMemory),
 		kvbudget.FormatBytes(e.used*e.s.layout.BytesPerBlock), e.used, len(e.running)+len(e.waiting))
 	e.failAllLocked(err)
-	e.unhealthyUntil = now.Add(e.s.scaled(e.s.oomRestart))
+	e.unhealthyUntil = now.Add(e.s.scaled(e.s.pace.oomRestart))
 	if e.hooks.oom != nil {
 		e.hooks.oom(err)
 	}
@@ -380,7 +380,7 @@ func (e *engine) planLocked(now time.Time) (time.Duration, bool) {
 		return 0, false
 	}
 	e.planned = true
-	d := e.s.stepBase + time.Duration(e.runningSeqs)*e.s.stepPerSeq + time.Duration(prefill)*e.s.prefillPer
+	d := e.s.pace.stepBase + time.Duration(e.runningSeqs)*e.s.pace.stepPerSeq + time.Duration(prefill)*e.s.pace.prefillPer
 	return d, true
 }
 

@@ -120,7 +120,7 @@ func newEngineCollector(s *settings, labels prometheus.Labels, stats func() Stat
 		"num_cpu_blocks":         "None",
 		"enable_prefix_caching":  map[bool]string{false: "False", true: "True"}[s.prefixCaching],
 	}
-	if s.hideLabel {
+	if s.api.hideLabel {
 		delete(info, "enable_prefix_caching")
 	}
 	for k, v := range labels {

@@ -348,7 +348,7 @@ func TestPrefixCachePreemptionFreesReferences(t *testing.T) {
 			readmit = d
 			// Every running sequence's share, and b's prompt and output
 			// computed again in full.
-			full = e.s.stepBase + time.Duration(e.runningSeqs)*e.s.stepPerSeq + time.Duration(20+gen)*time.Millisecond
+			full = e.s.pace.stepBase + time.Duration(e.runningSeqs)*e.s.pace.stepPerSeq + time.Duration(20+gen)*time.Millisecond
 		}
 	}
 	if e.preemptions == 0 || readmit == 0 {

@@ -79,13 +79,13 @@ func parseGenRequest(p *fastjson.Parser, body []byte, chat bool, s *settings) (g
 		if g.includeUsage, aerr = getBool(so, "include_usage", true); aerr != nil {
 			return g, aerr
 		}
-		if s.refuseContinuousUsage && so.Get("continuous_usage_stats") != nil {
+		if s.api.refuseContinuousUsage && so.Get("continuous_usage_stats") != nil {
 			return g, badRequest("stream_options.continuous_usage_stats", "Unrecognized request argument supplied: stream_options.continuous_usage_stats")
 		}
 		if g.continuousUsage, aerr = getBool(so, "continuous_usage_stats", false); aerr != nil {
 			return g, aerr
 		}
-		g.continuousUsage = g.continuousUsage && g.includeUsage && s.continuousUsage
+		g.continuousUsage = g.continuousUsage && g.includeUsage && s.api.continuousUsage
 		if !g.stream {
 			return g, badRequest("stream_options", "Stream options can only be defined when `stream=True`.")
 		}

@@ -65,7 +65,7 @@ func New(cfg Config) (*Server, error) {
 		finished: s.met.finished,
 		oom: func(err error) {
 			set.logger.Warn("simulated CUDA out of memory: failing every request in flight",
-				"err", err, "restart", set.oomRestart, "time_scale", set.timeScale)
+				"err", err, "restart", set.pace.oomRestart, "time_scale", set.pace.timeScale)
 		},
 	}
 	s.scrape = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.met.reg, promhttp.HandlerOpts{}))
@@ -190,7 +190,7 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 	case "/v1/messages/count_tokens":
 		s.post(ctx, s.countTokens)
 	case "/tokenize":
-		if s.set.noTokenize {
+		if s.set.api.noTokenize {
 			s.notFound(ctx)
 			return
 		}

@@ -13,10 +13,10 @@ const saltMerge uint64 = 0x6d657267 // "merg"
 // eventTokens is how many tokens the event that starts at token t of the
 // sequence with key k carries, if the sequence runs on.
 func (s *settings) eventTokens(k uint64, t int) int {
-	if s.streamMerge > 0 {
-		return 1 + int(mix(k^saltMerge^uint64(t)*0x9e3779b97f4a7c15)%uint64(s.streamMerge))
+	if s.api.streamMerge > 0 {
+		return 1 + int(mix(k^saltMerge^uint64(t)*0x9e3779b97f4a7c15)%uint64(s.api.streamMerge))
 	}
-	return s.streamInterval
+	return s.api.streamInterval
 }
 
 // nextEvent is the end of the event that starts at token sent of the
