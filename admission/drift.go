@@ -219,8 +219,8 @@ func (s *Scheduler) distrustScopeLocked(q *queue, k scopeKey, reason string) {
 		tr.until = until
 		return
 	}
-	s.trips[reason]++
-	s.scopeTrips[k.kind]++
+	s.stops.trips[reason]++
+	s.stops.scopeTrips[k.kind]++
 	tr.until = until
 	switch k.kind {
 	case scopeTenant:
@@ -230,7 +230,7 @@ func (s *Scheduler) distrustScopeLocked(q *queue, k scopeKey, reason string) {
 		delete(q.byClass, k.name)
 		delete(q.warmScopes, k)
 	}
-	s.scratchSeq = 0
+	s.fw.scratchSeq = 0
 	for _, r := range q.routes {
 		for t := r.p.first; t != nil; t = t.next {
 			if t.line.q != q || !t.guessed() {
@@ -259,9 +259,9 @@ func (s *Scheduler) distrustLocked(q *queue, reason string) {
 		q.trust.until = until
 		return
 	}
-	s.trips[reason]++
+	s.stops.trips[reason]++
 	if reason == TripDrift {
-		s.scopeTrips[scopeQueueIndex]++
+		s.stops.scopeTrips[scopeQueueIndex]++
 	}
 	q.trust.until = until
 	if l, err := predict.NewLengths(predict.LengthsConfig{MaxLen: q.spec.maxLen}); err == nil {
@@ -274,7 +274,7 @@ func (s *Scheduler) distrustLocked(q *queue, reason string) {
 		}
 	}
 	q.scopes = nil // every scope's evidence was of the forecast that just went
-	s.scratchSeq = 0
+	s.fw.scratchSeq = 0
 	for _, r := range q.routes {
 		for t := r.p.first; t != nil; t = t.next {
 			if t.line.q == q && t.guessed() {
@@ -305,7 +305,7 @@ const (
 // scope kinds.
 const scopeQueueIndex = scopeClass + 1
 
-// driftTripsLocked is s.scopeTrips by name.
+// driftTripsLocked is s.stops.scopeTrips by name.
 func (s *Scheduler) driftTripsLocked() map[string]int64 {
-	return map[string]int64{DriftTenant: s.scopeTrips[scopeTenant], DriftClass: s.scopeTrips[scopeClass], DriftQueue: s.scopeTrips[scopeQueueIndex]}
+	return map[string]int64{DriftTenant: s.stops.scopeTrips[scopeTenant], DriftClass: s.stops.scopeTrips[scopeClass], DriftQueue: s.stops.scopeTrips[scopeQueueIndex]}
 }

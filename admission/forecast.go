@@ -140,7 +140,7 @@ func (s *Scheduler) forecastAddLocked(p *gpu, t *Ticket) {
 	}
 	if s.freshLocked(t) && !t.sharesLocked() {
 		// Just admitted: its curve is the one its admission computed.
-		t.fc.copyFrom(s.scratch)
+		t.fc.copyFrom(s.fw.scratch)
 	} else {
 		for i := range t.groups {
 			g := &t.groups[i]
@@ -158,7 +158,7 @@ func (s *Scheduler) forecastAddLocked(p *gpu, t *Ticket) {
 // freshLocked says whether t has not run yet and the scratch curve is its
 // request's.
 func (s *Scheduler) freshLocked(t *Ticket) bool {
-	if s.scratchSeq != t.seq || t.seq == 0 || s.scratchLens != t.lens || s.scratchOpaque != t.opaque || len(t.groups) == 0 {
+	if s.fw.scratchSeq != t.seq || t.seq == 0 || s.fw.scratchLens != t.lens || s.fw.scratchOpaque != t.opaque || len(t.groups) == 0 {
 		return false
 	}
 	for i := range t.groups {
@@ -198,9 +198,9 @@ func (s *Scheduler) forecastChangedLocked(p *gpu) {
 
 // newCurveLocked takes a curve from the free list, or makes one.
 func (s *Scheduler) newCurveLocked() curve {
-	if n := len(s.freeCurves); n > 0 {
-		c := s.freeCurves[n-1]
-		s.freeCurves = s.freeCurves[:n-1]
+	if n := len(s.fw.freeCurves); n > 0 {
+		c := s.fw.freeCurves[n-1]
+		s.fw.freeCurves = s.fw.freeCurves[:n-1]
 		c.zero()
 		return c
 	}
@@ -209,8 +209,8 @@ func (s *Scheduler) newCurveLocked() curve {
 
 // recycleCurveLocked gives t's curve arrays back for another ticket.
 func (s *Scheduler) recycleCurveLocked(t *Ticket) {
-	if t.fc.mean != nil && len(s.freeCurves) < 1024 {
-		s.freeCurves = append(s.freeCurves, curve{mean: t.fc.mean, vari: t.fc.vari, hi: t.fc.hi, n: t.fc.n})
+	if t.fc.mean != nil && len(s.fw.freeCurves) < 1024 {
+		s.fw.freeCurves = append(s.fw.freeCurves, curve{mean: t.fc.mean, vari: t.fc.vari, hi: t.fc.hi, n: t.fc.n})
 	}
 	t.fc = curve{}
 }
@@ -280,11 +280,11 @@ func finalSizeMoments(g Group, held int64, live int, lens *predict.Lengths) (mea
 // admission reads it for the charge, to choose the GPU, and as the new
 // ticket's own curve.
 func (s *Scheduler) waiterCurveLocked(w *waiter) curve {
-	c := &s.scratch
-	if s.scratchSeq == w.seq && s.scratchLens == w.lens && s.scratchOpaque == w.opaque && w.seq != 0 {
+	c := &s.fw.scratch
+	if s.fw.scratchSeq == w.seq && s.fw.scratchLens == w.lens && s.fw.scratchOpaque == w.opaque && w.seq != 0 {
 		return *c
 	}
-	s.scratchSeq, s.scratchLens, s.scratchOpaque = w.seq, w.lens, w.opaque
+	s.fw.scratchSeq, s.fw.scratchLens, s.fw.scratchOpaque = w.seq, w.lens, w.opaque
 	c.zero()
 	for _, g := range w.shape {
 		s.groupCurveLocked(c, g, 0, g.Seqs, 0, w.opaque, w.lens)
@@ -470,7 +470,7 @@ func (s *Scheduler) warmScopeLocked(q *queue, k scopeKey, l *predict.Lengths) {
 		q.warmScopes = map[scopeKey]bool{}
 	}
 	q.warmScopes[k] = true
-	s.scratchSeq, s.ownSeq = 0, 0
+	s.fw.scratchSeq, s.fw.ownSeq = 0, 0
 	s.censorRunningLocked(q, func(t *Ticket) bool {
 		if k.kind == scopeTenant {
 			return t.tenant.name == k.name
@@ -501,7 +501,7 @@ func (s *Scheduler) censorRunningLocked(q *queue, match func(*Ticket) bool, obse
 // observeLocked teaches q's predictors one finished sequence of tenant and
 // class.
 func (s *Scheduler) observeLocked(q *queue, tenant, class string, n int, capped bool) {
-	s.scratchSeq, s.ownSeq = 0, 0 // the predictor moves: no curve computed before stands
+	s.fw.scratchSeq, s.fw.ownSeq = 0, 0 // the predictor moves: no curve computed before stands
 	q.lengths.Observe(n, capped)
 	q.tallyLocked(tenant, class, n, capped)
 	if class != "" {

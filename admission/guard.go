@@ -165,15 +165,15 @@ func (p *gpu) exposureLine() int64 {
 // hold fits its line (Predicted only: under WorstCase what is held bounds
 // it already).
 func (s *Scheduler) guardCheckLocked(p *gpu) {
-	if !s.set.policy.predicted || s.inGuard {
+	if !s.set.policy.predicted || s.stops.inGuard {
 		return
 	}
 	excess := p.now - p.stopping - p.guardLine()
 	if excess <= 0 {
 		return
 	}
-	s.inGuard = true
-	defer func() { s.inGuard = false }()
+	s.stops.inGuard = true
+	defer func() { s.stops.inGuard = false }()
 	var victims []*Ticket
 	for t := p.first; t != nil; t = t.next {
 		if t.guard.stopper != nil && !t.guard.stopped && !t.guard.lingering && t.guard.now > 0 {
@@ -228,8 +228,8 @@ func (s *Scheduler) guardCheckLocked(p *gpu) {
 		t.guard.stopped = true
 		p.stopping += t.guard.now
 		excess -= t.guard.now
-		s.guardStops++
-		s.pendingStops = append(s.pendingStops, t.guard.stopper)
+		s.stops.guardStops++
+		s.stops.pending = append(s.stops.pending, t.guard.stopper)
 		if !resumable[t] {
 			q[t.line.q] = true
 		}

@@ -114,7 +114,7 @@ func (s *Scheduler) MergeLengths(queue string, d LengthsDelta) error {
 		s.mu.Unlock()
 		return fmt.Errorf("admission: merge lengths into queue %q: %w", queue, err)
 	}
-	s.scratchSeq = 0 // the predictor moved: no waiter's curve computed before stands (as in observeLocked)
+	s.fw.scratchSeq = 0 // the predictor moved: no waiter's curve computed before stands (as in observeLocked)
 	errs := mergeInto(q.byTenant, d.Tenants, q.spec.maxLen, "tenant")
 	errs = append(errs, mergeInto(q.byClass, d.Classes, q.spec.maxLen, "class")...)
 	if s.queued > 0 {

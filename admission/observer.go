@@ -162,9 +162,9 @@ type counters struct {
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	now := s.clock.Now()
-	st := Stats{Queued: s.queued, Admitted: s.atOnce, Backfilled: s.backfilled, GuardStops: s.guardStops,
+	st := Stats{Queued: s.queued, Admitted: s.atOnce, Backfilled: s.backfilled, GuardStops: s.stops.guardStops,
 		Trips: map[string]int64{TripDrift: 0, TripGuard: 0, TripOverflow: 0}}
-	maps.Copy(st.Trips, s.trips)
+	maps.Copy(st.Trips, s.stops.trips)
 	st.DriftTrips = s.driftTripsLocked()
 	for _, p := range s.gpus {
 		ps := GPUStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Margin: p.marginOrOne(), Held: p.held,

@@ -247,7 +247,7 @@ func (s *Scheduler) initWaiterLocked(w *waiter, q *queue, l *line, r Request, in
 	case w.predictable():
 		w.lens = s.lengthsForLocked(q, t, l.name)
 	case w.certainGrowth():
-		w.lens = s.certain
+		w.lens = s.fw.certain
 	}
 	w.charge = s.chargeLocked(w)
 }

@@ -33,8 +33,8 @@ func (s *Scheduler) Reconfigure(cfg Config) error {
 func (s *Scheduler) applyLocked(set settings, now time.Time) {
 	oldWindow := s.set.drainWindow
 	s.set = set
-	if s.scratch.mean == nil {
-		s.scratch = newCurve()
+	if s.fw.scratch.mean == nil {
+		s.fw.scratch = newCurve()
 	}
 
 	// GPUs, by name.

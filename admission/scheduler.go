@@ -13,7 +13,41 @@ import (
 	"github.com/kvgate/kvgate/admission/predict"
 )
 
-// Scheduler admits requests to GPUs (GPU budgets) from queues (one per
+// forecastWork is what the forecasts use beside the GPUs' own: the fixed
+// predictor of pinned requests, and working memory reused under the
+// scheduler's mu, so that judging a candidate allocates nothing.
+type forecastWork struct {
+	scratch curve // a candidate's forecast
+	// certain is the lengths of requests that set their own (Pinned):
+	// every sequence runs to its cap, no sooner. It holds no sample, so
+	// every sequence survives to its cap, and it learns none.
+	certain *predict.Lengths
+	// own is a candidate's forecast without its shareable blocks (share.go),
+	// for GPUs that hold them once; ownSeq, ownLens and ownOpaque name whose.
+	own       curve
+	ownRuns   []int // the shared runs own was computed with
+	ownSeq    uint64
+	ownLens   *predict.Lengths
+	ownOpaque bool
+	// scratchSeq, scratchLens and scratchOpaque name whose forecast scratch
+	// holds (0: none); see waiterCurveLocked.
+	scratchSeq    uint64
+	scratchLens   *predict.Lengths
+	scratchOpaque bool
+	freeCurves    []curve // released tickets' curve arrays, for reuse
+}
+
+// stopBook is the guard's account: trips by reason, requests stopped,
+// Stoppers to call once mu is released, and a flag against re-entry.
+type stopBook struct {
+	trips      map[string]int64
+	scopeTrips [scopeQueueIndex + 1]int64 // drift trips by scope (drift.go)
+	guardStops int64
+	pending    []Stopper
+	inGuard    bool
+}
+
+// Scheduler admits requests to GPUs (their KV budgets) from queues (one per
 // model): see the package documentation for its model.
 //
 // Locking: mu guards every field below it and the state of every GPU,
@@ -51,36 +85,13 @@ type Scheduler struct {
 	atOnce      int64 // admissions on the fast path (under mu, which it holds anyway)
 	backfilled  int64 // waiters admitted past an earlier waiter that did not fit
 	rng         *rand.Rand
-	scratch     curve // a candidate's forecast, reused under mu
-	// certain is the lengths of requests that set their own (Pinned):
-	// every sequence runs to its cap, no sooner. It holds no sample, so
-	// every sequence survives to its cap, and it learns none.
-	certain *predict.Lengths
-	// own is a candidate's forecast without its shareable blocks (share.go),
-	// for GPUs that hold them once; ownSeq, ownLens and ownOpaque name whose.
-	own       curve
-	ownRuns   []int // the shared runs own was computed with
-	ownSeq    uint64
-	ownLens   *predict.Lengths
-	ownOpaque bool
-	// scratchSeq, scratchLens and scratchOpaque name whose forecast scratch
-	// holds (0: none); see waiterCurveLocked.
-	scratchSeq    uint64
-	scratchLens   *predict.Lengths
-	scratchOpaque bool
-	freeCurves    []curve   // released tickets' curve arrays, for reuse
-	cursors       []*waiter // a dispatch pass's positions, one per queue
-	lastHold      *gpu      // the GPU of the latest admission, for the invariant checks
-	knobs         testingKnobs
-	limits        limitState // see limit.go
+	fw          forecastWork
+	cursors     []*waiter // a dispatch pass's positions, one per queue
+	lastHold    *gpu      // the GPU of the latest admission, for the invariant checks
+	knobs       testingKnobs
+	limits      limitState // see limit.go
 
-	// The guard's account (guard.go): trips by reason, requests stopped,
-	// Stoppers to call once mu is released, and a flag against re-entry.
-	trips        map[string]int64
-	scopeTrips   [scopeQueueIndex + 1]int64 // drift trips by scope (drift.go)
-	guardStops   int64
-	pendingStops []Stopper
-	inGuard      bool
+	stops stopBook // the guard's account (guard.go)
 }
 
 // testingKnobs are hooks for this package's tests; zero in production.
@@ -126,12 +137,12 @@ func New(cfg Config) (*Scheduler, error) {
 		seed = 0x6b76676174650a // any fixed value: jitter needs spread, not secrecy
 	}
 	s := &Scheduler{clock: cfg.Clock, observer: cfg.Observer, gpuByName: map[string]*gpu{},
-		queueByName: map[string]*queue{}, tenants: map[string]*tenantState{}, trips: map[string]int64{},
+		queueByName: map[string]*queue{}, tenants: map[string]*tenantState{}, stops: stopBook{trips: map[string]int64{}},
 		rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 	if s.clock == nil {
 		s.clock = SystemClock()
 	}
-	if s.certain, err = predict.NewLengths(predict.LengthsConfig{MaxLen: math.MaxInt32}); err != nil {
+	if s.fw.certain, err = predict.NewLengths(predict.LengthsConfig{MaxLen: math.MaxInt32}); err != nil {
 		return nil, fmt.Errorf("admission: %w", err)
 	}
 	s.limits.limited, s.limits.onDemand = cfg.Limited, cfg.OnDemand

@@ -180,14 +180,14 @@ func (s *Scheduler) shareOnLocked(p *gpu, w *waiter) (shared, fresh int64, runs 
 // of group i. Like waiterCurveLocked, it is computed once per request,
 // predictor and runs.
 func (s *Scheduler) ownCurveLocked(w *waiter, runs []int) curve {
-	c := &s.own
+	c := &s.fw.own
 	if c.mean == nil {
 		*c = newCurve()
-	} else if s.ownSeq == w.seq && s.ownLens == w.lens && s.ownOpaque == w.opaque && w.seq != 0 && slices.Equal(s.ownRuns, runs) {
+	} else if s.fw.ownSeq == w.seq && s.fw.ownLens == w.lens && s.fw.ownOpaque == w.opaque && w.seq != 0 && slices.Equal(s.fw.ownRuns, runs) {
 		return *c
 	}
-	s.ownSeq, s.ownLens, s.ownOpaque = w.seq, w.lens, w.opaque
-	s.ownRuns = append(s.ownRuns[:0], runs...)
+	s.fw.ownSeq, s.fw.ownLens, s.fw.ownOpaque = w.seq, w.lens, w.opaque
+	s.fw.ownRuns = append(s.fw.ownRuns[:0], runs...)
 	c.zero()
 	for i, g := range w.shape {
 		s.groupCurveLocked(c, g, int64(runs[i]), g.Seqs, 0, w.opaque, w.lens)
