@@ -24,7 +24,7 @@ const (
 	DefaultAIMDIncrease       = 0.01
 	DefaultAIMDMinFraction    = 0.25
 	DefaultEpsilon            = 1e-4
-	DefaultResumableEpsilon   = 1e-2
+	DefaultResumableEpsilon   = 3e-2
 	DefaultWarmupSamples      = 100
 	DefaultHeadroom           = 0.02
 	DefaultMaxHeadAge         = 10 * time.Second
@@ -130,7 +130,7 @@ type PolicyConfig struct {
 	// of those it cannot resume fit within the line without them. A guard
 	// stop of such requests alone distrusts no forecast (the change
 	// detector judges those). In (0, 0.5); never tighter than Epsilon.
-	// 0 = DefaultResumableEpsilon (1e-2).
+	// 0 = DefaultResumableEpsilon (3e-2).
 	ResumableEpsilon float64
 	// WarmupSamples is how many finished sequences a queue (or a tenant in
 	// it) must have reported before its requests are predicted rather than
@@ -158,23 +158,6 @@ type PolicyConfig struct {
 	// negative = no cool-down (warm-up alone).
 	CoolDown time.Duration
 }
-
-// BackfillConfig shapes how waiters may pass a head that does not fit. The
-// yaml tags are the keys of the gateway's admission.backfill.
-type BackfillConfig struct {
-	// Enabled lets waiters that fit start past a head that does not, while
-	// that does not delay the head. nil = true. Off, every line is strictly
-	// first come, first served: a waiter that fits nowhere holds back
-	// everyone behind it in its queue and every GPU it could use.
-	Enabled *bool `yaml:"enabled"`
-	// MaxHeadAge is how long the first blocked waiter may be passed; older,
-	// it holds back everyone as if backfilling were off. 0 =
-	// DefaultMaxHeadAge (10s); negative = no limit.
-	MaxHeadAge confval.Duration `yaml:"max_head_age"`
-}
-
-// IsEnabled is the resolved Enabled.
-func (b BackfillConfig) IsEnabled() bool { return b.Enabled == nil || *b.Enabled }
 
 // GPUConfig is one budget: one GPU (or tensor-parallel group), in weight
 // units (bytes of KV cache).
@@ -223,6 +206,11 @@ type Config struct {
 	AIMD          AIMDConfig
 	Policy        PolicyConfig
 	Backfill      BackfillConfig
+	// Preemption lets a request of a higher class that fits nowhere start
+	// on room that resumable streams of lower classes hold, which the
+	// guard stops if it is needed (Predicted only; see preemption.go).
+	// nil = true.
+	Preemption *bool
 	// Clock is the source of time. nil = SystemClock(). Fixed at New:
 	// Reconfigure ignores it.
 	Clock Clock
@@ -314,6 +302,7 @@ type settings struct {
 	aimd          aimdSpec
 	policy        policySpec
 	backfill      bool
+	preemption    bool
 	maxHeadAge    time.Duration // <= 0: none
 }
 
@@ -367,6 +356,7 @@ func resolve(cfg Config) (settings, error) {
 	s.aimd = r.aimd(cfg.AIMD)
 	s.policy = r.policy(cfg.Policy)
 	s.backfill, s.maxHeadAge = resolveBackfill(cfg.Backfill)
+	s.preemption = cfg.Preemption == nil || *cfg.Preemption
 	if len(r.errs) > 0 {
 		return settings{}, fmt.Errorf("admission: invalid config: %w", errors.Join(r.errs...))
 	}
@@ -581,18 +571,6 @@ func (r *resolver) exposure(p PolicyConfig) (headroom, overcommit float64, coolD
 		coolDown = 0
 	}
 	return headroom, overcommit, coolDown
-}
-
-// resolveBackfill resolves whether waiters may pass a blocked head, and
-// for how long (0: no limit).
-func resolveBackfill(b BackfillConfig) (on bool, maxHeadAge time.Duration) {
-	switch maxHeadAge = b.MaxHeadAge.D; {
-	case maxHeadAge == 0:
-		maxHeadAge = DefaultMaxHeadAge
-	case maxHeadAge < 0:
-		maxHeadAge = 0
-	}
-	return b.IsEnabled(), maxHeadAge
 }
 
 // normalQuantile is Φ⁻¹(p), the standard normal quantile, for p in (0,1).

@@ -146,6 +146,15 @@ func (s *Scheduler) passLocked(dry bool) (grantable *waiter, granted int) {
 				w.tenant.skip(s.pass, q)
 				continue
 			}
+			if p := s.preemptiveGPULocked(w); p != nil {
+				if dry {
+					return w, 0
+				}
+				w.preemptive = true
+				s.grantLocked(w, p, clock(), blocked || p.res.kind != resNone)
+				granted++
+				continue
+			}
 			blocked = true
 			if q.resPass == s.pass {
 				continue // only the first waiter of a queue holds a reservation

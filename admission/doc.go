@@ -114,6 +114,11 @@
 // straight in only if nobody waits ahead of it in its queue (its class or
 // higher) and a GPU whose reservation allows it has room.
 //
+// Under Predicted, a waiter of a higher class that fits no GPU on the
+// forecast may start preemptively (preemption.go): on room that resumable
+// streams of lower classes hold, which the guard stops if the batch then
+// outgrows the GPU.
+//
 // Among the GPUs where a request may start, its Affinity picks one by
 // rendezvous hashing (the same session or prompt prefix lands on the same
 // GPU, where the backend's prefix cache has it) when that GPU fits; else
@@ -124,7 +129,11 @@
 //   - Under WorstCase, what a GPU holds never exceeds E at the moment of
 //     an admission; under Predicted, the peak of its forecast (at the
 //     bound of the request admitted: ResumableEpsilon's for a resumable
-//     stream, Epsilon's for any other) never does.
+//     stream, Epsilon's for any other) never does — except at a
+//     preemptive admission, where what every ticket may hold now plus the
+//     newcomer's worst case never does, and the worst cases of the GPU's
+//     preemptive tickets never exceed what the resumable streams of lower
+//     classes hold now.
 //     Shrinking E or C revokes nothing: nothing is admitted until it is
 //     back under.
 //   - Every admission is given back exactly once: Release is idempotent,

@@ -51,7 +51,7 @@ func (s *Scheduler) invariantsLocked(op string) error {
 		if p.effective < 1 || p.effective > p.nominal {
 			bad("GPU %q effective %d outside [1, nominal %d]", p.name, p.effective, p.nominal)
 		}
-		var held, charge, now, stopping int64
+		var held, charge, now, stopping, preempting int64
 		n := 0
 		var want curve
 		if s.set.policy.predicted {
@@ -68,6 +68,10 @@ func (s *Scheduler) invariantsLocked(op string) error {
 			if t.guard.stopped {
 				stopping += t.guard.now
 			}
+			if t.preempting < 0 {
+				bad("ticket %v preempting %d < 0", t, t.preempting)
+			}
+			preempting += t.preempting
 			if t.guard.now > t.weight || t.guard.now < 0 {
 				bad("ticket %v now %d outside [0, its worst case %d]", t, t.guard.now, t.weight)
 			}
@@ -119,8 +123,8 @@ func (s *Scheduler) invariantsLocked(op string) error {
 			bad("GPU %q counts %d tickets, %d held, %d charge; its list has %d, %d, %d",
 				p.name, p.tickets, p.held, p.charge, n, held, charge)
 		}
-		if now != p.now || stopping != p.stopping {
-			bad("GPU %q counts now %d, stopping %d; its tickets %d, %d", p.name, p.now, p.stopping, now, stopping)
+		if now != p.now || stopping != p.stopping || preempting != p.preempting {
+			bad("GPU %q counts now %d, stopping %d, preempting %d; its tickets %d, %d, %d", p.name, p.now, p.stopping, p.preempting, now, stopping, preempting)
 		}
 		if (op == opProgress || op == opResize) && s.set.policy.predicted && p.now-p.stopping > p.guardLine() {
 			for t := p.first; t != nil; t = t.next {
@@ -147,7 +151,14 @@ func (s *Scheduler) invariantsLocked(op string) error {
 		}
 		// Every admission keeps at least the looser bound, a resumable
 		// stream's (committedLocked is the stricter one).
-		if (op == opAdmit || op == opGrant) && p == s.lastHold && s.loosestCommittedLocked(p) > p.admitCap() {
+		// A preemptive one keeps what is held now within it instead, and
+		// what the guard could stop for it (preemption.go).
+		switch {
+		case op == opGrant && p == s.lastHold && s.lastPreemptive:
+			if p.now-p.stopping > p.admitCap() || p.limited {
+				bad("GPU %q (limited %v) holds %d now > effective %d at a preemptive grant", p.name, p.limited, p.now-p.stopping, p.admitCap())
+			}
+		case (op == opAdmit || op == opGrant) && p == s.lastHold && s.loosestCommittedLocked(p) > p.admitCap():
 			bad("GPU %q committed %d > effective %d (limit %d) at an admission", p.name, s.loosestCommittedLocked(p), p.effective, p.limitOrNone())
 		}
 	}

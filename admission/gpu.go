@@ -37,6 +37,9 @@ type gpu struct {
 	// backend at this moment; stopping the part of it whose tickets the
 	// guard stopped and that are still to be released (guard.go).
 	now, stopping int64
+	// preempting is Σ worst case of its tickets that started on room of
+	// lower classes (preemption.go).
+	preempting int64
 
 	// sharing says its backends hold a shared prompt block once
 	// (SetSharing); table counts the holders of each such block its tickets
@@ -281,6 +284,8 @@ func (s *Scheduler) unholdLocked(t *Ticket, drained bool) {
 	t.line.held -= t.weight
 	t.tenant.unholdLocked(p, t.charge, t.weight)
 	s.guardSetLocked(p, t, 0)
+	p.preempting -= t.preempting
+	t.preempting = 0
 	t.guard = guardState{stopper: t.guard.stopper} // a moved ticket may be stopped again
 	if drained {
 		p.drain.add(t.charge, s.clock)

@@ -17,6 +17,9 @@ type Event struct {
 	// Backfilled says it was admitted past an earlier waiter that did not
 	// fit (see doc.go, "Order").
 	Backfilled bool
+	// Preemptive says it was admitted on room that resumable streams of
+	// lower classes hold (see preemption.go).
+	Preemptive bool
 }
 
 // Observer is told about every request that leaves Acquire: admitted (at
@@ -37,6 +40,7 @@ type Stats struct {
 	Admitted          int64            // every admission, at once or after waiting
 	AdmittedAfterWait int64            // those that queued first
 	Backfilled        int64            // admitted past an earlier waiter that did not fit
+	Preemptive        int64            // admitted on room that resumable streams of lower classes hold
 	Rejected          map[string]int64 // by reason label (all of Reasons(), zeros included)
 	Canceled          int64            // contexts done before admission
 	// GuardStops counts running requests the guard stopped to keep a GPU
@@ -162,7 +166,7 @@ type counters struct {
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	now := s.clock.Now()
-	st := Stats{Queued: s.queued, Admitted: s.atOnce, Backfilled: s.backfilled, GuardStops: s.stops.guardStops,
+	st := Stats{Queued: s.queued, Admitted: s.atOnce, Backfilled: s.backfilled, Preemptive: s.preemptive, GuardStops: s.stops.guardStops,
 		Trips: map[string]int64{TripDrift: 0, TripGuard: 0, TripOverflow: 0}}
 	maps.Copy(st.Trips, s.stops.trips)
 	st.DriftTrips = s.driftTripsLocked()

@@ -216,6 +216,7 @@ type waiter struct {
 	err        *RejectError // when refused
 	boundTo    string       // the GPU it was granted on
 	backfilled bool         // granted past an earlier waiter that did not fit
+	preemptive bool         // granted on room of lower classes (preemption.go)
 }
 
 // event is w as the Observer sees it.
@@ -341,7 +342,7 @@ func (s *Scheduler) refuseLocked(w *waiter, now time.Time, reason error, limit i
 // grantLocked admits w on p: it leaves the queue and its ticket holds.
 func (s *Scheduler) grantLocked(w *waiter, p *gpu, now time.Time, backfill bool) {
 	s.dequeueLocked(w)
-	s.holdLocked(w, p, now.Sub(w.enqueued))
+	s.holdPreemptiveLocked(w, s.holdLocked(w, p, now.Sub(w.enqueued)))
 	w.state, w.boundTo, w.backfilled = granted, p.name, backfill
 	if backfill {
 		s.backfilled++

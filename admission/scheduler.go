@@ -84,12 +84,15 @@ type Scheduler struct {
 	slab        []Ticket
 	atOnce      int64 // admissions on the fast path (under mu, which it holds anyway)
 	backfilled  int64 // waiters admitted past an earlier waiter that did not fit
+	preemptive  int64 // waiters admitted on room of lower classes (preemption.go)
 	rng         *rand.Rand
 	fw          forecastWork
 	cursors     []*waiter // a dispatch pass's positions, one per queue
 	lastHold    *gpu      // the GPU of the latest admission, for the invariant checks
-	knobs       testingKnobs
-	limits      limitState // see limit.go
+	// lastPreemptive says the latest grant was preemptive, for the same.
+	lastPreemptive bool
+	knobs          testingKnobs
+	limits         limitState // see limit.go
 
 	stops stopBook // the guard's account (guard.go)
 }
@@ -403,7 +406,7 @@ func (s *Scheduler) wait(ctx context.Context, done <-chan struct{}, w *waiter) (
 	s.count.admittedAfterWait.Add(1)
 	if s.observer != nil {
 		e := w.event(w.t.waited)
-		e.GPU, e.Backfilled = w.boundTo, w.backfilled
+		e.GPU, e.Backfilled, e.Preemptive = w.boundTo, w.backfilled, w.preemptive
 		s.observer.Admitted(e)
 	}
 	return w.t, nil

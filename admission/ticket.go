@@ -48,6 +48,7 @@ type binding struct {
 	noResume       bool             // Request.NoResume
 	lens           *predict.Lengths // its forecast's predictor; nil = worst case
 	guard          guardState       // what it holds now, and whether it was stopped (guard.go)
+	preempting     int64            // its worst case, when it started on room of lower classes (preemption.go)
 	fc             curve            // its share of the GPU's forecast (Predicted only)
 	seq            uint64
 	affinity       uint64

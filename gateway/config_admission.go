@@ -40,7 +40,7 @@ type AdmissionConfig struct {
 	// ResumableEpsilon is epsilon for a stream the guard can stop and
 	// resume (resume_stopped): what its bound risks is a pause and a
 	// recompute, never an error, and such a stop distrusts no forecast.
-	// In (0, 0.5), never tighter than epsilon. Default 1e-2.
+	// In (0, 0.5), never tighter than epsilon. Default 3e-2.
 	ResumableEpsilon float64 `yaml:"resumable_epsilon"`
 	// WarmupSamples is how many finished sequences a model (or a tenant of
 	// it) must have before its requests are predicted; until then they are
@@ -88,6 +88,13 @@ type AdmissionConfig struct {
 	// not, while that does not delay the head.
 	// Its fields and defaults are admission.BackfillConfig's.
 	Backfill admission.BackfillConfig `yaml:"backfill"`
+	// Preemption lets a request of a higher class that fits nowhere start
+	// at once on room that streams of lower classes hold, where the guard
+	// can take it back: it stops those streams (resumed as resume_stopped
+	// resumes them) if their growth then meets the GPU's budget, as vLLM's
+	// priority scheduling preempts (predicted only; never on a GPU of a
+	// shared_budget, whose lease is a hard limit). Default true.
+	Preemption *bool `yaml:"preemption"`
 	// Ceiling is the fraction of GPU memory that weights plus KV cache may
 	// reach, in (0,1]. Default 0.75.
 	Ceiling float64 `yaml:"ceiling"`

@@ -276,6 +276,8 @@ func TestAdmissionConfigTranslation(t *testing.T) {
 			return !a.Backfill.IsEnabled() && a.Backfill.MaxHeadAge.D == 3*time.Second
 		}},
 		{"headroom 0 is none", "admission: {headroom: 0}\n", func(a admission.Config) bool { return a.Policy.Headroom < 0 }},
+		{"preemption on by default", "", func(a admission.Config) bool { return a.Preemption != nil && *a.Preemption }},
+		{"preemption off", "admission: {preemption: false}\n", func(a admission.Config) bool { return a.Preemption != nil && !*a.Preemption }},
 		{"resumable epsilon reaches the scheduler", "admission: {resumable_epsilon: 0.003}\n", func(a admission.Config) bool { return a.Policy.ResumableEpsilon == 0.003 }},
 		{"headroom absent is admission's", "", func(a admission.Config) bool { return a.Policy.Headroom == 0 }},
 	}

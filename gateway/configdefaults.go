@@ -143,6 +143,7 @@ var configDefaults = []configDefault{
 	{path: "admission.lengths_file.interval", value: 30 * time.Second, doc: "how often the lengths file is written"},
 	{path: "admission.lengths_file.max_age", value: time.Hour, doc: "oldest lengths file read at start"},
 	{path: "admission.backfill.enabled", value: true, doc: "requests that fit may pass a blocked head"},
+	{path: "admission.preemption", value: true, doc: "a higher class may start on room of lower classes' resumable streams"},
 	{path: "admission.backfill.max_head_age", value: admission.DefaultMaxHeadAge, by: byAdmission, doc: "a head this old is passed by nobody"},
 	{path: "admission.pressure", value: admission.DefaultPressureThreshold, by: byAdmission, doc: "utilization above which sheddable classes are refused"},
 	{path: "admission.queue.max_requests", value: admission.DefaultMaxQueued, by: byAdmission, doc: "waiting requests per class of each model"},

@@ -40,6 +40,7 @@ type metrics struct {
 	admissionRejects *prometheus.CounterVec
 	queueWait        *prometheus.HistogramVec
 	backfilled       *prometheus.CounterVec
+	preemptive       *prometheus.CounterVec
 	outPredicted     *prometheus.CounterVec
 	outGenerated     *prometheus.CounterVec
 	tokensPredicted  *prometheus.CounterVec
@@ -193,6 +194,7 @@ var (
 	defAdmissionRejects = def{"kvgate_admission_rejections_total", "Requests the admission of a model's queue refused, by class, tenant and reason (too_large, queue_full, queue_timeout, overloaded, tenant_quota, no_route, canceled).", []string{"model", "class", "tenant", "reason"}}
 	defQueueWait        = def{"kvgate_queue_wait_seconds", "Time requests spent in their model's admission queue, by how the wait ended (admitted or a rejection reason).", []string{"model", "class", "result"}}
 	defBackfilled       = def{"kvgate_admission_backfilled_total", "Requests admitted past an earlier request that did not fit, without delaying its expected start (EASY backfilling).", []string{"model", "gpu"}}
+	defPreemptive       = def{"kvgate_admission_preemptive_total", "Requests of a higher class admitted on room that resumable streams of lower classes hold, which the guard stops if it is needed (admission.preemption).", []string{"model", "gpu"}}
 	defOutPredicted     = def{"kvgate_output_tokens_predicted_total", "Output tokens predicted at admission for requests that finished: the learned median length, capped by max_tokens (max_tokens itself while the model warms up or under worst_case).", []string{"model"}}
 	defOutGenerated     = def{"kvgate_output_tokens_generated_total", "Output tokens the same requests really generated.", []string{"model"}}
 	defTokensPredicted  = def{"kvgate_tokens_predicted_total", "Tokens the gateway reserved KV for: prompt (predicted) and output (max_tokens), of answered requests, by tenant (\"\" is anonymous).", []string{"model", "kind", "tenant"}}
@@ -228,6 +230,7 @@ func newMetrics(current func() *runtime, now func() time.Time) *metrics {
 		admissionRejects: defAdmissionRejects.counterVec(),
 		queueWait:        defQueueWait.histogramVec(prometheus.ExponentialBucketsRange(0.001, 120, 18)),
 		backfilled:       defBackfilled.counterVec(),
+		preemptive:       defPreemptive.counterVec(),
 		outPredicted:     defOutPredicted.counterVec(),
 		outGenerated:     defOutGenerated.counterVec(),
 		tokensPredicted:  defTokensPredicted.counterVec(),
@@ -292,6 +295,9 @@ func (o observer) Admitted(e admission.Event) {
 	o.m.admissions.WithLabelValues(gpu, e.Class, e.Tenant, queued).Inc()
 	if e.Backfilled {
 		o.m.backfilled.WithLabelValues(e.Queue, gpu).Inc()
+	}
+	if e.Preemptive {
+		o.m.preemptive.WithLabelValues(e.Queue, gpu).Inc()
 	}
 }
 

@@ -21,7 +21,7 @@ type seededCollector struct {
 
 func (c *seededCollector) vecs() []prometheus.Collector {
 	m := c.m
-	return []prometheus.Collector{m.requests, m.admissions, m.admissionRejects, m.queueWait, m.backfilled,
+	return []prometheus.Collector{m.requests, m.admissions, m.admissionRejects, m.queueWait, m.backfilled, m.preemptive,
 		m.outPredicted, m.outGenerated, m.tokensPredicted, m.tokensActual, m.promptRatio, m.ttft, m.itl, m.duration,
 		m.upstreamErrors, m.tokenizeFalls, m.reloads, m.overflows, m.resumed, m.mergedEvents}
 }
@@ -89,6 +89,7 @@ func (m *metrics) seed(rt *runtime) {
 			for _, be := range g.backends {
 				if be.Serves(name) {
 					m.backfilled.WithLabelValues(name, gpu)
+					m.preemptive.WithLabelValues(name, gpu)
 					break
 				}
 			}

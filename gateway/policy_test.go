@@ -93,8 +93,8 @@ func TestPredictedLearnsAndAdmitsMore(t *testing.T) {
 	})
 	// Worst case 16 + 4000 tokens = 251 blocks of the budget's 1045: four.
 	gw, gwURL := startGateway(t, baseConfig(url, "admission: {reservation: predicted, warmup_samples: 20, queue: {timeout: 120s}}\n"), Options{})
-	if p := getStatus(t, gwURL).Policy; p.Epsilon != admission.DefaultEpsilon || p.ResumableEpsilon != admission.DefaultResumableEpsilon {
-		t.Fatalf("/status policy %+v: want the default epsilons", p)
+	if p := getStatus(t, gwURL).Policy; p.Epsilon != admission.DefaultEpsilon || p.ResumableEpsilon != admission.DefaultResumableEpsilon || !p.Preemption {
+		t.Fatalf("/status policy %+v: want the default epsilons and preemption", p)
 	}
 	body := `{"model":"llama-3-8b","prompt":"` + words(10) + `","max_tokens":4000,"stream":true}`
 	for range 20 {

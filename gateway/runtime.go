@@ -508,7 +508,7 @@ func admissionConfig(cfg *Config, opt *Options) admission.Config {
 		AIMD: admission.AIMDConfig{Decrease: a.Feedback.Decrease, Increase: a.Feedback.Increase, MinFraction: a.Feedback.MinFraction},
 		Policy: admission.PolicyConfig{Reservation: reservation, Epsilon: a.Epsilon, ResumableEpsilon: a.ResumableEpsilon, WarmupSamples: a.WarmupSamples, Headroom: headroom,
 			MaxOvercommit: a.MaxOvercommit, CoolDown: a.CoolDown.D},
-		Backfill: a.Backfill,
+		Backfill: a.Backfill, Preemption: a.Preemption,
 	}
 }
 

@@ -40,6 +40,9 @@ type policyView struct {
 	ResumableEpsilon float64 `json:"resumable_epsilon,omitempty"`
 	Routing          string  `json:"routing"`
 	Backfill         bool    `json:"backfill"`
+	// Preemption: a higher class may start on room of lower classes'
+	// resumable streams (predicted only, never on a shared budget).
+	Preemption bool `json:"preemption"`
 }
 
 type gpuView struct {
@@ -135,6 +138,7 @@ type counterView struct {
 	Admitted          int64            `json:"admitted"`
 	AdmittedAfterWait int64            `json:"admitted_after_wait"`
 	Backfilled        int64            `json:"backfilled"`
+	Preemptive        int64            `json:"preemptive"`
 	Rejected          map[string]int64 `json:"rejected"`
 	Canceled          int64            `json:"canceled"`
 	// GuardStops, ForecastTrips and DriftTrips: see
@@ -202,6 +206,7 @@ func (s *Server) status() statusView {
 		v.Policy.Reservation = ""
 	} else if a.Reservation == admission.Predicted {
 		v.Policy.Epsilon, v.Policy.ResumableEpsilon = a.epsilon(), a.resumableEpsilon()
+		v.Policy.Preemption = *a.Preemption && rt.cfg.SharedBudget == nil
 	}
 	st := rt.sched.Stats()
 	for _, p := range st.GPUs {
@@ -274,7 +279,7 @@ func (s *Server) status() statusView {
 		v.SharedBudget = s.shared.Status()
 	}
 	v.GPUWatch = s.gpuWatch.status(v.GPUs)
-	v.Counters = counterView{Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Backfilled: st.Backfilled,
+	v.Counters = counterView{Admitted: st.Admitted, AdmittedAfterWait: st.AdmittedAfterWait, Backfilled: st.Backfilled, Preemptive: st.Preemptive,
 		Rejected: st.Rejected, Canceled: st.Canceled, GuardStops: st.GuardStops, ForecastTrips: st.Trips, DriftTrips: st.DriftTrips}
 	for _, b := range rt.upstreams.Backends() {
 		sp := b.Spec()

@@ -19,6 +19,7 @@ type Event struct {
 	Weight     int64
 	Waited     time.Duration
 	Backfilled bool
+	Preemptive bool
 }
 
 func (e Event) String() string {
@@ -26,6 +27,9 @@ func (e Event) String() string {
 		bf := ""
 		if e.Backfilled {
 			bf = " backfilled"
+		}
+		if e.Preemptive {
+			bf += " preemptive"
 		}
 		return fmt.Sprintf("admitted %s/%s/%s on %q w=%d waited=%v%s", e.Queue, e.Class, e.Tenant, e.GPU, e.Weight, e.Waited, bf)
 	}
@@ -43,7 +47,7 @@ var _ admission.Observer = (*Recorder)(nil)
 
 func (r *Recorder) Admitted(e admission.Event) {
 	r.add(Event{Admitted: true, Queue: e.Queue, GPU: e.GPU, Class: e.Class, Tenant: e.Tenant, Weight: e.Weight,
-		Waited: e.Waited, Backfilled: e.Backfilled})
+		Waited: e.Waited, Backfilled: e.Backfilled, Preemptive: e.Preemptive})
 }
 
 func (r *Recorder) Rejected(e admission.Event, reason string) {
