@@ -28,6 +28,7 @@ const (
 	DefaultWarmupSamples      = 100
 	DefaultHeadroom           = 0.02
 	DefaultMaxHeadAge         = 10 * time.Second
+	DefaultPreemptAfter       = 200 * time.Millisecond
 	DefaultMaxOvercommit      = 4.0
 	DefaultCoolDown           = 30 * time.Second
 	defaultClassPreferredName = "standard"
@@ -206,11 +207,7 @@ type Config struct {
 	AIMD          AIMDConfig
 	Policy        PolicyConfig
 	Backfill      BackfillConfig
-	// Preemption lets a request of a higher class that fits nowhere start
-	// on room that resumable streams of lower classes hold, which the
-	// guard stops if it is needed (Predicted only; see preemption.go).
-	// nil = true.
-	Preemption *bool
+	Preemption    PreemptionConfig
 	// Clock is the source of time. nil = SystemClock(). Fixed at New:
 	// Reconfigure ignores it.
 	Clock Clock
@@ -303,6 +300,7 @@ type settings struct {
 	policy        policySpec
 	backfill      bool
 	preemption    bool
+	preemptAfter  time.Duration
 	maxHeadAge    time.Duration // <= 0: none
 }
 
@@ -356,7 +354,7 @@ func resolve(cfg Config) (settings, error) {
 	s.aimd = r.aimd(cfg.AIMD)
 	s.policy = r.policy(cfg.Policy)
 	s.backfill, s.maxHeadAge = resolveBackfill(cfg.Backfill)
-	s.preemption = cfg.Preemption == nil || *cfg.Preemption
+	s.preemption, s.preemptAfter = resolvePreemption(cfg.Preemption)
 	if len(r.errs) > 0 {
 		return settings{}, fmt.Errorf("admission: invalid config: %w", errors.Join(r.errs...))
 	}

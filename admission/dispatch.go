@@ -146,7 +146,7 @@ func (s *Scheduler) passLocked(dry bool) (grantable *waiter, granted int) {
 				w.tenant.skip(s.pass, q)
 				continue
 			}
-			if p := s.preemptiveGPULocked(w); p != nil {
+			if p := s.preemptiveGPULocked(w, clock, !dry); p != nil {
 				if dry {
 					return w, 0
 				}

@@ -115,9 +115,9 @@
 // higher) and a GPU whose reservation allows it has room.
 //
 // Under Predicted, a waiter of a higher class that fits no GPU on the
-// forecast may start preemptively (preemption.go): on room that resumable
-// streams of lower classes hold, which the guard stops if the batch then
-// outgrows the GPU.
+// forecast may start preemptively once it has waited Preemption.After
+// (preemption.go): on room that resumable streams of lower classes hold,
+// which the guard stops if the batch then outgrows the GPU.
 //
 // Among the GPUs where a request may start, its Affinity picks one by
 // rendezvous hashing (the same session or prompt prefix lands on the same

@@ -1,5 +1,7 @@
 package admission
 
+import "time"
+
 // Preemption of lower classes: a request of a higher class that fits no
 // GPU on the forecast may start on room that running streams of lower
 // classes hold, instead of waiting for them to finish; when the batch's
@@ -23,12 +25,27 @@ package admission
 //
 // Its forecast then counts like any ticket's, so that lower classes wait
 // until the room is theirs again.
+//
+// A waiter first waits PreemptionConfig.After for room to free on its own:
+// in a busy pool most waits end within a release or two, while each
+// preemptive start may cost a lower class's stream a stop and a recompute.
+// A dispatch pass is due when it will have waited that long, whatever else
+// happens meanwhile.
 
 // preemptiveGPULocked is the GPU where w may start preemptively now, or
-// nil.
-func (s *Scheduler) preemptiveGPULocked(w *waiter) *gpu {
+// nil. A waiter that has not yet waited PreemptionConfig.After may not:
+// with arm set, a dispatch pass is then due when it will have.
+func (s *Scheduler) preemptiveGPULocked(w *waiter, now func() time.Time, arm bool) *gpu {
 	if !s.set.preemption || !s.set.policy.predicted || w.line.index >= len(w.line.q.lines)-1 {
 		return nil // nothing lies below the lowest class
+	}
+	if s.set.preemptAfter > 0 {
+		if at := w.enqueued.Add(s.set.preemptAfter); now().Before(at) {
+			if arm {
+				s.preemptDueLocked(at, now())
+			}
+			return nil
+		}
 	}
 	for _, r := range w.line.q.routes {
 		p := r.p
@@ -47,6 +64,36 @@ func (s *Scheduler) preemptiveGPULocked(w *waiter) *gpu {
 		return p
 	}
 	return nil
+}
+
+// preemptTimer is the dispatch pass due when the first waiter still
+// short of PreemptionConfig.After will have waited it.
+type preemptTimer struct {
+	timer Timer // nil: none armed
+	at    time.Time
+	gen   uint64 // which arming is current: a timer replaced as it fired clears nothing
+}
+
+// preemptDueLocked makes sure a dispatch pass runs at at (now is the
+// clock's now): an armed pass due no later stays.
+func (s *Scheduler) preemptDueLocked(at, now time.Time) {
+	pt := &s.preemptTimer
+	if pt.timer != nil {
+		if !at.Before(pt.at) {
+			return
+		}
+		pt.timer.Stop()
+	}
+	pt.gen++
+	gen := pt.gen
+	pt.at = at
+	pt.timer = s.clock.AfterFunc(at.Sub(now), func() {
+		s.mu.Lock()
+		if pt.gen == gen {
+			pt.timer = nil
+		}
+		s.settleUnlock(opPreempt)
+	})
 }
 
 // stoppableBelowLocked is what the streams of p of classes below index

@@ -1,19 +1,28 @@
 package admission_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/admission"
+	"github.com/kvgate/kvgate/internal/confval"
 )
 
 // lowerFull is the guarded scheduler (classes standard, then sheddable;
 // learned outputs of 20 tokens) with its GPU full on the forecast of
 // sheddable streams of a 1024-token cap, each stopped through the Stopper
-// stop makes of its name: the pool a batch tenant keeps full.
+// stop makes of its name: the pool a batch tenant keeps full. A waiter
+// may start preemptively at once unless edit says otherwise.
 func lowerFull(t *testing.T, edit func(*admission.Config), stop func(name string) admission.Stopper) (*fixture, []*admission.Ticket) {
 	t.Helper()
-	f := guarded(t, 160*16, edit)
+	f := guarded(t, 160*16, func(c *admission.Config) {
+		c.Preemption.After = confval.Duration{D: -1}
+		if edit != nil {
+			edit(c)
+		}
+	})
 	return f, f.fillLower(1024, stop)
 }
 
@@ -64,7 +73,7 @@ func TestPreemptionAdmitsAHigherClassOnRoomOfLowerOnes(t *testing.T) {
 	}{
 		{"resumable streams below: at once", nil, resumable, "standard", 64, true},
 		{"streams below that cannot be resumed: it waits", nil, plain, "standard", 64, false},
-		{"off: it waits", func(c *admission.Config) { c.Preemption = new(false) }, resumable, "standard", 64, false},
+		{"off: it waits", func(c *admission.Config) { c.Preemption.Enabled = new(false) }, resumable, "standard", 64, false},
 		{"the lowest class takes from nobody", nil, resumable, "sheddable", 64, false},
 		// 65 blocks at worst, where 40 of the GPU's 160 are free now.
 		{"its worst case does not fit beside what is held now: it waits", nil, resumable, "standard", 1024, false},
@@ -105,6 +114,7 @@ func TestPreemptionTakesNoMoreThanTheLowerClassesHold(t *testing.T) {
 	// Outputs of 20 or 400 tokens: the forecast holds far more than the
 	// streams hold now, so that the room now is not what binds.
 	f := mixed(t, 4000*16, func(c *admission.Config) {
+		c.Preemption.After = confval.Duration{D: -1}
 		c.Classes = []admission.ClassConfig{{Name: "standard"}, {Name: "sheddable", Sheddable: new(false)}}
 	})
 	// The same shape as theirs: none fits on the forecast.
@@ -182,6 +192,7 @@ func TestPreemptionNeverExceedsALease(t *testing.T) {
 	log := &stops{}
 	cfg := predicted(160*16, 100)
 	cfg.Policy.MaxOvercommit, cfg.Limited = 1000, true
+	cfg.Preemption.After = confval.Duration{D: -1}
 	cfg.Classes = []admission.ClassConfig{{Name: "standard"}, {Name: "sheddable", Sheddable: new(false)}}
 	f := newFixture(t, cfg)
 	if err := f.b.SetLimit(gpu, 160*16); err != nil {
@@ -196,4 +207,46 @@ func TestPreemptionNeverExceedsALease(t *testing.T) {
 	}
 	release(low)
 	f.state(0, 0)
+}
+
+// A waiter of a higher class first waits PreemptionConfig.After for room
+// to free on its own, then starts preemptively at that moment: a dispatch
+// pass is due then whether or not anything else happens. Room that frees
+// before it is taken as any room is.
+func TestPreemptionWaitsAfterFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		freeAt     time.Duration // a lower stream finishes then; 0: none does
+		preemptive int64
+	}{
+		{"nothing frees: preemptive at After", 0, 1},
+		{"room frees first: admitted on it", 50 * time.Millisecond, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			log := &stops{}
+			const after = 200 * time.Millisecond
+			f, low := lowerFull(t, func(c *admission.Config) { c.Preemption.After = confval.Duration{D: after} },
+				func(n string) admission.Stopper { return resumableStopper{stopper{n, log}} })
+			rq := chat(16, 64)
+			rq.Stopper = resumableStopper{stopper{"hi", log}}
+			ch := f.enqueue(context.Background(), rq)
+			f.stillQueued(ch)
+			if tc.freeAt > 0 {
+				f.clock.Advance(tc.freeAt)
+				low[0].Release()
+				low = low[1:]
+			} else {
+				f.clock.Advance(after - time.Millisecond)
+				f.stillQueued(ch)
+				f.clock.Advance(time.Millisecond)
+			}
+			tk := f.admitted(ch)
+			if st := f.b.Stats(); st.Preemptive != tc.preemptive {
+				t.Fatalf("preemptive admissions %d, want %d", st.Preemptive, tc.preemptive)
+			}
+			tk.Release()
+			release(low)
+			f.state(0, 0)
+		})
+	}
 }

@@ -91,6 +91,7 @@ type Scheduler struct {
 	lastHold    *gpu      // the GPU of the latest admission, for the invariant checks
 	// lastPreemptive says the latest grant was preemptive, for the same.
 	lastPreemptive bool
+	preemptTimer   preemptTimer // see preemption.go
 	knobs          testingKnobs
 	limits         limitState // see limit.go
 
@@ -121,6 +122,7 @@ const (
 	opRoute       = "route"
 	opUsage       = "usage"
 	opMove        = "move"
+	opPreempt     = "preempt" // a waiter may now start preemptively (preemption.go)
 )
 
 func (s *Scheduler) checkLocked(op string) {

@@ -88,13 +88,15 @@ type AdmissionConfig struct {
 	// not, while that does not delay the head.
 	// Its fields and defaults are admission.BackfillConfig's.
 	Backfill admission.BackfillConfig `yaml:"backfill"`
-	// Preemption lets a request of a higher class that fits nowhere start
-	// at once on room that streams of lower classes hold, where the guard
-	// can take it back: it stops those streams (resumed as resume_stopped
-	// resumes them) if their growth then meets the GPU's budget, as vLLM's
-	// priority scheduling preempts (predicted only; never on a GPU of a
-	// shared_budget, whose lease is a hard limit). Default true.
-	Preemption *bool `yaml:"preemption"`
+	// Preemption lets a request of a higher class that has waited
+	// preemption.after and still fits nowhere start on room that streams
+	// of lower classes hold, where the guard can take it back: it stops
+	// those streams (resumed as resume_stopped resumes them) if their
+	// growth then meets the GPU's budget, as vLLM's priority scheduling
+	// preempts (predicted only; never on a GPU of a shared_budget, whose
+	// lease is a hard limit). Its fields and defaults are
+	// admission.PreemptionConfig's.
+	Preemption admission.PreemptionConfig `yaml:"preemption"`
 	// Ceiling is the fraction of GPU memory that weights plus KV cache may
 	// reach, in (0,1]. Default 0.75.
 	Ceiling float64 `yaml:"ceiling"`
@@ -320,6 +322,7 @@ func (a *AdmissionConfig) checkPolicy(p *problems) {
 // checkLoops checks backfill, feedback and reconciliation.
 func (a *AdmissionConfig) checkLoops(p *problems) {
 	p.dur("admission.backfill.max_head_age", a.Backfill.MaxHeadAge)
+	p.dur("admission.preemption.after", a.Preemption.After)
 	fb := a.Feedback
 	if fb.Decrease < 0 || fb.Decrease >= 1 {
 		p.bad("admission.feedback.decrease", "%v is not in (0, 1)", fb.Decrease)

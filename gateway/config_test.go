@@ -276,8 +276,10 @@ func TestAdmissionConfigTranslation(t *testing.T) {
 			return !a.Backfill.IsEnabled() && a.Backfill.MaxHeadAge.D == 3*time.Second
 		}},
 		{"headroom 0 is none", "admission: {headroom: 0}\n", func(a admission.Config) bool { return a.Policy.Headroom < 0 }},
-		{"preemption on by default", "", func(a admission.Config) bool { return a.Preemption != nil && *a.Preemption }},
-		{"preemption off", "admission: {preemption: false}\n", func(a admission.Config) bool { return a.Preemption != nil && !*a.Preemption }},
+		{"preemption on by default", "", func(a admission.Config) bool { return a.Preemption.IsEnabled() }},
+		{"preemption off, after", "admission: {preemption: {enabled: false, after: 50ms}}\n", func(a admission.Config) bool {
+			return !a.Preemption.IsEnabled() && a.Preemption.After.D == 50*time.Millisecond
+		}},
 		{"resumable epsilon reaches the scheduler", "admission: {resumable_epsilon: 0.003}\n", func(a admission.Config) bool { return a.Policy.ResumableEpsilon == 0.003 }},
 		{"headroom absent is admission's", "", func(a admission.Config) bool { return a.Policy.Headroom == 0 }},
 	}

@@ -206,7 +206,7 @@ func (s *Server) status() statusView {
 		v.Policy.Reservation = ""
 	} else if a.Reservation == admission.Predicted {
 		v.Policy.Epsilon, v.Policy.ResumableEpsilon = a.epsilon(), a.resumableEpsilon()
-		v.Policy.Preemption = *a.Preemption && rt.cfg.SharedBudget == nil
+		v.Policy.Preemption = *a.Preemption.Enabled && rt.cfg.SharedBudget == nil
 	}
 	st := rt.sched.Stats()
 	for _, p := range st.GPUs {

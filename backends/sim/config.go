@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/confval"
 	"github.com/kvgate/kvgate/kvbudget"
 )
 
@@ -198,16 +199,6 @@ type paceSettings struct {
 	timeScale  float64
 }
 
-func orDuration(d, def time.Duration) time.Duration {
-	switch {
-	case d == 0:
-		return def
-	case d < 0:
-		return 0
-	}
-	return d
-}
-
 // resolve fills in defaults, checks every field and computes the KV pool.
 func (c Config) resolve() (*settings, error) {
 	s := &settings{model: c.Model, geometry: c.Geometry, logger: c.Logger}
@@ -294,10 +285,10 @@ func (c Config) resolve() (*settings, error) {
 	default:
 		return nil, fieldErr("OnOverflow", "must be %q or %q, got %q", OverflowPreempt, OverflowOOM, c.OnOverflow)
 	}
-	s.pace.oomRestart = orDuration(c.OOMRestart, DefaultOOMRestart)
-	s.pace.stepBase = orDuration(c.StepBase, DefaultStepBase)
-	s.pace.stepPerSeq = orDuration(c.StepPerSeq, DefaultStepPerSeq)
-	s.pace.prefillPer = orDuration(c.PrefillPerToken, DefaultPrefillPerToken)
+	s.pace.oomRestart = confval.Or(c.OOMRestart, DefaultOOMRestart)
+	s.pace.stepBase = confval.Or(c.StepBase, DefaultStepBase)
+	s.pace.stepPerSeq = confval.Or(c.StepPerSeq, DefaultStepPerSeq)
+	s.pace.prefillPer = confval.Or(c.PrefillPerToken, DefaultPrefillPerToken)
 	if !(c.TimeScale >= 0) || c.TimeScale > 1e6 {
 		return nil, fieldErr("TimeScale", "must be in [0, 1e6], got %g", c.TimeScale)
 	}

@@ -91,6 +91,7 @@ func drive(ctx context.Context, o options, sc *scenario, url, simURL string, res
 	}
 	if m, err := benchkit.Scrape(end, http.DefaultClient, url+"/metrics"); err == nil {
 		res.resumed = m.Sum("kvgate_streams_resumed_total")
+		res.preemptive = m.Sum("kvgate_admission_preemptive_total")
 		res.promptsEnd = promptCounts(m)
 		const ratio = "kvgate_prompt_tokens_actual_over_predicted"
 		res.prompts = m.Sum(ratio+"_count", `tokenizer="estimate"`)

@@ -60,6 +60,8 @@ type result struct {
 	// ones the gateway sent again rather than cut.
 	guardStops int64
 	resumed    float64
+	// preemptive is the requests admitted on room of lower classes.
+	preemptive float64
 	// The prompt tokens predicted and reported by tenant (promptCounts),
 	// at calibratedAt (the change) and at the end: what the estimate
 	// over-reserved once calibrated is their difference.
@@ -168,8 +170,8 @@ func (r *result) print(w io.Writer) {
 	fmt.Fprintf(w, "  requests: %s\n", strings.Join(parts, ", "))
 	after := r.admittedAfter(r.changeAt)
 	stoppedAfter := r.count(func(x record) bool { return x.start >= r.changeAt && x.outcome == stopped })
-	fmt.Fprintf(w, "  overflow events %.0f; stopped by the gateway %d of %d admitted after the change (%.2f%%); the guard stopped %d streams, resumed %.0f\n",
-		r.overflow, stoppedAfter, after, 100*float64(stoppedAfter)/math.Max(1, float64(after)), r.guardStops, r.resumed)
+	fmt.Fprintf(w, "  overflow events %.0f; stopped by the gateway %d of %d admitted after the change (%.2f%%); the guard stopped %d streams, resumed %.0f; %.0f admitted preemptively\n",
+		r.overflow, stoppedAfter, after, 100*float64(stoppedAfter)/math.Max(1, float64(after)), r.guardStops, r.resumed, r.preemptive)
 	if r.sc.dense != nil {
 		fmt.Fprintf(w, "  prompt tokens over-reserved (gateway's count ÷ backend's − 1): English %+.1f%% from the start, %+.1f%% after %s; dense %+.1f%%, %+.1f%%\n",
 			100*overReserved(nil, r.promptsEnd, "en"), 100*overReserved(r.promptsAt, r.promptsEnd, "en"), r.calibratedAt.Round(time.Second),

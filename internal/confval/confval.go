@@ -39,6 +39,18 @@ func (d Duration) Err() error { return d.err }
 // once") fill their default only when nothing was written.
 func (d Duration) Written() bool { return d.raw != "" }
 
+// Or resolves a configured duration by the usual convention of kvgate's
+// configs: 0 is def, a negative one is none (0).
+func Or(d, def time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
+	}
+	return d
+}
+
 // Size is a memory size as a file writes it ("24GiB", "80GB", or bytes).
 // From a file it is never negative; code may set Bytes to a negative value
 // where the field documents what that means.

@@ -77,3 +77,15 @@ func matches(err error, want string) bool {
 	}
 	return err != nil && strings.Contains(err.Error(), want)
 }
+
+func TestOr(t *testing.T) {
+	for _, tc := range []struct{ d, def, want time.Duration }{
+		{0, time.Second, time.Second},
+		{-1, time.Second, 0},
+		{time.Millisecond, time.Second, time.Millisecond},
+	} {
+		if got := confval.Or(tc.d, tc.def); got != tc.want {
+			t.Errorf("Or(%v, %v) = %v, want %v", tc.d, tc.def, got, tc.want)
+		}
+	}
+}
