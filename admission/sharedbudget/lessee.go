@@ -380,10 +380,11 @@ func (l *Lessee) giveBack(ctx context.Context) {
 func (l *Lessee) call(ctx context.Context, op string, bytes, least int64) bool {
 	sent := l.now()
 	timeout := l.hb
-	if l.contacted && !l.fallback {
-		// A lease still trusted must not be trusted past fallbackAt
-		// because a call hung.
-		timeout = max(min(timeout, l.fallbackAt().Sub(sent)), time.Millisecond)
+	if left := l.fallbackAt().Sub(sent); l.contacted && !l.fallback && left > 0 {
+		// A hung call must not carry a trusted lease past fallbackAt.
+		// Past it (a paused process), OnTrust's horizon has ended the
+		// trust already; a cut call could only fail the renewal.
+		timeout = min(timeout, left)
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	r := Request{Replica: l.cfg.Replica, Budget: l.alive.Load(), TTL: l.cfg.TTL, Residual: l.cfg.Residual}

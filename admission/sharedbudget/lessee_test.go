@@ -1,6 +1,7 @@
 package sharedbudget_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -127,6 +128,59 @@ func TestLesseeRenewsOnTheHeartbeatAndKeepsItsLease(t *testing.T) {
 	b.Step(r.ctx)
 	if s := b.Stats(); s.Leased != 300 {
 		t.Errorf("b leased %d, want the 300 that a does not hold", s.Leased)
+	}
+}
+
+// deadlines records how long each renewal may take: its context's deadline
+// against the real time just before and just after the step that made it.
+type deadlines struct {
+	sharedbudget.Store
+	at []time.Time
+}
+
+func (d *deadlines) Renew(ctx context.Context, key string, r sharedbudget.Request) (sharedbudget.Lease, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		d.at = append(d.at, dl)
+	}
+	return d.Store.Renew(ctx, key, r)
+}
+
+// A renewal may not carry a trusted lease past its fallback point (two
+// thirds of the TTL after the last one was sent), so it gets at most what
+// is left before it. A renewal sent past that point — the process was
+// paused — has nothing left to protect, and gets the whole heartbeat:
+// cut to nothing it could only fail, against any store not answering in
+// a millisecond.
+func TestLesseeRenewalTimeoutStopsAtTheFallbackPointOnlyBeforeIt(t *testing.T) {
+	const ttl, hb = 3 * time.Second, time.Second
+	for _, tc := range []struct {
+		name  string
+		quiet time.Duration // since the last renewal was sent
+		want  time.Duration
+	}{
+		{"on the heartbeat", hb, hb},
+		{"late, before the fallback point", 1500 * time.Millisecond, 500 * time.Millisecond},
+		{"paused past the fallback point", 2500 * time.Millisecond, hb},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			d := &deadlines{Store: r.store}
+			l, _ := r.lessee("a", func(c *sharedbudget.LesseeConfig) { c.Store, c.TTL = d, ttl })
+			l.Step(r.ctx)
+			r.clock.Advance(tc.quiet)
+			before := time.Now()
+			l.Step(r.ctx)
+			after := time.Now()
+			if len(d.at) != 2 {
+				t.Fatalf("%d renewals, want 2", len(d.at))
+			}
+			if dl := d.at[1]; dl.Sub(before) < tc.want || dl.Sub(after) > tc.want {
+				t.Errorf("renewal %v after the last may take %v..%v, want %v", tc.quiet, dl.Sub(after), dl.Sub(before), tc.want)
+			}
+			if s := l.Stats(); s.Failures != 0 || s.Renewals != 2 {
+				t.Errorf("stats %+v, want two renewals and no failure", s)
+			}
+		})
 	}
 }
 
