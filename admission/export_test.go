@@ -154,11 +154,11 @@ func (s *Scheduler) invariantsLocked(op string) error {
 		// A preemptive one keeps what is held now within it instead, and
 		// what the guard could stop for it (preemption.go).
 		switch {
-		case op == opGrant && p == s.lastHold && s.lastPreemptive:
+		case op == opGrant && p == s.last.hold && s.last.preemptive:
 			if p.now-p.stopping > p.admitCap() || p.limited {
 				bad("GPU %q (limited %v) holds %d now > effective %d at a preemptive grant", p.name, p.limited, p.now-p.stopping, p.admitCap())
 			}
-		case (op == opAdmit || op == opGrant) && p == s.lastHold && s.loosestCommittedLocked(p) > p.admitCap():
+		case (op == opAdmit || op == opGrant) && p == s.last.hold && s.loosestCommittedLocked(p) > p.admitCap():
 			bad("GPU %q committed %d > effective %d (limit %d) at an admission", p.name, s.loosestCommittedLocked(p), p.effective, p.limitOrNone())
 		}
 	}

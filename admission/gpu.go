@@ -49,15 +49,11 @@ type gpu struct {
 	table      blockTable
 	tableBytes int64
 	sharedRefs int64
-	// promptBlocks and sharedHits count, over the admissions to it, the
-	// shareable prompt blocks and those found held already.
-	promptBlocks, sharedHits int64
+	// hits counts, over the admissions to it, the shareable prompt blocks
+	// (prompt) and those found held already (held).
+	hits struct{ prompt, held int64 }
 
-	used      int64 // KV in use as its backends last reported it
-	usedKnown bool
-	// unaccounted is the part of it that no admitted request accounts for
-	// (SetUnaccounted): admissions are measured against effective less it.
-	unaccounted int64
+	report backendReport
 
 	// limited says limit caps what it may commit (SetLimit); noted that
 	// OnDemand is due for it once the lock is released (limit.go).
@@ -74,6 +70,15 @@ type gpu struct {
 	// res is the reservation the last dispatch pass left on the GPU for
 	// the first waiter that did not fit (see dispatch.go).
 	res reservation
+}
+
+// backendReport is what a GPU's backends last said of its memory.
+type backendReport struct {
+	used  int64 // KV in use as its backends last reported it
+	known bool  // used has been reported
+	// unaccounted is the part of it that no admitted request accounts for
+	// (SetUnaccounted): admissions are measured against effective less it.
+	unaccounted int64
 }
 
 func newGPU(name string, capacity int64, now time.Time, window time.Duration) *gpu {
@@ -163,7 +168,7 @@ func (s *Scheduler) SetUsage(gpu string, used int64, known bool) error {
 		return fmt.Errorf("admission: usage: unknown GPU %q", gpu)
 	}
 	wasGated := s.gatedLocked(p)
-	p.used, p.usedKnown = used, known
+	p.report.used, p.report.known = used, known
 	s.checkLocked(opUsage)
 	if wasGated && !s.gatedLocked(p) {
 		s.dispatchLocked()
@@ -176,7 +181,7 @@ func (s *Scheduler) SetUsage(gpu string, used int64, known bool) error {
 // be used).
 func (s *Scheduler) gatedLocked(p *gpu) bool {
 	h := s.set.policy.headroom
-	return s.set.policy.predicted && h > 0 && p.usedKnown && float64(p.used) > (1-h)*float64(p.effective)
+	return s.set.policy.predicted && h > 0 && p.report.known && float64(p.report.used) > (1-h)*float64(p.effective)
 }
 
 // committedLocked is what p has promised: under WorstCase the weight held,
@@ -252,7 +257,7 @@ func (s *Scheduler) holdLocked(w *waiter, p *gpu, waited time.Duration) *Ticket 
 	w.tenant.holdLocked(p, t.charge, t.weight)
 	s.guardSetLocked(p, t, s.guardNowLocked(t))
 	s.forecastAddLocked(p, t)
-	s.lastHold = p
+	s.last.hold = p
 	if p.tickets == 1 {
 		p.drain.busy(s.clock.Now(), true)
 	}

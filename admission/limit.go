@@ -61,7 +61,7 @@ func (s *Scheduler) expireLimitsLocked() {
 // external limit if that is lower. Each input that takes room off a GPU is
 // its own term here, so that they neither hide nor double one another.
 func (p *gpu) admitCap() int64 {
-	c := max(0, p.effective-p.unaccounted)
+	c := max(0, p.effective-p.report.unaccounted)
 	if p.limited && p.limit < c {
 		return p.limit
 	}

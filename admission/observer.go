@@ -166,15 +166,15 @@ type counters struct {
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	now := s.clock.Now()
-	st := Stats{Queued: s.queued, Admitted: s.atOnce, Backfilled: s.backfilled, Preemptive: s.preemptive, GuardStops: s.stops.guardStops,
+	st := Stats{Queued: s.queued, Admitted: s.atOnce, Backfilled: s.backfilled, Preemptive: s.preempt.admitted, GuardStops: s.stops.guardStops,
 		Trips: map[string]int64{TripDrift: 0, TripGuard: 0, TripOverflow: 0}}
 	maps.Copy(st.Trips, s.stops.trips)
 	st.DriftTrips = s.driftTripsLocked()
 	for _, p := range s.gpus {
 		ps := GPUStats{Name: p.name, Capacity: p.nominal, Effective: p.effective, Limit: p.limitOrNone(), Margin: p.marginOrOne(), Held: p.held,
 			Committed: s.committedLocked(p), Charge: p.charge, Tickets: p.tickets,
-			Used: p.used, UsedKnown: p.usedKnown, Unaccounted: p.unaccounted, Gated: s.gatedLocked(p), Now: p.now, Stopping: p.stopping,
-			Shared: p.tableBytes, SharedSaved: p.sharedRefs - p.tableBytes, PromptBlocks: p.promptBlocks, SharedBlocks: p.sharedHits}
+			Used: p.report.used, UsedKnown: p.report.known, Unaccounted: p.report.unaccounted, Gated: s.gatedLocked(p), Now: p.now, Stopping: p.stopping,
+			Shared: p.tableBytes, SharedSaved: p.sharedRefs - p.tableBytes, PromptBlocks: p.hits.prompt, SharedBlocks: p.hits.held}
 		ps.DrainRate, ps.Releases = p.drain.rate(now)
 		if p.res.kind != resNone && p.res.head.state == waiting {
 			ps.Reserved, ps.Blocking = p.res.head.line.q.name, p.res.kind == resBlock

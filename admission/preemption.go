@@ -66,18 +66,20 @@ func (s *Scheduler) preemptiveGPULocked(w *waiter, now func() time.Time, arm boo
 	return nil
 }
 
-// preemptTimer is the dispatch pass due when the first waiter still
-// short of PreemptionConfig.After will have waited it.
-type preemptTimer struct {
-	timer Timer // nil: none armed
-	at    time.Time
-	gen   uint64 // which arming is current: a timer replaced as it fired clears nothing
+// preemptBook is the scheduler's part in preemption: how many waiters
+// started preemptively, and the dispatch pass due when the first waiter
+// still short of PreemptionConfig.After will have waited it.
+type preemptBook struct {
+	admitted int64
+	timer    Timer // nil: none armed
+	at       time.Time
+	gen      uint64 // which arming is current: a timer replaced as it fired clears nothing
 }
 
 // preemptDueLocked makes sure a dispatch pass runs at at (now is the
 // clock's now): an armed pass due no later stays.
 func (s *Scheduler) preemptDueLocked(at, now time.Time) {
-	pt := &s.preemptTimer
+	pt := &s.preempt
 	if pt.timer != nil {
 		if !at.Before(pt.at) {
 			return
@@ -112,11 +114,11 @@ func (s *Scheduler) stoppableBelowLocked(p *gpu, index int) int64 {
 // preemptively: its worst case counts in its GPU's preempting until it is
 // released.
 func (s *Scheduler) holdPreemptiveLocked(w *waiter, t *Ticket) {
-	s.lastPreemptive = w.preemptive
+	s.last.preemptive = w.preemptive
 	if !w.preemptive {
 		return
 	}
 	t.preempting = t.weight
 	t.gpu.preempting += t.preempting
-	s.preemptive++
+	s.preempt.admitted++
 }

@@ -175,7 +175,7 @@ func (s *Scheduler) SetUnaccounted(gpu string, bytes int64) error {
 		return fmt.Errorf("admission: unaccounted: unknown GPU %q", gpu)
 	}
 	old := p.admitCap()
-	p.unaccounted = bytes
+	p.report.unaccounted = bytes
 	if p.admitCap() > old {
 		s.dispatchLocked()
 	} else {

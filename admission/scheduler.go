@@ -84,16 +84,17 @@ type Scheduler struct {
 	slab        []Ticket
 	atOnce      int64 // admissions on the fast path (under mu, which it holds anyway)
 	backfilled  int64 // waiters admitted past an earlier waiter that did not fit
-	preemptive  int64 // waiters admitted on room of lower classes (preemption.go)
 	rng         *rand.Rand
 	fw          forecastWork
 	cursors     []*waiter // a dispatch pass's positions, one per queue
-	lastHold    *gpu      // the GPU of the latest admission, for the invariant checks
-	// lastPreemptive says the latest grant was preemptive, for the same.
-	lastPreemptive bool
-	preemptTimer   preemptTimer // see preemption.go
-	knobs          testingKnobs
-	limits         limitState // see limit.go
+	// last is the latest admission, for the invariant checks.
+	last struct {
+		hold       *gpu // its GPU
+		preemptive bool // it was a preemptive grant
+	}
+	preempt preemptBook // see preemption.go
+	knobs   testingKnobs
+	limits  limitState // see limit.go
 
 	stops stopBook // the guard's account (guard.go)
 }

@@ -77,10 +77,10 @@ func (s *Scheduler) shareLocked(p *gpu, t *Ticket, runs []int) {
 			if p.table.inc(h) {
 				added = satAdd64(added, g.BlockBytes)
 			} else {
-				p.sharedHits++
+				p.hits.held++
 			}
 		}
-		p.promptBlocks += int64(m)
+		p.hits.prompt += int64(m)
 		g.held = int64(m)
 		counted = satAdd64(counted, satMul(int64(m), g.BlockBytes))
 	}
