@@ -142,3 +142,58 @@ func TestResumableEpsilonIsValidated(t *testing.T) {
 		}
 	}
 }
+
+// The continuation of a stopped stream (Resumes) cannot be stopped again,
+// but what its bound risks falls on the streams that can: it is admitted
+// on their looser bound while its worst case fits the GPU's line beside
+// every other request's that cannot be resumed, and on the strict bound
+// once it does not.
+func TestAContinuationIsAdmittedOnTheResumableBound(t *testing.T) {
+	// admitted fills a GPU of 4000 blocks with `fixed` streams that cannot
+	// be stopped (65 blocks at worst each), then with resumable streams
+	// until one would wait, gives 20 of those back, and returns how many
+	// continuations of their shape (resumes: of the first) or requests
+	// like them that continue nothing are then admitted at once.
+	admitted := func(fixed int, resumes bool) int {
+		f := mixed(t, 4000*16, func(c *admission.Config) { c.Policy.ResumableEpsilon = 0.3 })
+		for range fixed {
+			f.acquire(chat(16, 1024))
+		}
+		log := &stops{}
+		var streams []*admission.Ticket
+		for {
+			rq := chat(16, 1024)
+			rq.Stopper = resumableStopper{stopper{"r", log}}
+			tk := f.tryAcquire(rq)
+			if tk == nil {
+				break
+			}
+			streams = append(streams, tk)
+		}
+		if len(streams) < 21 {
+			t.Fatalf("%d resumable streams admitted beside %d fixed, want more than 20", len(streams), fixed)
+		}
+		for _, tk := range streams[1:21] {
+			tk.Release()
+		}
+		n := 0
+		for ; n < 1000; n++ {
+			rq := chat(16+100, 1024-100)
+			rq.Pinned = true
+			if resumes {
+				rq.Resumes = streams[0]
+			}
+			if f.tryAcquire(rq) == nil {
+				break
+			}
+		}
+		return n
+	}
+	if loose, strict := admitted(0, true), admitted(0, false); loose <= strict {
+		t.Errorf("continuations admitted %d, requests that continue nothing %d: want more on the looser bound", loose, strict)
+	}
+	// 61 × 65 blocks: one more worst case of 65 is past the line.
+	if cont, plain := admitted(61, true), admitted(61, false); cont != plain {
+		t.Errorf("beside a full line of fixed worst cases, continuations admitted %d, others %d: want the strict bound for both", cont, plain)
+	}
+}
