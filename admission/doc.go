@@ -49,9 +49,7 @@
 // stream the guard can stop and resume (a ResumableStopper that says so)
 // is admitted on ResumableEpsilon instead: what its looser bound risks is a
 // pause for it or another such stream, the guard's first victims, never an
-// error. So is the continuation of a stopped stream (Resumes), which cannot
-// be stopped again, while its worst case fits the line beside those of
-// every other request that cannot: stopping the rest then makes room. A
+// error. A
 // request whose progress is not reported (Opaque: a non-streamed answer),
 // one of a queue still warming up (fewer than WarmupSamples) or
 // distrusted, and one without a Shape are held at their worst case; one
@@ -131,8 +129,7 @@
 //   - Under WorstCase, what a GPU holds never exceeds E at the moment of
 //     an admission; under Predicted, the peak of its forecast (at the
 //     bound of the request admitted: ResumableEpsilon's for a resumable
-//     stream and for a continuation whose worst case fits the line beside
-//     every one that cannot be stopped, Epsilon's for any other) never does — except at a
+//     stream, Epsilon's for any other) never does — except at a
 //     preemptive admission, where what every ticket may hold now plus the
 //     newcomer's worst case never does, and the worst cases of the GPU's
 //     preemptive tickets never exceed what the resumable streams of lower

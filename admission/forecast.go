@@ -378,7 +378,7 @@ func (s *Scheduler) fitsLocked(p *gpu, w *waiter, c curve, needRoom bool) (room 
 	// requests the normal bound can exceed it.
 	// A constant moves every point of the bound alike: the table's growth
 	// adds to the peak as it is.
-	peak := min(base.peakWith(c, s.zForLocked(p, w)*p.marginOrOne())+extra, float64(worst))
+	peak := min(base.peakWith(c, s.zForLocked(w)*p.marginOrOne())+extra, float64(worst))
 	room = float64(p.admitCap()) - peak
 	return room, adds, room >= 0
 }
@@ -386,14 +386,9 @@ func (s *Scheduler) fitsLocked(p *gpu, w *waiter, c curve, needRoom bool) (room 
 // zForLocked is the bound w is admitted on: the policy's looser one when
 // the guard can stop and resume it, since what that bound risks is then a
 // pause for w or another such stream (the guard's first victims), never an
-// error. So too for the continuation of a stopped stream (Resumes), which
-// cannot be stopped again, while its worst case fits the GPU's line beside
-// every other that cannot: whatever the forecast misses, stopping the
-// streams that can be resumed is then enough. On the strict bound it waited,
-// at the head of its class, for the pool to drain below what the others'
-// looser bound fills it to.
-func (s *Scheduler) zForLocked(p *gpu, w *waiter) float64 {
-	if w.resumable() || w.resumed && satAdd64(p.fixedHeld, w.weight) <= p.guardLine() {
+// error.
+func (s *Scheduler) zForLocked(w *waiter) float64 {
+	if w.resumable() {
 		return s.set.policy.zResumable
 	}
 	return s.set.policy.z

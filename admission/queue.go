@@ -200,11 +200,9 @@ type waiter struct {
 	pinned bool
 	// noResume: the request cannot be resumed (Request.NoResume).
 	noResume bool
-	// resumed: it continues a stream the guard stopped (Request.Resumes).
-	resumed bool
-	stop    Stopper
-	lens    *predict.Lengths // the predictor of its forecast; nil = worst case
-	seq     uint64           // arrival order; a moved ticket keeps its own
+	stop     Stopper
+	lens     *predict.Lengths // the predictor of its forecast; nil = worst case
+	seq      uint64           // arrival order; a moved ticket keeps its own
 	// exclude is the GPU a moved ticket must leave; nil otherwise.
 	exclude  *gpu
 	affinity uint64
@@ -238,7 +236,7 @@ func (s *Scheduler) initWaiterLocked(w *waiter, q *queue, l *line, r Request, in
 	s.seq++
 	w.seq = s.seq
 	if r.Resumes != nil && r.Resumes.s == s && r.Resumes.seq > 0 {
-		w.seq, w.resumed = r.Resumes.seq, true
+		w.seq = r.Resumes.seq
 	}
 	if len(r.Shape) == 0 {
 		w.weight, w.charge = r.Weight, r.Weight

@@ -55,9 +55,7 @@ type Request struct {
 	// this one continues (the caller re-sends it with what it had
 	// generated): it waits at that request's place in its queue, by arrival
 	// order, not behind everything that came since — its client has been
-	// waiting all along — and is admitted on the bound of the streams that
-	// can be resumed while its worst case fits beside every request's that
-	// cannot (forecast.go, zForLocked).
+	// waiting all along.
 	Resumes *Ticket
 	// Affinity, when not 0, names the GPU the request prefers among those
 	// that fit (routing by session or prompt prefix): the same value picks

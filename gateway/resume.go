@@ -34,9 +34,7 @@ import (
 // The continuation waits at the stopped request's place in the queue
 // (admission.Request.Resumes) and is held at its worst case, with no
 // Stopper: it cannot be stopped again, so a stream is resumed at most once
-// and never starves. (Admission takes it on the resumable streams' bound
-// all the same, while its worst case fits beside every other that cannot
-// be stopped: they are what the guard stops if that bound is passed.) What cannot be continued exactly from its text is cut
+// and never starves. What cannot be continued exactly from its text is cut
 // as before: several choices or sequences, a prompt of token ids, echo
 // (chat's too), structured output, a client's own continue_final_message, and — found
 // only while it streams — tool calls or a reasoning model's reasoning. A
