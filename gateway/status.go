@@ -201,12 +201,12 @@ type tokenCacheView struct {
 func (s *Server) status() statusView {
 	rt := s.rt.Load()
 	a := rt.cfg.Admission
-	v := statusView{Policy: policyView{Mode: a.Mode, Reservation: a.Reservation, Routing: rt.cfg.Routing, Backfill: *a.Backfill.Enabled}}
+	v := statusView{Policy: policyView{Mode: a.Mode, Reservation: a.Reservation, Routing: rt.cfg.Routing, Backfill: a.Backfill.IsEnabled()}}
 	if a.Mode == modeCount {
 		v.Policy.Reservation = ""
 	} else if a.Reservation == admission.Predicted {
 		v.Policy.Epsilon, v.Policy.ResumableEpsilon = a.epsilon(), a.resumableEpsilon()
-		v.Policy.Preemption = *a.Preemption.Enabled && rt.cfg.SharedBudget == nil
+		v.Policy.Preemption = a.Preemption.IsEnabled() && rt.cfg.SharedBudget == nil
 	}
 	st := rt.sched.Stats()
 	for _, p := range st.GPUs {
