@@ -165,6 +165,11 @@ type FeedbackConfig struct {
 	MinFraction float64 `yaml:"min_fraction"`
 }
 
+// on says whether the loop runs (its default resolved), as
+// ReconcileConfig.on: a configuration built without Load's defaults reads
+// nil as the default, never dereferences it.
+func (f FeedbackConfig) on() bool { return f.Enabled == nil || *f.Enabled }
+
 // TenantConfig is one tenant: admission's bounds on it (name, share,
 // queue_share) and what the gateway adds, its keys and its class.
 type TenantConfig struct {

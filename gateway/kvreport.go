@@ -74,7 +74,7 @@ func (s *Server) onKVReport(rt *runtime, b *backends.Backend, r backends.KVRepor
 		// wrong, and the GPU goes to worst-case admission for the cool-down.
 		rt.sched.Overflowed(g.id)
 	}
-	if *rt.cfg.Admission.Feedback.Enabled {
+	if rt.cfg.Admission.Feedback.on() {
 		// Against the budget before the watch's cut: use over the cut part
 		// is what the cut asks for, not a forecast that was low.
 		if err := rt.sched.Feedback(g.id, used > whole || preempted); err != nil {
