@@ -70,6 +70,12 @@ func baseConfig(url, extra string) string { return fleetConfig(extra, url) }
 // otherwise), and that by more keys of the backend on lines of their own
 // ("http://... 24GiB\n    stream_usage: final"). extra is YAML appended
 // at the top level.
+//
+// A probe's timeout runs on the test's clock, which tests move by seconds
+// at once (past a tokenize or request timeout). A probe in flight while
+// the clock moves would time out on it, though the backend answered in
+// real milliseconds, and two such probes open the circuit: the request the
+// test is about then finds no backend (a 502). An hour is past every move.
 func fleetConfig(extra string, urls ...string) string {
 	var b strings.Builder
 	b.WriteString(`listen: 127.0.0.1:0
@@ -90,7 +96,7 @@ backends:
     url: %s
     models: [llama-3-8b]
     gpu_memory: %s
-    health: {interval: 50ms, failures: 2, cooldown: 200ms}
+    health: {interval: 50ms, timeout: 1h, failures: 2, cooldown: 200ms}
     metrics: {interval: 50ms}
 `, i, url, memory)
 	}
