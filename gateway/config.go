@@ -79,7 +79,7 @@ const (
 type LogConfig struct {
 	Level  string `yaml:"level"`  // debug, info (default), warn, error
 	Format string `yaml:"format"` // text (default) or json
-	// Access writes one line per proxied request (accesslog.go), at info.
+	// Access writes one line per proxied request (records.go), at info.
 	// Default true: LLM requests are few and long, so a line each costs
 	// little beside them, and it is the one record of why a request was
 	// refused. A reload may change it.

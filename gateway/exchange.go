@@ -76,8 +76,8 @@ type hold struct {
 // records are what is written of a request at its finish: its access
 // line and its spans.
 type records struct {
-	access accessRecord // accesslog.go
-	trace  *reqTrace    // trace.go; nil with tracing off
+	access accessRecord // records.go
+	trace  *reqTrace    // records.go; nil with tracing off
 }
 
 func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {

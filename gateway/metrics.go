@@ -69,67 +69,6 @@ type metrics struct {
 	tokens sync.Map
 }
 
-// tenantModel keys the series of one model's requests from one tenant.
-type tenantModel struct{ model, tenant string }
-
-// tokenSeries are kvgate_tokens_{predicted,actual}_total of one model and
-// tenant: [0] prompt, [1] output.
-type tokenSeries struct{ predicted, actual [2]prometheus.Counter }
-
-// forTenant returns the token series of a configured model and a tenant of
-// the running configuration ("" anonymous): both are bounded by the
-// configuration, so the series are too.
-func (m *metrics) forTenant(model, tenant string) *tokenSeries {
-	k := tenantModel{model, tenant}
-	if v, ok := m.tokens.Load(k); ok {
-		return v.(*tokenSeries)
-	}
-	s := &tokenSeries{}
-	for i, kind := range tokenKinds {
-		s.predicted[i] = m.tokensPredicted.WithLabelValues(model, kind, tenant)
-		s.actual[i] = m.tokensActual.WithLabelValues(model, kind, tenant)
-	}
-	v, _ := m.tokens.LoadOrStore(k, s)
-	return v.(*tokenSeries)
-}
-
-// modelSeries are one model's series that every answered request updates.
-type modelSeries struct {
-	ok           prometheus.Counter  // requests{outcome="ok", reason=""}
-	okDur        prometheus.Observer // duration{outcome="ok"}
-	outPredicted prometheus.Counter
-	outGenerated prometheus.Counter
-	ttft         prometheus.Observer
-	itl          prometheus.Observer
-	ratio        map[string]prometheus.Observer // by the count's source; read-only
-}
-
-// promptSources are the values of kvgate_prompt_tokens_actual_over_predicted's
-// tokenizer label: where a request's prompt count came from.
-var promptSources = []string{sourceBackend, sourceCache, sourceEstimate}
-
-// forModel returns the series of a configured model (never of a name a
-// client sent: those are not bounded).
-func (m *metrics) forModel(name string) *modelSeries {
-	if v, ok := m.series.Load(name); ok {
-		return v.(*modelSeries)
-	}
-	s := &modelSeries{
-		ok:           m.requests.WithLabelValues(name, outcomeOK, ""),
-		okDur:        m.duration.WithLabelValues(name, outcomeOK),
-		outPredicted: m.outPredicted.WithLabelValues(name),
-		outGenerated: m.outGenerated.WithLabelValues(name),
-		ttft:         m.ttft.WithLabelValues(name),
-		itl:          m.itl.WithLabelValues(name),
-		ratio:        map[string]prometheus.Observer{},
-	}
-	for _, src := range promptSources {
-		s.ratio[src] = m.promptRatio.WithLabelValues(name, src)
-	}
-	v, _ := m.series.LoadOrStore(name, s)
-	return v.(*modelSeries)
-}
-
 // Request outcomes: every request leaves through exactly one.
 const (
 	outcomeOK       = "ok"       // answered by a backend with 2xx
@@ -269,41 +208,4 @@ func (m *metrics) reloaded(ok bool, now time.Time) {
 	m.reloads.WithLabelValues("ok").Inc()
 	m.lastReloadOK.Set(1)
 	m.lastReloadTime.Set(float64(now.UnixNano()) / 1e9)
-}
-
-// observer feeds the scheduler's admissions into the metrics. Labels name
-// the GPU as the configuration does (a budget keeps its first GPU's name
-// across a rename, see gpu.id).
-type observer struct{ m *metrics }
-
-func (o observer) gpu(id string) string {
-	if rt := o.m.current(); rt != nil {
-		if g := rt.gpuByID[id]; g != nil {
-			return g.name
-		}
-	}
-	return id
-}
-
-func (o observer) Admitted(e admission.Event) {
-	queued := "false"
-	if e.Waited > 0 {
-		queued = "true"
-		o.m.queueWait.WithLabelValues(e.Queue, e.Class, "admitted").Observe(e.Waited.Seconds())
-	}
-	gpu := o.gpu(e.GPU)
-	o.m.admissions.WithLabelValues(gpu, e.Class, e.Tenant, queued).Inc()
-	if e.Backfilled {
-		o.m.backfilled.WithLabelValues(e.Queue, gpu).Inc()
-	}
-	if e.Preemptive {
-		o.m.preemptive.WithLabelValues(e.Queue, gpu).Inc()
-	}
-}
-
-func (o observer) Rejected(e admission.Event, reason string) {
-	if e.Waited > 0 {
-		o.m.queueWait.WithLabelValues(e.Queue, e.Class, reason).Observe(e.Waited.Seconds())
-	}
-	o.m.admissionRejects.WithLabelValues(e.Queue, e.Class, e.Tenant, reason).Inc()
 }

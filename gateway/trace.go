@@ -8,17 +8,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/kvgate/kvgate/backends"
-	"github.com/kvgate/kvgate/internal/accesslog"
 )
 
 // Tracing (tracing.otlp_endpoint): a server span per proxied request,
@@ -116,22 +111,6 @@ func (tr *tracing) apply(cfg TracingConfig, log *slog.Logger) error {
 	return nil
 }
 
-// acquire is the current tracer, held for one request until its release;
-// nil with tracing off.
-func (tr *tracing) acquire() *tracer {
-	for {
-		t := tr.cur.Load()
-		if t == nil {
-			return nil
-		}
-		t.users.Add(1)
-		if tr.cur.Load() == t {
-			return t
-		}
-		t.release() // retired meanwhile: take its successor
-	}
-}
-
 // close turns tracing off and shuts down every tracer, flushing the spans
 // that have ended, at most tracerFlushTimeout. Requests still in flight
 // lose theirs: the gateway is on its way out.
@@ -217,129 +196,6 @@ func (e *loggedExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadO
 		e.log.Info("tracing: the collector takes spans again", "endpoint", e.endpoint)
 	}
 	return nil // logged: the batch is dropped either way
-}
-
-// reqTrace is one request's spans; nil with tracing off, and every method
-// does nothing on a nil one.
-type reqTrace struct {
-	t    *tracer
-	ctx  context.Context // holds span
-	span trace.Span
-	// rc is read for the status of an answer the handler wrote, as the
-	// access log's is.
-	rc *fasthttp.RequestCtx
-	// attempt is the upstream span of the backend waited on; nil once
-	// it answered.
-	attempt    trace.Span
-	admittedAt time.Time // when admission answered, after waiting or not
-	answeredAt time.Time // when the backend's answer (a stream's first event) came
-}
-
-// startTrace begins the request's span, at its arrival.
-func (x *exchange) startTrace(ctx *fasthttp.RequestCtx, kind endpoint) {
-	t := x.s.tracing.acquire()
-	if t == nil {
-		return
-	}
-	parent := traceContext.Extract(context.Background(), headerCarrier{&ctx.Request.Header})
-	c, span := t.t.Start(parent, spanNames[kind], trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(x.start),
-		trace.WithAttributes(attribute.String("http.request.method", fasthttp.MethodPost), attribute.String("http.route", kind.path()),
-			// As OpenTelemetry names a captured request header.
-			attribute.StringSlice("http.request.header.x-request-id", []string{string(ctx.Request.Header.Peek(headerRequestID))})))
-	x.trace = &reqTrace{t: t, ctx: c, span: span, rc: ctx}
-}
-
-// admitted marks admission's answer, the queue span's end.
-func (r *reqTrace) admitted(x *exchange) {
-	if r == nil {
-		return
-	}
-	r.admittedAt = x.s.now()
-}
-
-// upstream begins an attempt's span, and gives the backend its
-// traceparent. An attempt before it got no answer.
-func (r *reqTrace) upstream(x *exchange, ureq *fasthttp.Request, be *backends.Backend) {
-	if r == nil {
-		return
-	}
-	now := x.s.now()
-	if r.attempt != nil {
-		r.attempt.SetStatus(codes.Error, "no answer: tried another backend")
-		r.attempt.End(trace.WithTimestamp(now))
-	}
-	c, span := r.t.t.Start(r.ctx, "upstream", trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(now),
-		trace.WithAttributes(attribute.String("kvgate.backend", be.Name())))
-	r.attempt = span
-	traceContext.Inject(c, headerCarrier{&ureq.Header})
-}
-
-// answered ends the upstream span: the backend answers.
-func (r *reqTrace) answered(x *exchange) {
-	if r == nil || r.attempt == nil {
-		return
-	}
-	r.answeredAt = x.s.now()
-	r.attempt.End(trace.WithTimestamp(r.answeredAt))
-	r.attempt = nil
-}
-
-// end ends the request's spans at its finish (took after its arrival),
-// with the access log's account of it, and lets the tracer go.
-func (r *reqTrace) end(x *exchange, outcome, reason string, took time.Duration) {
-	if r == nil {
-		return
-	}
-	defer r.t.release()
-	end := x.start.Add(took)
-	at := trace.WithTimestamp(end)
-	why := outcome
-	if reason != "" {
-		why += ": " + reason
-	}
-	if r.attempt != nil {
-		r.attempt.SetStatus(codes.Error, why)
-		r.attempt.End(at)
-		r.attempt = nil
-	}
-	if !r.span.IsRecording() {
-		return // not sampled: only its context was needed, for the backend
-	}
-	waited := x.queueWait()
-	if waited > 0 && !r.admittedAt.IsZero() {
-		_, q := r.t.t.Start(r.ctx, "admission.queue", trace.WithTimestamp(r.admittedAt.Add(-waited)),
-			trace.WithAttributes(attribute.String("kvgate.class", x.class), attribute.Bool("kvgate.admitted", x.ticket != nil)))
-		q.End(trace.WithTimestamp(r.admittedAt))
-	}
-	if x.body.x != nil && !r.answeredAt.IsZero() {
-		_, st := r.t.t.Start(r.ctx, "stream", trace.WithTimestamp(r.answeredAt))
-		if outcome != outcomeOK {
-			st.SetStatus(codes.Error, why)
-		}
-		st.End(at)
-	}
-	status := x.answerStatus(r.rc, outcome)
-	prompt, output := x.tokens()
-	r.span.SetAttributes(
-		attribute.Int("http.response.status_code", status),
-		attribute.String("gen_ai.request.model", x.label),
-		attribute.Int("gen_ai.usage.input_tokens", prompt),
-		attribute.Int("gen_ai.usage.output_tokens", output),
-		attribute.String("kvgate.tenant", x.tenant),
-		attribute.String("kvgate.class", x.class),
-		attribute.String("kvgate.gpu", x.gpuName()),
-		attribute.String("kvgate.backend", x.backendName()),
-		attribute.String("kvgate.outcome", outcome),
-		attribute.String("kvgate.reason", reason),
-		attribute.Int64("kvgate.kv_reserved_bytes", x.res.weight()),
-		attribute.Float64("kvgate.queue_wait_ms", accesslog.Millis(waited)),
-	)
-	// As for any server span, a 4xx (a refusal, a shed) is the client's
-	// to handle, not an error of the gateway's.
-	if outcome == outcomeFailed || status >= 500 {
-		r.span.SetStatus(codes.Error, why)
-	}
-	r.span.End(at)
 }
 
 // headerCarrier lets the propagator read and write fasthttp's headers.
