@@ -8,7 +8,7 @@ import (
 
 // Chat and completions, as their entries in the table of routes
 // (routes.go) take them: read by parseRequest (parse.go), their prompts
-// found by promptTexts, reserved by reserve (reservation.go), and run as
+// found by promptTexts and reserved by reserve (reservation.go), and run as
 // below.
 
 // reserveCompletion is chat's and completions' reservation step.

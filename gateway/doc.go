@@ -28,7 +28,7 @@
 //
 // It counts the prompt's tokens (reservation.go: a backend's /tokenize,
 // remembered per prompt in a bounded cache, tokencache.go, or an estimate
-// calibrated against the usage backends report, model.go) and sizes the
+// calibrated against the usage backends report, estimate.go) and sizes the
 // output (max_tokens, else the model's default, else the rest of the
 // context). That is the reservation (reservation.go): per prompt its
 // tokens, the output it may generate and its sequences, in the model's KV
@@ -83,9 +83,8 @@
 //
 // Every request leaves through exactly one finish (exchange.go), which
 // releases its reservation, stops watching its client, cancels its
-// upstream exchange, writes its access-log line (accesslog.go) and ends
-// its spans (trace.go). A
-// client hang-up (noticed through package connwatch even while the request
+// upstream exchange, writes its access-log line and ends its spans (the
+// request's records, records.go). A client hang-up (noticed through package connwatch even while the request
 // is queued or waiting for a non-streamed answer), a request timeout and a
 // shutdown all end the request's context (reqCtx in exchange.go; its deadlines are
 // checked by the sweep of the requests in flight, inflight.go), and an
@@ -122,7 +121,7 @@
 // and its checks config*.go, every key's default one row of one table
 // (configdefaults.go, which the README's reference is held to), and Check
 // (check.go) reports what a configuration builds; the operator's /status view is status.go and the
-// Prometheus series metrics.go (fed as requests pass), metrics_collect.go
+// Prometheus series metrics.go (fed as requests pass, records.go), metrics_collect.go
 // (seeded and read at scrape time) and metrics_sharedbudget.go (a replica's
 // shared budget, whose leases and fair shares are the fleet code's). Secrets
 // never reach a client or a log (secrets.go). On SIGTERM (Drain, drain.go)

@@ -3,6 +3,7 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"strconv"
 
@@ -480,107 +481,31 @@ func (r *request) readPrompt(v *fastjson.Value) error {
 	return nil
 }
 
-// promptText is one prompt as the client wrote it: a chat's messages and
-// tools (nil when absent or null), or one prompt string of a completion
-// (in text). It is what the backend's count depends on (with the model and
-// the endpoint), so it keys the tokenize cache as it is, and a /tokenize
-// body is built from it only when the cache cannot answer.
-type promptText struct{ text, tools []byte }
-
-var (
-	chatPromptKeys       = []string{"messages", "tools"}
-	completionPromptKeys = []string{"prompt"}
-)
-
-// promptTexts finds r.prompts in body (already parsed once into r) by
-// scanning its bytes. A body the scan cannot read as the parser did (a
-// top-level key written with escapes) is read from a parse tree instead,
-// its prompts marshalled from it.
-func promptTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
-	keys := chatPromptKeys
-	if r.kind == completions {
-		keys = completionPromptKeys
+// readAffinity notes what of body keys its affinity without a session:
+// the user field, and a hash of the first affinityPrefix bytes of the
+// first message's text or the first prompt.
+func (r *request) readAffinity(v *fastjson.Value) {
+	if u := v.Get("user"); u != nil && u.Type() == fastjson.TypeString {
+		r.user = string(u.GetStringBytes())
 	}
-	var found [2][]byte
-	if err := jsonscan.Lookup(body, keys, found[:len(keys)]); err != nil {
-		p := pp.Get()
-		defer pp.Put(p)
-		return r.promptTextsFromTree(p, body)
-	}
+	var text []byte
 	if r.kind == chatCompletions {
-		tools := found[1]
-		if string(tools) == "null" {
-			tools = nil
+		if msgs := v.GetArray("messages"); len(msgs) > 0 {
+			if c := msgs[0].Get("content"); c != nil && c.Type() == fastjson.TypeString {
+				text = c.GetStringBytes()
+			}
 		}
-		r.onePrompt[0] = promptText{text: found[0], tools: tools}
-		r.prompts = r.onePrompt[:]
-		return nil
-	}
-	if len(r.shapes) == 1 {
-		r.onePrompt[0] = promptText{}
-		r.prompts = r.onePrompt[:]
-	} else {
-		r.prompts = make([]promptText, len(r.shapes))
-	}
-	prompt := found[0]
-	if len(prompt) > 0 && prompt[0] == '"' {
-		r.prompts[0].text = prompt
-		return nil
-	}
-	i := 0
-	return jsonscan.Elements(prompt, func(v []byte) {
-		if i < len(r.shapes) && !r.shapes[i].ids {
-			r.prompts[i].text = v
-		}
-		i++
-	})
-}
-
-// promptTextsFromTree is promptTexts for a body only a parser reads right.
-func (r *request) promptTextsFromTree(p *fastjson.Parser, body []byte) error {
-	v, err := p.ParseBytes(body)
-	if err != nil {
-		return err
-	}
-	if r.kind == chatCompletions {
-		var pt promptText
-		pt.text = v.Get("messages").MarshalTo(nil)
-		if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
-			pt.tools = tools.MarshalTo(nil)
-		}
-		r.prompts = []promptText{pt}
-		return nil
-	}
-	prompt := v.Get("prompt")
-	items := []*fastjson.Value{prompt}
-	if prompt.Type() == fastjson.TypeArray {
-		items, _ = prompt.Array()
-	}
-	r.prompts = make([]promptText, len(r.shapes))
-	for i, sh := range r.shapes {
-		if !sh.ids {
-			// fastjson unescapes a string it was asked the type of, and
-			// would quote it again the Go way: re-quoted here with JSON's
-			// escapes.
-			r.prompts[i].text = jsonscan.AppendString(nil, string(items[i].GetStringBytes()))
+	} else if p := v.Get("prompt"); p != nil {
+		switch p.Type() {
+		case fastjson.TypeString:
+			text = p.GetStringBytes()
+		case fastjson.TypeArray:
+			if items := p.GetArray(); len(items) > 0 && items[0].Type() == fastjson.TypeString {
+				text = items[0].GetStringBytes()
+			}
 		}
 	}
-	return nil
-}
-
-// tokenizeBody appends to dst the vLLM /tokenize request for prompt i of
-// r: the prompt exactly as the client sent it, so the backend counts what
-// it will run.
-func tokenizeBody(dst []byte, r *request, i int) []byte {
-	dst = jsonscan.AppendString(append(dst, `{"model":`...), r.model)
-	pt := r.prompts[i]
-	if r.kind == completions || r.kind.pooling() {
-		dst = append(append(dst, `,"prompt":`...), pt.text...)
-		return append(dst, '}')
+	if len(text) > 0 {
+		r.prefix = maphash.Bytes(affinitySeed, text[:min(len(text), affinityPrefix)]) | 1
 	}
-	dst = append(append(dst, `,"add_generation_prompt":true,"messages":`...), pt.text...)
-	if pt.tools != nil {
-		dst = append(append(dst, `,"tools":`...), pt.tools...)
-	}
-	return append(dst, '}')
 }

@@ -4,10 +4,8 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"math"
-	"sync"
 
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fastjson"
 
 	"github.com/kvgate/kvgate/backends"
 )
@@ -22,10 +20,11 @@ import (
 // would share; the GPU's admission table (admission.SetSharing) then
 // counts each such block once.
 //
-// What it can see: the token ids of a fresh /tokenize answer (tokenizer:
-// backend). A prompt counted from the tokenize cache, by the estimate, or
-// given as token ids is reserved whole, sharing nothing: never an
-// under-count, only a missed saving.
+// What it can see: the token ids of a /tokenize answer (tokenizer:
+// backend), whose chain the token cache keeps with the count. The count
+// step (reservation.go) gives a request its chains. A prompt counted by
+// the estimate, or given as token ids, is reserved whole, sharing nothing:
+// never an under-count, only a missed saving.
 //
 // A GPU shares only while every backend on it reports prefix caching on
 // (vllm:cache_config_info's enable_prefix_caching) at the model's
@@ -67,62 +66,6 @@ func chainStep(seed maphash.Seed, buf []byte, parent uint64, ids []uint32) uint6
 		buf = binary.LittleEndian.AppendUint32(buf, id)
 	}
 	return maphash.Bytes(seed, buf)
-}
-
-// idBufs are the buffers a /tokenize answer's token ids are read into:
-// only the chain made of them is kept.
-var idBufs = sync.Pool{New: func() any { b := make([]uint32, 0, 4096); return &b }}
-
-// salted is chain as requests with cache_salt salt name it: the same
-// chain for no salt, else each name mixed with the salt, so that two
-// salts never name a block alike. It never writes chain (the tokenize
-// cache's entries are read concurrently).
-func salted(seed maphash.Seed, chain []uint64, salt string) []uint64 {
-	if salt == "" {
-		return chain
-	}
-	var h maphash.Hash
-	h.SetSeed(seed)
-	writeLenPrefixed(&h, []byte(salt))
-	root := h.Sum64()
-	out := make([]uint64, len(chain))
-	var buf [16]byte
-	for j, name := range chain {
-		binary.LittleEndian.PutUint64(buf[:8], root)
-		binary.LittleEndian.PutUint64(buf[8:], name)
-		out[j] = maphash.Bytes(seed, buf[:])
-	}
-	return out
-}
-
-// setChain gives prompt i of the request its chain, as its cache_salt
-// names it.
-func (x *exchange) setChain(i int, chain []uint64) {
-	if x.chains == nil {
-		x.chains = make([][]uint64, len(x.req.shapes))
-	}
-	x.chains[i] = salted(x.s.prefixSeed, chain, x.req.cacheSalt)
-}
-
-// sharesAny says whether a GPU that may serve model holds shared prompt
-// blocks once now: only then is a prompt's chain worth its token ids.
-func (rt *runtime) sharesAny(model string) bool {
-	if m := rt.models[model]; m != nil && m.kvEvents {
-		return true // the index names a GPU's cached blocks alike
-	}
-	for _, g := range rt.gpus {
-		if !g.sharing.Load() {
-			continue
-		}
-		for _, b := range g.backends {
-			for _, m := range b.Spec().Models {
-				if m == model {
-					return true
-				}
-			}
-		}
-	}
-	return false
 }
 
 // shares says whether g's backends hold a shared prompt block once, as
@@ -181,33 +124,4 @@ func (x *exchange) affinity(ctx *fasthttp.RequestCtx) uint64 {
 		return x.req.prefix
 	}
 	return 0
-}
-
-// readAffinity notes what of body keys its affinity without a session:
-// the user field, and a hash of the first affinityPrefix bytes of the
-// first message's text or the first prompt.
-func (r *request) readAffinity(v *fastjson.Value) {
-	if u := v.Get("user"); u != nil && u.Type() == fastjson.TypeString {
-		r.user = string(u.GetStringBytes())
-	}
-	var text []byte
-	if r.kind == chatCompletions {
-		if msgs := v.GetArray("messages"); len(msgs) > 0 {
-			if c := msgs[0].Get("content"); c != nil && c.Type() == fastjson.TypeString {
-				text = c.GetStringBytes()
-			}
-		}
-	} else if p := v.Get("prompt"); p != nil {
-		switch p.Type() {
-		case fastjson.TypeString:
-			text = p.GetStringBytes()
-		case fastjson.TypeArray:
-			if items := p.GetArray(); len(items) > 0 && items[0].Type() == fastjson.TypeString {
-				text = items[0].GetStringBytes()
-			}
-		}
-	}
-	if len(text) > 0 {
-		r.prefix = maphash.Bytes(affinitySeed, text[:min(len(text), affinityPrefix)]) | 1
-	}
 }

@@ -1,13 +1,24 @@
 package gateway
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
+	"sync"
+
+	"github.com/valyala/fastjson"
 
 	"github.com/kvgate/kvgate/admission"
 	"github.com/kvgate/kvgate/backends"
+	"github.com/kvgate/kvgate/internal/jsonscan"
 	"github.com/kvgate/kvgate/kvbudget"
 )
+
+// A request's reservation, from its prompts' counts to what admission
+// holds for it: the count step, the reserve step (both steps of the loop,
+// loop.go), and the reservation that its answer's events then move
+// (tally.go).
 
 // reservation is what a request may grow to, prompt by prompt and choice by
 // choice, and what it has generated so far: the admission Shape it is
@@ -134,6 +145,13 @@ func (r *reservation) reservedOutput() int {
 	return t
 }
 
+// The count step: each prompt's tokens, from the token ids the client
+// sent, the token cache (tokencache.go), the backend's /tokenize, or else
+// the calibrated estimate (estimate.go); and, where a GPU of the model
+// holds shared prompt blocks once, the chain that names the prompt's full
+// blocks (prefix.go says how). Where a count came from labels the
+// prediction-error histogram.
+
 // countPrompts counts each prompt's tokens by the model's strategy; exact
 // says which counts are the backend's own (or token ids) rather than
 // estimates. The backend strategy asks a backend of the model (the one
@@ -177,6 +195,282 @@ func (x *exchange) countPrompts() (counts []int, exact []bool, err error) {
 	}
 	return counts, exact, nil
 }
+
+// promptText is one prompt as the client wrote it: a chat's messages and
+// tools (nil when absent or null), or one prompt string of a completion
+// (in text). It is what the backend's count depends on (with the model and
+// the endpoint), so it keys the tokenize cache as it is, and a /tokenize
+// body is built from it only when the cache cannot answer.
+type promptText struct{ text, tools []byte }
+
+// promptTexts finds r.prompts in body (already parsed once into r) by
+// scanning its bytes. A body the scan cannot read as the parser did (a
+// top-level key written with escapes) is read from a parse tree instead,
+// its prompts marshalled from it.
+func promptTexts(pp *fastjson.ParserPool, body []byte, r *request) error {
+	keys := chatPromptKeys
+	if r.kind == completions {
+		keys = completionPromptKeys
+	}
+	var found [2][]byte
+	if err := jsonscan.Lookup(body, keys, found[:len(keys)]); err != nil {
+		p := pp.Get()
+		defer pp.Put(p)
+		return r.promptTextsFromTree(p, body)
+	}
+	if r.kind == chatCompletions {
+		tools := found[1]
+		if string(tools) == "null" {
+			tools = nil
+		}
+		r.onePrompt[0] = promptText{text: found[0], tools: tools}
+		r.prompts = r.onePrompt[:]
+		return nil
+	}
+	if len(r.shapes) == 1 {
+		r.onePrompt[0] = promptText{}
+		r.prompts = r.onePrompt[:]
+	} else {
+		r.prompts = make([]promptText, len(r.shapes))
+	}
+	prompt := found[0]
+	if len(prompt) > 0 && prompt[0] == '"' {
+		r.prompts[0].text = prompt
+		return nil
+	}
+	i := 0
+	return jsonscan.Elements(prompt, func(v []byte) {
+		if i < len(r.shapes) && !r.shapes[i].ids {
+			r.prompts[i].text = v
+		}
+		i++
+	})
+}
+
+// promptTextsFromTree is promptTexts for a body only a parser reads right.
+func (r *request) promptTextsFromTree(p *fastjson.Parser, body []byte) error {
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return err
+	}
+	if r.kind == chatCompletions {
+		var pt promptText
+		pt.text = v.Get("messages").MarshalTo(nil)
+		if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
+			pt.tools = tools.MarshalTo(nil)
+		}
+		r.prompts = []promptText{pt}
+		return nil
+	}
+	prompt := v.Get("prompt")
+	items := []*fastjson.Value{prompt}
+	if prompt.Type() == fastjson.TypeArray {
+		items, _ = prompt.Array()
+	}
+	r.prompts = make([]promptText, len(r.shapes))
+	for i, sh := range r.shapes {
+		if !sh.ids {
+			// fastjson unescapes a string it was asked the type of, and
+			// would quote it again the Go way: re-quoted here with JSON's
+			// escapes.
+			r.prompts[i].text = jsonscan.AppendString(nil, string(items[i].GetStringBytes()))
+		}
+	}
+	return nil
+}
+
+// tokenizeBody appends to dst the vLLM /tokenize request for prompt i of
+// r: the prompt exactly as the client sent it, so the backend counts what
+// it will run.
+func tokenizeBody(dst []byte, r *request, i int) []byte {
+	dst = jsonscan.AppendString(append(dst, `{"model":`...), r.model)
+	pt := r.prompts[i]
+	if r.kind == completions || r.kind.pooling() {
+		dst = append(append(dst, `,"prompt":`...), pt.text...)
+		return append(dst, '}')
+	}
+	dst = append(append(dst, `,"add_generation_prompt":true,"messages":`...), pt.text...)
+	if pt.tools != nil {
+		dst = append(append(dst, `,"tools":`...), pt.tools...)
+	}
+	return append(dst, '}')
+}
+
+var (
+	chatPromptKeys       = []string{"messages", "tools"}
+	completionPromptKeys = []string{"prompt"}
+)
+
+// Sources of a request's prompt count, the tokenizer label of the
+// prediction-error histogram.
+const (
+	sourceBackend  = "backend"  // the backend's /tokenize, asked now
+	sourceCache    = "cache"    // the backend's /tokenize, answered earlier
+	sourceEstimate = "estimate" // the calibrated estimate
+)
+
+// promptSources are where the model's prompt counts can come from.
+func (m *model) promptSources() []string {
+	switch {
+	case m.tokenizer == "estimate":
+		return []string{sourceEstimate}
+	case m.tokens != nil:
+		return []string{sourceBackend, sourceCache, sourceEstimate}
+	default:
+		return []string{sourceBackend, sourceEstimate} // the estimate stands in when /tokenize fails
+	}
+}
+
+// tokenizeCached counts prompt i of the request through the model's cache,
+// asking a backend on a miss (*be, picked on the first miss). For a single
+// prompt, it remembers the key of a hit so that recordUsage can check it
+// against the backend's usage.
+func (x *exchange) tokenizeCached(be **backends.Backend, i int) (int, error) {
+	c := x.m.tokens
+	var k tokenKey
+	share := x.rt.sharesAny(x.req.model)
+	if c != nil {
+		k = c.key(x.req, i)
+		bs := 0
+		if share {
+			bs = max(x.m.layout.BlockSize, 1)
+		}
+		if n, chain, ok := c.lookup(k, bs); ok {
+			x.noteSource(sourceCache)
+			if len(x.req.shapes) == 1 {
+				x.cacheHit, x.cacheKey, x.cacheCount = true, k, n
+			}
+			if share {
+				x.setChain(i, chain)
+			}
+			return n, nil
+		}
+	}
+	if err := x.pickTokenizer(be); err != nil {
+		return 0, err
+	}
+	if share {
+		// A GPU of the model holds shared blocks once: the token ids name
+		// this prompt's (prefix.go).
+		ids := idBufs.Get().(*[]uint32)
+		defer func() {
+			if cap(*ids) <= 1<<16 { // a rare huge prompt's buffer is not kept
+				idBufs.Put(ids)
+			}
+		}()
+		n, err := (*be).TokenizeIDs(&x.rctx, tokenizeBody(nil, x.req, i), ids)
+		if err != nil {
+			return 0, err
+		}
+		bs := max(x.m.layout.BlockSize, 1)
+		chain := promptChain(make([]uint64, 0, len(*ids)/bs), x.s.prefixSeed, x.req.model, *ids, bs)
+		x.setChain(i, chain)
+		x.noteSource(sourceBackend)
+		if c != nil {
+			c.putChain(k, n, chain)
+		}
+		return n, nil
+	}
+	n, err := (*be).Tokenize(&x.rctx, tokenizeBody(nil, x.req, i))
+	if err != nil {
+		return 0, err
+	}
+	x.noteSource(sourceBackend)
+	if c != nil {
+		c.put(k, n)
+	}
+	return n, nil
+}
+
+// pickTokenizer picks the backend that counts the request's prompts, once.
+func (x *exchange) pickTokenizer(be **backends.Backend) error {
+	if *be != nil {
+		return nil
+	}
+	b, err := x.rt.upstreams.Pick(x.req.model, nil)
+	if err != nil {
+		return err
+	}
+	*be = b
+	return nil
+}
+
+// noteSource records how a prompt of the request was counted; an estimate
+// anywhere makes the whole request's count an estimate, else any cached
+// count makes it a cached one.
+func (x *exchange) noteSource(s string) {
+	switch {
+	case x.source == sourceEstimate:
+	case s == sourceEstimate, x.source == "", x.source == sourceBackend:
+		x.source = s
+	}
+}
+
+// checkCached drops a cached count that the backend's own usage
+// contradicts.
+func (x *exchange) checkCached() {
+	if x.cacheHit && x.usage.prompt > 0 && x.usage.prompt != x.cacheCount {
+		x.m.tokens.forget(x.cacheKey, x.cacheCount)
+	}
+}
+
+// idBufs are the buffers a /tokenize answer's token ids are read into:
+// only the chain made of them is kept.
+var idBufs = sync.Pool{New: func() any { b := make([]uint32, 0, 4096); return &b }}
+
+// salted is chain as requests with cache_salt salt name it: the same
+// chain for no salt, else each name mixed with the salt, so that two
+// salts never name a block alike. It never writes chain (the tokenize
+// cache's entries are read concurrently).
+func salted(seed maphash.Seed, chain []uint64, salt string) []uint64 {
+	if salt == "" {
+		return chain
+	}
+	var h maphash.Hash
+	h.SetSeed(seed)
+	writeLenPrefixed(&h, []byte(salt))
+	root := h.Sum64()
+	out := make([]uint64, len(chain))
+	var buf [16]byte
+	for j, name := range chain {
+		binary.LittleEndian.PutUint64(buf[:8], root)
+		binary.LittleEndian.PutUint64(buf[8:], name)
+		out[j] = maphash.Bytes(seed, buf[:])
+	}
+	return out
+}
+
+// setChain gives prompt i of the request its chain, as its cache_salt
+// names it.
+func (x *exchange) setChain(i int, chain []uint64) {
+	if x.chains == nil {
+		x.chains = make([][]uint64, len(x.req.shapes))
+	}
+	x.chains[i] = salted(x.s.prefixSeed, chain, x.req.cacheSalt)
+}
+
+// sharesAny says whether a GPU that may serve model holds shared prompt
+// blocks once now: only then is a prompt's chain worth its token ids.
+func (rt *runtime) sharesAny(model string) bool {
+	if m := rt.models[model]; m != nil && m.kvEvents {
+		return true // the index names a GPU's cached blocks alike
+	}
+	for _, g := range rt.gpus {
+		if !g.sharing.Load() {
+			continue
+		}
+		for _, b := range g.backends {
+			for _, m := range b.Spec().Models {
+				if m == model {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// The reserve step.
 
 // reserve turns token counts into the reservation, or into the 400 that a
 // request over the model's context length gets. Only an exact count can

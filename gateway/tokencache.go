@@ -5,8 +5,6 @@ import (
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
-
-	"github.com/kvgate/kvgate/backends"
 )
 
 // tokenCache remembers the backend's /tokenize answers, so that a prompt
@@ -251,118 +249,5 @@ func (c *tokenCache) relinkLocked(from, to int32) {
 		c.slots[s.next].prev = to
 	} else if c.tail == from {
 		c.tail = to
-	}
-}
-
-// Sources of a request's prompt count, the tokenizer label of the
-// prediction-error histogram.
-const (
-	sourceBackend  = "backend"  // the backend's /tokenize, asked now
-	sourceCache    = "cache"    // the backend's /tokenize, answered earlier
-	sourceEstimate = "estimate" // the calibrated estimate
-)
-
-// promptSources are where the model's prompt counts can come from.
-func (m *model) promptSources() []string {
-	switch {
-	case m.tokenizer == "estimate":
-		return []string{sourceEstimate}
-	case m.tokens != nil:
-		return []string{sourceBackend, sourceCache, sourceEstimate}
-	default:
-		return []string{sourceBackend, sourceEstimate} // the estimate stands in when /tokenize fails
-	}
-}
-
-// tokenizeCached counts prompt i of the request through the model's cache,
-// asking a backend on a miss (*be, picked on the first miss). For a single
-// prompt, it remembers the key of a hit so that recordUsage can check it
-// against the backend's usage.
-func (x *exchange) tokenizeCached(be **backends.Backend, i int) (int, error) {
-	c := x.m.tokens
-	var k tokenKey
-	share := x.rt.sharesAny(x.req.model)
-	if c != nil {
-		k = c.key(x.req, i)
-		bs := 0
-		if share {
-			bs = max(x.m.layout.BlockSize, 1)
-		}
-		if n, chain, ok := c.lookup(k, bs); ok {
-			x.noteSource(sourceCache)
-			if len(x.req.shapes) == 1 {
-				x.cacheHit, x.cacheKey, x.cacheCount = true, k, n
-			}
-			if share {
-				x.setChain(i, chain)
-			}
-			return n, nil
-		}
-	}
-	if err := x.pickTokenizer(be); err != nil {
-		return 0, err
-	}
-	if share {
-		// A GPU of the model holds shared blocks once: the token ids name
-		// this prompt's (prefix.go).
-		ids := idBufs.Get().(*[]uint32)
-		defer func() {
-			if cap(*ids) <= 1<<16 { // a rare huge prompt's buffer is not kept
-				idBufs.Put(ids)
-			}
-		}()
-		n, err := (*be).TokenizeIDs(&x.rctx, tokenizeBody(nil, x.req, i), ids)
-		if err != nil {
-			return 0, err
-		}
-		bs := max(x.m.layout.BlockSize, 1)
-		chain := promptChain(make([]uint64, 0, len(*ids)/bs), x.s.prefixSeed, x.req.model, *ids, bs)
-		x.setChain(i, chain)
-		x.noteSource(sourceBackend)
-		if c != nil {
-			c.putChain(k, n, chain)
-		}
-		return n, nil
-	}
-	n, err := (*be).Tokenize(&x.rctx, tokenizeBody(nil, x.req, i))
-	if err != nil {
-		return 0, err
-	}
-	x.noteSource(sourceBackend)
-	if c != nil {
-		c.put(k, n)
-	}
-	return n, nil
-}
-
-// pickTokenizer picks the backend that counts the request's prompts, once.
-func (x *exchange) pickTokenizer(be **backends.Backend) error {
-	if *be != nil {
-		return nil
-	}
-	b, err := x.rt.upstreams.Pick(x.req.model, nil)
-	if err != nil {
-		return err
-	}
-	*be = b
-	return nil
-}
-
-// noteSource records how a prompt of the request was counted; an estimate
-// anywhere makes the whole request's count an estimate, else any cached
-// count makes it a cached one.
-func (x *exchange) noteSource(s string) {
-	switch {
-	case x.source == sourceEstimate:
-	case s == sourceEstimate, x.source == "", x.source == sourceBackend:
-		x.source = s
-	}
-}
-
-// checkCached drops a cached count that the backend's own usage
-// contradicts.
-func (x *exchange) checkCached() {
-	if x.cacheHit && x.usage.prompt > 0 && x.usage.prompt != x.cacheCount {
-		x.m.tokens.forget(x.cacheKey, x.cacheCount)
 	}
 }
