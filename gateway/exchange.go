@@ -37,7 +37,7 @@ var (
 // finish gives it all back exactly once, whichever way the request
 // leaves. Its other roles are types of their own, embedded: the counting
 // of its tokens (tally, tally.go), the relay of its stream (relay,
-// relay.go), and what is recorded of it (records).
+// relay.go), and what is recorded of it (records, records.go).
 type exchange struct {
 	s     *Server
 	rt    *runtime
@@ -71,13 +71,6 @@ type who struct{ tenant, class string }
 type hold struct {
 	ticket    *admission.Ticket // &ticketBuf once admitted, or the continuation's
 	ticketBuf admission.Ticket
-}
-
-// records are what is written of a request at its finish: its access
-// line and its spans.
-type records struct {
-	access accessRecord // records.go
-	trace  *reqTrace    // records.go; nil with tracing off
 }
 
 func (s *Server) newExchange(ctx *fasthttp.RequestCtx, rt *runtime) *exchange {

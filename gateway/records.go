@@ -18,11 +18,18 @@ import (
 	"github.com/kvgate/kvgate/internal/accesslog"
 )
 
-// A request's records: what it leaves behind for the operator, and no
-// step of its own decides anything by them. Its access line, its span
-// (trace.go holds the exporter and says which spans there are) and the
-// series of its model and tenant (metrics.go defines the series), each
-// written as the request's steps reach them and closed by its finish.
+// A request's records, what it leaves for the operator to read (the
+// gateway decides nothing by them): its access line, its span (trace.go
+// holds the exporter and names the spans) and its model's and tenant's
+// series (metrics.go defines them). Each step writes its part as the
+// request reaches it, and finish closes them.
+
+// records are what is written of a request: its access line and its
+// spans.
+type records struct {
+	access accessRecord
+	trace  *reqTrace // nil with tracing off
+}
 
 // The access log: one line per proxied request, written by its finish, so
 // that every way a request leaves (answered, refused, shed, failed,
