@@ -63,7 +63,9 @@
 //
 // The exchange (exchange.go) is the request's life: its ticket, its
 // context, its client watch and the one finish. Its counting (tally,
-// tally.go) and its relay (relay, relay.go) are types of their own.
+// tally.go), its relay (relay, relay.go) and what is recorded of it
+// (records, records.go: its access line, its span, its series) are types
+// of their own.
 //
 // The pooling routes (embeddings, pooling, classify, score, rerank;
 // pooling.go) take the same steps with their own reading of
