@@ -23,7 +23,7 @@ func completionAdmission(x *exchange) admission.Request {
 	areq := admission.Request{Opaque: !req.stream, Pinned: req.pinned}
 	if req.stream {
 		areq.Stopper = x
-		if req.resumable && x.rt.resumes() {
+		if req.resumable && x.rt.resumes {
 			x.resume = newResumeState()
 		}
 		// A tool call ends what a continuation can carry, found only
@@ -31,7 +31,7 @@ func completionAdmission(x *exchange) admission.Request {
 		// cannot be resumed where admission decides up front. With
 		// resume_stopped off every stop is a cut, which the operator
 		// chose over holding streams at their worst case.
-		areq.NoResume = x.rt.resumes() && (x.resume == nil || req.tools)
+		areq.NoResume = x.rt.resumes && (x.resume == nil || req.tools)
 	}
 	return areq
 }

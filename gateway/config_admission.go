@@ -387,3 +387,10 @@ func (a AdmissionConfig) epsilon() float64 { return cmp.Or(a.Epsilon, admission.
 func (a AdmissionConfig) resumableEpsilon() float64 {
 	return cmp.Or(a.ResumableEpsilon, admission.DefaultResumableEpsilon)
 }
+
+// resumes says whether streams the guard stops are resumed: under the
+// predicted reservation (the only one whose guard stops anything) unless
+// resume_stopped says not to.
+func (a AdmissionConfig) resumes() bool {
+	return a.Mode == modeKV && a.Reservation == admission.Predicted && (a.ResumeStopped == nil || *a.ResumeStopped)
+}

@@ -219,7 +219,7 @@ func TestConfigSectionDefaults(t *testing.T) {
 		{"write timeout follows request timeout", "server: {request_timeout: 1m}\n", func(c *Config) bool { return c.Server.WriteTimeout.D == 2*time.Minute }},
 		{"admission", "", func(c *Config) bool {
 			a := c.Admission
-			return a.Mode == modeKV && a.MaxConcurrency == 16 && a.Reservation == "predicted" && a.resumeStopped() && a.AbortHold.D == time.Second &&
+			return a.Mode == modeKV && a.MaxConcurrency == 16 && a.Reservation == "predicted" && a.resumes() && a.AbortHold.D == time.Second &&
 				*a.Backfill.Enabled && a.epsilon() == 1e-4
 		}},
 		{"abort_hold 0s is none", "admission: {abort_hold: 0s}\n", func(c *Config) bool { return c.Admission.AbortHold.D == 0 }},

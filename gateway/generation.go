@@ -52,7 +52,7 @@ func generationAdmission(x *exchange) admission.Request {
 	areq := admission.Request{Opaque: !x.req.stream, Pinned: x.req.pinned}
 	if x.req.stream {
 		areq.Stopper = x
-		areq.NoResume = x.rt.resumes() // as chat's (completion.go)
+		areq.NoResume = x.rt.resumes // as chat's (completion.go)
 	}
 	return areq
 }

@@ -509,3 +509,32 @@ func (r *request) readAffinity(v *fastjson.Value) {
 		r.prefix = maphash.Bytes(affinitySeed, text[:min(len(text), affinityPrefix)]) | 1
 	}
 }
+
+// continuable says whether a request's body can be continued from its
+// text (resume.go says what cannot be): read with the rest of the body.
+func continuable(v *fastjson.Value, kind endpoint) bool {
+	for _, k := range structuredKeys {
+		if f := v.Get(k); f != nil && f.Type() != fastjson.TypeNull {
+			return false
+		}
+	}
+	if rf := v.Get("response_format"); rf != nil && rf.Type() == fastjson.TypeObject && string(rf.GetStringBytes("type")) != "text" {
+		return false
+	}
+	if kind == chatCompletions {
+		// vLLM's chat echo repeats the last message before the answer: a
+		// continuation, whose last message is the text generated, would
+		// repeat that text.
+		return !isTrue(v.Get("continue_final_message")) && !isFalse(v.Get("add_generation_prompt")) && !isTrue(v.Get("echo"))
+	}
+	p := v.Get("prompt")
+	return p != nil && p.Type() == fastjson.TypeString && !isTrue(v.Get("echo")) && v.Get("suffix") == nil
+}
+
+// structuredKeys are vLLM's fields that constrain the output to a grammar,
+// which a continuation would restart from its beginning.
+var structuredKeys = [...]string{"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}
+
+func isTrue(v *fastjson.Value) bool { return v != nil && v.Type() == fastjson.TypeTrue }
+
+func isFalse(v *fastjson.Value) bool { return v != nil && v.Type() == fastjson.TypeFalse }

@@ -11,10 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fastjson"
 
 	"github.com/kvgate/kvgate/internal/chunkscan"
+	"github.com/kvgate/kvgate/internal/jsonscan"
 	"github.com/kvgate/kvgate/internal/sse"
 )
 
@@ -448,4 +450,115 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
+}
+
+// What a stream that may be resumed keeps, as the relay passes its
+// events on: the body it was sent and the text its only choice generated,
+// from which resume.go makes the continuation if the guard stops it.
+
+// resumeState is what a stream that may be resumed keeps: the body and
+// headers its backend was sent, and the text its only choice generated.
+type resumeState struct {
+	sent *bytebufferpool.ByteBuffer // the body, then the copied headers
+	hdr  [len(forwardedHeaders)][2]int
+	// text is the generated text as the events carried it: the contents of
+	// JSON strings, escapes and all, one after another.
+	text    *bytebufferpool.ByteBuffer
+	broken  bool // something was generated that the text cannot carry
+	resumed bool // sent again already: never twice
+	// lost is broken or resumed as the guard reads it (Resumable), from
+	// another goroutine.
+	lost atomic.Bool
+	// carried is the tokens the earlier exchange generated, which the
+	// continuation's backend counts as prompt: the usage the client is
+	// told moves them back to the completion.
+	carried int
+	// opening: the continuation's first event is still to come; the role
+	// chunk that opens a chat stream is not relayed a second time.
+	opening bool
+}
+
+var (
+	sentBufs bytebufferpool.Pool
+	textBufs bytebufferpool.Pool
+)
+
+func newResumeState() *resumeState {
+	return &resumeState{sent: sentBufs.Get(), text: textBufs.Get()}
+}
+
+// free gives the buffers back; the state is unusable after.
+func (rs *resumeState) free() {
+	if rs.sent != nil {
+		sentBufs.Put(rs.sent)
+		textBufs.Put(rs.text)
+		rs.sent, rs.text = nil, nil
+	}
+}
+
+// keep copies the body the backend is sent and the client's headers it
+// is sent with: the continuation is sent after the handler has returned,
+// when the client's request may no longer be read.
+func (rs *resumeState) keep(body []byte, hdr headerSource) {
+	rs.sent.B = append(rs.sent.B[:0], body...)
+	for i, h := range forwardedHeaders {
+		start := len(rs.sent.B)
+		rs.sent.B = append(rs.sent.B, hdr.Peek(h)...)
+		rs.hdr[i] = [2]int{start, len(rs.sent.B)}
+	}
+}
+
+// Peek is the copy of a forwarded header (headerSource).
+func (rs *resumeState) Peek(key string) []byte {
+	for i, h := range forwardedHeaders {
+		if h == key {
+			return rs.sent.B[rs.hdr[i][0]:rs.hdr[i][1]]
+		}
+	}
+	return nil
+}
+
+// body is the body the backend was sent.
+func (rs *resumeState) body() []byte {
+	if len(forwardedHeaders) == 0 {
+		return rs.sent.B
+	}
+	return rs.sent.B[:rs.hdr[0][0]]
+}
+
+// capturing says the generated text is still being kept.
+func (rs *resumeState) capturing() bool { return rs != nil && !rs.resumed && !rs.broken }
+
+// capture keeps a piece of generated text, as the contents of a JSON
+// string (escapes kept); reasoning pieces cannot be continued as text.
+func (rs *resumeState) capture(escaped []byte, reasoning bool) {
+	if reasoning {
+		rs.breaks()
+		return
+	}
+	rs.text.B = append(rs.text.B, escaped...)
+}
+
+// breaks notes that the text can no longer carry what was generated.
+func (rs *resumeState) breaks() {
+	rs.broken = true
+	rs.lost.Store(true)
+}
+
+// captureParsed keeps the text of choice 0 of a parsed event, which the
+// scan could not read (generated says it carries output).
+func (rs *resumeState) captureParsed(c *fastjson.Value) {
+	d := c.Get("delta")
+	if d != nil && (len(d.GetArray("tool_calls")) > 0 || len(d.GetStringBytes("reasoning")) > 0 || len(d.GetStringBytes("reasoning_content")) > 0) {
+		rs.breaks()
+		return
+	}
+	text := c.GetStringBytes("text")
+	if d != nil {
+		text = d.GetStringBytes("content")
+	}
+	n := len(rs.text.B)
+	rs.text.B = jsonscan.AppendString(rs.text.B, string(text))
+	// AppendString quotes; the text is kept without them.
+	rs.text.B = append(rs.text.B[:n], rs.text.B[n+1:len(rs.text.B)-1]...)
 }

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"sync/atomic"
 
-	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fastjson"
 
 	"github.com/kvgate/kvgate/admission"
@@ -43,141 +41,11 @@ import (
 // count (tally.go): the backend's own where its chunks report it, or
 // a bound never below it, so that the continuation never runs past the
 // client's max_tokens (it may stop short of it under the bound).
-
-// resumeState is what a stream that may be resumed keeps: the body and
-// headers its backend was sent, and the text its only choice generated.
-type resumeState struct {
-	sent *bytebufferpool.ByteBuffer // the body, then the copied headers
-	hdr  [len(forwardedHeaders)][2]int
-	// text is the generated text as the events carried it: the contents of
-	// JSON strings, escapes and all, one after another.
-	text    *bytebufferpool.ByteBuffer
-	broken  bool // something was generated that the text cannot carry
-	resumed bool // sent again already: never twice
-	// lost is broken or resumed as the guard reads it (Resumable), from
-	// another goroutine.
-	lost atomic.Bool
-	// carried is the tokens the earlier exchange generated, which the
-	// continuation's backend counts as prompt: the usage the client is
-	// told moves them back to the completion.
-	carried int
-	// opening: the continuation's first event is still to come; the role
-	// chunk that opens a chat stream is not relayed a second time.
-	opening bool
-}
-
-var (
-	sentBufs bytebufferpool.Pool
-	textBufs bytebufferpool.Pool
-)
-
-func newResumeState() *resumeState {
-	return &resumeState{sent: sentBufs.Get(), text: textBufs.Get()}
-}
-
-// free gives the buffers back; the state is unusable after.
-func (rs *resumeState) free() {
-	if rs.sent != nil {
-		sentBufs.Put(rs.sent)
-		textBufs.Put(rs.text)
-		rs.sent, rs.text = nil, nil
-	}
-}
-
-// keep copies the body the backend is sent and the client's headers it
-// is sent with: the continuation is sent after the handler has returned,
-// when the client's request may no longer be read.
-func (rs *resumeState) keep(body []byte, hdr headerSource) {
-	rs.sent.B = append(rs.sent.B[:0], body...)
-	for i, h := range forwardedHeaders {
-		start := len(rs.sent.B)
-		rs.sent.B = append(rs.sent.B, hdr.Peek(h)...)
-		rs.hdr[i] = [2]int{start, len(rs.sent.B)}
-	}
-}
-
-// Peek is the copy of a forwarded header (headerSource).
-func (rs *resumeState) Peek(key string) []byte {
-	for i, h := range forwardedHeaders {
-		if h == key {
-			return rs.sent.B[rs.hdr[i][0]:rs.hdr[i][1]]
-		}
-	}
-	return nil
-}
-
-// body is the body the backend was sent.
-func (rs *resumeState) body() []byte {
-	if len(forwardedHeaders) == 0 {
-		return rs.sent.B
-	}
-	return rs.sent.B[:rs.hdr[0][0]]
-}
-
-// capturing says the generated text is still being kept.
-func (rs *resumeState) capturing() bool { return rs != nil && !rs.resumed && !rs.broken }
-
-// capture keeps a piece of generated text, as the contents of a JSON
-// string (escapes kept); reasoning pieces cannot be continued as text.
-func (rs *resumeState) capture(escaped []byte, reasoning bool) {
-	if reasoning {
-		rs.breaks()
-		return
-	}
-	rs.text.B = append(rs.text.B, escaped...)
-}
-
-// breaks notes that the text can no longer carry what was generated.
-func (rs *resumeState) breaks() {
-	rs.broken = true
-	rs.lost.Store(true)
-}
-
-// captureParsed keeps the text of choice 0 of a parsed event, which the
-// scan could not read (generated says it carries output).
-func (rs *resumeState) captureParsed(c *fastjson.Value) {
-	d := c.Get("delta")
-	if d != nil && (len(d.GetArray("tool_calls")) > 0 || len(d.GetStringBytes("reasoning")) > 0 || len(d.GetStringBytes("reasoning_content")) > 0) {
-		rs.breaks()
-		return
-	}
-	text := c.GetStringBytes("text")
-	if d != nil {
-		text = d.GetStringBytes("content")
-	}
-	n := len(rs.text.B)
-	rs.text.B = jsonscan.AppendString(rs.text.B, string(text))
-	// AppendString quotes; the text is kept without them.
-	rs.text.B = append(rs.text.B[:n], rs.text.B[n+1:len(rs.text.B)-1]...)
-}
-
-// continuable says whether a request's body can be continued from its
-// text (see the comment at the top): read with the rest of the body.
-func continuable(v *fastjson.Value, kind endpoint) bool {
-	for _, k := range structuredKeys {
-		if f := v.Get(k); f != nil && f.Type() != fastjson.TypeNull {
-			return false
-		}
-	}
-	if rf := v.Get("response_format"); rf != nil && rf.Type() == fastjson.TypeObject && string(rf.GetStringBytes("type")) != "text" {
-		return false
-	}
-	if kind == chatCompletions {
-		// vLLM's chat echo repeats the last message before the answer: a
-		// continuation, whose last message is the text generated, would
-		// repeat that text.
-		return !isTrue(v.Get("continue_final_message")) && !isFalse(v.Get("add_generation_prompt")) && !isTrue(v.Get("echo"))
-	}
-	p := v.Get("prompt")
-	return p != nil && p.Type() == fastjson.TypeString && !isTrue(v.Get("echo")) && v.Get("suffix") == nil
-}
-
-// structuredKeys are vLLM's fields that constrain the output to a grammar,
-// which a continuation would restart from its beginning.
-var structuredKeys = [...]string{"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}
-
-func isTrue(v *fastjson.Value) bool  { return v != nil && v.Type() == fastjson.TypeTrue }
-func isFalse(v *fastjson.Value) bool { return v != nil && v.Type() == fastjson.TypeFalse }
+//
+// This file is the continuation and its turn. What it is made from is
+// kept by the relay as the stream passes (resumeState, relay.go), for a
+// request whose body can be continued (continuable, read with the body
+// in parse.go) while the configuration resumes (AdmissionConfig.resumes).
 
 // continuation is the body that goes on from the text generated: the body
 // sent, with the text after the prompt and remaining tokens to generate.
@@ -275,16 +143,6 @@ func (x *exchange) generatedForResume() int {
 	}
 	return min(t, n)
 }
-
-// resumes says whether streams the guard stops are resumed: under the
-// predicted reservation (the only one whose guard stops anything) unless
-// the configuration says not to.
-func (rt *runtime) resumes() bool {
-	a := rt.cfg.Admission
-	return a.Mode == modeKV && a.Reservation == admission.Predicted && a.resumeStopped()
-}
-
-func (a AdmissionConfig) resumeStopped() bool { return a.ResumeStopped == nil || *a.ResumeStopped }
 
 // resumeTurn is the loop's turn for a stream the guard stopped (see the
 // comment at the top): the continuation reserved, admitted at the stopped

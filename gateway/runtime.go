@@ -45,6 +45,7 @@ type runtime struct {
 	cors      *corsPolicy          // nil: no CORS
 	sched     *admission.Scheduler // shared by every runtime of a server
 	count     bool                 // admission.mode count: requests, not bytes
+	resumes   bool                 // streams the guard stops are resumed (AdmissionConfig.resumes, resume.go)
 	// reconciled follows each GPU's memory nobody admitted (reconcile.go);
 	// shared by every runtime of a server, so that a reload keeps what it
 	// has seen.
@@ -170,7 +171,7 @@ func newRuntime(cfg *Config, prev *runtime) *runtime {
 		cfg: cfg, models: map[string]*model{}, tenants: map[string]*tenant{},
 		classRank: map[string]int{}, gpus: map[string]*gpu{}, gpuOf: map[*backends.Backend]*gpu{},
 		prefixOff: map[*backends.Backend]bool{}, prefixOn: map[*backends.Backend]bool{},
-		gpuByID: map[string]*gpu{}, count: cfg.Admission.Mode == modeCount, cors: newCORSPolicy(cfg.Server.CORS),
+		gpuByID: map[string]*gpu{}, count: cfg.Admission.Mode == modeCount, resumes: cfg.Admission.resumes(), cors: newCORSPolicy(cfg.Server.CORS),
 		reconciled: &reconcilers{},
 	}
 	if prev != nil {
