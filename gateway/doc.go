@@ -86,11 +86,11 @@
 // Every request leaves through exactly one finish (exchange.go), which
 // releases its reservation, stops watching its client, cancels its
 // upstream exchange, writes its access-log line and ends its spans (the
-// request's records, records.go). A client hang-up (noticed through package connwatch even while the request
-// is queued or waiting for a non-streamed answer), a request timeout and a
-// shutdown all end the request's context (reqCtx in exchange.go; its deadlines are
-// checked by the sweep of the requests in flight, inflight.go), and an
-// ended context closes the upstream connection, which is how the backend
+// request's records, records.go). A client hang-up (noticed through
+// package connwatch even while the request is queued or waiting for a
+// non-streamed answer), a request timeout and a shutdown all end the
+// request's context (reqCtx in exchange.go; its deadlines are checked by
+// the sweep of the requests in flight, inflight.go), and an ended context closes the upstream connection, which is how the backend
 // learns to abort. A choice that finishes early gives its blocks back at
 // once. A request reads the configuration once (an immutable runtime,
 // runtime.go) and a reload swaps in a new one, keeping the budgets and
