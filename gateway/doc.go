@@ -90,11 +90,12 @@
 // package connwatch even while the request is queued or waiting for a
 // non-streamed answer), a request timeout and a shutdown all end the
 // request's context (reqCtx in exchange.go; its deadlines are checked by
-// the sweep of the requests in flight, inflight.go), and an ended context closes the upstream connection, which is how the backend
-// learns to abort. A choice that finishes early gives its blocks back at
-// once. A request reads the configuration once (an immutable runtime,
-// runtime.go) and a reload swaps in a new one, keeping the budgets and
-// backends that persist, so reservations in flight survive it.
+// the sweep of the requests in flight, inflight.go), and an ended context
+// closes the upstream connection, which is how the backend learns to
+// abort. A choice that finishes early gives its blocks back at once. A
+// request reads the configuration once (an immutable runtime, runtime.go)
+// and a reload swaps in a new one, keeping the budgets and backends that
+// persist, so reservations in flight survive it.
 //
 // # Failures and retries
 //
