@@ -452,12 +452,10 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// What a stream that may be resumed keeps, as the relay passes its
-// events on: the body it was sent and the text its only choice generated,
-// from which resume.go makes the continuation if the guard stops it.
-
-// resumeState is what a stream that may be resumed keeps: the body and
-// headers its backend was sent, and the text its only choice generated.
+// resumeState is what a stream that may be resumed keeps as the relay
+// passes its events on: the body and headers its backend was sent, and
+// the text its only choice generated. resume.go makes the continuation of
+// it if the guard stops the stream.
 type resumeState struct {
 	sent *bytebufferpool.ByteBuffer // the body, then the copied headers
 	hdr  [len(forwardedHeaders)][2]int
